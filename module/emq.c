@@ -1,0 +1,410 @@
+/* emq.c -- EchoMQ lifecycle controls as native Redis commands.
+ *
+ * A worker that holds a job checkpoints its lease (EMQ.EXTEND); abandoned
+ * jobs come back and poison jobs are dead-lettered (EMQ.SWEEP).  Two facts
+ * carry the whole design:
+ *
+ *   - The lease IS the active set's score: a member of <base>active scored
+ *     with the deadline in server milliseconds.  There is no lock key.
+ *   - The fencing token IS the job row's `attempts` field: every claim bumps
+ *     it, so a holder from an earlier attempt can never touch the job again.
+ *
+ * Both commands read the server clock once, validate every argument, key
+ * type and row before the first write (a command that answers an error has
+ * changed nothing), use the low-level key API, and propagate their effects
+ * with absolute values -- never the command itself -- so a replica or an AOF
+ * replay never reads a clock of its own.
+ *
+ * The decisions that need no server (number parsing, deadline arithmetic,
+ * key derivation, the stall threshold) live in emq_core.c. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "emq_core.h"
+#include "emq_rm.h"
+
+#define EMQ_MODULE_VERSION 1
+
+static const char *str_bytes(RedisModuleString *s, size_t *len) {
+    return RedisModule_StringPtrLen(s, len);
+}
+
+static int str_equal(RedisModuleString *a, RedisModuleString *b) {
+    size_t alen, blen;
+    const char *ap = str_bytes(a, &alen), *bp = str_bytes(b, &blen);
+    return alen == blen && memcmp(ap, bp, alen) == 0;
+}
+
+static int type_is(RedisModuleKey *key, int wanted) {
+    int t = RedisModule_KeyType(key);
+    return t == REDISMODULE_KEYTYPE_EMPTY || t == wanted;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.EXTEND <active> <job> <id> <token> <lease-ms>
+ *
+ * :1 the lease now ends at server-now + lease-ms; :-1 the row is gone;
+ * -EMQSTALE the token is not the row's attempts, or <id> is no longer active.
+ * ------------------------------------------------------------------------ */
+static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 6) return RedisModule_WrongArity(ctx);
+    RedisModuleString *active_name = argv[1], *job_name = argv[2], *id = argv[3],
+                      *token = argv[4];
+
+    /* Opening one key twice with WRITE is undefined in the module API. */
+    if (str_equal(active_name, job_name))
+        return RedisModule_ReplyWithError(ctx, "ERR <active> and <job> must be different keys");
+
+    size_t lease_len;
+    const char *lease = str_bytes(argv[5], &lease_len);
+    long long deadline;
+    const char *err = emq_lease_deadline(RedisModule_Milliseconds(), lease, lease_len, &deadline);
+    if (err) return RedisModule_ReplyWithError(ctx, err);
+
+    RedisModuleKey *active = RedisModule_OpenKey(ctx, active_name, REDISMODULE_READ | REDISMODULE_WRITE);
+    RedisModuleKey *job = RedisModule_OpenKey(ctx, job_name, REDISMODULE_READ);
+    int reply;
+    if (!type_is(active, REDISMODULE_KEYTYPE_ZSET) || !type_is(job, REDISMODULE_KEYTYPE_HASH)) {
+        reply = RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+        goto done;
+    }
+
+    RedisModuleString *attempts = NULL;
+    if (RedisModule_KeyType(job) == REDISMODULE_KEYTYPE_HASH)
+        RedisModule_HashGet(job, REDISMODULE_HASH_CFIELDS, "attempts", &attempts, NULL);
+    if (attempts == NULL) {
+        reply = RedisModule_ReplyWithLongLong(ctx, -1);
+        goto done;
+    }
+    int same_holder = str_equal(attempts, token);
+    RedisModule_FreeString(ctx, attempts);
+    if (!same_holder) {
+        reply = RedisModule_ReplyWithError(ctx, "EMQSTALE extend token mismatch");
+        goto done;
+    }
+
+    /* The token still matches until the next claim, but a sweep may already
+     * have taken the job: re-adding it would hand a recovered or dead job
+     * back to a holder that lost it (and the next sweep would count it
+     * twice).  Only a member that is still active may be extended. */
+    double current;
+    if (RedisModule_ZsetScore(active, id, &current) != REDISMODULE_OK) {
+        reply = RedisModule_ReplyWithError(ctx, "EMQSTALE job is no longer active");
+        goto done;
+    }
+
+    RedisModule_ZsetAdd(active, (double)deadline, id, NULL);
+    RedisModule_Replicate(ctx, "ZADD", "scls", active_name, "XX", deadline, id);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", active_name);
+    reply = RedisModule_ReplyWithLongLong(ctx, 1);
+
+done:
+    RedisModule_CloseKey(job);
+    RedisModule_CloseKey(active);
+    return reply;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.SWEEP <active> <pending> <dead> <base> <max-stalled> <limit>
+ *
+ * Takes the members of <active> whose lease has lapsed (score <= server-now),
+ * lowest score first, at most <limit>.  Each stall is counted on the row;
+ * at <max-stalled> the job is dead-lettered, below it goes back to pending
+ * at score 0 (ahead of newer work).  Reply: [recovered ids, dead ids].
+ * ------------------------------------------------------------------------ */
+
+/* One lapsed job: its id, its row, and what the sweep decided for it. */
+typedef struct {
+    RedisModuleString *id;
+    RedisModuleString *row_name;
+    RedisModuleKey *row;
+    long long stalled;
+    int dead;
+} SweptJob;
+
+typedef struct {
+    RedisModuleCtx *ctx;
+    SweptJob *jobs;
+    size_t count, cap;
+    RedisModuleKey *active, *pending, *dead, *metrics;
+    RedisModuleString *metrics_name;
+} Sweep;
+
+static void sweep_release(Sweep *s) {
+    for (size_t i = 0; i < s->count; i++) {
+        if (s->jobs[i].row) RedisModule_CloseKey(s->jobs[i].row);
+        if (s->jobs[i].row_name) RedisModule_FreeString(s->ctx, s->jobs[i].row_name);
+        RedisModule_FreeString(s->ctx, s->jobs[i].id);
+    }
+    RedisModule_Free(s->jobs);
+    if (s->metrics) RedisModule_CloseKey(s->metrics);
+    if (s->metrics_name) RedisModule_FreeString(s->ctx, s->metrics_name);
+    if (s->dead) RedisModule_CloseKey(s->dead);
+    if (s->pending) RedisModule_CloseKey(s->pending);
+    if (s->active) RedisModule_CloseKey(s->active);
+}
+
+static RedisModuleString *derived_key(RedisModuleCtx *ctx, const char *base, size_t baselen,
+                                      const char *mid, const char *tail, size_t taillen) {
+    size_t midlen = strlen(mid), len = baselen + midlen + taillen;
+    char *buf = RedisModule_Alloc(len ? len : 1);
+    memcpy(buf, base, baselen);
+    memcpy(buf + baselen, mid, midlen);
+    if (taillen) memcpy(buf + baselen + midlen, tail, taillen);
+    RedisModuleString *name = RedisModule_CreateString(ctx, buf, len);
+    RedisModule_Free(buf);
+    return name;
+}
+
+/* Collect the lapsed members.  The range iterator must be closed before the
+ * set is modified, so the ids are copied out first. */
+static void sweep_collect(Sweep *s, long long now, long long limit) {
+    if (RedisModule_KeyType(s->active) == REDISMODULE_KEYTYPE_EMPTY) return;
+    RedisModule_ZsetFirstInScoreRange(s->active, -HUGE_VAL, (double)now, 0, 0);
+    while (!RedisModule_ZsetRangeEndReached(s->active) && (long long)s->count < limit) {
+        if (s->count == s->cap) {
+            s->cap = s->cap ? s->cap * 2 : 16;
+            s->jobs = RedisModule_Realloc(s->jobs, s->cap * sizeof *s->jobs);
+        }
+        SweptJob *j = &s->jobs[s->count++];
+        memset(j, 0, sizeof *j);
+        double score;
+        j->id = RedisModule_ZsetRangeCurrentElement(s->active, &score);
+        RedisModule_ZsetRangeNext(s->active);
+    }
+    RedisModule_ZsetRangeStop(s->active);
+}
+
+/* Every derived key must pass the caller's ACL: Redis only checks the keys
+ * in the argument list, and the rows and the metric are not there. */
+static int sweep_acl_allows(Sweep *s) {
+    if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||
+        !RedisModule_ACLCheckKeyPermissions || !RedisModule_FreeModuleUser)
+        return 1;
+    RedisModuleString *username = RedisModule_GetCurrentUserName(s->ctx);
+    if (username == NULL) return 1; /* no client user: the server itself */
+    RedisModuleUser *user = RedisModule_GetModuleUserFromUserName(username);
+    RedisModule_FreeString(s->ctx, username);
+    if (user == NULL) return 0;
+    const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
+                            REDISMODULE_CMD_KEY_INSERT);
+    int allowed = 1;
+    for (size_t i = 0; allowed && i < s->count; i++)
+        allowed = RedisModule_ACLCheckKeyPermissions(user, s->jobs[i].row_name, flags) ==
+                  REDISMODULE_OK;
+    if (allowed && s->metrics_name)
+        allowed = RedisModule_ACLCheckKeyPermissions(user, s->metrics_name, flags) ==
+                  REDISMODULE_OK;
+    RedisModule_FreeModuleUser(user);
+    return allowed;
+}
+
+/* Read every row the sweep will write and decide its fate.  Returns NULL or
+ * the error to answer; nothing has been written either way. */
+static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
+                                long long max_stalled, long long *failed_after) {
+    long long deaths = 0;
+    for (size_t i = 0; i < s->count; i++) {
+        SweptJob *j = &s->jobs[i];
+        size_t idlen;
+        const char *id = str_bytes(j->id, &idlen);
+        j->row_name = derived_key(s->ctx, base, baselen, "job:", id, idlen);
+        j->row = RedisModule_OpenKey(s->ctx, j->row_name, REDISMODULE_READ | REDISMODULE_WRITE);
+        if (!type_is(j->row, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
+
+        /* A row that vanished while its id stayed active is re-created by the
+         * stall count, as HINCRBY would: the id is not silently dropped. */
+        RedisModuleString *cur = NULL;
+        if (RedisModule_KeyType(j->row) == REDISMODULE_KEYTYPE_HASH)
+            RedisModule_HashGet(j->row, REDISMODULE_HASH_CFIELDS, "stalled", &cur, NULL);
+        size_t curlen = 0;
+        const char *curp = cur ? str_bytes(cur, &curlen) : NULL;
+        const char *err = emq_next_stalled(curp, curlen, cur != NULL, &j->stalled);
+        if (cur) RedisModule_FreeString(s->ctx, cur);
+        if (err) return err;
+        j->dead = emq_stall_is_dead(j->stalled, max_stalled);
+        deaths += j->dead;
+    }
+    if (deaths == 0) return NULL;
+
+    s->metrics_name = derived_key(s->ctx, base, baselen, "metrics:failed", NULL, 0);
+    s->metrics = RedisModule_OpenKey(s->ctx, s->metrics_name, REDISMODULE_READ | REDISMODULE_WRITE);
+    if (!type_is(s->metrics, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
+    RedisModuleString *cur = NULL;
+    if (RedisModule_KeyType(s->metrics) == REDISMODULE_KEYTYPE_HASH)
+        RedisModule_HashGet(s->metrics, REDISMODULE_HASH_CFIELDS, "count", &cur, NULL);
+    size_t curlen = 0;
+    const char *curp = cur ? str_bytes(cur, &curlen) : NULL;
+    const char *err = emq_add_failed(curp, curlen, cur != NULL, deaths, failed_after);
+    if (cur) RedisModule_FreeString(s->ctx, cur);
+    return err;
+}
+
+static RedisModuleString *ll_string(RedisModuleCtx *ctx, long long v) {
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%lld", v);
+    return RedisModule_CreateString(ctx, buf, (size_t)n);
+}
+
+/* Apply the decisions, then propagate them as plain core commands carrying
+ * absolute values, so replicas and the AOF hold exactly this result. */
+static void sweep_apply(Sweep *s, RedisModuleString **argv, long long failed_after) {
+    RedisModuleCtx *ctx = s->ctx;
+    RedisModuleString *pending_state = RedisModule_CreateString(ctx, "pending", 7);
+    RedisModuleString *dead_state = RedisModule_CreateString(ctx, "dead", 4);
+    RedisModuleString *stalled_error = RedisModule_CreateString(ctx, "stalled", 7);
+    size_t deaths = 0;
+
+    for (size_t i = 0; i < s->count; i++) {
+        SweptJob *j = &s->jobs[i];
+        RedisModuleString *st = ll_string(ctx, j->stalled);
+        RedisModule_ZsetRem(s->active, j->id, NULL);
+        if (j->dead) {
+            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "stalled", st, "state",
+                                dead_state, "last_error", stalled_error, NULL);
+            RedisModule_ZsetAdd(s->dead, 0, j->id, NULL);
+            RedisModule_Replicate(ctx, "HSET", "scscscs", j->row_name, "stalled", st, "state",
+                                  dead_state, "last_error", stalled_error);
+            deaths++;
+        } else {
+            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "stalled", st, "state",
+                                pending_state, NULL);
+            RedisModule_ZsetAdd(s->pending, 0, j->id, NULL);
+            RedisModule_Replicate(ctx, "HSET", "scscs", j->row_name, "stalled", st, "state",
+                                  pending_state);
+        }
+        RedisModule_FreeString(ctx, st);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", j->row_name);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
+    }
+    if (deaths) {
+        RedisModuleString *count = ll_string(ctx, failed_after);
+        RedisModule_HashSet(s->metrics, REDISMODULE_HASH_CFIELDS, "count", count, NULL);
+        RedisModule_Replicate(ctx, "HSET", "scs", s->metrics_name, "count", count);
+        RedisModule_FreeString(ctx, count);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", s->metrics_name);
+    }
+
+    /* One ZREM and one ZADD per set, whatever the number of jobs. */
+    RedisModuleString **args = RedisModule_Alloc((2 * s->count + 2) * sizeof *args);
+    RedisModuleString *zero = RedisModule_CreateString(ctx, "0", 1);
+    for (size_t i = 0; i < s->count; i++) args[i] = s->jobs[i].id;
+    RedisModule_Replicate(ctx, "ZREM", "sv", argv[1], args, s->count);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
+    for (int to_dead = 0; to_dead <= 1; to_dead++) {
+        size_t n = 0;
+        for (size_t i = 0; i < s->count; i++) {
+            if (s->jobs[i].dead != to_dead) continue;
+            args[n++] = zero;
+            args[n++] = s->jobs[i].id;
+        }
+        if (n == 0) continue;
+        RedisModuleString *set = to_dead ? argv[3] : argv[2];
+        RedisModule_Replicate(ctx, "ZADD", "sv", set, args, n);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set);
+    }
+    RedisModule_FreeString(ctx, zero);
+    RedisModule_Free(args);
+    RedisModule_FreeString(ctx, stalled_error);
+    RedisModule_FreeString(ctx, dead_state);
+    RedisModule_FreeString(ctx, pending_state);
+}
+
+static void reply_ids(Sweep *s, int dead) {
+    long n = 0;
+    for (size_t i = 0; i < s->count; i++) n += s->jobs[i].dead == dead;
+    RedisModule_ReplyWithArray(s->ctx, n);
+    for (size_t i = 0; i < s->count; i++)
+        if (s->jobs[i].dead == dead) RedisModule_ReplyWithString(s->ctx, s->jobs[i].id);
+}
+
+static int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 7) return RedisModule_WrongArity(ctx);
+
+    size_t baselen, len;
+    const char *base = str_bytes(argv[4], &baselen);
+    static const char *const suffix[] = {"active", "pending", "dead"};
+    for (int k = 0; k < 3; k++) {
+        const char *key = str_bytes(argv[1 + k], &len);
+        if (!emq_key_is(key, len, base, baselen, suffix[k]))
+            return RedisModule_ReplyWithError(
+                ctx, "ERR <active>, <pending> and <dead> must be <base>active, <base>pending "
+                     "and <base>dead");
+    }
+    long long max_stalled, limit;
+    const char *s_max = str_bytes(argv[5], &len);
+    const char *err = emq_parse_count("max-stalled", s_max, len, &max_stalled);
+    if (!err) {
+        const char *s_limit = str_bytes(argv[6], &len);
+        err = emq_parse_count("limit", s_limit, len, &limit);
+    }
+    if (err) return RedisModule_ReplyWithError(ctx, err);
+    if ((RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_CLUSTER) &&
+        !emq_base_has_hash_tag(base, baselen))
+        return RedisModule_ReplyWithError(
+            ctx, "ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:");
+
+    long long now = RedisModule_Milliseconds();
+    Sweep s = {.ctx = ctx};
+    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
+    s.active = RedisModule_OpenKey(ctx, argv[1], rw);
+    s.pending = RedisModule_OpenKey(ctx, argv[2], rw);
+    s.dead = RedisModule_OpenKey(ctx, argv[3], rw);
+    int reply;
+    if (!type_is(s.active, REDISMODULE_KEYTYPE_ZSET) ||
+        !type_is(s.pending, REDISMODULE_KEYTYPE_ZSET) ||
+        !type_is(s.dead, REDISMODULE_KEYTYPE_ZSET)) {
+        reply = RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+        goto done;
+    }
+
+    sweep_collect(&s, now, limit);
+    long long failed_after = 0;
+    err = sweep_decide(&s, base, baselen, max_stalled, &failed_after);
+    if (err) {
+        reply = RedisModule_ReplyWithError(ctx, err);
+        goto done;
+    }
+    if (!sweep_acl_allows(&s)) {
+        reply = RedisModule_ReplyWithError(
+            ctx, "NOPERM this user has no permissions to access the job rows or metrics "
+                 "derived from <base>");
+        goto done;
+    }
+    if (s.count) sweep_apply(&s, argv, failed_after);
+
+    RedisModule_ReplyWithArray(ctx, 2);
+    reply_ids(&s, 0);
+    reply_ids(&s, 1);
+    reply = REDISMODULE_OK;
+
+done:
+    sweep_release(&s);
+    return reply;
+}
+
+/* ------------------------------------------------------------------------ */
+
+EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    if (emq_rm_init(ctx, "emq", EMQ_MODULE_VERSION) != REDISMODULE_OK) return REDISMODULE_ERR;
+
+    /* EXTEND only re-scores a member that already exists: O(log N) and it
+     * never grows memory, so it stays allowed past maxmemory and live
+     * handlers keep their leases.  SWEEP moves up to <limit> jobs and writes
+     * rows: not fast, and refused when memory is full. */
+    if (RedisModule_CreateCommand(ctx, "emq.extend", EmqExtend_RedisCommand, "write fast", 1, 2,
+                                  1) != REDISMODULE_OK)
+        return REDISMODULE_ERR;
+    if (RedisModule_CreateCommand(ctx, "emq.sweep", EmqSweep_RedisCommand, "write deny-oom", 1,
+                                  3, 1) != REDISMODULE_OK)
+        return REDISMODULE_ERR;
+
+    if (!RedisModule_ACLCheckKeyPermissions)
+        RedisModule_Log(ctx, "warning",
+                        "emq: this server has no module ACL API; EMQ.SWEEP cannot check the "
+                        "job rows it derives from <base> against the caller's key permissions");
+    return REDISMODULE_OK;
+}

@@ -1,0 +1,114 @@
+/* emq_rm.h -- the slice of the Redis module API that emq.so uses.
+ *
+ * Written for this project from the documented module API (the "Modules API
+ * reference"): only the types, constants and functions we call.  A module
+ * receives the API as function pointers: the server hands a lookup function
+ * to RedisModule_OnLoad inside the context, and each pointer below is filled
+ * by name at load time (emq_rm_init).  Functions newer than Redis 7.0 are
+ * "optional": their pointer stays NULL on an older server and the caller
+ * checks before using it. */
+#ifndef EMQ_RM_H
+#define EMQ_RM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define REDISMODULE_OK 0
+#define REDISMODULE_ERR 1
+#define REDISMODULE_APIVER_1 1
+
+/* OpenKey modes. */
+#define REDISMODULE_READ (1 << 0)
+#define REDISMODULE_WRITE (1 << 1)
+
+/* KeyType() answers. */
+#define REDISMODULE_KEYTYPE_EMPTY 0
+#define REDISMODULE_KEYTYPE_HASH 3
+#define REDISMODULE_KEYTYPE_ZSET 5
+
+/* ZsetAdd() input and output flags. */
+#define REDISMODULE_ZADD_XX (1 << 0)
+#define REDISMODULE_ZADD_UPDATED (1 << 3)
+
+/* HashGet()/HashSet() flags: CFIELDS means field names are C strings. */
+#define REDISMODULE_HASH_NONE 0
+#define REDISMODULE_HASH_CFIELDS (1 << 2)
+
+/* GetContextFlags() bits. */
+#define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
+
+/* NotifyKeyspaceEvent() classes. */
+#define REDISMODULE_NOTIFY_HASH (1 << 6)
+#define REDISMODULE_NOTIFY_ZSET (1 << 7)
+
+/* Key access flags, as used by command key specs and ACL checks. */
+#define REDISMODULE_CMD_KEY_ACCESS (1ULL << 4)
+#define REDISMODULE_CMD_KEY_UPDATE (1ULL << 5)
+#define REDISMODULE_CMD_KEY_INSERT (1ULL << 6)
+
+#define REDISMODULE_ERRORMSG_WRONGTYPE \
+    "WRONGTYPE Operation against a key holding the wrong kind of value"
+
+typedef struct RedisModuleCtx RedisModuleCtx;
+typedef struct RedisModuleKey RedisModuleKey;
+typedef struct RedisModuleString RedisModuleString;
+typedef struct RedisModuleUser RedisModuleUser;
+typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+/* X(return type, name without the RedisModule_ prefix, parameter list) */
+#define EMQ_RM_REQUIRED(X)                                                                    \
+    X(void, SetModuleAttribs, (RedisModuleCtx * ctx, const char *name, int ver, int apiver))  \
+    X(int, CreateCommand,                                                                     \
+      (RedisModuleCtx * ctx, const char *name, RedisModuleCmdFunc fn, const char *flags,      \
+       int firstkey, int lastkey, int keystep))                                               \
+    X(void, Log, (RedisModuleCtx * ctx, const char *level, const char *fmt, ...))             \
+    X(int, GetContextFlags, (RedisModuleCtx * ctx))                                           \
+    X(long long, Milliseconds, (void))                                                        \
+    X(void *, Alloc, (size_t bytes))                                                          \
+    X(void *, Realloc, (void *ptr, size_t bytes))                                             \
+    X(void, Free, (void *ptr))                                                                \
+    X(int, WrongArity, (RedisModuleCtx * ctx))                                                \
+    X(int, ReplyWithError, (RedisModuleCtx * ctx, const char *err))                           \
+    X(int, ReplyWithLongLong, (RedisModuleCtx * ctx, long long ll))                           \
+    X(int, ReplyWithArray, (RedisModuleCtx * ctx, long len))                                  \
+    X(int, ReplyWithString, (RedisModuleCtx * ctx, RedisModuleString * str))                  \
+    X(RedisModuleString *, CreateString, (RedisModuleCtx * ctx, const char *ptr, size_t len)) \
+    X(void, FreeString, (RedisModuleCtx * ctx, RedisModuleString * str))                      \
+    X(const char *, StringPtrLen, (const RedisModuleString *str, size_t *len))                \
+    X(RedisModuleKey *, OpenKey, (RedisModuleCtx * ctx, RedisModuleString * name, int mode))  \
+    X(void, CloseKey, (RedisModuleKey * key))                                                 \
+    X(int, KeyType, (RedisModuleKey * key))                                                   \
+    X(int, ZsetAdd, (RedisModuleKey * key, double score, RedisModuleString *ele, int *flags)) \
+    X(int, ZsetRem, (RedisModuleKey * key, RedisModuleString * ele, int *deleted))            \
+    X(int, ZsetScore, (RedisModuleKey * key, RedisModuleString * ele, double *score))         \
+    X(int, ZsetFirstInScoreRange,                                                             \
+      (RedisModuleKey * key, double min, double max, int minex, int maxex))                   \
+    X(RedisModuleString *, ZsetRangeCurrentElement, (RedisModuleKey * key, double *score))    \
+    X(int, ZsetRangeNext, (RedisModuleKey * key))                                             \
+    X(int, ZsetRangeEndReached, (RedisModuleKey * key))                                       \
+    X(void, ZsetRangeStop, (RedisModuleKey * key))                                            \
+    X(int, HashGet, (RedisModuleKey * key, int flags, ...))                                   \
+    X(int, HashSet, (RedisModuleKey * key, int flags, ...))                                   \
+    X(int, Replicate, (RedisModuleCtx * ctx, const char *cmd, const char *fmt, ...))          \
+    X(int, NotifyKeyspaceEvent,                                                               \
+      (RedisModuleCtx * ctx, int type, const char *event, RedisModuleString *key))
+
+/* Redis 7.0 and later; NULL where the server does not have them. */
+#define EMQ_RM_OPTIONAL(X)                                                                   \
+    X(int, IsModuleNameBusy, (const char *name))                                             \
+    X(RedisModuleString *, GetCurrentUserName, (RedisModuleCtx * ctx))                       \
+    X(RedisModuleUser *, GetModuleUserFromUserName, (RedisModuleString * name))              \
+    X(void, FreeModuleUser, (RedisModuleUser * user))                                        \
+    X(int, ACLCheckKeyPermissions, (RedisModuleUser * user, RedisModuleString * key, int flags))
+
+#define EMQ_RM_DECLARE(ret, name, params) extern ret(*RedisModule_##name) params;
+EMQ_RM_REQUIRED(EMQ_RM_DECLARE)
+EMQ_RM_OPTIONAL(EMQ_RM_DECLARE)
+#undef EMQ_RM_DECLARE
+
+/* Fill every pointer and register the module under `name`.  Fails (and the
+ * server refuses to load us) when a required function is missing or the name
+ * is taken. */
+int emq_rm_init(RedisModuleCtx *ctx, const char *name, int version);
+
+#endif
