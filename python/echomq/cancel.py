@@ -1,0 +1,85 @@
+"""The cooperative cancel token.
+
+A cancel is a message, not a kill: ``cancel()`` may be called from any thread
+and interrupts nothing.  The handler looks at the token at points where it is
+safe to stop.  Unlike the seed's Elixir mailbox, a cancel here is sticky:
+every later check sees it, and the first reason is kept.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .errors import Cancelled
+
+__all__ = ["CancelToken", "Cancellation"]
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What ``CancelToken.check()`` returns once the token is cancelled."""
+
+    reason: str | None = None
+
+    def __bool__(self) -> bool:
+        # Truthy even when the reason is None: `if token.check():` must work.
+        return True
+
+
+class CancelToken:
+    """One cancellation, shared between whoever cancels and the handler.
+
+    >>> token = CancelToken()
+    >>> token.check() is None
+    True
+    >>> token.cancel("shutdown")
+    True
+    >>> token.check().reason
+    'shutdown'
+    """
+
+    __slots__ = ("_cancellation", "_lock", "_event")
+
+    def __init__(self) -> None:
+        self._cancellation: Cancellation | None = None
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+
+    def cancel(self, reason: str | None = None) -> bool:
+        """Cancel the token; safe from any thread.
+
+        Returns True if this call cancelled it, False if it already was (the
+        first reason is kept).
+        """
+        with self._lock:
+            if self._cancellation is not None:
+                return False
+            self._cancellation = Cancellation(reason)
+        self._event.set()
+        return True
+
+    def check(self) -> Cancellation | None:
+        """``None`` while running on is fine, else the Cancellation.  O(1), never blocks."""
+        # A single attribute read: no lock on the path handlers call in loops.
+        return self._cancellation
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the token is cancelled."""
+        return self._cancellation is not None
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``Cancelled(reason)`` if the token is cancelled, else return."""
+        cancellation = self._cancellation
+        if cancellation is not None:
+            raise Cancelled(cancellation.reason)
+
+    def sleep(self, seconds: float) -> Cancellation | None:
+        """Sleep up to ``seconds``, waking early on cancel; returns what ``check()`` would."""
+        self._event.wait(seconds)
+        return self._cancellation
+
+    def __repr__(self) -> str:
+        c = self._cancellation
+        return "<CancelToken running>" if c is None else f"<CancelToken cancelled reason={c.reason!r}>"

@@ -1,0 +1,48 @@
+"""The exceptions echomq raises.
+
+Catch at the level you care about::
+
+    EchoMQError            anything echomq itself reports
+    ├── LeaseLost          the caller no longer holds the job
+    │   ├── JobGone        the job row does not exist any more
+    │   └── StaleToken     another attempt holds it, or it is no longer active
+    ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
+    └── Cancelled          raised by CancelToken.raise_if_cancelled()
+
+Errors from the connection or from the server that are not ours (a wrong key
+type, an ACL refusal) stay redis-py's own exceptions.
+"""
+
+from __future__ import annotations
+
+
+class EchoMQError(Exception):
+    """Base class of every exception echomq raises."""
+
+
+class LeaseLost(EchoMQError):
+    """The caller's lease on a job is gone: stop working on it."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class JobGone(LeaseLost):
+    """The job row does not exist (or has no ``attempts`` field)."""
+
+
+class StaleToken(LeaseLost):
+    """The token is not the row's current ``attempts``, or the job is no longer active."""
+
+
+class ModuleNotLoaded(EchoMQError):
+    """The server does not know the EMQ.* commands."""
+
+
+class Cancelled(EchoMQError):
+    """A cooperative cancel, raised at the handler's own safe point."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__("cancelled" if reason is None else f"cancelled: {reason}")
+        self.reason = reason

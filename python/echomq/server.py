@@ -1,0 +1,183 @@
+"""Start a local redis-server with the emq module loaded.
+
+Used by the demo, the test suite and anyone who wants a throwaway server:
+
+    with EmbeddedServer() as server:
+        client = Client(server.client())
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import redis
+
+__all__ = ["EmbeddedServer", "module_path", "server_binary"]
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_SOURCE_MODULE_DIR = _PACKAGE_DIR.parent.parent / "module"
+
+
+def module_path() -> Path:
+    """The emq.so to load: ``$ECHOMQ_MODULE``, else the one in the source tree.
+
+    Raises FileNotFoundError, saying how to build it, when there is none.
+    """
+    env = os.environ.get("ECHOMQ_MODULE")
+    candidates = [Path(env)] if env else [_PACKAGE_DIR / "emq.so", _SOURCE_MODULE_DIR / "emq.so"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise FileNotFoundError(
+        f"emq.so not found (looked at {', '.join(map(str, candidates))}); "
+        "build it with `make -C module` or set ECHOMQ_MODULE"
+    )
+
+
+def server_binary() -> str:
+    """The server to start: ``$ECHOMQ_SERVER_BIN``, else ``redis-server`` on PATH."""
+    name = os.environ.get("ECHOMQ_SERVER_BIN") or "redis-server"
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"{name} not found; install it (Debian: apt-get install redis-server) "
+            "or set ECHOMQ_SERVER_BIN"
+        )
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedServer:
+    """A redis-server child process on a free loopback port, with emq.so loaded.
+
+    ``args`` are extra server options (``["--appendonly", "yes"]``).  The
+    server's files live in a temporary directory removed on ``stop()``
+    unless ``dir`` is given.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        module: str | os.PathLike[str] | None = None,
+        binary: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        load_module: bool = True,
+        startup_timeout: float = 10.0,
+    ) -> None:
+        self.args = list(args)
+        self.module: Path | None = None
+        if load_module:
+            self.module = Path(module) if module else module_path()
+        self.binary = binary or server_binary()
+        self._own_dir = dir is None
+        self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="echomq-server-"))
+        self.startup_timeout = startup_timeout
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def logfile(self) -> Path:
+        return self.dir / "server.log"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new redis-py client for this server."""
+        return redis.Redis(host=self.host, port=self.port, **kwargs)
+
+    def start(self) -> EmbeddedServer:
+        last_error: Exception | None = None
+        for _ in range(5):  # a free port can be taken by someone else before we bind it
+            try:
+                self._start_once(_free_port())
+                return self
+            except _PortTaken as exc:
+                last_error = exc
+        raise RuntimeError(f"could not start {self.binary}: {last_error}")
+
+    def _start_once(self, port: int) -> None:
+        cmd = [
+            self.binary, "--port", str(port), "--bind", self.host, "--dir", str(self.dir),
+            "--save", "", "--appendonly", "no", "--logfile", str(self.logfile),
+        ]
+        if self.module is not None:
+            cmd += ["--loadmodule", str(self.module)]
+        cmd += self.args
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.port = port
+        deadline = time.monotonic() + self.startup_timeout
+        probe = self.client(socket_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    log = self.log_tail()
+                    self.process = None
+                    if "Address already in use" in log:
+                        raise _PortTaken(log)
+                    raise RuntimeError(f"{self.binary} exited at start:\n{log}")
+                try:
+                    if probe.ping():
+                        return
+                except redis.exceptions.BusyLoadingError:
+                    pass
+                except redis.exceptions.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{self.binary} did not answer PING on port {port}")
+                time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.logfile.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if self.process is not None and self.process.stderr is not None and self.process.poll() is not None:
+            text += self.process.stderr.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop the server (without saving) and remove its files."""
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc is not None and proc.stderr is not None:
+            proc.stderr.close()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _PortTaken(RuntimeError):
+    pass

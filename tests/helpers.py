@@ -1,0 +1,39 @@
+"""Small helpers shared by the tests (no fixtures here: see conftest.py)."""
+
+from __future__ import annotations
+
+import redis
+
+from echomq.keyspace import QueueKeys, queue_keys
+
+
+def now_ms(r: redis.Redis) -> int:
+    """The server's clock, as the module reads it."""
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def digest(r: redis.Redis) -> str:
+    value = r.execute_command("DEBUG", "DIGEST")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def put_active(
+    r: redis.Redis, queue: str, job_id: str | bytes, attempts: int | None, deadline: int, **row: object
+) -> QueueKeys:
+    """A claimed job: its row (attempts = the holder's token) and its lease."""
+    keys = queue_keys(queue)
+    fields: dict[str, object] = {"state": "active", **row}
+    if attempts is not None:
+        fields["attempts"] = attempts
+    r.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
+    r.zadd(keys.active, {job_id: deadline})
+    return keys
+
+
+def extend_args(keys: QueueKeys, job_id: str | bytes, token: object, lease: object) -> list[object]:
+    return ["EMQ.EXTEND", keys.active, keys.job(job_id), job_id, token, lease]
+
+
+def sweep_args(keys: QueueKeys, max_stalled: object = 1, limit: object = 100) -> list[object]:
+    return ["EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, max_stalled, limit]

@@ -1,0 +1,66 @@
+"""The Python surface: keyspace rules and the module-not-loaded error."""
+
+from __future__ import annotations
+
+import pytest
+
+import echomq
+from echomq import keyspace
+
+from .conftest import ServerFactory
+
+
+def test_keyspace_names() -> None:
+    keys = keyspace.queue_keys("mail")
+    assert keys.base == "emq:{mail}:"
+    assert (keys.active, keys.pending, keys.dead) == ("emq:{mail}:active", "emq:{mail}:pending", "emq:{mail}:dead")
+    assert keys.metrics_failed == "emq:{mail}:metrics:failed"
+    assert keys.job("42") == "emq:{mail}:job:42"
+    assert keys.job(b"\xff") == b"emq:{mail}:job:\xff"
+
+
+@pytest.mark.parametrize("name", ["a{b", "a}b", "{x}", ""])
+def test_keyspace_refuses_names_that_break_the_hash_tag(name: str) -> None:
+    with pytest.raises(ValueError):
+        keyspace.queue_keys(name)
+
+
+def test_client_refuses_bad_queue_before_sending(client: echomq.Client) -> None:
+    with pytest.raises(ValueError):
+        client.sweep("bad{name")
+    with pytest.raises(ValueError):
+        client.extend("bad}name", "j", token=1, lease_ms=10)
+
+
+def test_module_not_loaded(server_factory: ServerFactory) -> None:
+    bare = server_factory(load_module=False)
+    client = echomq.Client(bare.client())
+    with pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule"):
+        client.sweep("mail")
+    with pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule") as info:
+        client.extend("mail", "j", token=1, lease_ms=10)
+    assert isinstance(info.value, echomq.EchoMQError)
+
+
+def test_from_url(server: echomq.EmbeddedServer) -> None:
+    client = echomq.Client.from_url(server.url)
+    assert client.sweep("fresh-queue") == echomq.SweepResult()
+
+
+def test_module_is_listed(server: echomq.EmbeddedServer) -> None:
+    modules = server.client().execute_command("MODULE", "LIST")
+    assert b"emq" in [m[b"name"] for m in modules]
+
+
+def test_command_flags_and_key_positions(server: echomq.EmbeddedServer) -> None:
+    r = server.client()
+    info = r.execute_command("COMMAND", "INFO", "emq.extend", "emq.sweep")
+    extend, sweep = set(info["emq.extend"]["flags"]), set(info["emq.sweep"]["flags"])
+    assert extend >= {"write", "fast"} and "denyoom" not in extend
+    assert sweep >= {"write", "denyoom"} and "fast" not in sweep
+    assert r.command_getkeys(
+        "EMQ.EXTEND", "emq:{q}:active", "emq:{q}:job:1", "1", "1", "10"
+    ) == [b"emq:{q}:active", b"emq:{q}:job:1"]
+    assert r.command_getkeys(
+        "EMQ.SWEEP", "emq:{q}:active", "emq:{q}:pending", "emq:{q}:dead", "emq:{q}:", "1", "1"
+    ) == [b"emq:{q}:active", b"emq:{q}:pending", b"emq:{q}:dead"]
