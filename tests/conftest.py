@@ -13,10 +13,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import echomq
 import pytest
 import redis
-
-import echomq
 from echomq import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +40,9 @@ def server_factory(module_so: Path) -> Iterator[ServerFactory]:
 
     def start(args: list[str] | None = None, **kwargs: object) -> EmbeddedServer:
         srv = EmbeddedServer(
-            ["--enable-debug-command", "yes", *(args or [])], module=module_so, **kwargs  # type: ignore[arg-type]
+            ["--enable-debug-command", "yes", *(args or [])],
+            module=module_so,
+            **kwargs,  # type: ignore[arg-type]
         )
         started.append(srv)
         return srv.start()

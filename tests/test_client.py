@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import echomq
+import pytest
 from echomq import keyspace
 
 from .conftest import ServerFactory
@@ -13,7 +12,8 @@ from .conftest import ServerFactory
 def test_keyspace_names() -> None:
     keys = keyspace.queue_keys("mail")
     assert keys.base == "emq:{mail}:"
-    assert (keys.active, keys.pending, keys.dead) == ("emq:{mail}:active", "emq:{mail}:pending", "emq:{mail}:dead")
+    assert keys.active == "emq:{mail}:active"
+    assert (keys.pending, keys.dead) == ("emq:{mail}:pending", "emq:{mail}:dead")
     assert keys.metrics_failed == "emq:{mail}:metrics:failed"
     assert keys.job("42") == "emq:{mail}:job:42"
     assert keys.job(b"\xff") == b"emq:{mail}:job:\xff"
@@ -58,9 +58,10 @@ def test_command_flags_and_key_positions(server: echomq.EmbeddedServer) -> None:
     extend, sweep = set(info["emq.extend"]["flags"]), set(info["emq.sweep"]["flags"])
     assert extend >= {"write", "fast"} and "denyoom" not in extend
     assert sweep >= {"write", "denyoom"} and "fast" not in sweep
-    assert r.command_getkeys(
-        "EMQ.EXTEND", "emq:{q}:active", "emq:{q}:job:1", "1", "1", "10"
-    ) == [b"emq:{q}:active", b"emq:{q}:job:1"]
+    assert r.command_getkeys("EMQ.EXTEND", "emq:{q}:active", "emq:{q}:job:1", "1", "1", "10") == [
+        "emq:{q}:active",
+        "emq:{q}:job:1",
+    ]
     assert r.command_getkeys(
         "EMQ.SWEEP", "emq:{q}:active", "emq:{q}:pending", "emq:{q}:dead", "emq:{q}:", "1", "1"
-    ) == [b"emq:{q}:active", b"emq:{q}:pending", b"emq:{q}:dead"]
+    ) == ["emq:{q}:active", "emq:{q}:pending", "emq:{q}:dead"]

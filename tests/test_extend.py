@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import echomq
 import pytest
 import redis
-
-import echomq
 from echomq.keyspace import queue_keys
 
 from .helpers import digest, extend_args, now_ms, put_active
@@ -53,7 +52,7 @@ def test_gone_answers_minus_one_and_writes_nothing(r: redis.Redis, row: dict[str
 def test_token_must_match_byte_for_byte(r: redis.Redis, token: str) -> None:
     keys = put_active(r, Q, "j1", attempts=1, deadline=5)
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="^EMQSTALE"):
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE"):
         r.execute_command(*extend_args(keys, "j1", token, 1000))
     assert digest(r) == before
 
@@ -63,7 +62,7 @@ def test_not_active_is_stale_and_writes_nothing(r: redis.Redis) -> None:
     r.zrem(keys.active, "j1")
     r.zadd(keys.pending, {"j1": 0})
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="^EMQSTALE"):
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE"):
         r.execute_command(*extend_args(keys, "j1", 1, 1000))
     assert digest(r) == before
     assert not r.exists(keys.active)
@@ -119,7 +118,7 @@ def test_wrong_type(r: redis.Redis, which: str) -> None:
     r.delete(target)
     r.set(target, "a string")
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+    with pytest.raises(redis.ResponseError, match=r"^WRONGTYPE"):
         r.execute_command(*extend_args(keys, "j1", 1, 1000))
     assert digest(r) == before
 
@@ -165,7 +164,9 @@ def test_client_extend_stale(r: redis.Redis, client: echomq.Client) -> None:
         ({"token": True, "lease_ms": 10}, TypeError),
     ],
 )
-def test_client_extend_validates_arguments(client: echomq.Client, kwargs: dict[str, object], error: type) -> None:
+def test_client_extend_validates_arguments(
+    client: echomq.Client, kwargs: dict[str, object], error: type
+) -> None:
     with pytest.raises(error):
         client.extend(Q, "j1", **kwargs)  # type: ignore[arg-type]
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import echomq
 import pytest
 import redis
-
-import echomq
 from echomq.keyspace import queue_keys
 
 from .helpers import digest, extend_args, now_ms, put_active, sweep_args
@@ -144,7 +143,7 @@ def test_binary_and_unicode_ids(r: redis.Redis) -> None:
 @pytest.mark.parametrize("argc", [0, 1, 5, 7, 8])
 def test_wrong_arity(r: redis.Redis, argc: int) -> None:
     keys = put_active(r, Q, "j1", attempts=1, deadline=0)
-    args = sweep_args(keys)[1:] + ["extra", "more"]
+    args = [*sweep_args(keys)[1:], "extra", "more"]
     before = digest(r)
     with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
         r.execute_command("EMQ.SWEEP", *args[:argc])
@@ -188,7 +187,7 @@ def test_wrong_type_set(r: redis.Redis, which: str) -> None:
     r.delete(target)
     r.rpush(target, "x")
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+    with pytest.raises(redis.ResponseError, match=r"^WRONGTYPE"):
         r.execute_command(*sweep_args(keys))
     assert digest(r) == before
 
@@ -199,7 +198,7 @@ def test_wrong_type_row_refuses_the_whole_sweep(r: redis.Redis) -> None:
     r.delete(keys.job("b"))
     r.set(keys.job("b"), "not a hash")
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+    with pytest.raises(redis.ResponseError, match=r"^WRONGTYPE"):
         r.execute_command(*sweep_args(keys))
     assert digest(r) == before  # "a" was not half-swept either
 
@@ -208,7 +207,7 @@ def test_wrong_type_metrics_refuses_when_a_job_dies(r: redis.Redis) -> None:
     keys = put_active(r, Q, "a", attempts=1, deadline=0)
     r.sadd(keys.metrics_failed, "x")
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+    with pytest.raises(redis.ResponseError, match=r"^WRONGTYPE"):
         r.execute_command(*sweep_args(keys, max_stalled=1))
     assert digest(r) == before
     # ... but a sweep that kills nobody never looks at the metric.
@@ -220,7 +219,7 @@ def test_non_integer_or_overflowing_stalled_refuses_the_whole_sweep(r: redis.Red
     keys = put_active(r, Q, "a", attempts=1, deadline=0)
     put_active(r, Q, "b", attempts=1, deadline=1, stalled=stalled)
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="stalled|overflow"):
+    with pytest.raises(redis.ResponseError, match=r"stalled|overflow"):
         r.execute_command(*sweep_args(keys, max_stalled=5))
     assert digest(r) == before
 
@@ -242,7 +241,7 @@ def test_stale_holder_cannot_resurrect_a_swept_job(r: redis.Redis) -> None:
     assert r.execute_command(*sweep_args(keys, max_stalled=3)) == [[b"j1"], []]
     after_sweep = digest(r)
     # The old holder wakes up; its token still equals attempts (nobody claimed yet).
-    with pytest.raises(redis.ResponseError, match="^EMQSTALE"):
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE"):
         r.execute_command(*extend_args(keys, "j1", 1, 60_000))
     assert digest(r) == after_sweep
     assert r.zscore(keys.pending, "j1") == 0 and not r.exists(keys.active)
@@ -254,7 +253,7 @@ def test_stale_holder_cannot_resurrect_a_swept_job(r: redis.Redis) -> None:
 def test_stale_holder_cannot_resurrect_a_dead_job(r: redis.Redis) -> None:
     keys = put_active(r, Q, "j1", attempts=1, deadline=0)
     r.execute_command(*sweep_args(keys, max_stalled=1))
-    with pytest.raises(redis.ResponseError, match="^EMQSTALE"):
+    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE"):
         r.execute_command(*extend_args(keys, "j1", 1, 60_000))
     assert r.zrange(keys.dead, 0, -1) == [b"j1"] and not r.exists(keys.active)
     assert r.hget(keys.metrics_failed, "count") == b"1"

@@ -39,7 +39,7 @@ class CancelToken:
     'shutdown'
     """
 
-    __slots__ = ("_cancellation", "_lock", "_event")
+    __slots__ = ("_cancellation", "_event", "_lock")
 
     def __init__(self) -> None:
         self._cancellation: Cancellation | None = None

@@ -14,7 +14,7 @@ from .keyspace import queue_keys
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
-__all__ = ["Client", "SweepResult", "JobId"]
+__all__ = ["Client", "JobId", "SweepResult"]
 
 JobId = str | bytes
 
@@ -83,7 +83,12 @@ class Client:
         keys = queue_keys(queue)
         wire_id = _wire(job_id)
         reply = self._call(
-            "EMQ.EXTEND", keys.active, keys.job(wire_id), wire_id, str(token), str(lease_ms),
+            "EMQ.EXTEND",
+            keys.active,
+            keys.job(wire_id),
+            wire_id,
+            str(token),
+            str(lease_ms),
             job_id=_text(wire_id),
         )
         if reply == -1:
@@ -98,14 +103,19 @@ class Client:
         _positive_int("limit", limit)
         keys = queue_keys(queue)
         recovered, dead = self._call(
-            "EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base,
-            str(max_stalled), str(limit),
+            "EMQ.SWEEP",
+            keys.active,
+            keys.pending,
+            keys.dead,
+            keys.base,
+            str(max_stalled),
+            str(limit),
         )
         return SweepResult([_text(i) for i in recovered], [_text(i) for i in dead])
 
     def _call(self, *args: Any, job_id: str = "") -> Any:
         try:
-            return self.redis.execute_command(*args)
+            return self.redis.execute_command(*args)  # type: ignore[no-untyped-call]
         except ResponseError as exc:
             self._raise_mapped(exc, args[0], job_id)
 

@@ -14,8 +14,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import redis
 
@@ -47,8 +48,7 @@ def server_binary() -> str:
     found = shutil.which(name)
     if found is None:
         raise FileNotFoundError(
-            f"{name} not found; install it (Debian: apt-get install redis-server) "
-            "or set ECHOMQ_SERVER_BIN"
+            f"{name} not found; install it (Debian: apt-get install redis-server) or set ECHOMQ_SERVER_BIN"
         )
     return found
 
@@ -116,8 +116,19 @@ class EmbeddedServer:
 
     def _start_once(self, port: int) -> None:
         cmd = [
-            self.binary, "--port", str(port), "--bind", self.host, "--dir", str(self.dir),
-            "--save", "", "--appendonly", "no", "--logfile", str(self.logfile),
+            self.binary,
+            "--port",
+            str(port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(self.logfile),
         ]
         if self.module is not None:
             cmd += ["--loadmodule", str(self.module)]

@@ -1,0 +1,60 @@
+"""Replication carries effects with absolute values, never the command."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+import redis
+from echomq import Client, LeaseLost
+from echomq.keyspace import queue_keys
+
+from .conftest import ServerFactory, wait_for_replica
+from .helpers import digest, now_ms, put_active
+
+
+@pytest.mark.slow
+def test_replica_digest_matches_master_after_extend_and_sweep(server_factory: ServerFactory) -> None:
+    master = server_factory()
+    replica = server_factory(["--replicaof", master.host, str(master.port)])
+    m, s = master.client(), replica.client()
+    client = Client(m)
+    rng = random.Random(7)
+    now = now_ms(m)
+
+    queues = ["alpha", "beta", "gamma"]
+    for q in queues:
+        for i in range(60):
+            live = rng.random() < 0.5
+            deadline = now + 60_000 if live else now - rng.randint(1, 50_000)
+            attempts, stalled = rng.randint(1, 3), rng.randint(0, 2)
+            put_active(m, q, f"job-{i}", attempts=attempts, deadline=deadline, stalled=stalled)
+    for _ in range(300):
+        q, i = rng.choice(queues), rng.randint(0, 59)
+        keys = queue_keys(q)
+        token = int(m.hget(keys.job(f"job-{i}"), "attempts") or 0)
+        with contextlib.suppress(LeaseLost):  # swept or never claimed: stale or gone
+            client.extend(q, f"job-{i}", token=token, lease_ms=rng.randint(1_000, 90_000))
+        if rng.random() < 0.1:
+            client.sweep(q, max_stalled=rng.randint(1, 3), limit=rng.randint(1, 20))
+    for q in queues:
+        client.sweep(q, max_stalled=2, limit=1000)
+    # Inside MULTI/EXEC too.
+    pipe = m.pipeline(transaction=True)
+    keys = queue_keys("alpha")
+    pipe.execute_command("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, 1, 5)
+    pipe.execute()
+
+    m.execute_command("WAIT", 1, 5000)
+    wait_for_replica(m, s)
+    assert m.dbsize() > 0
+    assert digest(s) == digest(m)
+    # The leases are the master's absolute deadlines, to the millisecond.
+    for q in queues:
+        assert s.zrange(queue_keys(q).active, 0, -1, withscores=True) == m.zrange(
+            queue_keys(q).active, 0, -1, withscores=True
+        )
+    # A replica refuses EMQ.* as any write.
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        Client(s).sweep("alpha")
