@@ -1,0 +1,52 @@
+# EchoMQ native: the two commands.
+#
+#   make demo   set everything up, then run the demo on a server of its own
+#   make test   set everything up, then lint, type-check and run the full suite
+#
+# Set-up is idempotent: Debian's redis-server (apt-get, only when missing),
+# a virtual environment in .venv with the package and its test tools, and
+# module/emq.so built from source.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test lint setup server-binary module clean
+
+demo: setup
+	$(BIN)/python -m echomq demo
+
+test: setup lint
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check python tests bench
+	$(BIN)/mypy
+
+setup: server-binary module $(VENV)/.installed
+
+server-binary:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends redis-server; }
+
+module:
+	$(MAKE) -C module
+
+# Debian's python3 lacks ensurepip until python3-venv is installed.
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  rm -rf $(VENV); \
+	  echo "installing python3-venv from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends python3-venv && \
+	  $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+clean:
+	$(MAKE) -C module clean
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
