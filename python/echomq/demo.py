@@ -62,7 +62,7 @@ def complete(r: redis.Redis, job_id: str) -> None:
 
 def run(out: TextIO = sys.stdout) -> dict[str, int]:
     with EmbeddedServer() as server:
-        r = server.client()
+        r = server.client(decode_responses=True)
         client = Client(r)
         keys = queue_keys(QUEUE)
         tl = Timeline(r, out)
@@ -108,8 +108,8 @@ def run(out: TextIO = sys.stdout) -> dict[str, int]:
             time.sleep(0.1)
             swept = client.sweep(QUEUE, max_stalled=2)
             tl.say("reaper", f"sweep: recovered={swept.recovered} dead={swept.dead}")
-        row = r.hgetall(keys.job("poison"))
-        tl.say("reaper", f"poison row: state={row[b'state'].decode()} stalled={row[b'stalled'].decode()}")
+        state, stalled = r.hmget(keys.job("poison"), ["state", "stalled"])
+        tl.say("reaper", f"poison row: state={state} stalled={stalled}")
 
         # 4. Cooperative cancellation: the handler stops at its next check.
         cancel = CancelToken()
