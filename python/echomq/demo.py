@@ -16,7 +16,7 @@ from typing import TextIO
 import redis
 
 from .cancel import CancelToken
-from .client import Client
+from .client import Client, _text
 from .errors import LeaseLost, StaleToken
 from .keyspace import queue_keys
 from .server import EmbeddedServer
@@ -109,7 +109,7 @@ def run(out: TextIO = sys.stdout) -> dict[str, int]:
             swept = client.sweep(QUEUE, max_stalled=2)
             tl.say("reaper", f"sweep: recovered={swept.recovered} dead={swept.dead}")
         state, stalled = r.hmget(keys.job("poison"), ["state", "stalled"])
-        tl.say("reaper", f"poison row: state={state} stalled={stalled}")
+        tl.say("reaper", f"poison row: state={_text(state)} stalled={_text(stalled)}")
 
         # 4. Cooperative cancellation: the handler stops at its next check.
         cancel = CancelToken()
