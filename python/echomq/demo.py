@@ -109,7 +109,7 @@ def run(out: TextIO = sys.stdout) -> dict[str, int]:
             swept = client.sweep(QUEUE, max_stalled=2)
             tl.say("reaper", f"sweep: recovered={swept.recovered} dead={swept.dead}")
         state, stalled = r.hmget(keys.job("poison"), ["state", "stalled"])
-        tl.say("reaper", f"poison row: state={_text(state)} stalled={_text(stalled)}")
+        tl.say("reaper", f"poison row: state={_text(state or '')} stalled={_text(stalled or '')}")
 
         # 4. Cooperative cancellation: the handler stops at its next check.
         cancel = CancelToken()
