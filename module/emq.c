@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "emq_core.h"
+#include "emq_lifecycle.h"
 #include "emq_rm.h"
 
 #define EMQ_MODULE_VERSION 1
@@ -401,6 +402,7 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (RedisModule_CreateCommand(ctx, "emq.sweep", EmqSweep_RedisCommand, "write deny-oom", 1,
                                   3, 1) != REDISMODULE_OK)
         return REDISMODULE_ERR;
+    if (emq_register_lifecycle(ctx) != REDISMODULE_OK) return REDISMODULE_ERR;
 
     if (!RedisModule_ACLCheckKeyPermissions)
         RedisModule_Log(ctx, "warning",

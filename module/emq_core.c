@@ -92,6 +92,11 @@ const char *emq_next_stalled(const char *cur, size_t len, int present, long long
                        "ERR a swept job row has a 'stalled' field that is not an integer");
 }
 
+const char *emq_next_attempts(const char *cur, size_t len, int present, long long *next) {
+    return add_checked(cur, len, present, 1, next,
+                       "ERR the job row's 'attempts' field is not an integer");
+}
+
 int emq_stall_is_dead(long long stalled, long long max_stalled) {
     return stalled >= max_stalled;
 }

@@ -49,6 +49,10 @@ EMQ_EXPORT int emq_base_has_hash_tag(const char *base, size_t len);
  * and an increment that would overflow. */
 EMQ_EXPORT const char *emq_next_stalled(const char *cur, size_t len, int present, long long *next);
 
+/* The row's fencing token after one more claim, as HINCRBY attempts 1
+ * computes it (same refusals). */
+EMQ_EXPORT const char *emq_next_attempts(const char *cur, size_t len, int present, long long *next);
+
 /* The threshold: a job whose stall count reached max_stalled is dead. */
 EMQ_EXPORT int emq_stall_is_dead(long long stalled, long long max_stalled);
 

@@ -72,6 +72,8 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
     X(int, ReplyWithLongLong, (RedisModuleCtx * ctx, long long ll))                           \
     X(int, ReplyWithArray, (RedisModuleCtx * ctx, long len))                                  \
     X(int, ReplyWithString, (RedisModuleCtx * ctx, RedisModuleString * str))                  \
+    X(int, ReplyWithSimpleString, (RedisModuleCtx * ctx, const char *msg))                    \
+    X(int, ReplyWithNull, (RedisModuleCtx * ctx))                                             \
     X(RedisModuleString *, CreateString, (RedisModuleCtx * ctx, const char *ptr, size_t len)) \
     X(void, FreeString, (RedisModuleCtx * ctx, RedisModuleString * str))                      \
     X(const char *, StringPtrLen, (const RedisModuleString *str, size_t *len))                \

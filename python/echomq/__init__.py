@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from . import keyspace
 from .cancel import Cancellation, CancelToken
-from .client import Client, SweepResult
+from .client import Client, Job, SweepResult
 from .errors import (
     Cancelled,
     EchoMQError,
+    JobExists,
     JobGone,
     LeaseLost,
     ModuleNotLoaded,
@@ -31,6 +32,8 @@ __all__ = [
     "Client",
     "EchoMQError",
     "EmbeddedServer",
+    "Job",
+    "JobExists",
     "JobGone",
     "LeaseLost",
     "ModuleNotLoaded",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import redis
 from redis.exceptions import ResponseError
 
-from .errors import JobGone, ModuleNotLoaded, StaleToken
+from .errors import JobExists, JobGone, ModuleNotLoaded, StaleToken
 from .keyspace import queue_keys
 
 if TYPE_CHECKING:
@@ -30,6 +32,16 @@ class SweepResult:
         return len(self.recovered) + len(self.dead)
 
 
+@dataclass(frozen=True)
+class Job:
+    """A claimed job: ``token`` is the holder's fencing token (the row's attempts)."""
+
+    queue: str
+    id: str
+    token: int
+    payload: bytes
+
+
 def _text(value: bytes | str) -> str:
     # Ids are bytes on the wire; surrogateescape keeps a non-UTF-8 id
     # round-trippable: the str encodes back to exactly the same bytes.
@@ -44,6 +56,18 @@ def _wire(value: JobId) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape")
     raise TypeError(f"job id must be str or bytes, not {type(value).__name__}")
+
+
+def _new_id() -> bytes:
+    # Time first, so jobs enqueued in the same server millisecond (equal
+    # pending scores, ordered by id) still come out roughly in order.
+    return f"{time.time_ns():x}-{uuid.uuid4().hex[:12]}".encode()
+
+
+def _token(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"token must be an int, not {type(value).__name__}")
+    return value
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -77,8 +101,7 @@ class Client:
         if another attempt holds the job or it is no longer active; both are
         ``LeaseLost``: the handler should stop.
         """
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise TypeError(f"token must be an int, not {type(token).__name__}")
+        _token(token)
         _positive_int("lease_ms", lease_ms)
         keys = queue_keys(queue)
         wire_id = _wire(job_id)
@@ -113,6 +136,73 @@ class Client:
         )
         return SweepResult([_text(i) for i in recovered], [_text(i) for i in dead])
 
+    def enqueue(self, queue: str, payload: bytes | str = b"", job_id: JobId | None = None) -> str:
+        """Add a job to ``queue``; returns its id (a new random one unless given).
+
+        The row and the pending entry are written by one EMQ.ENQUEUE, atomically.
+        Raises ``JobExists`` if a job with that id already exists.
+        """
+        keys = queue_keys(queue)
+        wire_id = _wire(job_id) if job_id is not None else _new_id()
+        data = payload.encode() if isinstance(payload, str) else payload
+        self._call("EMQ.ENQUEUE", keys.pending, keys.base, wire_id, data, job_id=_text(wire_id))
+        return _text(wire_id)
+
+    def claim(self, queue: str, lease_ms: int) -> Job | None:
+        """Take the next pending job and lease it for ``lease_ms``; None when the queue is empty.
+
+        Recovered jobs come first, then first in, first out.
+        """
+        _positive_int("lease_ms", lease_ms)
+        keys = queue_keys(queue)
+        reply = self._call("EMQ.CLAIM", keys.pending, keys.active, keys.base, str(lease_ms))
+        if reply is None:
+            return None
+        wire_id, token = reply
+        wire_id = _wire(wire_id)
+        payload = self.redis.hget(keys.job(wire_id), "payload")
+        return Job(queue, _text(wire_id), int(token), _wire(payload) if payload is not None else b"")
+
+    def complete(self, queue: str, job_id: JobId, token: int) -> None:
+        """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise)."""
+        _token(token)
+        keys = queue_keys(queue)
+        wire_id = _wire(job_id)
+        reply = self._call(
+            "EMQ.COMPLETE", keys.active, keys.job(wire_id), wire_id, str(token), job_id=_text(wire_id)
+        )
+        if reply == -1:
+            raise JobGone(f"job {_text(wire_id)!r} of queue {queue!r} is gone", _text(wire_id))
+
+    def fail(
+        self, queue: str, job_id: JobId, token: int, error: str, max_attempts: int = 3
+    ) -> Literal["pending", "dead"]:
+        """Report the handler's failure; returns where the job went.
+
+        Below ``max_attempts`` attempts it goes back to pending (behind waiting
+        work), else it is dead-lettered.  ``error`` is kept in the row's
+        ``last_error``.  Same fencing as ``complete``.
+        """
+        _token(token)
+        _positive_int("max_attempts", max_attempts)
+        keys = queue_keys(queue)
+        wire_id = _wire(job_id)
+        reply = self._call(
+            "EMQ.FAIL",
+            keys.active,
+            keys.pending,
+            keys.dead,
+            keys.base,
+            wire_id,
+            str(token),
+            str(max_attempts),
+            error.encode("utf-8", "replace"),
+            job_id=_text(wire_id),
+        )
+        if reply == -1:
+            raise JobGone(f"job {_text(wire_id)!r} of queue {queue!r} is gone", _text(wire_id))
+        return "dead" if _text(reply) == "dead" else "pending"
+
     def _call(self, *args: Any, job_id: str = "") -> Any:
         try:
             return self.redis.execute_command(*args)  # type: ignore[no-untyped-call]
@@ -124,6 +214,8 @@ class Client:
         message = str(exc)
         if message.startswith("EMQSTALE"):
             raise StaleToken(message, job_id) from None
+        if message.startswith("EMQEXISTS"):
+            raise JobExists(message, job_id) from None
         if message.lower().startswith(("unknown command", "err unknown command")):
             raise ModuleNotLoaded(
                 f"the server does not know {command}: start it with "

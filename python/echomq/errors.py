@@ -6,6 +6,7 @@ Catch at the level you care about::
     ├── LeaseLost          the caller no longer holds the job
     │   ├── JobGone        the job row does not exist any more
     │   └── StaleToken     another attempt holds it, or it is no longer active
+    ├── JobExists          enqueue with an id that is already taken
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
@@ -34,6 +35,14 @@ class JobGone(LeaseLost):
 
 class StaleToken(LeaseLost):
     """The token is not the row's current ``attempts``, or the job is no longer active."""
+
+
+class JobExists(EchoMQError):
+    """A job with this id already exists in the queue."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class ModuleNotLoaded(EchoMQError):

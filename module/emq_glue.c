@@ -1,0 +1,85 @@
+/* emq_glue.c -- see emq_glue.h. */
+#include "emq_glue.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "emq_core.h"
+
+int emq_str_equal(RedisModuleString *a, RedisModuleString *b) {
+    size_t alen, blen;
+    const char *ap = RedisModule_StringPtrLen(a, &alen), *bp = RedisModule_StringPtrLen(b, &blen);
+    return alen == blen && memcmp(ap, bp, alen) == 0;
+}
+
+int emq_type_ok(RedisModuleKey *key, int keytype) {
+    int t = RedisModule_KeyType(key);
+    return t == REDISMODULE_KEYTYPE_EMPTY || t == keytype;
+}
+
+RedisModuleString *emq_derived_key(RedisModuleCtx *ctx, RedisModuleString *base, const char *mid,
+                                   RedisModuleString *tail) {
+    size_t baselen, taillen = 0, midlen = strlen(mid);
+    const char *b = RedisModule_StringPtrLen(base, &baselen);
+    const char *t = tail ? RedisModule_StringPtrLen(tail, &taillen) : NULL;
+    size_t len = baselen + midlen + taillen;
+    char *buf = RedisModule_Alloc(len ? len : 1);
+    memcpy(buf, b, baselen);
+    memcpy(buf + baselen, mid, midlen);
+    if (taillen) memcpy(buf + baselen + midlen, t, taillen);
+    RedisModuleString *name = RedisModule_CreateString(ctx, buf, len);
+    RedisModule_Free(buf);
+    return name;
+}
+
+const char *emq_check_queue_keys(RedisModuleCtx *ctx, RedisModuleString **keys,
+                                 const char *const *suffix, int n, RedisModuleString *base) {
+    size_t baselen, len;
+    const char *b = RedisModule_StringPtrLen(base, &baselen);
+    for (int i = 0; i < n; i++) {
+        const char *k = RedisModule_StringPtrLen(keys[i], &len);
+        if (!emq_key_is(k, len, b, baselen, suffix[i]))
+            return "ERR the queue keys must be <base> followed by their names (e.g. <base>active)";
+    }
+    if ((RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_CLUSTER) &&
+        !emq_base_has_hash_tag(b, baselen))
+        return "ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:";
+    return NULL;
+}
+
+int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {
+    if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||
+        !RedisModule_ACLCheckKeyPermissions || !RedisModule_FreeModuleUser)
+        return 1;
+    RedisModuleString *username = RedisModule_GetCurrentUserName(ctx);
+    if (username == NULL) return 1; /* no client user: the server itself */
+    RedisModuleUser *user = RedisModule_GetModuleUserFromUserName(username);
+    RedisModule_FreeString(ctx, username);
+    if (user == NULL) return 0;
+    const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
+                            REDISMODULE_CMD_KEY_INSERT);
+    int allowed = 1;
+    for (size_t i = 0; allowed && i < n; i++)
+        if (names[i])
+            allowed = RedisModule_ACLCheckKeyPermissions(user, names[i], flags) == REDISMODULE_OK;
+    RedisModule_FreeModuleUser(user);
+    return allowed;
+}
+
+const char *emq_hash_incr(RedisModuleCtx *ctx, RedisModuleKey *key, const char *field,
+                          emq_incr_fn incr, long long *next) {
+    RedisModuleString *cur = NULL;
+    if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_HASH)
+        RedisModule_HashGet(key, REDISMODULE_HASH_CFIELDS, field, &cur, NULL);
+    size_t len = 0;
+    const char *p = cur ? RedisModule_StringPtrLen(cur, &len) : NULL;
+    const char *err = incr(p, len, cur != NULL, next);
+    if (cur) RedisModule_FreeString(ctx, cur);
+    return err;
+}
+
+RedisModuleString *emq_ll_string(RedisModuleCtx *ctx, long long v) {
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%lld", v);
+    return RedisModule_CreateString(ctx, buf, (size_t)n);
+}

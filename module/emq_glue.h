@@ -1,0 +1,40 @@
+/* emq_glue.h -- small helpers shared by the command files. */
+#ifndef EMQ_GLUE_H
+#define EMQ_GLUE_H
+
+#include "emq_rm.h"
+
+/* Byte-for-byte equality of two strings. */
+int emq_str_equal(RedisModuleString *a, RedisModuleString *b);
+
+/* 1 when the key is empty or holds `keytype`. */
+int emq_type_ok(RedisModuleKey *key, int keytype);
+
+/* A new string base + mid + tail (tail may be NULL with taillen 0); the
+ * caller frees it. */
+RedisModuleString *emq_derived_key(RedisModuleCtx *ctx, RedisModuleString *base, const char *mid,
+                                   RedisModuleString *tail);
+
+/* NULL when every argument key argv[first..first+n-1] is <base><suffix[i]>
+ * and, in cluster mode, <base> carries a hash tag; else the error reply. */
+const char *emq_check_queue_keys(RedisModuleCtx *ctx, RedisModuleString **keys,
+                                 const char *const *suffix, int n, RedisModuleString *base);
+
+/* Whether the calling user may read and write every key in `names` (n of
+ * them, NULL entries skipped).  Redis checks only the declared key
+ * arguments; the rows and metrics we derive from <base> are checked here. */
+int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n);
+
+/* The value of an integer field of an open hash (missing counts as 0) plus
+ * `by`, with HINCRBY's refusals; `incr` is an emq_core function. */
+typedef const char *(*emq_incr_fn)(const char *cur, size_t len, int present, long long *next);
+const char *emq_hash_incr(RedisModuleCtx *ctx, RedisModuleKey *key, const char *field,
+                          emq_incr_fn incr, long long *next);
+
+/* A new string holding the decimal value. */
+RedisModuleString *emq_ll_string(RedisModuleCtx *ctx, long long v);
+
+#define EMQ_NOPERM_DERIVED \
+    "NOPERM this user has no permissions to access the job rows or metrics derived from <base>"
+
+#endif
