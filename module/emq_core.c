@@ -57,6 +57,7 @@ const char *emq_parse_count(const char *what, const char *s, size_t len, long lo
     int ok = emq_parse_ll(s, len, &v) == 0 && v >= 1;
     if (!ok) {
         if (strcmp(what, "max-stalled") == 0) return "ERR max-stalled must be an integer >= 1";
+        if (strcmp(what, "max-attempts") == 0) return "ERR max-attempts must be an integer >= 1";
         return "ERR limit must be an integer >= 1";
     }
     *out = v;

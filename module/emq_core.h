@@ -30,8 +30,8 @@ EMQ_EXPORT int emq_parse_ll(const char *s, size_t len, long long *out);
 EMQ_EXPORT const char *emq_lease_deadline(long long now_ms, const char *s, size_t len,
                                long long *deadline_ms);
 
-/* A count argument (<max-stalled>, <limit>): an integer >= 1.  `what` names
- * the argument in the error ("max-stalled" or "limit"). */
+/* A count argument (<max-stalled>, <limit>, <max-attempts>): an integer >= 1.
+ * `what` names the argument in the error. */
 EMQ_EXPORT const char *emq_parse_count(const char *what, const char *s, size_t len, long long *out);
 
 /* 1 when key is exactly base followed by suffix, else 0. */

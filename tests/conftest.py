@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import echomq
 import pytest
 import redis
+
+import echomq
 from echomq import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent

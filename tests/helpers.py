@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import redis
+
 from echomq.keyspace import QueueKeys, queue_keys
 
 

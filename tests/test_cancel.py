@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+
 from echomq import Cancellation, Cancelled, CancelToken, EchoMQError
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import echomq
 import pytest
+
+import echomq
 from echomq import keyspace
 
 from .conftest import ServerFactory

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+
 from echomq.keyspace import QueueKeys, queue_keys
 
 from .helpers import now_ms

@@ -7,6 +7,7 @@ import random
 
 import pytest
 import redis
+
 from echomq import Client, LeaseLost
 from echomq.keyspace import queue_keys
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import echomq
 import pytest
 import redis
+
+import echomq
 from echomq.keyspace import queue_keys
 
 from .helpers import digest, extend_args, now_ms, put_active, sweep_args

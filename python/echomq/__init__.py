@@ -23,7 +23,10 @@ from .errors import (
     ModuleNotLoaded,
     StaleToken,
 )
+from .lease import LeaseKeeper
+from .reaper import Reaper
 from .server import EmbeddedServer, module_path
+from .worker import Worker, WorkerStats
 
 __all__ = [
     "CancelToken",
@@ -35,10 +38,14 @@ __all__ = [
     "Job",
     "JobExists",
     "JobGone",
+    "LeaseKeeper",
     "LeaseLost",
     "ModuleNotLoaded",
+    "Reaper",
     "StaleToken",
     "SweepResult",
+    "Worker",
+    "WorkerStats",
     "keyspace",
     "module_path",
 ]

@@ -1,0 +1,142 @@
+"""The lease keeper: checkpoint a running job's lease, and stop the handler when it is lost.
+
+While the handler runs, a background thread calls EMQ.EXTEND every
+``interval`` (a third of the lease by default).  The lease is lost when
+
+- the server answers StaleToken (another attempt holds the job, or a sweep
+  took it) or JobGone (the row was deleted), or
+- no extend was confirmed before the deadline of the last confirmed one
+  passed (the server is unreachable): by then a sweep may have handed the
+  job to another worker.
+
+Either way the handler's CancelToken is cancelled with a reason that says
+which, so the handler stops at its next check instead of racing the worker
+that now owns the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from .cancel import CancelToken
+from .client import Client, Job
+from .errors import JobGone, StaleToken
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger("echomq.lease")
+
+
+class LeaseKeeper:
+    """Context manager that keeps ``job``'s lease alive while its block runs.
+
+    ``claimed_at`` is the ``time.monotonic()`` taken just before the claim
+    (or the last extend) was sent: the server's deadline is at least
+    ``claimed_at + lease_ms``, so the keeper's own deadline is never late.
+
+    >>> with LeaseKeeper(client, job, lease_ms=30_000, cancel=token):  # doctest: +SKIP
+    ...     handler(job, token)
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        job: Job,
+        lease_ms: int,
+        cancel: CancelToken,
+        *,
+        interval: float | None = None,
+        claimed_at: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if lease_ms < 1:
+            raise ValueError("lease_ms must be >= 1")
+        self.client, self.job, self.lease_ms, self.cancel = client, job, lease_ms, cancel
+        self.interval = interval if interval is not None else lease_ms / 3000.0
+        self._clock = clock
+        self._lease_s = lease_ms / 1000.0
+        self._confirmed_until = (claimed_at if claimed_at is not None else clock()) + self._lease_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watchdog: threading.Timer | None = None
+        self.lost: str | None = None
+        self.extends = 0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def __enter__(self) -> LeaseKeeper:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        with self._lock:
+            self._arm_watchdog()
+        self._thread = threading.Thread(target=self._run, name=f"echomq-lease-{self.job.id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+
+    # -- the work ------------------------------------------------------------
+
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = reason
+            self._stop.set()
+        log.warning("job %s of %s: %s", self.job.id, self.job.queue, reason)
+        self.cancel.cancel(reason)
+
+    def _arm_watchdog(self) -> None:
+        # A timer, not the loop, watches the deadline: an extend blocked on a
+        # dead connection must not keep the handler running past its lease.
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        delay = max(0.0, self._confirmed_until - self._clock())
+        self._watchdog = threading.Timer(delay, self._deadline_passed)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _deadline_passed(self) -> None:
+        with self._lock:
+            if self._stop.is_set() or self._clock() < self._confirmed_until:
+                return
+        self._lose("lease lost: no extend confirmed before the deadline passed")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            sent = self._clock()
+            try:
+                self.client.extend(self.job.queue, self.job.id, self.job.token, self.lease_ms)
+            except StaleToken:
+                self._lose("lease lost: stale token (the job was swept or another attempt holds it)")
+                return
+            except JobGone:
+                self._lose("lease lost: the job row is gone")
+                return
+            except Exception as exc:  # connection trouble: retry until the deadline says otherwise
+                log.debug("extend of %s failed: %r", self.job.id, exc)
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self.extends += 1
+                self._confirmed_until = sent + self._lease_s
+                self._arm_watchdog()
