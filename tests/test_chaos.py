@@ -1,0 +1,154 @@
+"""Chaos: worker processes SIGKILLed, frozen and restarted at random; poison jobs.
+
+At the end every job is done exactly once or dead, none sits in two sets,
+no completion was accepted from a stale token, and every poison job is dead
+after exactly max-stalled stalls.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import echomq
+from echomq.keyspace import queue_keys
+
+from .conftest import ServerFactory
+
+Q = "chaos"
+K = queue_keys(Q)
+JOBS = 300
+POISON_EVERY = 25  # 12 poison jobs
+MAX_STALLED = 3
+LEASE_MS = 400
+WORKERS = 3
+TIME_BUDGET_S = 150.0
+WORKER_SCRIPT = Path(__file__).with_name("chaos_worker.py")
+
+
+class Pool:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.frozen: dict[int, float] = {}  # pid -> when to resume
+        self.started = 0
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, PYTHONPATH=str(WORKER_SCRIPT.parent.parent / "python"))
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), self.url, Q, str(LEASE_MS)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.started += 1
+        return proc
+
+    def replace_dead(self) -> int:
+        died = 0
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is not None:
+                self.procs[i] = self.spawn()
+                died += 1
+        return died
+
+    def resume_due(self) -> None:
+        now = time.monotonic()
+        for proc in self.procs:
+            if proc.pid in self.frozen and self.frozen[proc.pid] <= now:
+                os.kill(proc.pid, signal.SIGCONT)
+                del self.frozen[proc.pid]
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                if proc.pid in self.frozen:
+                    os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.slow
+def test_no_job_is_lost_under_chaos(server_factory: ServerFactory) -> None:
+    server = server_factory()
+    r = server.client()
+    client = echomq.Client(r)
+    poison = {f"job-{i:03}" for i in range(0, JOBS, POISON_EVERY)}
+    for i in range(JOBS):
+        job_id = f"job-{i:03}"
+        client.enqueue(Q, b"poison" if job_id in poison else b"work", job_id=job_id)
+
+    rng = random.Random(20261129)
+    kills = freezes = crashes = 0
+    pool = Pool(server.url)
+    pool.procs = [pool.spawn() for _ in range(WORKERS)]
+    reaper = echomq.Reaper(client, Q, interval=0.05, max_stalled=MAX_STALLED, limit=50)
+    deadline = time.monotonic() + TIME_BUDGET_S
+    try:
+        with reaper:
+            while time.monotonic() < deadline:
+                if r.zcard(K.pending) == 0 and r.zcard(K.active) == 0:
+                    break
+                crashes += pool.replace_dead()
+                pool.resume_due()
+                time.sleep(rng.uniform(0.05, 0.3))
+                victim = rng.choice(pool.procs)
+                roll = rng.random()
+                if roll < 0.4 and victim.poll() is None and victim.pid not in pool.frozen:
+                    victim.kill()  # SIGKILL mid-whatever
+                    victim.wait()
+                    kills += 1
+                elif roll < 0.55 and victim.poll() is None and victim.pid not in pool.frozen:
+                    # Frozen past its lease: its jobs get swept and reclaimed; when it
+                    # wakes, the lease keeper must keep it from completing them.
+                    os.kill(victim.pid, signal.SIGSTOP)
+                    pool.frozen[victim.pid] = time.monotonic() + LEASE_MS * 2.5 / 1000
+                    freezes += 1
+            finished = r.zcard(K.pending) == 0 and r.zcard(K.active) == 0
+    finally:
+        pool.stop_all()
+    crashes -= kills  # replace_dead also restarted the ones we killed
+
+    stats = r.info("commandstats")
+    complete = stats.get("cmdstat_emq.complete", {})
+    accepted = int(complete.get("calls", 0)) - int(complete.get("failed_calls", 0))
+    rejected = int(complete.get("failed_calls", 0))
+    rows = {f"job-{i:03}": r.hgetall(K.job(f"job-{i:03}")) for i in range(JOBS)}
+    done = {j for j, row in rows.items() if row[b"state"] == b"done"}
+    dead = {j for j, row in rows.items() if row[b"state"] == b"dead"}
+    print(
+        f"\nchaos: jobs={JOBS} poison={len(poison)} kills={kills} freezes={freezes} "
+        f"poison-crashes={crashes} recoveries={reaper.recovered} dead-letters={reaper.dead} "
+        f"done={len(done)} dead={len(dead)} accepted-completions={accepted} "
+        f"rejected-stale-completions={rejected} worker-processes-started={pool.started}"
+    )
+
+    assert finished, "the queue did not drain within the time budget"
+    assert done | dead == set(rows), "every job is done or dead"
+    assert not r.exists(K.pending) and not r.exists(K.active)
+    assert {m.decode() for m in r.zrange(K.dead, 0, -1)} == dead
+    # Done exactly once: each accepted completion moved one active job to done,
+    # and a done job is in no set, so it can never be completed again.
+    assert accepted == len(done)
+    assert poison <= dead
+    for job in poison:
+        assert rows[job][b"stalled"] == str(MAX_STALLED).encode(), job
+        assert rows[job][b"last_error"] == b"stalled"
+    for job in dead - poison:  # killed by chaos MAX_STALLED times: dead-lettered legitimately
+        assert rows[job][b"stalled"] == str(MAX_STALLED).encode(), job
+    for job in done:
+        assert int(rows[job].get(b"stalled", b"0")) < MAX_STALLED
+    assert int(r.hget(K.metrics_failed, "count") or 0) == len(dead)
+    assert kills > 0 and crashes >= len(poison)
