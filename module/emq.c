@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "emq_cancel.h"
 #include "emq_core.h"
 #include "emq_lifecycle.h"
 #include "emq_rm.h"
@@ -403,6 +404,7 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
                                   3, 1) != REDISMODULE_OK)
         return REDISMODULE_ERR;
     if (emq_register_lifecycle(ctx) != REDISMODULE_OK) return REDISMODULE_ERR;
+    if (emq_register_cancel(ctx) != REDISMODULE_OK) return REDISMODULE_ERR;
 
     if (!RedisModule_ACLCheckKeyPermissions)
         RedisModule_Log(ctx, "warning",

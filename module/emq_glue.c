@@ -83,3 +83,30 @@ RedisModuleString *emq_ll_string(RedisModuleCtx *ctx, long long v) {
     int n = snprintf(buf, sizeof buf, "%lld", v);
     return RedisModule_CreateString(ctx, buf, (size_t)n);
 }
+
+EmqHolder emq_check_holder(RedisModuleCtx *ctx, RedisModuleKey *active, RedisModuleKey *row,
+                           RedisModuleString *id, RedisModuleString *token, long long *attempts_out) {
+    RedisModuleString *attempts = NULL;
+    if (RedisModule_KeyType(row) == REDISMODULE_KEYTYPE_HASH)
+        RedisModule_HashGet(row, REDISMODULE_HASH_CFIELDS, "attempts", &attempts, NULL);
+    if (attempts == NULL) return EMQ_HOLDER_GONE;
+    int same = emq_str_equal(attempts, token);
+    if (same && attempts_out) {
+        size_t len;
+        const char *p = RedisModule_StringPtrLen(attempts, &len);
+        if (emq_parse_ll(p, len, attempts_out) != 0) *attempts_out = -1;
+    }
+    RedisModule_FreeString(ctx, attempts);
+    if (!same) return EMQ_HOLDER_STALE_TOKEN;
+    double score;
+    if (RedisModule_ZsetScore(active, id, &score) != REDISMODULE_OK) return EMQ_HOLDER_NOT_ACTIVE;
+    return EMQ_HOLDER_OK;
+}
+
+int emq_has_cancel_request(RedisModuleKey *row) {
+    if (RedisModule_KeyType(row) != REDISMODULE_KEYTYPE_HASH) return 0;
+    int exists = 0;
+    RedisModule_HashGet(row, REDISMODULE_HASH_CFIELDS | REDISMODULE_HASH_EXISTS, "cancel_requested",
+                        &exists, NULL);
+    return exists;
+}

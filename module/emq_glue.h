@@ -31,6 +31,22 @@ typedef const char *(*emq_incr_fn)(const char *cur, size_t len, int present, lon
 const char *emq_hash_incr(RedisModuleCtx *ctx, RedisModuleKey *key, const char *field,
                           emq_incr_fn incr, long long *next);
 
+/* Who holds the job?  The token fence: the row's `attempts` must be
+ * byte-for-byte the token, and the id must still be in the active set.
+ * When attempts_out is given and the holder matches, it receives attempts
+ * as an integer (-1 when it is not one). */
+typedef enum {
+    EMQ_HOLDER_OK,
+    EMQ_HOLDER_GONE,
+    EMQ_HOLDER_STALE_TOKEN,
+    EMQ_HOLDER_NOT_ACTIVE
+} EmqHolder;
+EmqHolder emq_check_holder(RedisModuleCtx *ctx, RedisModuleKey *active, RedisModuleKey *row,
+                           RedisModuleString *id, RedisModuleString *token, long long *attempts_out);
+
+/* 1 when the open row carries a `cancel_requested` field. */
+int emq_has_cancel_request(RedisModuleKey *row);
+
 /* A new string holding the decimal value. */
 RedisModuleString *emq_ll_string(RedisModuleCtx *ctx, long long v);
 

@@ -16,45 +16,21 @@
 static const char *const PENDING_ACTIVE[] = {"pending", "active"};
 static const char *const ACTIVE_PENDING_DEAD[] = {"active", "pending", "dead"};
 
-/* Who holds the job?  The answer of the token fence shared by COMPLETE and
- * FAIL (EXTEND in emq.c applies the same three rules). */
-typedef enum { HOLDER_OK, HOLDER_GONE, HOLDER_STALE_TOKEN, HOLDER_NOT_ACTIVE } Holder;
-
-static Holder check_holder(RedisModuleCtx *ctx, RedisModuleKey *active, RedisModuleKey *row,
-                           RedisModuleString *id, RedisModuleString *token,
-                           long long *attempts_out) {
-    RedisModuleString *attempts = NULL;
-    if (RedisModule_KeyType(row) == REDISMODULE_KEYTYPE_HASH)
-        RedisModule_HashGet(row, REDISMODULE_HASH_CFIELDS, "attempts", &attempts, NULL);
-    if (attempts == NULL) return HOLDER_GONE;
-    int same = emq_str_equal(attempts, token);
-    if (same && attempts_out) {
-        size_t len;
-        const char *p = RedisModule_StringPtrLen(attempts, &len);
-        if (emq_parse_ll(p, len, attempts_out) != 0) *attempts_out = -1;
-    }
-    RedisModule_FreeString(ctx, attempts);
-    if (!same) return HOLDER_STALE_TOKEN;
-    double score;
-    if (RedisModule_ZsetScore(active, id, &score) != REDISMODULE_OK) return HOLDER_NOT_ACTIVE;
-    return HOLDER_OK;
-}
-
 /* Replies for a holder that is not the current one; 0 when it is. */
-static int reply_not_holder(RedisModuleCtx *ctx, Holder h, const char *verb) {
+static int reply_not_holder(RedisModuleCtx *ctx, EmqHolder h, const char *verb) {
     switch (h) {
-    case HOLDER_GONE:
+    case EMQ_HOLDER_GONE:
         RedisModule_ReplyWithLongLong(ctx, -1);
         return 1;
-    case HOLDER_STALE_TOKEN:
+    case EMQ_HOLDER_STALE_TOKEN:
         RedisModule_ReplyWithError(ctx, strcmp(verb, "complete") == 0
                                             ? "EMQSTALE complete token mismatch"
                                             : "EMQSTALE fail token mismatch");
         return 1;
-    case HOLDER_NOT_ACTIVE:
+    case EMQ_HOLDER_NOT_ACTIVE:
         RedisModule_ReplyWithError(ctx, "EMQSTALE job is no longer active");
         return 1;
-    case HOLDER_OK:
+    case EMQ_HOLDER_OK:
         break;
     }
     return 0;
@@ -115,7 +91,19 @@ static int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv
  * enqueue-time scores), increments its row's attempts -- the new value is the
  * holder's token -- sets state=active and leases it until server-now +
  * lease-ms.  Reply: [id, token], or a null reply when nothing is pending.
+ *
+ * A pending job whose row carries a cancel request (it was swept while its
+ * holder was being cancelled) is never claimed: it leaves <pending> with
+ * state=cancelled, and the next one is considered.  At most CLAIM_MAX_SKIPS
+ * are dropped per call, which keeps the command O(log N).
  * ------------------------------------------------------------------------ */
+#define CLAIM_MAX_SKIPS 16
+
+typedef struct {
+    RedisModuleString *id, *row_name;
+    RedisModuleKey *row;
+} Head;
+
 static int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 5) return RedisModule_WrongArity(ctx);
     const char *err = emq_check_queue_keys(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3]);
@@ -129,55 +117,89 @@ static int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, 
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
     RedisModuleKey *pending = RedisModule_OpenKey(ctx, argv[1], rw);
     RedisModuleKey *active = RedisModule_OpenKey(ctx, argv[2], rw);
-    RedisModuleKey *row = NULL;
-    RedisModuleString *id = NULL, *row_name = NULL;
+    Head heads[CLAIM_MAX_SKIPS + 1];
+    int n = 0, found = 0;
+    long long token = 0;
     if (!emq_type_ok(pending, REDISMODULE_KEYTYPE_ZSET) ||
         !emq_type_ok(active, REDISMODULE_KEYTYPE_ZSET)) {
         RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
         goto done;
     }
-    if (RedisModule_KeyType(pending) == REDISMODULE_KEYTYPE_EMPTY) {
+
+    /* Read the heads first and write nothing until every one checked out. */
+    if (RedisModule_KeyType(pending) != REDISMODULE_KEYTYPE_EMPTY) {
+        RedisModule_ZsetFirstInScoreRange(pending, -HUGE_VAL, HUGE_VAL, 0, 0);
+        while (!found && n <= CLAIM_MAX_SKIPS && !RedisModule_ZsetRangeEndReached(pending)) {
+            double score;
+            Head *h = &heads[n++];
+            h->id = RedisModule_ZsetRangeCurrentElement(pending, &score);
+            h->row_name = emq_derived_key(ctx, argv[3], "job:", h->id);
+            h->row = RedisModule_OpenKey(ctx, h->row_name, rw);
+            RedisModule_ZsetRangeNext(pending);
+            if (!emq_type_ok(h->row, REDISMODULE_KEYTYPE_HASH)) {
+                err = REDISMODULE_ERRORMSG_WRONGTYPE;
+                break;
+            }
+            if (!emq_has_cancel_request(h->row)) {
+                found = 1;
+                err = emq_hash_incr(ctx, h->row, "attempts", emq_next_attempts, &token);
+            }
+        }
+        RedisModule_ZsetRangeStop(pending);
+    }
+    if (!err) {
+        RedisModuleString *names[CLAIM_MAX_SKIPS + 1];
+        for (int i = 0; i < n; i++) names[i] = heads[i].row_name;
+        if (!emq_acl_allows(ctx, names, (size_t)n)) err = EMQ_NOPERM_DERIVED;
+    }
+    if (err) {
+        RedisModule_ReplyWithError(ctx, err);
+        goto done;
+    }
+
+    int skipped = found ? n - 1 : n;
+    if (skipped) {
+        RedisModuleString *state = RedisModule_CreateString(ctx, "cancelled", 9);
+        for (int i = 0; i < skipped; i++) {
+            RedisModule_ZsetRem(pending, heads[i].id, NULL);
+            RedisModule_HashSet(heads[i].row, REDISMODULE_HASH_CFIELDS, "state", state, NULL);
+            RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], heads[i].id);
+            RedisModule_Replicate(ctx, "HSET", "scs", heads[i].row_name, "state", state);
+            RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", heads[i].row_name);
+        }
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
+        RedisModule_FreeString(ctx, state);
+    }
+    if (!found) {
         RedisModule_ReplyWithNull(ctx);
         goto done;
     }
-    double score;
-    RedisModule_ZsetFirstInScoreRange(pending, -HUGE_VAL, HUGE_VAL, 0, 0);
-    id = RedisModule_ZsetRangeCurrentElement(pending, &score);
-    RedisModule_ZsetRangeStop(pending);
 
-    row_name = emq_derived_key(ctx, argv[3], "job:", id);
-    row = RedisModule_OpenKey(ctx, row_name, rw);
-    long long token;
-    if (!emq_type_ok(row, REDISMODULE_KEYTYPE_HASH)) {
-        RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
-    } else if ((err = emq_hash_incr(ctx, row, "attempts", emq_next_attempts, &token)) != NULL) {
-        RedisModule_ReplyWithError(ctx, err);
-    } else if (!emq_acl_allows(ctx, &row_name, 1)) {
-        RedisModule_ReplyWithError(ctx, EMQ_NOPERM_DERIVED);
-    } else {
-        RedisModuleString *tok = emq_ll_string(ctx, token);
-        RedisModuleString *state = RedisModule_CreateString(ctx, "active", 6);
-        RedisModule_ZsetRem(pending, id, NULL);
-        RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "attempts", tok, "state", state, NULL);
-        RedisModule_ZsetAdd(active, (double)deadline, id, NULL);
-        RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], id);
-        RedisModule_Replicate(ctx, "HSET", "scscs", row_name, "attempts", tok, "state", state);
-        RedisModule_Replicate(ctx, "ZADD", "sls", argv[2], deadline, id);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", row_name);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[2]);
-        RedisModule_ReplyWithArray(ctx, 2);
-        RedisModule_ReplyWithString(ctx, id);
-        RedisModule_ReplyWithLongLong(ctx, token);
-        RedisModule_FreeString(ctx, state);
-        RedisModule_FreeString(ctx, tok);
-    }
+    Head *h = &heads[n - 1];
+    RedisModuleString *tok = emq_ll_string(ctx, token);
+    RedisModuleString *state = RedisModule_CreateString(ctx, "active", 6);
+    RedisModule_ZsetRem(pending, h->id, NULL);
+    RedisModule_HashSet(h->row, REDISMODULE_HASH_CFIELDS, "attempts", tok, "state", state, NULL);
+    RedisModule_ZsetAdd(active, (double)deadline, h->id, NULL);
+    RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], h->id);
+    RedisModule_Replicate(ctx, "HSET", "scscs", h->row_name, "attempts", tok, "state", state);
+    RedisModule_Replicate(ctx, "ZADD", "sls", argv[2], deadline, h->id);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", h->row_name);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", h->row_name);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[2]);
+    RedisModule_ReplyWithArray(ctx, 2);
+    RedisModule_ReplyWithString(ctx, h->id);
+    RedisModule_ReplyWithLongLong(ctx, token);
+    RedisModule_FreeString(ctx, state);
+    RedisModule_FreeString(ctx, tok);
 
 done:
-    if (row) RedisModule_CloseKey(row);
-    if (row_name) RedisModule_FreeString(ctx, row_name);
-    if (id) RedisModule_FreeString(ctx, id);
+    for (int i = 0; i < n; i++) {
+        RedisModule_CloseKey(heads[i].row);
+        RedisModule_FreeString(ctx, heads[i].row_name);
+        RedisModule_FreeString(ctx, heads[i].id);
+    }
     RedisModule_CloseKey(active);
     RedisModule_CloseKey(pending);
     return REDISMODULE_OK;
@@ -202,7 +224,7 @@ static int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **arg
     if (!emq_type_ok(active, REDISMODULE_KEYTYPE_ZSET) ||
         !emq_type_ok(row, REDISMODULE_KEYTYPE_HASH)) {
         RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
-    } else if (!reply_not_holder(ctx, check_holder(ctx, active, row, id, token, NULL), "complete")) {
+    } else if (!reply_not_holder(ctx, emq_check_holder(ctx, active, row, id, token, NULL), "complete")) {
         RedisModuleString *state = RedisModule_CreateString(ctx, "done", 4);
         RedisModule_ZsetRem(active, id, NULL);
         RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, NULL);
@@ -224,8 +246,10 @@ static int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **arg
  * The holder's handler failed.  Below <max-attempts> attempts the job goes
  * back to <pending> at server-now (behind the work already waiting); at or
  * above it the job is dead-lettered and counted in <base>metrics:failed.
- * The row keeps the error text in last_error either way.
- * Reply: +pending or +dead; :-1 gone; -EMQSTALE as COMPLETE.
+ * The row keeps the error text in last_error either way.  A job with a
+ * cancel request (EMQ.CANCEL) ends as state=cancelled instead: never retried,
+ * not counted as failed.
+ * Reply: +pending, +dead or +cancelled; :-1 gone; -EMQSTALE as COMPLETE.
  * ------------------------------------------------------------------------ */
 static const char *failed_plus_one(const char *cur, size_t len, int present, long long *next) {
     return emq_add_failed(cur, len, present, 1, next);
@@ -258,13 +282,16 @@ static int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
         goto done;
     }
-    if (reply_not_holder(ctx, check_holder(ctx, active, row, id, token, &attempts), "fail"))
+    if (reply_not_holder(ctx, emq_check_holder(ctx, active, row, id, token, &attempts), "fail"))
         goto done;
     if (attempts < 0) {
         RedisModule_ReplyWithError(ctx, "ERR the job row's 'attempts' field is not an integer");
         goto done;
     }
-    int to_dead = attempts >= max_attempts;
+    /* A job whose cancel was requested and delivered stops here: it is not
+     * retried, and it is not a failure of the job itself. */
+    int cancelled = emq_has_cancel_request(row);
+    int to_dead = !cancelled && attempts >= max_attempts;
     if (to_dead) {
         metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
         metrics = RedisModule_OpenKey(ctx, metrics_name, rw);
@@ -283,8 +310,8 @@ static int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         goto done;
     }
 
-    RedisModuleString *state = RedisModule_CreateString(ctx, to_dead ? "dead" : "pending",
-                                                        to_dead ? 4 : 7);
+    const char *outcome = cancelled ? "cancelled" : to_dead ? "dead" : "pending";
+    RedisModuleString *state = RedisModule_CreateString(ctx, outcome, strlen(outcome));
     RedisModule_ZsetRem(active, id, NULL);
     RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, "last_error", error_text,
                         NULL);
@@ -301,13 +328,13 @@ static int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[3]);
         RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", metrics_name);
         RedisModule_FreeString(ctx, count);
-    } else {
+    } else if (!cancelled) {
         RedisModule_ZsetAdd(pending, (double)now, id, NULL);
         RedisModule_Replicate(ctx, "ZADD", "sls", argv[2], now, id);
         RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[2]);
     }
     RedisModule_FreeString(ctx, state);
-    RedisModule_ReplyWithSimpleString(ctx, to_dead ? "dead" : "pending");
+    RedisModule_ReplyWithSimpleString(ctx, outcome);
 
 done:
     if (metrics) RedisModule_CloseKey(metrics);

@@ -33,6 +33,7 @@
 /* HashGet()/HashSet() flags: CFIELDS means field names are C strings. */
 #define REDISMODULE_HASH_NONE 0
 #define REDISMODULE_HASH_CFIELDS (1 << 2)
+#define REDISMODULE_HASH_EXISTS (1 << 3)
 
 /* GetContextFlags() bits. */
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)

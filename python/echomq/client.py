@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 import redis
 from redis.exceptions import ResponseError
 
+from .cancel import Cancellation
 from .errors import JobExists, JobGone, ModuleNotLoaded, StaleToken
 from .keyspace import queue_keys
 
@@ -176,11 +177,12 @@ class Client:
 
     def fail(
         self, queue: str, job_id: JobId, token: int, error: str, max_attempts: int = 3
-    ) -> Literal["pending", "dead"]:
+    ) -> Literal["pending", "dead", "cancelled"]:
         """Report the handler's failure; returns where the job went.
 
         Below ``max_attempts`` attempts it goes back to pending (behind waiting
-        work), else it is dead-lettered.  ``error`` is kept in the row's
+        work), else it is dead-lettered; a job with a cancel request ends
+        ``"cancelled"`` (not retried, not counted as failed).  ``error`` is kept in the row's
         ``last_error``.  Same fencing as ``complete``.
         """
         _token(token)
@@ -201,7 +203,57 @@ class Client:
         )
         if reply == -1:
             raise JobGone(f"job {_text(wire_id)!r} of queue {queue!r} is gone", _text(wire_id))
-        return "dead" if _text(reply) == "dead" else "pending"
+        outcome = _text(reply)
+        if outcome == "dead":
+            return "dead"
+        return "cancelled" if outcome == "cancelled" else "pending"
+
+    def cancel(
+        self, queue: str, job_id: JobId, reason: str | None = None
+    ) -> Literal["cancelled", "requested", "finished"]:
+        """Ask for a job to be cancelled, from anywhere; no token needed.
+
+        Returns ``"cancelled"`` if the job was pending (it will never be
+        claimed), ``"requested"`` if it is held (its handler hears of it at the
+        holder's next checkpoint), ``"finished"`` if it is already done, dead
+        or cancelled.  Idempotent; the first reason is kept.  Raises
+        ``JobGone`` for an unknown id.
+        """
+        keys = queue_keys(queue)
+        wire_id = _wire(job_id)
+        text = b"" if reason is None else reason.encode("utf-8", "surrogateescape")
+        reply = self._call("EMQ.CANCEL", keys.pending, keys.base, wire_id, text, job_id=_text(wire_id))
+        if reply == -1:
+            raise JobGone(f"job {_text(wire_id)!r} of queue {queue!r} is gone", _text(wire_id))
+        outcome = _text(reply)
+        if outcome == "cancelled":
+            return "cancelled"
+        return "requested" if outcome == "requested" else "finished"
+
+    def checkpoint(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> Cancellation | None:
+        """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
+
+        Same lease effect and the same ``JobGone``/``StaleToken`` as ``extend``.
+        """
+        _token(token)
+        _positive_int("lease_ms", lease_ms)
+        keys = queue_keys(queue)
+        wire_id = _wire(job_id)
+        reply = self._call(
+            "EMQ.CHECKPOINT",
+            keys.active,
+            keys.job(wire_id),
+            wire_id,
+            str(token),
+            str(lease_ms),
+            job_id=_text(wire_id),
+        )
+        if reply == -1:
+            raise JobGone(f"job {_text(wire_id)!r} of queue {queue!r} is gone", _text(wire_id))
+        reason = reply[1]
+        if reason is None:
+            return None
+        return Cancellation(_text(reason) or None)
 
     def _call(self, *args: Any, job_id: str = "") -> Any:
         try:

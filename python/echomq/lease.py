@@ -12,6 +12,11 @@ While the handler runs, a background thread calls EMQ.EXTEND every
 Either way the handler's CancelToken is cancelled with a reason that says
 which, so the handler stops at its next check instead of racing the worker
 that now owns the job.
+
+With ``deliver_cancel`` (the default) the checkpoint is EMQ.CHECKPOINT, which
+also brings back a cancel requested with ``Client.cancel`` from anywhere: the
+token is cancelled with that request's reason and the lease keeps running
+while the handler winds down.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from .cancel import CancelToken
+from .cancel import Cancellation, CancelToken
 from .client import Client, Job
 from .errors import JobGone, StaleToken
 
@@ -51,12 +56,14 @@ class LeaseKeeper:
         *,
         interval: float | None = None,
         claimed_at: float | None = None,
+        deliver_cancel: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if lease_ms < 1:
             raise ValueError("lease_ms must be >= 1")
         self.client, self.job, self.lease_ms, self.cancel = client, job, lease_ms, cancel
         self.interval = interval if interval is not None else lease_ms / 3000.0
+        self.deliver_cancel = deliver_cancel
         self._clock = clock
         self._lease_s = lease_ms / 1000.0
         self._confirmed_until = (claimed_at if claimed_at is not None else clock()) + self._lease_s
@@ -124,7 +131,7 @@ class LeaseKeeper:
         while not self._stop.wait(self.interval):
             sent = self._clock()
             try:
-                self.client.extend(self.job.queue, self.job.id, self.job.token, self.lease_ms)
+                requested = self._checkpoint()
             except StaleToken:
                 self._lose("lease lost: stale token (the job was swept or another attempt holds it)")
                 return
@@ -140,3 +147,13 @@ class LeaseKeeper:
                 self.extends += 1
                 self._confirmed_until = sent + self._lease_s
                 self._arm_watchdog()
+            if requested is not None:
+                # Keep the lease while the handler winds down; just tell it.
+                self.cancel.cancel(requested.reason)
+
+    def _checkpoint(self) -> Cancellation | None:
+        job = self.job
+        if self.deliver_cancel:
+            return self.client.checkpoint(job.queue, job.id, job.token, self.lease_ms)
+        self.client.extend(job.queue, job.id, job.token, self.lease_ms)
+        return None

@@ -38,6 +38,7 @@ class WorkerStats:
 
     completed: int = 0
     failed: int = 0
+    cancelled: int = 0  # ended by a remote cancel (EMQ.CANCEL)
     leases_lost: int = 0
     rejected: int = 0  # complete/fail refused with StaleToken/JobGone
 
@@ -160,7 +161,10 @@ class Worker:
             else:
                 text = f"{type(error).__name__}: {error}"
                 where = self.client.fail(job.queue, job.id, job.token, text, self.max_attempts)
-                self.stats.failed += 1
+                if where == "cancelled":
+                    self.stats.cancelled += 1
+                else:
+                    self.stats.failed += 1
                 log.info("job %s failed (%s), now %s", job.id, text, where)
         except LeaseLost as exc:
             # The lease lapsed between the keeper's last check and now.

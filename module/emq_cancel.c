@@ -1,0 +1,156 @@
+/* emq_cancel.c -- remote cancel, delivered through the checkpoint.
+ *
+ * A cancel is a message, not a kill.  EMQ.CANCEL stores the request on the
+ * job row (token-free: anyone may ask; the first reason is kept), and the
+ * holder learns of it at its next checkpoint, EMQ.CHECKPOINT -- the way a
+ * heartbeat carries cancellation back to an activity.  A job that is only
+ * waiting is cancelled on the spot: it leaves <pending> and is never claimed. */
+#include <string.h>
+
+#include "emq_cancel.h"
+#include "emq_core.h"
+#include "emq_glue.h"
+
+/* ------------------------------------------------------------------------
+ * EMQ.CANCEL <pending> <base> <id> <reason>
+ *
+ * +cancelled  the job was pending: it left <pending>, state=cancelled
+ * +requested  the job is held (or otherwise not pending): the request is on
+ *             the row for the holder's next EMQ.CHECKPOINT
+ * +finished   the job is done, dead or cancelled already: nothing written
+ * :-1         no such job
+ * ------------------------------------------------------------------------ */
+static int is_finished(RedisModuleCtx *ctx, RedisModuleKey *row) {
+    RedisModuleString *state = NULL;
+    RedisModule_HashGet(row, REDISMODULE_HASH_CFIELDS, "state", &state, NULL);
+    if (state == NULL) return 0;
+    size_t len;
+    const char *s = RedisModule_StringPtrLen(state, &len);
+    int finished = (len == 4 && memcmp(s, "done", 4) == 0) ||
+                   (len == 4 && memcmp(s, "dead", 4) == 0) ||
+                   (len == 9 && memcmp(s, "cancelled", 9) == 0);
+    RedisModule_FreeString(ctx, state);
+    return finished;
+}
+
+static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 5) return RedisModule_WrongArity(ctx);
+    static const char *const pending_only[] = {"pending"};
+    const char *err = emq_check_queue_keys(ctx, &argv[1], pending_only, 1, argv[2]);
+    if (err) return RedisModule_ReplyWithError(ctx, err);
+    RedisModuleString *id = argv[3], *reason = argv[4];
+
+    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
+    RedisModuleString *row_name = emq_derived_key(ctx, argv[2], "job:", id);
+    RedisModuleKey *pending = RedisModule_OpenKey(ctx, argv[1], rw);
+    RedisModuleKey *row = RedisModule_OpenKey(ctx, row_name, rw);
+    double score;
+    if (!emq_type_ok(pending, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(row, REDISMODULE_KEYTYPE_HASH)) {
+        RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+    } else if (RedisModule_KeyType(row) == REDISMODULE_KEYTYPE_EMPTY) {
+        RedisModule_ReplyWithLongLong(ctx, -1);
+    } else if (!emq_acl_allows(ctx, &row_name, 1)) {
+        RedisModule_ReplyWithError(ctx, EMQ_NOPERM_DERIVED);
+    } else if (RedisModule_ZsetScore(pending, id, &score) == REDISMODULE_OK) {
+        RedisModuleString *state = RedisModule_CreateString(ctx, "cancelled", 9);
+        int first = !emq_has_cancel_request(row);
+        RedisModule_ZsetRem(pending, id, NULL);
+        if (first) {
+            RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, "cancel_requested",
+                                reason, NULL);
+            RedisModule_Replicate(ctx, "HSET", "scscs", row_name, "state", state,
+                                  "cancel_requested", reason);
+        } else {
+            RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, NULL);
+            RedisModule_Replicate(ctx, "HSET", "scs", row_name, "state", state);
+        }
+        RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], id);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
+        RedisModule_FreeString(ctx, state);
+        RedisModule_ReplyWithSimpleString(ctx, "cancelled");
+    } else if (is_finished(ctx, row)) {
+        RedisModule_ReplyWithSimpleString(ctx, "finished");
+    } else {
+        /* Idempotent: asking again keeps the first reason. */
+        if (!emq_has_cancel_request(row)) {
+            RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "cancel_requested", reason, NULL);
+            RedisModule_Replicate(ctx, "HSET", "scs", row_name, "cancel_requested", reason);
+            RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
+        }
+        RedisModule_ReplyWithSimpleString(ctx, "requested");
+    }
+    RedisModule_CloseKey(row);
+    RedisModule_CloseKey(pending);
+    RedisModule_FreeString(ctx, row_name);
+    return REDISMODULE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms>
+ *
+ * EMQ.EXTEND for holders that want cancel delivery: the same fence, the same
+ * errors, the same write (the lease keeps running while the handler winds
+ * down).  On success the reply is [1, reason] where reason is the stored
+ * cancel request, or null when none was made.
+ * ------------------------------------------------------------------------ */
+static int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    if (argc != 6) return RedisModule_WrongArity(ctx);
+    RedisModuleString *active_name = argv[1], *job_name = argv[2], *id = argv[3], *token = argv[4];
+    if (emq_str_equal(active_name, job_name))
+        return RedisModule_ReplyWithError(ctx, "ERR <active> and <job> must be different keys");
+    size_t lease_len;
+    const char *lease = RedisModule_StringPtrLen(argv[5], &lease_len);
+    long long deadline;
+    const char *err = emq_lease_deadline(RedisModule_Milliseconds(), lease, lease_len, &deadline);
+    if (err) return RedisModule_ReplyWithError(ctx, err);
+
+    RedisModuleKey *active = RedisModule_OpenKey(ctx, active_name, REDISMODULE_READ | REDISMODULE_WRITE);
+    RedisModuleKey *job = RedisModule_OpenKey(ctx, job_name, REDISMODULE_READ);
+    if (!emq_type_ok(active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(job, REDISMODULE_KEYTYPE_HASH)) {
+        RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+        goto done;
+    }
+    switch (emq_check_holder(ctx, active, job, id, token, NULL)) {
+    case EMQ_HOLDER_GONE:
+        RedisModule_ReplyWithLongLong(ctx, -1);
+        goto done;
+    case EMQ_HOLDER_STALE_TOKEN:
+        RedisModule_ReplyWithError(ctx, "EMQSTALE extend token mismatch");
+        goto done;
+    case EMQ_HOLDER_NOT_ACTIVE:
+        RedisModule_ReplyWithError(ctx, "EMQSTALE job is no longer active");
+        goto done;
+    case EMQ_HOLDER_OK:
+        break;
+    }
+    RedisModuleString *reason = NULL;
+    RedisModule_HashGet(job, REDISMODULE_HASH_CFIELDS, "cancel_requested", &reason, NULL);
+    RedisModule_ZsetAdd(active, (double)deadline, id, NULL);
+    RedisModule_Replicate(ctx, "ZADD", "scls", active_name, "XX", deadline, id);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", active_name);
+    RedisModule_ReplyWithArray(ctx, 2);
+    RedisModule_ReplyWithLongLong(ctx, 1);
+    if (reason) {
+        RedisModule_ReplyWithString(ctx, reason);
+        RedisModule_FreeString(ctx, reason);
+    } else {
+        RedisModule_ReplyWithNull(ctx);
+    }
+
+done:
+    RedisModule_CloseKey(job);
+    RedisModule_CloseKey(active);
+    return REDISMODULE_OK;
+}
+
+int emq_register_cancel(RedisModuleCtx *ctx) {
+    /* CANCEL writes a reason onto a row: deny-oom.  CHECKPOINT, like EXTEND,
+     * only re-scores an existing member: live handlers keep their leases
+     * (and hear about cancels) under memory pressure. */
+    if (RedisModule_CreateCommand(ctx, "emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast",
+                                  1, 1, 1) != REDISMODULE_OK)
+        return REDISMODULE_ERR;
+    return RedisModule_CreateCommand(ctx, "emq.checkpoint", EmqCheckpoint_RedisCommand,
+                                     "write fast", 1, 2, 1);
+}
