@@ -21,6 +21,9 @@ COPY module/ ./module/
 RUN make -C module clean all
 
 FROM ${REDIS_IMAGE}
+LABEL org.opencontainers.image.title="echomq-redis" \
+      org.opencontainers.image.description="Redis 7.2 with the EchoMQ module (EMQ.EXTEND, EMQ.SWEEP) loaded" \
+      org.opencontainers.image.licenses="BSD-3-Clause"
 COPY --from=build /src/module/emq.so /usr/local/lib/redis/modules/emq.so
 # The official image's own unprivileged "redis" account, by number so that
 # an orchestrator can verify it is not root without reading /etc/passwd.
