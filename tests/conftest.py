@@ -19,6 +19,8 @@ import redis
 import echomq
 from echomq import EmbeddedServer
 
+from . import containers
+
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "module"
 
@@ -54,8 +56,13 @@ def server_factory(module_so: Path) -> Iterator[ServerFactory]:
 
 
 @pytest.fixture(scope="session")
-def server(server_factory: ServerFactory) -> EmbeddedServer:
-    return server_factory()
+def server(server_factory: ServerFactory) -> Iterator[EmbeddedServer]:
+    """The shared server: a local redis-server, or the Docker image when ECHOMQ_TESTCONTAINERS=1."""
+    if containers.selected():  # see tests/containers.py; skips every user of `server` without Docker
+        with containers.suite_server() as srv:
+            yield srv
+        return
+    yield server_factory()
 
 
 @pytest.fixture
