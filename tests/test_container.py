@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import echomq
 import pytest
+
+import echomq
 
 from . import containers
 from .containers import MODULE_IN_IMAGE, ContainerServer

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from echomq import EmbeddedServer
 
 from .conftest import ServerFactory

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from echomq import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -79,9 +79,9 @@ def _free_port() -> int:
 class EmbeddedServer:
     """A redis-server child process on a free loopback port, with emq.so loaded.
 
-    ``args`` are extra server options (``["--appendonly", "yes"]``).  The
-    server's files live in a temporary directory removed on ``stop()``
-    unless ``dir`` is given.
+    ``port`` fixes the port (default: a free one).  ``args`` are extra
+    server options (``["--appendonly", "yes"]``).  The server's files live
+    in a temporary directory removed on ``stop()`` unless ``dir`` is given.
     """
 
     def __init__(
@@ -93,8 +93,10 @@ class EmbeddedServer:
         dir: str | os.PathLike[str] | None = None,
         load_module: bool = True,
         startup_timeout: float = 10.0,
+        port: int | None = None,
     ) -> None:
         self.args = list(args)
+        self._fixed_port = port
         self.module: Path | None = None
         if load_module:
             self.module = Path(module) if module else module_path()
@@ -123,6 +125,12 @@ class EmbeddedServer:
 
     def start(self) -> EmbeddedServer:
         last_error: Exception | None = None
+        if self._fixed_port is not None:
+            try:
+                self._start_once(self._fixed_port)
+                return self
+            except _PortTaken as exc:
+                raise RuntimeError(f"port {self._fixed_port} is taken: {exc}") from None
         for _ in range(5):  # a free port can be taken by someone else before we bind it
             try:
                 self._start_once(_free_port())
