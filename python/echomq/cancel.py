@@ -8,6 +8,7 @@ every later check sees it, and the first reason is kept.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass
 
@@ -39,12 +40,13 @@ class CancelToken:
     'shutdown'
     """
 
-    __slots__ = ("_cancellation", "_event", "_lock")
+    __slots__ = ("_cancellation", "_event", "_lock", "_waiters")
 
     def __init__(self) -> None:
         self._cancellation: Cancellation | None = None
         self._lock = threading.Lock()
         self._event = threading.Event()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Cancellation]]] = []
 
     def cancel(self, reason: str | None = None) -> bool:
         """Cancel the token; safe from any thread.
@@ -55,8 +57,11 @@ class CancelToken:
         with self._lock:
             if self._cancellation is not None:
                 return False
-            self._cancellation = Cancellation(reason)
+            cancellation = self._cancellation = Cancellation(reason)
+            waiters, self._waiters = self._waiters, []
         self._event.set()
+        for loop, future in waiters:  # awaiting tasks may live on other threads' loops
+            loop.call_soon_threadsafe(_resolve, future, cancellation)
         return True
 
     def check(self) -> Cancellation | None:
@@ -80,6 +85,29 @@ class CancelToken:
         self._event.wait(seconds)
         return self._cancellation
 
+    async def wait(self) -> Cancellation:
+        """Wait (asynchronously) until the token is cancelled; returns the Cancellation."""
+        cancellation = self._cancellation
+        if cancellation is not None:
+            return cancellation
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Cancellation] = loop.create_future()
+        with self._lock:
+            if self._cancellation is not None:
+                return self._cancellation
+            self._waiters.append((loop, future))
+        try:
+            return await future
+        finally:
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+
     def __repr__(self) -> str:
         c = self._cancellation
         return "<CancelToken running>" if c is None else f"<CancelToken cancelled reason={c.reason!r}>"
+
+
+def _resolve(future: asyncio.Future[Cancellation], cancellation: Cancellation) -> None:
+    if not future.done():
+        future.set_result(cancellation)

@@ -15,8 +15,9 @@ from typing import TextIO
 
 import redis
 
+from ._protocol import text as _text
 from .cancel import CancelToken
-from .client import Client, _text
+from .client import Client
 from .errors import LeaseLost, StaleToken
 from .keyspace import queue_keys
 from .server import EmbeddedServer

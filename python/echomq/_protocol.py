@@ -1,0 +1,244 @@
+"""The EMQ.* wire protocol, shared by the sync and the asyncio clients.
+
+Each function validates its arguments, builds the command line and says how
+to read the reply, without doing any I/O: a ``Call``.  The clients only send
+``call.args`` and hand the reply to ``call.parse`` (or a ResponseError to
+``raise_mapped``), so the two clients cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Generic, Literal, NoReturn, TypeVar
+
+from redis.exceptions import ResponseError
+
+from .cancel import Cancellation
+from .errors import JobExists, JobGone, ModuleNotLoaded, StaleToken
+from .keyspace import QueueKeys, queue_keys
+
+T = TypeVar("T")
+JobId = str | bytes
+CancelOutcome = Literal["cancelled", "requested", "finished"]
+FailOutcome = Literal["pending", "dead", "cancelled"]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one sweep did, each list in processing order (oldest deadline first)."""
+
+    recovered: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.recovered) + len(self.dead)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job: ``token`` is the holder's fencing token (the row's attempts)."""
+
+    queue: str
+    id: str
+    token: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One command to send, and how to read its reply."""
+
+    args: tuple[Any, ...]
+    parse: Callable[[Any], T]
+    queue: str = ""
+    job_id: str = ""
+
+
+# -- conversions -----------------------------------------------------------------
+
+
+def text(value: bytes | str) -> str:
+    """An id or reply as str; surrogateescape keeps non-UTF-8 ids round-trippable."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return value
+
+
+def wire(value: JobId) -> bytes:
+    """An id as the bytes sent to the server."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    raise TypeError(f"job id must be str or bytes, not {type(value).__name__}")
+
+
+def new_id() -> bytes:
+    # Time first, so jobs enqueued in the same server millisecond (equal
+    # pending scores, ordered by id) still come out roughly in order.
+    return f"{time.time_ns():x}-{uuid.uuid4().hex[:12]}".encode()
+
+
+def check_token(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"token must be an int, not {type(value).__name__}")
+    return value
+
+
+def positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+@lru_cache(maxsize=1024)
+def keys_of(queue: str) -> QueueKeys:
+    """queue_keys, memoized: the hot path (extend) should not rebuild key names."""
+    return queue_keys(queue)
+
+
+def _gone_or(queue: str, job_id: str, parse: Callable[[Any], T]) -> Callable[[Any], T]:
+    def read(reply: Any) -> T:
+        if reply == -1:
+            raise JobGone(f"job {job_id!r} of queue {queue!r} is gone", job_id)
+        return parse(reply)
+
+    return read
+
+
+def _none(reply: Any) -> None:
+    return None
+
+
+# -- the commands ----------------------------------------------------------------
+
+
+def extend(queue: str, job_id: JobId, token: int, lease_ms: int) -> Call[None]:
+    check_token(token)
+    positive_int("lease_ms", lease_ms)
+    keys, wid = keys_of(queue), wire(job_id)
+    tid = text(wid)
+    args = ("EMQ.EXTEND", keys.active, keys.job(wid), wid, str(token), str(lease_ms))
+    return Call(args, _gone_or(queue, tid, _none), queue, tid)
+
+
+def checkpoint(queue: str, job_id: JobId, token: int, lease_ms: int) -> Call[Cancellation | None]:
+    check_token(token)
+    positive_int("lease_ms", lease_ms)
+    keys, wid = keys_of(queue), wire(job_id)
+    tid = text(wid)
+
+    def parse(reply: Any) -> Cancellation | None:
+        reason = reply[1]
+        return None if reason is None else Cancellation(text(reason) or None)
+
+    args = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, str(token), str(lease_ms))
+    return Call(args, _gone_or(queue, tid, parse), queue, tid)
+
+
+def sweep(queue: str, max_stalled: int, limit: int) -> Call[SweepResult]:
+    positive_int("max_stalled", max_stalled)
+    positive_int("limit", limit)
+    keys = keys_of(queue)
+
+    def parse(reply: Any) -> SweepResult:
+        recovered, dead = reply
+        return SweepResult([text(i) for i in recovered], [text(i) for i in dead])
+
+    args = ("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, str(max_stalled), str(limit))
+    return Call(args, parse, queue)
+
+
+def enqueue(queue: str, payload: bytes | str, job_id: JobId | None) -> Call[str]:
+    keys = keys_of(queue)
+    wid = wire(job_id) if job_id is not None else new_id()
+    tid = text(wid)
+    data = payload.encode() if isinstance(payload, str) else payload
+    return Call(("EMQ.ENQUEUE", keys.pending, keys.base, wid, data), lambda _: tid, queue, tid)
+
+
+def claim(queue: str, lease_ms: int) -> Call[tuple[bytes, int] | None]:
+    """The first of a claim's two steps; ``claimed_job`` builds the Job after fetching the payload."""
+    positive_int("lease_ms", lease_ms)
+    keys = keys_of(queue)
+
+    def parse(reply: Any) -> tuple[bytes, int] | None:
+        if reply is None:
+            return None
+        return wire(reply[0]), int(reply[1])
+
+    return Call(("EMQ.CLAIM", keys.pending, keys.active, keys.base, str(lease_ms)), parse, queue)
+
+
+def claimed_job(queue: str, claimed: tuple[bytes, int], payload: bytes | str | None) -> Job:
+    wid, token = claimed
+    return Job(queue, text(wid), token, wire(payload) if payload is not None else b"")
+
+
+def complete(queue: str, job_id: JobId, token: int) -> Call[None]:
+    check_token(token)
+    keys, wid = keys_of(queue), wire(job_id)
+    tid = text(wid)
+    args = ("EMQ.COMPLETE", keys.active, keys.job(wid), wid, str(token))
+    return Call(args, _gone_or(queue, tid, _none), queue, tid)
+
+
+def fail(queue: str, job_id: JobId, token: int, error: str, max_attempts: int) -> Call[FailOutcome]:
+    check_token(token)
+    positive_int("max_attempts", max_attempts)
+    keys, wid = keys_of(queue), wire(job_id)
+    tid = text(wid)
+
+    def parse(reply: Any) -> FailOutcome:
+        outcome = text(reply)
+        if outcome == "dead":
+            return "dead"
+        return "cancelled" if outcome == "cancelled" else "pending"
+
+    args = (
+        "EMQ.FAIL",
+        keys.active,
+        keys.pending,
+        keys.dead,
+        keys.base,
+        wid,
+        str(token),
+        str(max_attempts),
+        error.encode("utf-8", "replace"),
+    )
+    return Call(args, _gone_or(queue, tid, parse), queue, tid)
+
+
+def cancel(queue: str, job_id: JobId, reason: str | None) -> Call[CancelOutcome]:
+    keys, wid = keys_of(queue), wire(job_id)
+    tid = text(wid)
+    data = b"" if reason is None else reason.encode("utf-8", "surrogateescape")
+
+    def parse(reply: Any) -> CancelOutcome:
+        outcome = text(reply)
+        if outcome == "cancelled":
+            return "cancelled"
+        return "requested" if outcome == "requested" else "finished"
+
+    return Call(("EMQ.CANCEL", keys.pending, keys.base, wid, data), _gone_or(queue, tid, parse), queue, tid)
+
+
+def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:
+    """Turn a server error into echomq's exception for it (or re-raise it)."""
+    message = str(exc)
+    if message.startswith("EMQSTALE"):
+        raise StaleToken(message, call.job_id) from None
+    if message.startswith("EMQEXISTS"):
+        raise JobExists(message, call.job_id) from None
+    if message.lower().startswith(("unknown command", "err unknown command")):
+        raise ModuleNotLoaded(
+            f"the server does not know {call.args[0]}: start it with "
+            "--loadmodule /path/to/emq.so (see echomq.module_path())"
+        ) from exc
+    raise exc
