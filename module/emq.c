@@ -429,10 +429,10 @@ static const char *fallback_of(const char *fn) {
 static void log_fallbacks(RedisModuleCtx *ctx) {
     const char *const *missing = emq_rm_missing_optional();
     for (size_t i = 0; missing[i]; i++)
-        RedisModule_Log(ctx, "warning", "emq: this server has no RedisModule_%s; falling back: %s",
+        RedisModule_Log(ctx, "warning", "this server has no RedisModule_%s; falling back: %s",
                         missing[i], fallback_of(missing[i]));
     if (missing[0] == NULL)
-        RedisModule_Log(ctx, "notice", "emq: loaded, every optional module API function found");
+        RedisModule_Log(ctx, "notice", "loaded; every optional module API function was found");
 }
 
 EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {

