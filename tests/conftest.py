@@ -17,6 +17,7 @@ import echomq
 import pytest
 import redis
 from echomq import EmbeddedServer
+from echomq.server import server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "module"
@@ -60,14 +61,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    binary = echomq.server_binary()
+    binary = server_binary()
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
     return f"engine: {binary}: {version}"
 
 
 def engine_cli() -> str | None:
     """The engine's own CLI (redis-cli or valkey-cli beside the server), or None."""
-    binary = Path(echomq.server_binary())
+    binary = Path(server_binary())
     cli = binary.with_name(binary.name.replace("-server", "-cli"))
     return str(cli) if cli.is_file() and os.access(cli, os.X_OK) else None
 
