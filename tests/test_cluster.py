@@ -122,7 +122,9 @@ def test_client_over_redis_cluster_routes_each_queue_to_its_node(
     routed: Counter[int] = Counter()
     for q in QUEUES:
         keys = queue_keys(q)
-        rc.delete(keys.active, keys.pending, keys.dead, keys.job("live"), keys.job("lapsed"), keys.metrics_failed)
+        rc.delete(
+            keys.active, keys.pending, keys.dead, keys.job("live"), keys.job("lapsed"), keys.metrics_failed
+        )
         now = now_ms(rc.get_node_from_key(keys.active).redis_connection)
         rc.hset(keys.job("live"), mapping={"attempts": 2, "state": "active"})
         rc.hset(keys.job("lapsed"), mapping={"attempts": 1, "state": "active", "stalled": 0})
@@ -178,7 +180,9 @@ def twin_of(queue: str) -> str:
     raise AssertionError("no twin found")
 
 
-def test_commands_mixing_two_queues_are_refused(rc: RedisCluster, cluster_nodes: list[EmbeddedServer]) -> None:
+def test_commands_mixing_two_queues_are_refused(
+    rc: RedisCluster, cluster_nodes: list[EmbeddedServer]
+) -> None:
     a, b = queue_keys("queue-0"), queue_keys("queue-1")
     assert key_slot(a.active.encode()) != key_slot(b.active.encode())
     c = owner(cluster_nodes, a.active).client()
@@ -212,3 +216,18 @@ def test_command_getkeys_names_the_declared_keys(cluster_nodes: list[EmbeddedSer
     assert [x.decode() if isinstance(x, bytes) else x for x in extend] == [k.active, k.job("7")]
     assert [x.decode() if isinstance(x, bytes) else x for x in sweep] == [k.active, k.pending, k.dead]
     c.close()
+
+
+def test_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedServer]) -> None:
+    # Any node's URL will do: the client learns the slot map from it.
+    client = Client.from_url(cluster_nodes[-1].url, cluster=True)
+    assert isinstance(client.redis, RedisCluster)
+    for q in QUEUES[:6]:
+        keys = queue_keys(q)
+        client.redis.hset(keys.job("c"), mapping={"attempts": 9})
+        client.redis.zadd(keys.active, {"c": 0})
+        assert client.sweep(q, max_stalled=1).dead == ["c"]
+        direct = owner(cluster_nodes, keys.dead).client()
+        assert direct.zscore(keys.dead, "c") == 0
+        direct.close()
+    client.redis.close()
