@@ -49,6 +49,25 @@ def _wait(predicate: object, what: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"cluster: {what}")
 
 
+def start_node(server_factory: ServerFactory) -> EmbeddedServer:
+    # The bus port is given, not port + 10000, which does not exist for a high
+    # ephemeral port; if someone takes it first, try again with another.
+    for attempt in range(3):
+        try:
+            return server_factory(
+                [
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", "nodes.conf",
+                    "--cluster-port", str(_free_port()),
+                    "--cluster-node-timeout", "5000",
+                ]
+            )  # fmt: skip
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def cluster_nodes(server_factory: ServerFactory) -> Iterator[list[EmbeddedServer]]:
     cli = engine_cli()
@@ -57,18 +76,7 @@ def cluster_nodes(server_factory: ServerFactory) -> Iterator[list[EmbeddedServer
     nodes: list[EmbeddedServer] = []
     try:
         for _ in range(NODES):
-            # The bus port is given, not port + 10000, which may not exist for a
-            # high ephemeral port.
-            nodes.append(
-                server_factory(
-                    [
-                        "--cluster-enabled", "yes",
-                        "--cluster-config-file", "nodes.conf",
-                        "--cluster-port", str(_free_port()),
-                        "--cluster-node-timeout", "5000",
-                    ]
-                )
-            )  # fmt: skip
+            nodes.append(start_node(server_factory))
         addresses = [f"{n.host}:{n.port}" for n in nodes]
         done = subprocess.run(
             [cli, "--cluster", "create", *addresses, "--cluster-yes"],
