@@ -61,14 +61,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    binary = server_binary()
+    try:
+        binary = server_binary()
+    except FileNotFoundError as exc:
+        return f"engine: none ({exc})"
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
     return f"engine: {binary}: {version}"
 
 
 def engine_cli() -> str | None:
     """The engine's own CLI (redis-cli or valkey-cli beside the server), or None."""
-    binary = Path(server_binary())
+    try:
+        binary = Path(server_binary())
+    except FileNotFoundError:
+        return None
     cli = binary.with_name(binary.name.replace("-server", "-cli"))
     return str(cli) if cli.is_file() and os.access(cli, os.X_OK) else None
 
