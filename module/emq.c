@@ -96,9 +96,14 @@ static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
         goto done;
     }
 
-    RedisModule_ZsetAdd(active, (double)deadline, id, NULL);
-    RedisModule_Replicate(ctx, "ZADD", "scls", active_name, "XX", deadline, id);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", active_name);
+    /* As core ZADD does: a deadline equal to the current score changes
+     * nothing, so nothing is propagated and no event fires. */
+    int zflags = REDISMODULE_ZADD_XX;
+    RedisModule_ZsetAdd(active, (double)deadline, id, &zflags);
+    if (zflags & REDISMODULE_ZADD_UPDATED) {
+        RedisModule_Replicate(ctx, "ZADD", "scls", active_name, "XX", deadline, id);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", active_name);
+    }
     reply = RedisModule_ReplyWithLongLong(ctx, 1);
 
 done:
@@ -131,6 +136,8 @@ typedef struct {
     size_t count, cap;
     RedisModuleKey *active, *pending, *dead, *metrics;
     RedisModuleString *metrics_name;
+    long long failed_before; /* the metric's count before this sweep */
+    RedisModuleUser *user;   /* the caller, for the derived keys' ACL; NULL: no check */
 } Sweep;
 
 static void sweep_release(Sweep *s) {
@@ -145,6 +152,7 @@ static void sweep_release(Sweep *s) {
     if (s->dead) RedisModule_CloseKey(s->dead);
     if (s->pending) RedisModule_CloseKey(s->pending);
     if (s->active) RedisModule_CloseKey(s->active);
+    if (s->user) RedisModule_FreeModuleUser(s->user);
 }
 
 static RedisModuleString *derived_key(RedisModuleCtx *ctx, const char *base, size_t baselen,
@@ -159,9 +167,10 @@ static RedisModuleString *derived_key(RedisModuleCtx *ctx, const char *base, siz
     return name;
 }
 
-/* Collect the lapsed members.  The range iterator must be closed before the
- * set is modified, so the ids are copied out first. */
-static void sweep_collect(Sweep *s, long long now, long long limit) {
+/* Collect the lapsed members and name their rows.  The range iterator must
+ * be closed before the set is modified, so the ids are copied out first. */
+static void sweep_collect(Sweep *s, const char *base, size_t baselen, long long now,
+                          long long limit) {
     if (RedisModule_KeyType(s->active) == REDISMODULE_KEYTYPE_EMPTY) return;
     RedisModule_ZsetFirstInScoreRange(s->active, -HUGE_VAL, (double)now, 0, 0);
     while (!RedisModule_ZsetRangeEndReached(s->active) && (long long)s->count < limit) {
@@ -172,46 +181,50 @@ static void sweep_collect(Sweep *s, long long now, long long limit) {
         SweptJob *j = &s->jobs[s->count++];
         memset(j, 0, sizeof *j);
         double score;
+        size_t idlen;
         j->id = RedisModule_ZsetRangeCurrentElement(s->active, &score);
+        const char *id = str_bytes(j->id, &idlen);
+        j->row_name = derived_key(s->ctx, base, baselen, "job:", id, idlen);
         RedisModule_ZsetRangeNext(s->active);
     }
     RedisModule_ZsetRangeStop(s->active);
 }
 
-/* Every derived key must pass the caller's ACL: Redis only checks the keys
- * in the argument list, and the rows and the metric are not there. */
-static int sweep_acl_allows(Sweep *s) {
+static const char *const sweep_noperm =
+    "NOPERM this user has no permissions to access the job rows or metrics derived from <base>";
+
+/* Redis checks the caller's ACL against the keys in the argument list only;
+ * the rows and the metric are derived from <base>, so the sweep checks them
+ * itself, before it reads them.  Returns 0 when the caller is unknown. */
+static int sweep_load_user(Sweep *s) {
     if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||
         !RedisModule_ACLCheckKeyPermissions || !RedisModule_FreeModuleUser)
-        return 1;
+        return 1; /* said in the server log at load time */
     RedisModuleString *username = RedisModule_GetCurrentUserName(s->ctx);
     if (username == NULL) return 1; /* no client user: the server itself */
-    RedisModuleUser *user = RedisModule_GetModuleUserFromUserName(username);
+    s->user = RedisModule_GetModuleUserFromUserName(username);
     RedisModule_FreeString(s->ctx, username);
-    if (user == NULL) return 0;
+    return s->user != NULL;
+}
+
+/* Rows and the metric are read, then updated or created (HINCRBY). */
+static int sweep_may_touch(Sweep *s, RedisModuleString *key) {
+    if (s->user == NULL) return 1;
     const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
                             REDISMODULE_CMD_KEY_INSERT);
-    int allowed = 1;
-    for (size_t i = 0; allowed && i < s->count; i++)
-        allowed = RedisModule_ACLCheckKeyPermissions(user, s->jobs[i].row_name, flags) ==
-                  REDISMODULE_OK;
-    if (allowed && s->metrics_name)
-        allowed = RedisModule_ACLCheckKeyPermissions(user, s->metrics_name, flags) ==
-                  REDISMODULE_OK;
-    RedisModule_FreeModuleUser(user);
-    return allowed;
+    return RedisModule_ACLCheckKeyPermissions(s->user, key, flags) == REDISMODULE_OK;
 }
 
 /* Read every row the sweep will write and decide its fate.  Returns NULL or
  * the error to answer; nothing has been written either way. */
 static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
-                                long long max_stalled, long long *failed_after) {
+                                long long max_stalled) {
+    for (size_t i = 0; i < s->count; i++)
+        if (!sweep_may_touch(s, s->jobs[i].row_name)) return sweep_noperm;
+
     long long deaths = 0;
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
-        size_t idlen;
-        const char *id = str_bytes(j->id, &idlen);
-        j->row_name = derived_key(s->ctx, base, baselen, "job:", id, idlen);
         j->row = RedisModule_OpenKey(s->ctx, j->row_name, REDISMODULE_READ | REDISMODULE_WRITE);
         if (!type_is(j->row, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
 
@@ -231,6 +244,7 @@ static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
     if (deaths == 0) return NULL;
 
     s->metrics_name = derived_key(s->ctx, base, baselen, "metrics:failed", NULL, 0);
+    if (!sweep_may_touch(s, s->metrics_name)) return sweep_noperm;
     s->metrics = RedisModule_OpenKey(s->ctx, s->metrics_name, REDISMODULE_READ | REDISMODULE_WRITE);
     if (!type_is(s->metrics, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
     RedisModuleString *cur = NULL;
@@ -238,8 +252,10 @@ static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
         RedisModule_HashGet(s->metrics, REDISMODULE_HASH_CFIELDS, "count", &cur, NULL);
     size_t curlen = 0;
     const char *curp = cur ? str_bytes(cur, &curlen) : NULL;
-    const char *err = emq_add_failed(curp, curlen, cur != NULL, deaths, failed_after);
+    long long failed_after;
+    const char *err = emq_add_failed(curp, curlen, cur != NULL, deaths, &failed_after);
     if (cur) RedisModule_FreeString(s->ctx, cur);
+    s->failed_before = failed_after - deaths;
     return err;
 }
 
@@ -249,51 +265,75 @@ static RedisModuleString *ll_string(RedisModuleCtx *ctx, long long v) {
     return RedisModule_CreateString(ctx, buf, (size_t)n);
 }
 
-/* Apply the decisions, then propagate them as plain core commands carrying
- * absolute values, so replicas and the AOF hold exactly this result. */
-static void sweep_apply(Sweep *s, RedisModuleString **argv, long long failed_after) {
+static void notify(RedisModuleCtx *ctx, int type, const char *event, RedisModuleString *key) {
+    RedisModule_NotifyKeyspaceEvent(ctx, type, event, key);
+}
+
+static void zadd_zero(RedisModuleCtx *ctx, RedisModuleKey *set, RedisModuleString *set_name,
+                      RedisModuleString *id) {
+    int zflags = 0;
+    RedisModule_ZsetAdd(set, 0, id, &zflags);
+    if (zflags & (REDISMODULE_ZADD_ADDED | REDISMODULE_ZADD_UPDATED))
+        notify(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set_name);
+}
+
+/* Apply the decisions, job by job, in the order of the seed's Lua, each
+ * write followed by the keyspace event its core command would fire (the
+ * low-level key API fires none), so notification consumers see what they
+ * saw with the Lua.  Then propagate the result as plain core commands
+ * carrying absolute values, so replicas and the AOF hold exactly this. */
+static void sweep_apply(Sweep *s, RedisModuleString **argv) {
     RedisModuleCtx *ctx = s->ctx;
     RedisModuleString *pending_state = RedisModule_CreateString(ctx, "pending", 7);
     RedisModuleString *dead_state = RedisModule_CreateString(ctx, "dead", 4);
     RedisModuleString *stalled_error = RedisModule_CreateString(ctx, "stalled", 7);
-    size_t deaths = 0;
+    RedisModuleString *active_name = argv[1], *pending_name = argv[2], *dead_name = argv[3];
+    long long failed = s->failed_before;
 
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
-        RedisModuleString *st = ll_string(ctx, j->stalled);
         RedisModule_ZsetRem(s->active, j->id, NULL);
+        notify(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", active_name);
+        /* The API deletes a set it emptied, silently; ZREM says "del". */
+        if (RedisModule_KeyType(s->active) == REDISMODULE_KEYTYPE_EMPTY)
+            notify(ctx, REDISMODULE_NOTIFY_GENERIC, "del", active_name);
+
+        RedisModuleString *st = ll_string(ctx, j->stalled);
+        RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "stalled", st, NULL);
+        notify(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", j->row_name);
         if (j->dead) {
-            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "stalled", st, "state",
-                                dead_state, "last_error", stalled_error, NULL);
-            RedisModule_ZsetAdd(s->dead, 0, j->id, NULL);
+            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "state", dead_state, NULL);
+            notify(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
+            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "last_error", stalled_error,
+                                NULL);
+            notify(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
+            zadd_zero(ctx, s->dead, dead_name, j->id);
+            RedisModuleString *count = ll_string(ctx, ++failed);
+            RedisModule_HashSet(s->metrics, REDISMODULE_HASH_CFIELDS, "count", count, NULL);
+            RedisModule_FreeString(ctx, count);
+            notify(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", s->metrics_name);
             RedisModule_Replicate(ctx, "HSET", "scscscs", j->row_name, "stalled", st, "state",
                                   dead_state, "last_error", stalled_error);
-            deaths++;
         } else {
-            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "stalled", st, "state",
-                                pending_state, NULL);
-            RedisModule_ZsetAdd(s->pending, 0, j->id, NULL);
+            zadd_zero(ctx, s->pending, pending_name, j->id);
+            RedisModule_HashSet(j->row, REDISMODULE_HASH_CFIELDS, "state", pending_state, NULL);
+            notify(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
             RedisModule_Replicate(ctx, "HSET", "scscs", j->row_name, "stalled", st, "state",
                                   pending_state);
         }
         RedisModule_FreeString(ctx, st);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", j->row_name);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
     }
-    if (deaths) {
-        RedisModuleString *count = ll_string(ctx, failed_after);
-        RedisModule_HashSet(s->metrics, REDISMODULE_HASH_CFIELDS, "count", count, NULL);
+    if (failed != s->failed_before) {
+        RedisModuleString *count = ll_string(ctx, failed);
         RedisModule_Replicate(ctx, "HSET", "scs", s->metrics_name, "count", count);
         RedisModule_FreeString(ctx, count);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", s->metrics_name);
     }
 
     /* One ZREM and one ZADD per set, whatever the number of jobs. */
     RedisModuleString **args = RedisModule_Alloc((2 * s->count + 2) * sizeof *args);
     RedisModuleString *zero = RedisModule_CreateString(ctx, "0", 1);
     for (size_t i = 0; i < s->count; i++) args[i] = s->jobs[i].id;
-    RedisModule_Replicate(ctx, "ZREM", "sv", argv[1], args, s->count);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
+    RedisModule_Replicate(ctx, "ZREM", "sv", active_name, args, s->count);
     for (int to_dead = 0; to_dead <= 1; to_dead++) {
         size_t n = 0;
         for (size_t i = 0; i < s->count; i++) {
@@ -301,10 +341,7 @@ static void sweep_apply(Sweep *s, RedisModuleString **argv, long long failed_aft
             args[n++] = zero;
             args[n++] = s->jobs[i].id;
         }
-        if (n == 0) continue;
-        RedisModuleString *set = to_dead ? argv[3] : argv[2];
-        RedisModule_Replicate(ctx, "ZADD", "sv", set, args, n);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set);
+        if (n) RedisModule_Replicate(ctx, "ZADD", "sv", to_dead ? dead_name : pending_name, args, n);
     }
     RedisModule_FreeString(ctx, zero);
     RedisModule_Free(args);
@@ -361,20 +398,13 @@ static int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, 
         goto done;
     }
 
-    sweep_collect(&s, now, limit);
-    long long failed_after = 0;
-    err = sweep_decide(&s, base, baselen, max_stalled, &failed_after);
+    sweep_collect(&s, base, baselen, now, limit);
+    err = sweep_load_user(&s) ? sweep_decide(&s, base, baselen, max_stalled) : sweep_noperm;
     if (err) {
         reply = RedisModule_ReplyWithError(ctx, err);
         goto done;
     }
-    if (!sweep_acl_allows(&s)) {
-        reply = RedisModule_ReplyWithError(
-            ctx, "NOPERM this user has no permissions to access the job rows or metrics "
-                 "derived from <base>");
-        goto done;
-    }
-    if (s.count) sweep_apply(&s, argv, failed_after);
+    if (s.count) sweep_apply(&s, argv);
 
     RedisModule_ReplyWithArray(ctx, 2);
     reply_ids(&s, 0);
@@ -387,6 +417,25 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
+
+/* What each optional API function is for, so that a server older than the
+ * API says in its log exactly what falls back (the module still loads). */
+static const char *fallback_of(const char *fn) {
+    if (strcmp(fn, "IsModuleNameBusy") == 0)
+        return "a second module named 'emq' is not detected at load time";
+    return "EMQ.SWEEP cannot check the job rows and the metric it derives from <base> "
+           "against the caller's ACL key permissions (the declared keys are still checked "
+           "by the server)";
+}
+
+static void log_fallbacks(RedisModuleCtx *ctx) {
+    const char *const *missing = emq_rm_missing_optional();
+    for (size_t i = 0; missing[i]; i++)
+        RedisModule_Log(ctx, "warning", "this server has no RedisModule_%s; falling back: %s",
+                        missing[i], fallback_of(missing[i]));
+    if (missing[0] == NULL)
+        RedisModule_Log(ctx, "notice", "loaded; every optional module API function was found");
+}
 
 EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     (void)argv;
@@ -406,9 +455,6 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (emq_register_lifecycle(ctx) != REDISMODULE_OK) return REDISMODULE_ERR;
     if (emq_register_cancel(ctx) != REDISMODULE_OK) return REDISMODULE_ERR;
 
-    if (!RedisModule_ACLCheckKeyPermissions)
-        RedisModule_Log(ctx, "warning",
-                        "emq: this server has no module ACL API; EMQ.SWEEP cannot check the "
-                        "job rows it derives from <base> against the caller's key permissions");
+    log_fallbacks(ctx);
     return REDISMODULE_OK;
 }

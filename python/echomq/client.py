@@ -30,8 +30,17 @@ class Client:
         self.redis = redis_client
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> Client:
-        """Connect with ``redis.Redis.from_url(url, **kwargs)``."""
+    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
+        """Connect with ``redis.Redis.from_url(url, **kwargs)``.
+
+        With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
+        client is redis-py's ``RedisCluster``: each command goes to the node
+        that owns its queue's slot.
+        """
+        if cluster:
+            from redis.cluster import RedisCluster
+
+            return cls(RedisCluster.from_url(url, **kwargs))
         return cls(redis.Redis.from_url(url, **kwargs))
 
     def _run(self, call: proto.Call[T]) -> T:

@@ -1,0 +1,242 @@
+"""Redis Cluster: three masters on loopback, built once for this file.
+
+`echomq.Client` over redis-py's `RedisCluster` must reach the node that owns
+each queue's slot.  redis-py finds a command's keys in the server's COMMAND
+table (first key, last key, step), which the module fills when it registers
+EMQ.EXTEND (keys 1..2) and EMQ.SWEEP (keys 1..3): no routing hint needed.
+
+A queue's keys share the hash tag `{Q}`, so one command never spans slots;
+a command that mixes two queues is refused by the server (CROSSSLOT) or,
+when the two queues happen to share a slot, by SWEEP's own key check.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster, key_slot
+
+from echomq import Client, EmbeddedServer
+from echomq.keyspace import queue_keys
+
+from .conftest import ServerFactory, engine_cli
+from .helpers import now_ms, sweep_args
+
+pytestmark = pytest.mark.slow
+
+NODES = 3
+QUEUES = [f"queue-{i}" for i in range(24)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(predicate: object, what: str, timeout: float = 30.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"cluster: {what}")
+
+
+def start_node(server_factory: ServerFactory) -> EmbeddedServer:
+    # The bus port is given, not port + 10000, which does not exist for a high
+    # ephemeral port; if someone takes it first, try again with another.
+    for attempt in range(3):
+        try:
+            return server_factory(
+                [
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", "nodes.conf",
+                    "--cluster-port", str(_free_port()),
+                    "--cluster-node-timeout", "5000",
+                ]
+            )  # fmt: skip
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes(server_factory: ServerFactory) -> Iterator[list[EmbeddedServer]]:
+    cli = engine_cli()
+    if cli is None:
+        pytest.skip("no redis-cli/valkey-cli beside the server binary: cannot run --cluster create")
+    nodes: list[EmbeddedServer] = []
+    try:
+        for _ in range(NODES):
+            nodes.append(start_node(server_factory))
+        addresses = [f"{n.host}:{n.port}" for n in nodes]
+        done = subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        conns = [n.client() for n in nodes]
+
+        def all_ok() -> bool:
+            infos = [c.execute_command("CLUSTER", "INFO") for c in conns]
+            texts = [i.decode() if isinstance(i, bytes) else str(i) for i in infos]
+            return all("cluster_state:ok" in t and f"cluster_known_nodes:{NODES}" in t for t in texts)
+
+        _wait(all_ok, "state ok on every node")
+        for c in conns:
+            c.close()
+        yield nodes
+    finally:
+        for n in nodes:  # stopped here even on failure (and again, harmlessly, by server_factory)
+            n.stop()
+
+
+@pytest.fixture(scope="module")
+def rc(cluster_nodes: list[EmbeddedServer]) -> Iterator[RedisCluster]:
+    first = cluster_nodes[0]
+    conn = RedisCluster(host=first.host, port=first.port)
+    yield conn
+    conn.close()
+
+
+def owner(nodes: list[EmbeddedServer], key: str) -> EmbeddedServer:
+    """The node that serves `key`, asked of the nodes themselves."""
+    slot = key_slot(key.encode())
+    probe = nodes[0].client()
+    try:
+        for start, end, master, *_ in probe.execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                port = int(master[1])
+                return next(n for n in nodes if n.port == port)
+    finally:
+        probe.close()
+    raise AssertionError(f"no node serves slot {slot}")
+
+
+def test_client_over_redis_cluster_routes_each_queue_to_its_node(
+    rc: RedisCluster, cluster_nodes: list[EmbeddedServer]
+) -> None:
+    client = Client(rc)
+    routed: Counter[int] = Counter()
+    for q in QUEUES:
+        keys = queue_keys(q)
+        rc.delete(
+            keys.active, keys.pending, keys.dead, keys.job("live"), keys.job("lapsed"), keys.metrics_failed
+        )
+        now = now_ms(rc.get_node_from_key(keys.active).redis_connection)
+        rc.hset(keys.job("live"), mapping={"attempts": 2, "state": "active"})
+        rc.hset(keys.job("lapsed"), mapping={"attempts": 1, "state": "active", "stalled": 0})
+        rc.zadd(keys.active, {"live": now + 1000, "lapsed": now - 1000})
+
+        client.extend(q, "live", token=2, lease_ms=600_000)
+        result = client.sweep(q, max_stalled=2, limit=10)
+        assert result.recovered == ["lapsed"] and result.dead == []
+
+        # The work happened on the owner, and only there.
+        node = owner(cluster_nodes, keys.active)
+        direct = node.client()
+        assert direct.zscore(keys.active, "live") >= now + 590_000
+        assert direct.zscore(keys.pending, "lapsed") == 0
+        assert direct.hget(keys.job("lapsed"), "state") == b"pending"
+        direct.close()
+        for other in cluster_nodes:
+            if other is not node:
+                c = other.client()
+                with pytest.raises(redis.exceptions.MovedError) as moved:
+                    c.execute_command("EMQ.EXTEND", keys.active, keys.job("live"), "live", 2, 1000)
+                assert str(moved.value).endswith(f":{node.port}")
+                c.close()
+        routed[node.port] += 1
+    assert sum(routed.values()) == len(QUEUES) >= 12
+    assert len(routed) == NODES, f"the queues did not spread over every node: {routed}"
+
+
+def test_sweep_without_hash_tag_is_refused(cluster_nodes: list[EmbeddedServer]) -> None:
+    # Without a tag the three sets hash as whole keys, into three slots: the
+    # server refuses with CROSSSLOT before the module runs.  (No base without a
+    # tag puts "active", "pending" and "dead" in one slot -- checked over all
+    # 65536 CRC16 states -- so the module's own hash-tag error is the backstop.)
+    base = "plain:"
+    args = ["EMQ.SWEEP", base + "active", base + "pending", base + "dead", base, 1, 10]
+    node = owner(cluster_nodes, base + "active")
+    c = node.client()
+    c.zadd(base + "active", {"x": 0})
+    with pytest.raises(redis.exceptions.ClusterCrossSlotError):
+        c.execute_command(*args)
+    assert c.zscore(base + "active", "x") == 0
+    c.delete(base + "active")
+    c.close()
+
+
+def twin_of(queue: str) -> str:
+    """Another queue name whose keys hash to the same slot as `queue`'s."""
+    slot = key_slot(queue.encode())
+    for i in range(1_000_000):
+        name = f"twin-{i}"
+        if key_slot(name.encode()) == slot:
+            return name
+    raise AssertionError("no twin found")
+
+
+def test_commands_mixing_two_queues_are_refused(
+    rc: RedisCluster, cluster_nodes: list[EmbeddedServer]
+) -> None:
+    a, b = queue_keys("queue-0"), queue_keys("queue-1")
+    assert key_slot(a.active.encode()) != key_slot(b.active.encode())
+    c = owner(cluster_nodes, a.active).client()
+    mixed = [
+        ["EMQ.EXTEND", a.active, b.job("j"), "j", 1, 1000],
+        ["EMQ.SWEEP", a.active, b.pending, a.dead, a.base, 1, 10],
+    ]
+    for args in mixed:
+        with pytest.raises(redis.exceptions.ClusterCrossSlotError):
+            c.execute_command(*args)
+        # redis-py's cluster client refuses before sending.
+        with pytest.raises(redis.exceptions.RedisClusterException, match="same key slot"):
+            rc.execute_command(*args)
+
+    # Two queues that share a slot pass the server's check; SWEEP's own key
+    # check still refuses a set that is not <base> + its suffix.
+    t = queue_keys(twin_of("queue-0"))
+    assert key_slot(t.active.encode()) == key_slot(a.active.encode())
+    with pytest.raises(redis.exceptions.ResponseError, match="must be <base>active"):
+        c.execute_command("EMQ.SWEEP", a.active, t.pending, a.dead, a.base, 1, 10)
+    with pytest.raises(redis.exceptions.ResponseError, match="must be <base>active"):
+        c.execute_command(*sweep_args(a)[:4], t.base, 1, 10)
+    c.close()
+
+
+def test_command_getkeys_names_the_declared_keys(cluster_nodes: list[EmbeddedServer]) -> None:
+    c = cluster_nodes[0].client()
+    k = queue_keys("q")
+    extend = c.execute_command("COMMAND GETKEYS", "EMQ.EXTEND", k.active, k.job("7"), "7", 3, 1000)
+    sweep = c.execute_command("COMMAND GETKEYS", *sweep_args(k, 1, 10))
+    assert [x.decode() if isinstance(x, bytes) else x for x in extend] == [k.active, k.job("7")]
+    assert [x.decode() if isinstance(x, bytes) else x for x in sweep] == [k.active, k.pending, k.dead]
+    c.close()
+
+
+def test_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedServer]) -> None:
+    # Any node's URL will do: the client learns the slot map from it.
+    client = Client.from_url(cluster_nodes[-1].url, cluster=True)
+    assert isinstance(client.redis, RedisCluster)
+    for q in QUEUES[:6]:
+        keys = queue_keys(q)
+        client.redis.hset(keys.job("c"), mapping={"attempts": 9})
+        client.redis.zadd(keys.active, {"c": 0})
+        assert client.sweep(q, max_stalled=1).dead == ["c"]
+        direct = owner(cluster_nodes, keys.dead).client()
+        assert direct.zscore(keys.dead, "c") == 0
+        direct.close()
+    client.redis.close()

@@ -1,0 +1,152 @@
+"""Keyspace notifications: the module fires what the seed's Lua fires.
+
+The module writes through the low-level key API, which notifies nobody, so
+emq.c fires each event itself.  The reference is the seed's Lua run on the
+same data: its core commands (ZREM, HINCRBY, HSET, ZADD) fire the events a
+keyspace-notification consumer was built against.  We compare the exact
+sequence of (event, key) pairs, `new` and `del` included, not just the set:
+the module applies each job's writes in the Lua's order, so there is no
+reason for a consumer to see anything different.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from echomq import EmbeddedServer
+from echomq.keyspace import QueueKeys, queue_keys
+
+from .conftest import ServerFactory
+from .helpers import extend_args, now_ms, put_active, sweep_args
+from .seed_scripts import EXTEND_LUA, SWEEP_LUA
+
+MARKER = "echomq-test-marker"
+
+Event = tuple[str, str]
+
+
+@pytest.fixture(scope="module")
+def notifying(server_factory: ServerFactory) -> EmbeddedServer:
+    # K and E: both channel families; A: every class; n: key creation.
+    return server_factory(["--notify-keyspace-events", "KEAn"])
+
+
+@pytest.fixture
+def nr(notifying: EmbeddedServer) -> Iterator[redis.Redis]:
+    conn = notifying.client()
+    conn.flushall()
+    yield conn
+    conn.close()
+
+
+def captured(r: redis.Redis, action: Callable[[], object]) -> list[Event]:
+    """The (event, key) pairs fired in db 0 while `action` ran, in order."""
+    sub = r.pubsub()
+    try:
+        sub.psubscribe("__keyevent@0__:*")
+        sub.subscribe(MARKER)
+        for _ in range(2):  # the two subscribe confirmations
+            assert sub.get_message(timeout=5) is not None
+        action()
+        r.publish(MARKER, "end")  # everything fired before this is already queued
+        events: list[Event] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            msg = sub.get_message(timeout=1)
+            if msg is None:
+                continue
+            if msg["type"] == "message" and msg["channel"] == MARKER.encode():
+                return events
+            if msg["type"] == "pmessage":
+                event = msg["channel"].decode().split(":", 1)[1]
+                events.append((event, msg["data"].decode()))
+        raise TimeoutError("the marker never came back")
+    finally:
+        sub.close()
+
+
+def seed_sweep_data(r: redis.Redis) -> QueueKeys:
+    """Lapsed jobs of every kind: recovered, dead, a vanished row, an id
+    already pending at score 0, plus a live one that stays.  Absolute
+    deadlines, far in the past or the future, so two runs hold equal data."""
+    keys = put_active(r, "ev", "fresh", attempts=1, deadline=1000, stalled=0)
+    put_active(r, "ev", "poison", attempts=2, deadline=2000, stalled=2)
+    put_active(r, "ev", "requeued", attempts=1, deadline=3000)
+    r.zadd(keys.pending, {"requeued": 0})  # ZADD of an unchanged member fires nothing
+    r.zadd(keys.active, {"orphan": 4000})  # its row is gone: HINCRBY re-creates it
+    put_active(r, "ev", "live", attempts=1, deadline=2**52)
+    return keys
+
+
+def test_sweep_fires_exactly_the_seed_lua_events(nr: redis.Redis) -> None:
+    keys = seed_sweep_data(nr)
+    lua = captured(nr, lambda: nr.eval(SWEEP_LUA, 3, keys.active, keys.pending, keys.dead, keys.base, 3, 100))
+    lua_state = nr.execute_command("DEBUG", "DIGEST")
+    nr.flushall()
+    keys = seed_sweep_data(nr)
+    native = captured(nr, lambda: nr.execute_command(*sweep_args(keys, 3, 100)))
+
+    assert native == lua
+    # Every kind of event is in there, so the comparison means something.
+    assert {e for e, _ in native} == {"zrem", "hincrby", "hset", "zadd", "new"}
+    assert ("hset", keys.job("orphan")) in native
+    assert native.count(("zadd", keys.pending)) == 2  # fresh, orphan; not requeued
+    assert nr.execute_command("DEBUG", "DIGEST") == lua_state
+
+
+def test_sweep_that_empties_active_fires_del_like_zrem(nr: redis.Redis) -> None:
+    now = now_ms(nr)
+    for job in ("a", "b"):
+        keys = put_active(nr, "gone", job, attempts=1, deadline=now - 1000)
+    native = captured(nr, lambda: nr.execute_command(*sweep_args(keys, 1, 10)))
+    assert nr.exists(keys.active) == 0
+    assert native[-7:] == [
+        ("zrem", keys.active),
+        ("del", keys.active),
+        ("hincrby", keys.job("b")),
+        ("hset", keys.job("b")),
+        ("hset", keys.job("b")),
+        ("zadd", keys.dead),
+        ("hincrby", keys.metrics_failed),
+    ]
+    nr.flushall()
+    for job in ("a", "b"):
+        keys = put_active(nr, "gone", job, attempts=1, deadline=now - 1000)
+    lua = captured(nr, lambda: nr.eval(SWEEP_LUA, 3, keys.active, keys.pending, keys.dead, keys.base, 1, 10))
+    assert native == lua
+
+
+def test_extend_fires_zadd_on_active_like_the_lua(nr: redis.Redis) -> None:
+    keys = put_active(nr, "ext", "j", attempts=4, deadline=now_ms(nr) + 1000)
+    lua = captured(nr, lambda: nr.eval(EXTEND_LUA, 2, keys.active, keys.job("j"), "j", "4", 60_000))
+    native = captured(nr, lambda: nr.execute_command(*extend_args(keys, "j", 4, 120_000)))
+    assert lua == native == [("zadd", keys.active)]
+
+
+def test_refused_commands_fire_nothing(nr: redis.Redis) -> None:
+    now = now_ms(nr)
+    keys = put_active(nr, "no", "j", attempts=4, deadline=now - 1000, stalled="x")
+    nr.zadd(queue_keys("no").active, {"k": now + 60_000})
+
+    replies: list[object] = []
+
+    def refused() -> None:
+        for args in (
+            extend_args(keys, "j", 3, 1000),  # stale token
+            extend_args(keys, "missing", 4, 1000),  # row gone (:-1)
+            sweep_args(keys, 1, 10),  # corrupt 'stalled' on a lapsed row
+        ):
+            try:
+                replies.append(nr.execute_command(*args))
+            except redis.ResponseError as exc:
+                replies.append(str(exc))
+
+    assert captured(nr, refused) == []
+    assert replies[0] == "EMQSTALE extend token mismatch"
+    assert replies[1] == -1
+    assert "'stalled' field that is not an integer" in str(replies[2])
+    assert nr.zscore(keys.active, "j") == now - 1000
