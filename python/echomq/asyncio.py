@@ -32,7 +32,7 @@ from . import _protocol as proto
 from ._protocol import CancelOutcome, FailOutcome, Job, JobId, SweepResult
 from .cancel import Cancellation, CancelToken
 from .errors import JobGone, LeaseLost, StaleToken
-from .worker import WorkerStats
+from .worker import WorkerStats, error_text
 
 __all__ = ["AsyncHandler", "Client", "LeaseKeeper", "Reaper", "Worker"]
 
@@ -323,7 +323,7 @@ class Worker:
                 await self.client.complete(job.queue, job.id, job.token)
                 self.stats.completed += 1
             else:
-                text = f"{type(error).__name__}: {error}"
+                text = error_text(error)
                 where = await self.client.fail(job.queue, job.id, job.token, text, self.max_attempts)
                 if where == "cancelled":
                     self.stats.cancelled += 1

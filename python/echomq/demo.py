@@ -1,151 +1,300 @@
-"""The demo: EMQ.EXTEND and EMQ.SWEEP on a server of its own.
+"""The demo: the whole lifecycle on a server of its own, as a timeline.
 
-Run with ``python -m echomq demo``.  It starts redis-server with emq.so on a
-free loopback port, plays the lifecycle story on it (every step a real
-command against the real module), prints a timeline stamped with the
-server's clock, and stops the server.
+Run with ``echomq demo`` (or ``python -m echomq demo``).  It starts
+redis-server with emq.so on a free loopback port, runs three worker
+*processes* and a reaper against it, and plays the story with real signals
+and real commands; every line is stamped with the server's clock:
+
+- workers checkpoint their leases while their handlers run;
+- a worker is killed (SIGKILL) mid-job: the reaper recovers the job and
+  another worker finishes it;
+- a poison job crashes every worker that takes it: dead-lettered after
+  max-stalled stalls;
+- a running job is cancelled from outside: its handler stops at its next
+  check;
+- a worker is frozen (SIGSTOP) past its lease: when it wakes, its lease keeper
+  has cancelled its handler, which stops instead of racing the worker that
+  now owns the job.
+
+It ends with the queue's counts.  Nothing is simulated: these are the module
+and the package the tests use.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
-import threading
 import time
-from typing import TextIO
+from dataclasses import dataclass, field
+from typing import Any, TextIO, cast
 
 import redis
 
-from ._protocol import text as _text
+from ._protocol import text
 from .cancel import CancelToken
-from .client import Client
-from .errors import LeaseLost, StaleToken
+from .client import Client, Job
 from .keyspace import queue_keys
+from .reaper import Reaper
 from .server import EmbeddedServer
+from .worker import Worker
 
 QUEUE = "demo"
+EVENTS = "demo:events"  # a plain list beside the queue: workers report here
+LEASE_MS = 600
+STEP_S = 0.15
+MAX_STALLED = 2
+JOBS = {  # id -> payload: steps of work, or poison
+    "report": "steps:3",
+    "resize": "steps:12",
+    "poison": "poison",
+    "export": "steps:40",
+    "upload": "steps:30",
+    "thumbs": "steps:3",
+}
 
 
-class Timeline:
-    def __init__(self, r: redis.Redis, out: TextIO) -> None:
-        self.r, self.out = r, out
-        seconds, micros = r.time()
-        self.start = int(seconds) * 1000 + int(micros) // 1000
+def _server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
-    def now(self) -> int:
-        seconds, micros = self.r.time()
-        return int(seconds) * 1000 + int(micros) // 1000
 
-    def say(self, who: str, what: str) -> None:
-        self.out.write(f"  t+{self.now() - self.start:>6} ms  {who:<10} {what}\n")
+def _report(r: redis.Redis, who: str, kind: str, job: str, what: str) -> None:
+    event = {"t": _server_ms(r), "who": who, "kind": kind, "job": job, "what": what}
+    r.rpush(EVENTS, json.dumps(event))
+
+
+# -- the worker process ------------------------------------------------------------
+
+
+def worker_main(name: str, url: str) -> None:
+    """One demo worker process: ``python -m echomq.demo worker NAME URL``."""
+    r = redis.Redis.from_url(url)
+    client = Client(r)
+
+    def handler(job: Job, cancel: CancelToken) -> None:
+        payload = job.payload.decode()
+        _report(r, name, "start", job.id, f"claimed {job.id} (token {job.token})")
+        if payload == "poison":
+            _report(r, name, "crash", job.id, f"{job.id} crashes the whole process")
+            os.kill(os.getpid(), signal.SIGKILL)
+        steps = int(payload.split(":")[1])
+        for step in range(1, steps + 1):
+            stop = cancel.sleep(STEP_S)
+            if stop:
+                _report(r, name, "stopped", job.id, f"{job.id} stopped at step {step}/{steps}: {stop.reason}")
+                cancel.raise_if_cancelled()
+            _report(r, name, "step", job.id, f"{job.id} step {step}/{steps}")
+        _report(r, name, "finished", job.id, f"{job.id} finished its work")
+
+    worker = Worker(client, QUEUE, handler, lease_ms=LEASE_MS, poll_interval=0.05)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    worker.run()
+
+
+# -- the story ---------------------------------------------------------------------
+
+
+@dataclass
+class Story:
+    """What the demo saw; the smoke test asserts on it."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
+    checkpoints: int = 0
+
+    def kinds(self, job: str) -> list[str]:
+        return [e["kind"] for e in self.events if e["job"] == job]
+
+    def who(self, job: str, kind: str) -> list[str]:
+        return [e["who"] for e in self.events if e["job"] == job and e["kind"] == kind]
+
+
+class Director:
+    def __init__(self, server: EmbeddedServer, out: TextIO) -> None:
+        self.server, self.out = server, out
+        self.r = server.client()
+        self.client = Client(self.r)
+        self.keys = queue_keys(QUEUE)
+        self.start_ms = _server_ms(self.r)
+        self.story = Story()
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.frozen: set[str] = set()
+        self.next_worker = 1
+        self._seen_events = 0
+        self._leases: dict[str, float] = {}
+        self._states: dict[str, str] = {}
+
+    # -- printing ----------------------------------------------------------------
+
+    def say(self, who: str, what: str, t: int | None = None) -> None:
+        t = _server_ms(self.r) if t is None else t
+        stamp = time.strftime("%H:%M:%S", time.gmtime(t / 1000)) + f".{t % 1000:03d}"
+        self.out.write(f"  {stamp}  +{t - self.start_ms:>5} ms  {who:<10} {what}\n")
         self.out.flush()
 
+    def record(self, who: str, kind: str, job: str, what: str) -> None:
+        _report(self.r, who, kind, job, what)
 
-def claim(r: redis.Redis, job_id: str, lease_ms: int, now: int) -> int:
-    """Stand-in for the claim verb: bump attempts (the new token) and lease the job."""
-    keys = queue_keys(QUEUE)
-    pipe = r.pipeline(transaction=True)
-    pipe.hincrby(keys.job(job_id), "attempts", 1)
-    pipe.hset(keys.job(job_id), "state", "active")
-    pipe.zrem(keys.pending, job_id)
-    pipe.zadd(keys.active, {job_id: now + lease_ms})
-    token = int(pipe.execute()[0])
-    return token
+    # -- workers -----------------------------------------------------------------
 
+    def spawn(self) -> str:
+        name = f"worker-{self.next_worker}"
+        self.next_worker += 1
+        self.workers[name] = subprocess.Popen(
+            [sys.executable, "-m", "echomq.demo", "worker", name, self.server.url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.record("supervisor", "spawn", "", f"started {name} (pid {self.workers[name].pid})")
+        return name
 
-def complete(r: redis.Redis, job_id: str) -> None:
-    """Stand-in for the complete verb: the job leaves the active set, done."""
-    keys = queue_keys(QUEUE)
-    pipe = r.pipeline(transaction=True)
-    pipe.zrem(keys.active, job_id)
-    pipe.hset(keys.job(job_id), "state", "done")
-    pipe.execute()
+    def supervise(self) -> None:
+        for name, proc in list(self.workers.items()):
+            if proc.poll() is not None:
+                del self.workers[name]
+                self.record("supervisor", "died", "", f"{name} died (exit {proc.returncode})")
+                self.spawn()
 
+    def stop_workers(self) -> None:
+        for name, proc in self.workers.items():
+            if name in self.frozen:
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+        for proc in self.workers.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
-def run(out: TextIO = sys.stdout) -> dict[str, int]:
-    with EmbeddedServer() as server:
-        r = server.client(decode_responses=True)
-        client = Client(r)
-        keys = queue_keys(QUEUE)
-        tl = Timeline(r, out)
-        out.write(f"redis-server on {server.url} with --loadmodule {server.module}\n\n")
+    # -- watching ----------------------------------------------------------------
 
-        for job in ("report", "resize", "poison", "export"):
-            r.hset(keys.job(job), mapping={"state": "pending", "attempts": 0})
-            r.zadd(keys.pending, {job: time.time()})
-        tl.say("producer", "enqueued report, resize, poison, export")
+    def poll(self) -> None:
+        """Print what happened since the last poll: events, leases, row states."""
+        for raw in self.r.lrange(EVENTS, self._seen_events, -1):
+            self._seen_events += 1
+            event = json.loads(raw)
+            self.story.events.append(event)
+            self.say(event["who"], event["what"], event["t"])
+        now = _server_ms(self.r)
+        leases = cast("list[tuple[bytes, float]]", self.r.zrange(self.keys.active, 0, -1, withscores=True))
+        for member, deadline in leases:
+            job = text(member)
+            previous = self._leases.get(job)
+            if previous is not None and deadline > previous:
+                self.story.checkpoints += 1
+                if self.story.checkpoints <= 3 or self.story.checkpoints % 10 == 0:
+                    self.say("lease", f"{job}: checkpoint, lease now ends at +{int(deadline) - now} ms")
+            self._leases[job] = deadline
+        for job in JOBS:
+            state = text(self.r.hget(self.keys.job(job), "state") or b"")
+            if state != self._states.get(job) and state in ("done", "dead", "cancelled"):
+                row = self.r.hgetall(self.keys.job(job))
+                detail = {text(k): text(v) for k, v in row.items() if k != b"payload"}
+                self.say("queue", f"{job} is {state}  {detail}")
+            self._states[job] = state
 
-        # 1. A live worker checkpoints its lease while it works.
-        token = claim(r, "report", 300, tl.now())
-        tl.say("worker-1", f"claimed report (token {token}, lease 300 ms)")
-        for step in range(3):
-            time.sleep(0.15)
-            client.extend(QUEUE, "report", token, lease_ms=300)
-            tl.say("worker-1", f"checkpoint {step + 1}: lease of report extended to now+300 ms")
-        swept = client.sweep(QUEUE)
-        tl.say("reaper", f"sweep: recovered={swept.recovered} dead={swept.dead} (report is alive)")
-        complete(r, "report")
-        tl.say("worker-1", "finished report")
+    def wait_for(self, what: str, predicate: Any, timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.poll()
+            self.supervise()
+            found = predicate()
+            if found:
+                return found
+            time.sleep(0.03)
+        raise RuntimeError(f"demo: timed out waiting for {what}")
 
-        # 2. A worker dies holding a job; the sweep brings it back.
-        dead_token = claim(r, "resize", 100, tl.now())
-        tl.say("worker-2", f"claimed resize (token {dead_token}) ... and was killed")
-        time.sleep(0.15)
-        swept = client.sweep(QUEUE, max_stalled=2)
-        tl.say("reaper", f"sweep: recovered={swept.recovered} dead={swept.dead}")
-        try:
-            client.extend(QUEUE, "resize", dead_token, lease_ms=300)
-        except StaleToken as exc:
-            tl.say("worker-2", f"came back and tried to extend: refused ({exc})")
-        token = claim(r, "resize", 300, tl.now())
-        tl.say("worker-3", f"claimed resize again (token {token}); the old token {dead_token} is now stale")
-        client.extend(QUEUE, "resize", token, lease_ms=300)
-        complete(r, "resize")
-        tl.say("worker-3", "checkpointed and finished resize")
+    def holder_at_step(self, job: str, step: int) -> str | None:
+        for e in reversed(self.story.events):
+            if e["job"] == job and e["kind"] == "step" and e["what"].startswith(f"{job} step {step}/"):
+                return str(e["who"])
+        return None
 
-        # 3. A poison job kills every worker that takes it: dead after max-stalled stalls.
-        for attempt in (1, 2):
-            claim(r, "poison", 50, tl.now())
-            tl.say(f"worker-{3 + attempt}", "claimed poison ... and crashed")
-            time.sleep(0.1)
-            swept = client.sweep(QUEUE, max_stalled=2)
-            tl.say("reaper", f"sweep: recovered={swept.recovered} dead={swept.dead}")
-        state, stalled = r.hmget(keys.job("poison"), ["state", "stalled"])
-        tl.say("reaper", f"poison row: state={_text(state or '')} stalled={_text(stalled or '')}")
+    def state(self, job: str) -> str:
+        return self._states.get(job, "")
 
-        # 4. Cooperative cancellation: the handler stops at its next check.
-        cancel = CancelToken()
-        token = claim(r, "export", 300, tl.now())
-        progress: list[int] = []
+    # -- the acts ------------------------------------------------------------------
 
-        def handler() -> None:
-            for chunk in range(1000):
-                if cancel.check():
-                    return
-                progress.append(chunk)
-                try:
-                    client.extend(QUEUE, "export", token, lease_ms=300)
-                except LeaseLost as exc:
-                    cancel.cancel(f"lease lost: {exc}")
-                cancel.sleep(0.02)
+    def play(self) -> Story:
+        for job, payload in JOBS.items():
+            self.client.enqueue(QUEUE, payload, job_id=job)
+        self.say("producer", f"enqueued {', '.join(JOBS)}")
 
-        worker = threading.Thread(target=handler)
-        worker.start()
-        time.sleep(0.1)
-        cancel.cancel("operator asked to stop")
-        worker.join()
-        complete(r, "export")
-        reason = cancel.check()
-        tl.say("worker-6", f"export stopped after {len(progress)} chunks: {reason.reason if reason else '?'}")
+        def on_sweep(result: Any) -> None:
+            self.record("reaper", "sweep", "", f"recovered {result.recovered}, dead-lettered {result.dead}")
 
-        counts = {
-            "pending": int(r.zcard(keys.pending)),
-            "active": int(r.zcard(keys.active)),
-            "dead": int(r.zcard(keys.dead)),
-            "failed": int(r.hget(keys.metrics_failed, "count") or 0),
+        with Reaper(self.client, QUEUE, interval=0.1, max_stalled=MAX_STALLED, on_sweep=on_sweep):
+            for _ in range(3):
+                self.spawn()
+
+            # A worker killed mid-job: the reaper recovers it, another finishes it.
+            victim = self.wait_for("resize to start", lambda: self.holder_at_step("resize", 2))
+            self.say("operator", f"kill -9 {victim} while it holds resize")
+            self.workers[victim].kill()
+            self.wait_for("resize to be done", lambda: self.state("resize") == "done")
+
+            # Cancel from outside: the handler stops at its next check.
+            self.wait_for("export to run", lambda: self.holder_at_step("export", 3))
+            outcome = self.client.cancel(QUEUE, "export", "the customer withdrew the export")
+            self.say("operator", f"echomq cancel demo export -> {outcome}")
+            self.wait_for("export to be cancelled", lambda: self.state("export") == "cancelled")
+
+            # Frozen past its lease: the lease keeper stops the handler when it wakes.
+            sleeper = self.wait_for("upload to run", lambda: self.holder_at_step("upload", 2))
+            self.say("operator", f"kill -STOP {sleeper} (frozen for {3 * LEASE_MS} ms, past its lease)")
+            os.kill(self.workers[sleeper].pid, signal.SIGSTOP)
+            self.frozen.add(sleeper)
+            self.wait_for("upload to be reclaimed", lambda: len(self.story.who("upload", "start")) >= 2)
+            thaw_at = time.monotonic() + 3 * LEASE_MS / 1000
+            self.wait_for("the freeze to last", lambda: time.monotonic() >= thaw_at)
+            self.say("operator", f"kill -CONT {sleeper}")
+            os.kill(self.workers[sleeper].pid, signal.SIGCONT)
+            self.frozen.discard(sleeper)
+            self.wait_for("the frozen handler to stop", lambda: self.story.who("upload", "stopped"))
+
+            self.wait_for(
+                "every job to finish",
+                lambda: all(self.state(j) in ("done", "dead", "cancelled") for j in JOBS),
+                timeout=30,
+            )
+            self.poll()
+        self.stop_workers()
+        self.poll()
+        for job in JOBS:
+            self.story.states[job] = self.state(job)
+        self.story.counts = {
+            "pending": int(self.r.zcard(self.keys.pending)),
+            "active": int(self.r.zcard(self.keys.active)),
+            "dead": int(self.r.zcard(self.keys.dead)),
+            "failed": int(self.r.hget(self.keys.metrics_failed, "count") or 0),
+            "done": sum(s == "done" for s in self.story.states.values()),
+            "cancelled": sum(s == "cancelled" for s in self.story.states.values()),
         }
-        out.write("\nqueue counts: " + ", ".join(f"{k}={v}" for k, v in counts.items()) + "\n")
-        return counts
+        return self.story
+
+
+def run(out: TextIO = sys.stdout) -> Story:
+    """Play the demo on a server of its own; returns what happened."""
+    with EmbeddedServer() as server:
+        out.write(f"EchoMQ demo: redis-server {server.url} --loadmodule {server.module}\n")
+        out.write(f"lease {LEASE_MS} ms, checkpoints every {LEASE_MS // 3} ms, max-stalled {MAX_STALLED}\n\n")
+        director = Director(server, out)
+        try:
+            story = director.play()
+        finally:
+            director.stop_workers()
+        counts = ", ".join(f"{k} {v}" for k, v in story.counts.items())
+        out.write(f"\nqueue {QUEUE}: {counts}\n")
+        return story
 
 
 if __name__ == "__main__":
-    run()
+    if len(sys.argv) == 4 and sys.argv[1] == "worker":
+        worker_main(sys.argv[2], sys.argv[3])
+    else:
+        run()

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 from .cancel import CancelToken
 from .client import Client, Job
-from .errors import LeaseLost
+from .errors import Cancelled, LeaseLost
 from .lease import LeaseKeeper
 
-__all__ = ["Handler", "Worker", "WorkerStats"]
+__all__ = ["Handler", "Worker", "WorkerStats", "error_text"]
 
 log = logging.getLogger("echomq.worker")
 
@@ -41,6 +41,13 @@ class WorkerStats:
     cancelled: int = 0  # ended by a remote cancel (EMQ.CANCEL)
     leases_lost: int = 0
     rejected: int = 0  # complete/fail refused with StaleToken/JobGone
+
+
+def error_text(error: BaseException) -> str:
+    """The ``last_error`` a worker records for a handler's exception."""
+    if isinstance(error, Cancelled):
+        return str(error)  # "cancelled: <reason>"
+    return f"{type(error).__name__}: {error}"
 
 
 class Worker:
@@ -159,7 +166,7 @@ class Worker:
                 self.client.complete(job.queue, job.id, job.token)
                 self.stats.completed += 1
             else:
-                text = f"{type(error).__name__}: {error}"
+                text = error_text(error)
                 where = self.client.fail(job.queue, job.id, job.token, text, self.max_attempts)
                 if where == "cancelled":
                     self.stats.cancelled += 1
