@@ -1,9 +1,10 @@
 # EchoMQ native: the two commands.
 #
 #   make demo   set everything up, then run the demo on a server of its own
-#   make test   set everything up, then lint, type-check and run the full suite
+#   make test   set everything up, then lint, type-check and run the full suite,
+#               then the memory check (module/Makefile `check`: tests under valgrind)
 #
-# Set-up is idempotent: Debian's redis-server (apt-get, only when missing),
+# Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
 # module/emq.so built from source.
 
@@ -12,13 +13,14 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint setup server-binary module clean
+.PHONY: demo test lint setup server-binary memchecker module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
 
-test: setup lint
+test: setup lint memchecker
 	$(BIN)/python -m pytest
+	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
 
 lint: setup
 	$(BIN)/ruff check python tests bench
@@ -31,6 +33,12 @@ server-binary:
 	  echo "installing redis-server from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends redis-server; }
+
+memchecker:
+	@command -v valgrind >/dev/null 2>&1 || { \
+	  echo "installing valgrind from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 
 module:
 	$(MAKE) -C module
