@@ -178,6 +178,10 @@ ERRORS = [
     (rb"ERR a swept job row has a 'stalled' field that is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
     (rb"ERR increment or decrement would overflow", None),
+    (
+        rb"NOPERM this user has no permissions to access the job rows or metrics derived from <base>",
+        "-NOPERM",
+    ),
 ]
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % pattern for pattern, _ in ERRORS))
 
@@ -451,7 +455,9 @@ def grid() -> Iterator[tuple[str, list[list[bytes]], list[bytes]]]:
             yield f"{field!r}={value!r}", rows, [*sweep[:5], b"5", b"10"]
             yield f"{field!r}={value!r}", rows, [*extend[:4], value, b"1000"]
     for value in FIELD_VALUES:
-        yield f"count={value!r}", [*state, [b"HSET", b + b"metrics:failed", b"count", value]], sweep
+        metric = [*state, [b"HSET", b + b"metrics:failed", b"count", value]]
+        for max_stalled in (b"1", b"2"):  # a job dies (the metric is read), or none does
+            yield f"count={value!r}", metric, [*sweep[:5], max_stalled, b"10"]
     for full in (extend, sweep):
         for i in range(1, len(full)):
             for j in range(1, len(full)):
@@ -461,6 +467,8 @@ def grid() -> Iterator[tuple[str, list[list[bytes]], list[bytes]]]:
                     yield f"arg {i} repeats arg {j}", state, repeated
     # A row that vanished while its id stayed active, next to a sound one.
     yield "vanished row", [*state, [b"DEL", b + b"job:a"]], sweep
+    yield "vanished row", [*state, [b"DEL", b + b"job:a"]], extend
+    yield "swept already", [*state, [b"ZREM", b + b"active", b"a"]], extend
 
 
 GRID = list(grid())
@@ -520,6 +528,44 @@ def test_vanished_row_is_recreated_and_recovered(fuzz: FuzzServer) -> None:
     ]
     assert conn.call(b"HGETALL", b + b"job:ghost") == [b"stalled", b"1", b"state", b"pending"]
     assert conn.call(b"ZSCORE", b + b"pending", b"ghost") == b"0"
+
+
+def test_derived_keys_outside_the_callers_acl_refuse_the_sweep(fuzz: FuzzServer) -> None:
+    # The job rows and the metric are not in the argument list, so Redis
+    # cannot check them; the module does, before it writes anything.
+    b = b"emq:{q}:"
+    conn = fuzz.connect()
+    conn.pipeline([
+        [b"FLUSHALL"],
+        [b"ACL", b"SETUSER", b"narrow", b"reset", b"on", b"nopass", b"+@all",
+         b"~" + b + b"active", b"~" + b + b"pending", b"~" + b + b"dead"],
+        [b"ACL", b"SETUSER", b"wide", b"reset", b"on", b"nopass", b"+@all", b"~emq:*"],
+        [b"ZADD", b + b"active", b"0", b"j"],
+        [b"HSET", b + b"job:j", b"attempts", b"1"],
+    ])
+    sweep = [b"EMQ.SWEEP", b + b"active", b + b"pending", b + b"dead", b, b"1", b"10"]
+    before = conn.call(b"DEBUG", b"DIGEST")
+    user = Resp(fuzz.server.port) if fuzz.server else None
+    assert user is not None
+    try:
+        assert user.call(b"AUTH", b"narrow", b"x") == b"OK"
+        with pytest.raises(ServerError) as info:
+            user.call(*sweep)
+        assert info.value.message.startswith(b"NOPERM ") and b"derived from <base>" in info.value.message
+        assert conn.call(b"DEBUG", b"DIGEST") == before
+        OUTCOMES[ERRORS[-1][0]] += 1
+        # A sweep with nothing lapsed derives no key and needs no extra permission.
+        conn.call(b"ZADD", b + b"active", b"XX", str(FUTURE).encode(), b"j")
+        assert user.call(*sweep) == [[], []]
+        conn.call(b"ZADD", b + b"active", b"XX", b"0", b"j")
+        assert user.call(b"AUTH", b"wide", b"x") == b"OK"
+        # From a script, as the permitted user: the same code path, the same result.
+        script = b"return redis.call('EMQ.SWEEP', KEYS[1], KEYS[2], KEYS[3], ARGV[1], 1, 10)"
+        assert user.call(b"EVAL", script, b"3", *sweep[1:4], b) == [[], [b"j"]]
+    finally:
+        user.close()
+        conn.call(b"ACL", b"DELUSER", b"narrow", b"wide")
+    assert conn.call(b"HGET", b + b"metrics:failed", b"count") == b"1"
 
 
 @pytest.mark.slow
