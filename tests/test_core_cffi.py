@@ -303,6 +303,29 @@ def test_base_has_hash_tag_is_the_cluster_rule(core: Core, base: bytes, suffix: 
         assert hash_input(base + suffix) == hash_input(base)
 
 
+@pytest.fixture(scope="session")
+def cluster_node(server_factory: ServerFactory) -> Iterator[redis.Redis]:
+    """A cluster-enabled server: CLUSTER KEYSLOT is the authority on slots."""
+    conn = server_factory(["--cluster-enabled", "yes"]).client()
+    yield conn
+    conn.close()
+
+
+@SERVER
+@given(base=key_bytes, suffix=key_bytes)
+@example(base=b"emq:{q}:", suffix=b"job:}{")
+@example(base=b"{}", suffix=b"a}")
+def test_base_has_hash_tag_agrees_with_cluster_keyslot(
+    core: Core, cluster_node: redis.Redis, base: bytes, suffix: bytes
+) -> None:
+    def slot(key: bytes) -> int:
+        return int(cluster_node.execute_command("CLUSTER", "KEYSLOT", key))
+
+    assert slot(base + suffix) == key_slot(base + suffix)  # the reference is the server's rule
+    if core.base_has_hash_tag(base):
+        assert slot(base + suffix) == slot(base + b"job:" + suffix) == slot(base)
+
+
 def test_queue_bases_have_hash_tags(core: Core) -> None:
     assert core.base_has_hash_tag(b"emq:{mail}:")
     assert not core.base_has_hash_tag(b"emq:mail:")

@@ -568,6 +568,29 @@ def test_derived_keys_outside_the_callers_acl_refuse_the_sweep(fuzz: FuzzServer)
     assert conn.call(b"HGET", b + b"metrics:failed", b"count") == b"1"
 
 
+def test_sweep_on_a_cluster_node(module_so: Path) -> None:
+    # In cluster mode SWEEP also checks <base>'s hash tag.  A client cannot
+    # reach the refusal (without a tag in <base>, the three set keys never
+    # share a slot, so the cluster answers CROSSSLOT first), but the check
+    # itself runs on every cluster sweep.
+    with EmbeddedServer(["--cluster-enabled", "yes"], module=module_so) as node:
+        conn = Resp(node.port)
+        try:
+            assert conn.call(b"CLUSTER", b"ADDSLOTSRANGE", b"0", b"16383") == b"OK"
+            deadline = time.monotonic() + 60
+            while b"cluster_state:ok" not in conn.call(b"CLUSTER", b"INFO"):
+                assert time.monotonic() < deadline, "the one-node cluster never came up"
+                time.sleep(0.05)
+            b = b"emq:{q}:"
+            conn.call(b"ZADD", b + b"active", b"0", b"j")
+            sweep = [b"EMQ.SWEEP", b + b"active", b + b"pending", b + b"dead", b, b"3", b"10"]
+            assert conn.call(*sweep) == [[b"j"], []]
+            with pytest.raises(ServerError, match="CROSSSLOT"):
+                conn.call(b"EMQ.SWEEP", b"q:active", b"q:pending", b"q:dead", b"q:", b"3", b"10")
+        finally:
+            conn.close()
+
+
 @pytest.mark.slow
 def test_fuzz_totals(fuzz: FuzzServer) -> None:
     """Runs last in this file: the counts of the run, and no crash at all."""
