@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from .conftest import ROOT, ServerFactory
+from .helpers import cluster_args
 
 cffi = pytest.importorskip("cffi", reason="cffi is in the [test] extra: pip install -e '.[test]'")
 
@@ -306,7 +307,7 @@ def test_base_has_hash_tag_is_the_cluster_rule(core: Core, base: bytes, suffix: 
 @pytest.fixture(scope="session")
 def cluster_node(server_factory: ServerFactory) -> Iterator[redis.Redis]:
     """A cluster-enabled server: CLUSTER KEYSLOT is the authority on slots."""
-    conn = server_factory(["--cluster-enabled", "yes"]).client()
+    conn = server_factory(cluster_args()).client()
     yield conn
     conn.close()
 

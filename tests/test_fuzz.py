@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .conftest import ROOT
+from .helpers import cluster_args
 
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_EXAMPLES", "2500"))
 BUDGET_S = float(os.environ.get("ECHOMQ_FUZZ_SECONDS", "60"))
@@ -573,7 +574,7 @@ def test_sweep_on_a_cluster_node(module_so: Path) -> None:
     # reach the refusal (without a tag in <base>, the three set keys never
     # share a slot, so the cluster answers CROSSSLOT first), but the check
     # itself runs on every cluster sweep.
-    with EmbeddedServer(["--cluster-enabled", "yes"], module=module_so) as node:
+    with EmbeddedServer(cluster_args(), module=module_so) as node:
         conn = Resp(node.port)
         try:
             assert conn.call(b"CLUSTER", b"ADDSLOTSRANGE", b"0", b"16383") == b"OK"
