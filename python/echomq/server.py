@@ -9,6 +9,7 @@ Used by the demo, the test suite and anyone who wants a throwaway server:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["EmbeddedServer", "module_path", "server_binary"]
+__all__ = ["EmbeddedServer", "module_path", "server_binary", "server_wrapper"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SOURCE_MODULE_DIR = _PACKAGE_DIR.parent.parent / "module"
@@ -70,6 +71,15 @@ def server_binary() -> str:
     return found
 
 
+def server_wrapper() -> list[str]:
+    """A command to run the server under, from ``$ECHOMQ_SERVER_WRAPPER``.
+
+    E.g. ``valgrind --log-file=/tmp/vg.%p.log``: every server this package
+    starts runs as ``<wrapper...> redis-server ...``.  Empty when unset.
+    """
+    return shlex.split(os.environ.get("ECHOMQ_SERVER_WRAPPER", ""))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,9 +89,13 @@ def _free_port() -> int:
 class EmbeddedServer:
     """A redis-server child process on a free loopback port, with emq.so loaded.
 
-    ``port`` fixes the port (default: a free one).  ``args`` are extra
-    server options (``["--appendonly", "yes"]``).  The server's files live
-    in a temporary directory removed on ``stop()`` unless ``dir`` is given.
+    ``port`` fixes the port (default: a free one).  ``args`` are extra server
+    options (``["--appendonly", "yes"]``).  The server's files live in a
+    temporary directory removed on ``stop()`` unless ``dir`` is given.
+    ``wrapper`` prefixes the server command (a memory checker); it defaults
+    to ``$ECHOMQ_SERVER_WRAPPER``, and a wrapped server gets
+    ``wrapped_timeout`` seconds to start and to stop, since a checker both
+    slows it down and writes its report at exit.
     """
 
     def __init__(
@@ -94,6 +108,8 @@ class EmbeddedServer:
         load_module: bool = True,
         startup_timeout: float = 10.0,
         port: int | None = None,
+        wrapper: Sequence[str] | None = None,
+        wrapped_timeout: float = 120.0,
     ) -> None:
         self.args = list(args)
         self._fixed_port = port
@@ -103,7 +119,9 @@ class EmbeddedServer:
         self.binary = binary or server_binary()
         self._own_dir = dir is None
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="echomq-server-"))
-        self.startup_timeout = startup_timeout
+        self.wrapper = list(wrapper) if wrapper is not None else server_wrapper()
+        self.startup_timeout = max(startup_timeout, wrapped_timeout) if self.wrapper else startup_timeout
+        self.stop_timeout = wrapped_timeout if self.wrapper else 10.0
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -141,6 +159,7 @@ class EmbeddedServer:
 
     def _start_once(self, port: int) -> None:
         cmd = [
+            *self.wrapper,
             self.binary,
             "--port",
             str(port),
@@ -199,7 +218,7 @@ class EmbeddedServer:
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=self.stop_timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

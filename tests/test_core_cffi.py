@@ -1,0 +1,438 @@
+"""The C core (module/emq_core.c) called in-process through cffi.
+
+emq.so exports the core's functions and needs nothing from a server to run
+them (the module API reaches it as function pointers filled at load time),
+so ABI mode opens the very .so the server loads.  The declarations come from
+emq_core.h itself, so a changed signature breaks here, not silently.
+
+Each property compares the C verdict with an independent Python reference:
+Redis's integer syntax, exact doubles, Redis Cluster's hash-tag rule (redis-py's
+own key_slot), and, where a server is the authority, a real server's INCRBY
+and HINCRBY.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from redis.crc import key_slot
+
+from .conftest import ROOT, ServerFactory
+from .helpers import cluster_args
+
+cffi = pytest.importorskip("cffi", reason="cffi is in the [test] extra: pip install -e '.[test]'")
+
+HEADER = ROOT / "module" / "emq_core.h"
+README = (ROOT / "README.md").read_text()
+
+LLONG_MIN, LLONG_MAX = -(2**63), 2**63 - 1
+MAX_EXACT = 2**53
+
+NOT_INTEGER = "ERR lease-ms is not an integer"
+LEASE_TOO_SMALL = "ERR lease-ms must be at least 1"
+LEASE_TOO_LARGE = "ERR lease-ms is too large: the deadline would not be an exact score"
+STALLED_NOT_INTEGER = "ERR a swept job row has a 'stalled' field that is not an integer"
+COUNT_NOT_INTEGER = "ERR the metrics:failed 'count' field is not an integer"
+OVERFLOW = "ERR increment or decrement would overflow"
+
+CORE = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SERVER = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def header_declarations(text: str) -> str:
+    """The exported prototypes of emq_core.h, as cffi's cdef wants them."""
+    decls = re.findall(r"^EMQ_EXPORT\s+([^;]*;)", text, re.MULTILINE)
+    assert len(decls) >= 8, "emq_core.h lost its EMQ_EXPORT prototypes"
+    return "\n".join(" ".join(d.split()) for d in decls)
+
+
+class Core:
+    """Thin Python calls over the exported C functions (bytes in, verdicts out)."""
+
+    def __init__(self, path: Path) -> None:
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(header_declarations(HEADER.read_text()))
+        self.lib: Any = self.ffi.dlopen(str(path))
+
+    def _buf(self, data: bytes, trailing: bytes) -> Any:
+        # The C side gets exactly len(data) bytes to look at, followed by
+        # bytes that would change the verdict if it read past its length.
+        return self.ffi.new("char[]", data + trailing)
+
+    def _err(self, ptr: Any) -> str | None:
+        return None if ptr == self.ffi.NULL else self.ffi.string(ptr).decode()
+
+    def parse_ll(self, data: bytes, trailing: bytes = b"") -> int | None:
+        out = self.ffi.new("long long *", 12345)
+        rc = self.lib.emq_parse_ll(self._buf(data, trailing), len(data), out)
+        if rc != 0:
+            assert rc == -1 and out[0] == 12345, "a refused parse wrote its output"
+            return None
+        return int(out[0])
+
+    def lease_deadline(self, now: int, lease: bytes) -> tuple[str | None, int]:
+        out = self.ffi.new("long long *", -7)
+        err = self._err(self.lib.emq_lease_deadline(now, self._buf(lease, b"9"), len(lease), out))
+        return err, int(out[0])
+
+    def parse_count(self, what: str, data: bytes) -> tuple[str | None, int]:
+        out = self.ffi.new("long long *", -7)
+        err = self._err(self.lib.emq_parse_count(what.encode(), self._buf(data, b"0"), len(data), out))
+        return err, int(out[0])
+
+    def key_is(self, key: bytes, base: bytes, suffix: bytes) -> bool:
+        return bool(
+            self.lib.emq_key_is(self._buf(key, b"x"), len(key), self._buf(base, b"x"), len(base), suffix)
+        )
+
+    def base_has_hash_tag(self, base: bytes) -> bool:
+        # The byte after the base is a '}': a core that looked past len would see a tag.
+        return bool(self.lib.emq_base_has_hash_tag(self._buf(base, b"}"), len(base)))
+
+    def next_stalled(self, cur: bytes | None) -> tuple[str | None, int]:
+        out = self.ffi.new("long long *", -7)
+        data = cur or b""
+        err = self._err(self.lib.emq_next_stalled(self._buf(data, b"1"), len(data), cur is not None, out))
+        return err, int(out[0])
+
+    def add_failed(self, cur: bytes | None, deaths: int) -> tuple[str | None, int]:
+        out = self.ffi.new("long long *", -7)
+        data = cur or b""
+        err = self._err(
+            self.lib.emq_add_failed(self._buf(data, b"1"), len(data), cur is not None, deaths, out)
+        )
+        return err, int(out[0])
+
+
+@pytest.fixture(scope="session")
+def core(module_so: Path) -> Core:
+    return Core(module_so)
+
+
+@pytest.fixture(scope="session")
+def authority(server_factory: ServerFactory) -> Iterator[redis.Redis]:
+    """A real server: the authority on what Redis itself calls an integer."""
+    conn = server_factory().client()
+    yield conn
+    conn.close()
+
+
+# -- references ----------------------------------------------------------------
+
+CANONICAL = re.compile(rb"-?[1-9][0-9]*|0")
+
+
+def ref_parse_ll(data: bytes) -> int | None:
+    """Canonical base-10 int64: optional '-', no leading zeros, no '+', no spaces."""
+    if not CANONICAL.fullmatch(data):
+        return None
+    value = int(data)
+    return value if LLONG_MIN <= value <= LLONG_MAX else None
+
+
+def hash_input(key: bytes) -> bytes:
+    """The bytes Redis Cluster hashes for a key (the hash-tag rule)."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+# -- strategies ----------------------------------------------------------------
+
+EDGE_NUMBERS = [
+    b"",
+    b"0",
+    b"-0",
+    b"00",
+    b"01",
+    b"-01",
+    b"+1",
+    b" 1",
+    b"1 ",
+    b"1.5",
+    b"1e3",
+    b"0x10",
+    b"nan",
+    b"inf",
+    b"-inf",
+    b"-",
+    b"--1",
+    b"1-",
+    b"\x001",
+    b"1\x00",
+    b"9223372036854775807",
+    b"9223372036854775808",
+    b"-9223372036854775808",
+    b"-9223372036854775809",
+    b"99999999999999999999",
+    b"-99999999999999999999",
+    b"18446744073709551616",
+    b"000000000000000000001",
+]
+near_int64 = st.integers(min_value=LLONG_MIN - 10**4, max_value=LLONG_MIN + 10**4) | st.integers(
+    min_value=LLONG_MAX - 10**4, max_value=LLONG_MAX + 10**4
+)
+numberish = st.one_of(
+    st.sampled_from(EDGE_NUMBERS),
+    st.integers().map(lambda n: str(n).encode()),
+    near_int64.map(lambda n: str(n).encode()),
+    st.text(alphabet="-+0123456789 .ex", max_size=24).map(str.encode),
+    st.binary(max_size=24),
+)
+
+
+# -- emq_parse_ll ----------------------------------------------------------------
+
+
+def test_header_declares_what_the_library_exports(core: Core) -> None:
+    for name in re.findall(r"\b(emq_\w+)\(", header_declarations(HEADER.read_text())):
+        assert getattr(core.lib, name) is not None
+
+
+@CORE
+@given(data=numberish, trailing=st.sampled_from([b"", b"0", b"9", b"x"]))
+def test_parse_ll_is_canonical_int64(core: Core, data: bytes, trailing: bytes) -> None:
+    assert core.parse_ll(data, trailing) == ref_parse_ll(data)
+
+
+@CORE
+@given(value=st.integers(min_value=LLONG_MIN, max_value=LLONG_MAX))
+def test_parse_ll_reads_back_every_int64(core: Core, value: int) -> None:
+    assert core.parse_ll(str(value).encode()) == value
+
+
+@SERVER
+@given(data=numberish.filter(lambda b: b"\x00" not in b or len(b) < 30))
+@example(data=b"-9223372036854775808")
+@example(data=b"9223372036854775808")
+@example(data=b"-0")
+def test_parse_ll_agrees_with_the_server(core: Core, authority: redis.Redis, data: bytes) -> None:
+    # INCRBY on 0 refuses exactly the increments that are not integers to Redis.
+    authority.set("n", 0)
+    try:
+        server: int | None = int(authority.incrby("n", data))
+    except redis.ResponseError as exc:
+        assert "not an integer" in str(exc)
+        server = None
+    assert core.parse_ll(data) == server
+
+
+# -- emq_lease_deadline ----------------------------------------------------------
+
+now_ms = st.integers(min_value=0, max_value=MAX_EXACT)
+lease_text = st.one_of(
+    numberish,
+    st.integers(min_value=-5, max_value=MAX_EXACT + 5).map(lambda n: str(n).encode()),
+)
+
+
+@CORE
+@given(now=now_ms, lease=lease_text)
+@example(now=0, lease=str(MAX_EXACT).encode())
+@example(now=0, lease=str(MAX_EXACT + 1).encode())
+@example(now=MAX_EXACT, lease=b"1")
+@example(now=MAX_EXACT - 1, lease=b"1")
+@example(now=1_700_000_000_000, lease=b"9223372036854775807")
+def test_lease_deadline(core: Core, now: int, lease: bytes) -> None:
+    err, deadline = core.lease_deadline(now, lease)
+    value = ref_parse_ll(lease)
+    if value is None:
+        assert err == NOT_INTEGER
+    elif value < 1:
+        assert err == LEASE_TOO_SMALL
+    elif now + value > MAX_EXACT:
+        assert err == LEASE_TOO_LARGE
+    else:
+        assert err is None
+        assert deadline == now + value
+        # The score the server stores is a double: it must hold the deadline exactly.
+        assert float(deadline) == deadline and int(float(deadline)) == deadline
+        return
+    assert deadline == -7, "a refused lease wrote a deadline"
+
+
+@CORE
+@given(now=now_ms, lease=st.integers(min_value=1, max_value=MAX_EXACT))
+def test_every_accepted_lease_round_trips_through_a_double(core: Core, now: int, lease: int) -> None:
+    err, deadline = core.lease_deadline(now, str(lease).encode())
+    assert (err is None) == (now + lease <= MAX_EXACT)
+    if err is None:
+        assert deadline == now + lease and int(float(deadline)) == deadline
+
+
+def test_lease_refusals_are_the_documented_ones() -> None:
+    for message in (NOT_INTEGER, LEASE_TOO_SMALL, "ERR lease-ms is too large"):
+        assert f"-{message}" in README, f"README.md does not document {message!r}"
+
+
+def test_a_clock_outside_the_exact_range_refuses_every_lease(core: Core) -> None:
+    assert core.lease_deadline(-1, b"1")[0] == LEASE_TOO_LARGE
+    assert core.lease_deadline(MAX_EXACT + 1, b"1")[0] == LEASE_TOO_LARGE
+    assert core.lease_deadline(LLONG_MAX, b"9223372036854775807")[0] == LEASE_TOO_LARGE
+
+
+# -- emq_parse_count -------------------------------------------------------------
+
+
+@CORE
+@given(what=st.sampled_from(["max-stalled", "limit"]), data=numberish)
+def test_parse_count(core: Core, what: str, data: bytes) -> None:
+    err, out = core.parse_count(what, data)
+    value = ref_parse_ll(data)
+    if value is not None and value >= 1:
+        assert (err, out) == (None, value)
+    else:
+        assert (err, out) == (f"ERR {what} must be an integer >= 1", -7)
+        assert f"-{err}" in README
+
+
+# -- emq_key_is and emq_base_has_hash_tag ----------------------------------------
+
+key_bytes = st.binary(max_size=12) | st.text(alphabet="{}ab:", max_size=12).map(str.encode)
+SUFFIXES = [b"active", b"pending", b"dead", b"job:", b"metrics:failed", b""]
+
+
+@CORE
+@given(key=key_bytes, base=key_bytes, suffix=st.sampled_from(SUFFIXES))
+def test_key_is(core: Core, key: bytes, base: bytes, suffix: bytes) -> None:
+    assert core.key_is(key, base, suffix) == (key == base + suffix)
+    assert core.key_is(base + suffix, base, suffix)
+
+
+@CORE
+@given(base=key_bytes, suffix=key_bytes)
+@example(base=b"emq:{q}:", suffix=b"job:}{")
+@example(base=b"{}", suffix=b"a}")
+@example(base=b"{", suffix=b"x}")
+@example(base=b"a}{b}", suffix=b"")
+@example(base=b"}{", suffix=b"}")
+def test_base_has_hash_tag_is_the_cluster_rule(core: Core, base: bytes, suffix: bytes) -> None:
+    has_tag = core.base_has_hash_tag(base)
+    # Two suffixes that would each close a brace the base left open: the
+    # base pins the slot exactly when they hash the same.
+    assert has_tag == (hash_input(base + b"a}") == hash_input(base + b"b}"))
+    if has_tag:
+        # ... and then every key that starts with base is in base's slot,
+        # whatever follows (a job id may contain braces too).
+        assert key_slot(base + suffix) == key_slot(base + b"active") == key_slot(base)
+        assert hash_input(base + suffix) == hash_input(base)
+
+
+@pytest.fixture(scope="session")
+def cluster_node(server_factory: ServerFactory) -> Iterator[redis.Redis]:
+    """A cluster-enabled server: CLUSTER KEYSLOT is the authority on slots."""
+    conn = server_factory(cluster_args()).client()
+    yield conn
+    conn.close()
+
+
+@SERVER
+@given(base=key_bytes, suffix=key_bytes)
+@example(base=b"emq:{q}:", suffix=b"job:}{")
+@example(base=b"{}", suffix=b"a}")
+def test_base_has_hash_tag_agrees_with_cluster_keyslot(
+    core: Core, cluster_node: redis.Redis, base: bytes, suffix: bytes
+) -> None:
+    def slot(key: bytes) -> int:
+        return int(cluster_node.execute_command("CLUSTER", "KEYSLOT", key))
+
+    assert slot(base + suffix) == key_slot(base + suffix)  # the reference is the server's rule
+    if core.base_has_hash_tag(base):
+        assert slot(base + suffix) == slot(base + b"job:" + suffix) == slot(base)
+
+
+def test_queue_bases_have_hash_tags(core: Core) -> None:
+    assert core.base_has_hash_tag(b"emq:{mail}:")
+    assert not core.base_has_hash_tag(b"emq:mail:")
+    assert not core.base_has_hash_tag(b"emq:{}:")
+
+
+# -- emq_next_stalled, emq_stall_is_dead and emq_add_failed ----------------------
+
+
+@CORE
+@given(cur=st.none() | numberish)
+@example(cur=b"9223372036854775806")
+@example(cur=b"9223372036854775807")
+@example(cur=b"-9223372036854775808")
+def test_next_stalled(core: Core, cur: bytes | None) -> None:
+    err, out = core.next_stalled(cur)
+    value = 0 if cur is None else ref_parse_ll(cur)
+    if value is None:
+        assert (err, out) == (STALLED_NOT_INTEGER, -7)
+    elif value == LLONG_MAX:
+        assert (err, out) == (OVERFLOW, -7)
+    else:
+        assert (err, out) == (None, value + 1)
+
+
+@CORE
+@given(cur=st.none() | numberish, deaths=st.integers(min_value=1, max_value=LLONG_MAX))
+@example(cur=b"9223372036854775806", deaths=1)
+@example(cur=b"9223372036854775807", deaths=1)
+@example(cur=b"0", deaths=LLONG_MAX)
+@example(cur=b"1", deaths=LLONG_MAX)
+@example(cur=b"-9223372036854775808", deaths=LLONG_MAX)
+def test_add_failed(core: Core, cur: bytes | None, deaths: int) -> None:
+    err, out = core.add_failed(cur, deaths)
+    value = 0 if cur is None else ref_parse_ll(cur)
+    if value is None:
+        assert (err, out) == (COUNT_NOT_INTEGER, -7)
+    elif value + deaths > LLONG_MAX:
+        assert (err, out) == (OVERFLOW, -7)
+    else:
+        assert (err, out) == (None, value + deaths)
+
+
+@SERVER
+@given(cur=st.none() | numberish, by=st.integers(min_value=1, max_value=LLONG_MAX))
+@example(cur=b"9223372036854775807", by=1)
+@example(cur=b"01", by=1)
+def test_counters_agree_with_hincrby(core: Core, authority: redis.Redis, cur: bytes | None, by: int) -> None:
+    # The sweep promises "as HINCRBY would": a real server decides what is refused.
+    authority.delete("row")
+    if cur is not None:
+        authority.hset("row", "f", cur)
+    try:
+        server: int | None = int(authority.hincrby("row", "f", by))
+    except redis.ResponseError:
+        server = None
+    err, out = core.add_failed(cur, by)
+    assert (None if err else out) == server
+    if by == 1:
+        err, out = core.next_stalled(cur)
+        assert (None if err else out) == server
+
+
+@CORE
+@given(stalled=st.integers(LLONG_MIN, LLONG_MAX), max_stalled=st.integers(1, LLONG_MAX))
+def test_stall_is_dead_at_the_threshold(core: Core, stalled: int, max_stalled: int) -> None:
+    assert bool(core.lib.emq_stall_is_dead(stalled, max_stalled)) == (stalled >= max_stalled)
+
+
+def test_sweep_refusals_are_documented() -> None:
+    for message in (STALLED_NOT_INTEGER, COUNT_NOT_INTEGER, OVERFLOW):
+        assert f"-{message}" in README, f"README.md does not document {message!r}"
+
+
+def test_references_catch_a_wrong_core() -> None:
+    # The references themselves: canonical spellings only, and the cluster rule.
+    assert [ref_parse_ll(s) for s in (b"0", b"-0", b"007", b"+1", b"-9223372036854775808")] == [
+        0,
+        None,
+        None,
+        None,
+        LLONG_MIN,
+    ]
+    assert key_slot(b"123456789") == 0x31C3 % 16384  # the cluster spec's CRC16 check value
+    assert hash_input(b"emq:{q}:job:1") == b"q" and hash_input(b"a{}b") == b"a{}b"
