@@ -54,7 +54,7 @@ static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
     } else if (RedisModule_ZsetScore(pending, id, &score) == REDISMODULE_OK) {
         RedisModuleString *state = RedisModule_CreateString(ctx, "cancelled", 9);
         int first = !emq_has_cancel_request(row);
-        RedisModule_ZsetRem(pending, id, NULL);
+        emq_zrem(ctx, pending, argv[1], id);
         if (first) {
             RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, "cancel_requested",
                                 reason, NULL);
@@ -64,9 +64,8 @@ static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
             RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, NULL);
             RedisModule_Replicate(ctx, "HSET", "scs", row_name, "state", state);
         }
+        emq_notify_hset(ctx, row_name);
         RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], id);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
         RedisModule_FreeString(ctx, state);
         RedisModule_ReplyWithSimpleString(ctx, "cancelled");
     } else if (is_finished(ctx, row)) {
@@ -75,8 +74,8 @@ static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
         /* Idempotent: asking again keeps the first reason. */
         if (!emq_has_cancel_request(row)) {
             RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "cancel_requested", reason, NULL);
+            emq_notify_hset(ctx, row_name);
             RedisModule_Replicate(ctx, "HSET", "scs", row_name, "cancel_requested", reason);
-            RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
         }
         RedisModule_ReplyWithSimpleString(ctx, "requested");
     }
@@ -126,9 +125,8 @@ static int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **a
     }
     RedisModuleString *reason = NULL;
     RedisModule_HashGet(job, REDISMODULE_HASH_CFIELDS, "cancel_requested", &reason, NULL);
-    RedisModule_ZsetAdd(active, (double)deadline, id, NULL);
+    emq_zadd(ctx, active, active_name, (double)deadline, id);
     RedisModule_Replicate(ctx, "ZADD", "scls", active_name, "XX", deadline, id);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", active_name);
     RedisModule_ReplyWithArray(ctx, 2);
     RedisModule_ReplyWithLongLong(ctx, 1);
     if (reason) {

@@ -110,3 +110,26 @@ int emq_has_cancel_request(RedisModuleKey *row) {
                         &exists, NULL);
     return exists;
 }
+
+void emq_zrem(RedisModuleCtx *ctx, RedisModuleKey *set, RedisModuleString *set_name,
+              RedisModuleString *id) {
+    int deleted = 0;
+    RedisModule_ZsetRem(set, id, &deleted);
+    if (!deleted) return;
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", set_name);
+    /* The API deletes a set it emptied, silently; ZREM says "del". */
+    if (RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_EMPTY)
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "del", set_name);
+}
+
+void emq_zadd(RedisModuleCtx *ctx, RedisModuleKey *set, RedisModuleString *set_name, double score,
+              RedisModuleString *id) {
+    int flags = 0;
+    RedisModule_ZsetAdd(set, score, id, &flags);
+    if (flags & (REDISMODULE_ZADD_ADDED | REDISMODULE_ZADD_UPDATED))
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set_name);
+}
+
+void emq_notify_hset(RedisModuleCtx *ctx, RedisModuleString *row_name) {
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
+}

@@ -47,6 +47,16 @@ EmqHolder emq_check_holder(RedisModuleCtx *ctx, RedisModuleKey *active, RedisMod
 /* 1 when the open row carries a `cancel_requested` field. */
 int emq_has_cancel_request(RedisModuleKey *row);
 
+/* Writes that fire the keyspace events of the core command they stand for
+ * (the low-level key API fires none): ZREM fires "zrem", and "del" when it
+ * emptied the set; ZADD fires "zadd" only when it added or moved the member;
+ * HSET fires "hset". */
+void emq_zrem(RedisModuleCtx *ctx, RedisModuleKey *set, RedisModuleString *set_name,
+              RedisModuleString *id);
+void emq_zadd(RedisModuleCtx *ctx, RedisModuleKey *set, RedisModuleString *set_name, double score,
+              RedisModuleString *id);
+void emq_notify_hset(RedisModuleCtx *ctx, RedisModuleString *row_name);
+
 /* A new string holding the decimal value. */
 RedisModuleString *emq_ll_string(RedisModuleCtx *ctx, long long v);
 

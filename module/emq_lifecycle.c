@@ -67,12 +67,11 @@ static int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv
         RedisModuleString *state = RedisModule_CreateString(ctx, "pending", 7);
         RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, "attempts", zero,
                             "payload", payload, "enqueued_at", at, NULL);
-        RedisModule_ZsetAdd(pending, (double)now, id, NULL);
+        emq_notify_hset(ctx, row_name);
+        emq_zadd(ctx, pending, argv[1], (double)now, id);
         RedisModule_Replicate(ctx, "HSET", "scscscscs", row_name, "state", state, "attempts", zero,
                               "payload", payload, "enqueued_at", at);
         RedisModule_Replicate(ctx, "ZADD", "sls", argv[1], now, id);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[1]);
         RedisModule_FreeString(ctx, state);
         RedisModule_FreeString(ctx, at);
         RedisModule_FreeString(ctx, zero);
@@ -161,13 +160,12 @@ static int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, 
     if (skipped) {
         RedisModuleString *state = RedisModule_CreateString(ctx, "cancelled", 9);
         for (int i = 0; i < skipped; i++) {
-            RedisModule_ZsetRem(pending, heads[i].id, NULL);
+            emq_zrem(ctx, pending, argv[1], heads[i].id);
             RedisModule_HashSet(heads[i].row, REDISMODULE_HASH_CFIELDS, "state", state, NULL);
+            emq_notify_hset(ctx, heads[i].row_name);
             RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], heads[i].id);
             RedisModule_Replicate(ctx, "HSET", "scs", heads[i].row_name, "state", state);
-            RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", heads[i].row_name);
         }
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
         RedisModule_FreeString(ctx, state);
     }
     if (!found) {
@@ -178,16 +176,14 @@ static int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, 
     Head *h = &heads[n - 1];
     RedisModuleString *tok = emq_ll_string(ctx, token);
     RedisModuleString *state = RedisModule_CreateString(ctx, "active", 6);
-    RedisModule_ZsetRem(pending, h->id, NULL);
+    emq_zrem(ctx, pending, argv[1], h->id);
     RedisModule_HashSet(h->row, REDISMODULE_HASH_CFIELDS, "attempts", tok, "state", state, NULL);
-    RedisModule_ZsetAdd(active, (double)deadline, h->id, NULL);
+    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", h->row_name);
+    emq_notify_hset(ctx, h->row_name);
+    emq_zadd(ctx, active, argv[2], (double)deadline, h->id);
     RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], h->id);
     RedisModule_Replicate(ctx, "HSET", "scscs", h->row_name, "attempts", tok, "state", state);
     RedisModule_Replicate(ctx, "ZADD", "sls", argv[2], deadline, h->id);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", h->row_name);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", h->row_name);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[2]);
     RedisModule_ReplyWithArray(ctx, 2);
     RedisModule_ReplyWithString(ctx, h->id);
     RedisModule_ReplyWithLongLong(ctx, token);
@@ -226,12 +222,11 @@ static int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **arg
         RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
     } else if (!reply_not_holder(ctx, emq_check_holder(ctx, active, row, id, token, NULL), "complete")) {
         RedisModuleString *state = RedisModule_CreateString(ctx, "done", 4);
-        RedisModule_ZsetRem(active, id, NULL);
+        emq_zrem(ctx, active, argv[1], id);
         RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, NULL);
+        emq_notify_hset(ctx, argv[2]);
         RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], id);
         RedisModule_Replicate(ctx, "HSET", "scs", argv[2], "state", state);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", argv[2]);
         RedisModule_FreeString(ctx, state);
         RedisModule_ReplyWithLongLong(ctx, 1);
     }
@@ -312,26 +307,23 @@ static int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
 
     const char *outcome = cancelled ? "cancelled" : to_dead ? "dead" : "pending";
     RedisModuleString *state = RedisModule_CreateString(ctx, outcome, strlen(outcome));
-    RedisModule_ZsetRem(active, id, NULL);
+    emq_zrem(ctx, active, argv[1], id);
     RedisModule_HashSet(row, REDISMODULE_HASH_CFIELDS, "state", state, "last_error", error_text,
                         NULL);
+    emq_notify_hset(ctx, row_name);
     RedisModule_Replicate(ctx, "ZREM", "ss", argv[1], id);
     RedisModule_Replicate(ctx, "HSET", "scscs", row_name, "state", state, "last_error", error_text);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", argv[1]);
-    RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hset", row_name);
     if (to_dead) {
         RedisModuleString *count = emq_ll_string(ctx, failed);
-        RedisModule_ZsetAdd(dead, 0, id, NULL);
+        emq_zadd(ctx, dead, argv[3], 0, id);
         RedisModule_HashSet(metrics, REDISMODULE_HASH_CFIELDS, "count", count, NULL);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", metrics_name);
         RedisModule_Replicate(ctx, "ZADD", "sls", argv[3], 0LL, id);
         RedisModule_Replicate(ctx, "HSET", "scs", metrics_name, "count", count);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[3]);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", metrics_name);
         RedisModule_FreeString(ctx, count);
     } else if (!cancelled) {
-        RedisModule_ZsetAdd(pending, (double)now, id, NULL);
+        emq_zadd(ctx, pending, argv[2], (double)now, id);
         RedisModule_Replicate(ctx, "ZADD", "sls", argv[2], now, id);
-        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", argv[2]);
     }
     RedisModule_FreeString(ctx, state);
     RedisModule_ReplyWithSimpleString(ctx, outcome);

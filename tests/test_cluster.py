@@ -240,3 +240,63 @@ def test_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedServer]) 
         assert direct.zscore(keys.dead, "c") == 0
         direct.close()
     client.redis.close()
+
+
+def test_lifecycle_verbs_route_in_the_cluster(rc: RedisCluster, cluster_nodes: list[EmbeddedServer]) -> None:
+    """ENQUEUE, CLAIM, CHECKPOINT, CANCEL, COMPLETE and FAIL work on every node's queues."""
+    client = Client(rc)
+    nodes_used: set[int] = set()
+    for q in QUEUES:
+        keys = queue_keys(q)
+        rc.delete(keys.active, keys.pending, keys.dead, keys.metrics_failed, *(keys.job(j) for j in "abc"))
+        for j in "abc":
+            client.enqueue(q, f"payload-{j}", job_id=j)
+        a, b, c = (client.claim(q, lease_ms=60_000) for _ in range(3))
+        assert a is not None and b is not None and c is not None
+        assert {a.id, b.id, c.id} == {"a", "b", "c"}
+        assert client.checkpoint(q, a.id, a.token, 60_000) is None
+        assert client.cancel(q, b.id, "stop") == "requested"
+        cancellation = client.checkpoint(q, b.id, b.token, 60_000)
+        assert cancellation is not None and cancellation.reason == "stop"
+        client.complete(q, a.id, a.token)
+        assert client.fail(q, b.id, b.token, "cancelled: stop") == "cancelled"
+        assert client.fail(q, c.id, c.token, "boom", max_attempts=1) == "dead"
+        node = owner(cluster_nodes, keys.active)
+        direct = node.client()
+        assert [direct.hget(keys.job(j), "state") for j in "abc"] == [b"done", b"cancelled", b"dead"]
+        direct.close()
+        nodes_used.add(node.port)
+    assert len(nodes_used) == NODES
+
+
+def test_asyncio_client_and_cli_over_the_cluster(
+    cluster_nodes: list[EmbeddedServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    import echomq.asyncio as emq
+    from echomq.cli import main
+
+    first = cluster_nodes[0]
+
+    async def body() -> list[str]:
+        client = emq.Client(AsyncRedisCluster(host=first.host, port=first.port))
+        ids = []
+        try:
+            for q in QUEUES[:6]:
+                rc_keys = queue_keys(q)
+                await client.redis.delete(rc_keys.pending, rc_keys.job("x"))
+                ids.append(await client.enqueue(q, job_id="x"))
+                job = await client.claim(q, lease_ms=1000)
+                assert job is not None and job.id == "x"
+                await client.complete(q, "x", job.token)
+        finally:
+            await client.aclose()
+        return ids
+
+    assert asyncio.run(body()) == ["x"] * 6
+    for q in QUEUES[:6]:
+        assert main(["--cluster", "--url", f"redis://{first.host}:{first.port}/0", "inspect", q]) == 0
+        assert f"queue {q}" in capsys.readouterr().out
