@@ -29,6 +29,7 @@
 /* ZsetAdd() input and output flags. */
 #define REDISMODULE_ZADD_XX (1 << 0)
 #define REDISMODULE_ZADD_UPDATED (1 << 3)
+#define REDISMODULE_ZADD_NOP (1 << 4)
 
 /* HashGet()/HashSet() flags: CFIELDS means field names are C strings. */
 #define REDISMODULE_HASH_NONE 0
