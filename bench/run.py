@@ -188,9 +188,28 @@ def rotate(items: list[Any], k: int) -> list[Any]:
 def redis_benchmark(port: int, requests: int, keyspace: int, command: list[str]) -> float:
     """Requests per second as redis-benchmark reports it."""
     out = subprocess.run(
-        ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-n", str(requests), "-P", "16",
-         "-c", "50", "-r", str(keyspace), "-q", "--csv", *command],
-        check=True, capture_output=True, text=True, timeout=600,
+        [
+            "redis-benchmark",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-n",
+            str(requests),
+            "-P",
+            "16",
+            "-c",
+            "50",
+            "-r",
+            str(keyspace),
+            "-q",
+            "--csv",
+            *command,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     ).stdout
     row = out.strip().splitlines()[-1]
     return float(row.split('","')[1])
@@ -233,7 +252,9 @@ def bench_extend(server: echomq.EmbeddedServer, r: redis.Redis, sizes: Sizes) ->
         for name, rows in samples.items()
     } | {
         "throughput_vs_zadd": [n[0] / z[0] for n, z in zip(samples["native"], samples["zadd"], strict=True)],
-        "lua_cpu_over_native": [lu[1] / n[1] for n, lu in zip(samples["native"], samples["lua"], strict=True)],
+        "lua_cpu_over_native": [
+            lu[1] / n[1] for n, lu in zip(samples["native"], samples["lua"], strict=True)
+        ],
     }
 
 
@@ -370,7 +391,10 @@ def bench_sweep_limit(r: redis.Redis, sizes: Sizes) -> dict[str, Any]:
         name: {"p50": percentile(v, 0.50), "p99": percentile(v, 0.99), "max": max(v), "n": len(v)}
         for name, v in call_usec.items()
     }
-    out["roundtrip_usec_native"] = {"p50": percentile(roundtrip_usec, 0.5), "p99": percentile(roundtrip_usec, 0.99)}
+    out["roundtrip_usec_native"] = {
+        "p50": percentile(roundtrip_usec, 0.5),
+        "p99": percentile(roundtrip_usec, 0.99),
+    }
     return out
 
 
@@ -411,8 +435,12 @@ def bench_python(r: redis.Redis, sizes: Sizes) -> dict[str, Any]:
             if any(o is not echomq.ExtendOutcome.OK for o in outcomes):
                 raise RuntimeError(f"extend_many: {outcomes}")
 
-    runs: dict[str, Callable[[], None]] = {"raw": raw, "extend": wrapped, "one_by_one": one_by_one,
-                                             "extend_many": many}
+    runs: dict[str, Callable[[], None]] = {
+        "raw": raw,
+        "extend": wrapped,
+        "one_by_one": one_by_one,
+        "extend_many": many,
+    }
     per_call: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(2):  # warm the connection and the caches
         raw(), wrapped()
@@ -457,8 +485,12 @@ def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     big, small = calls["native"], calls["native_small"]
     scale = big["p50"] / small["p50"]
     n_big, n_small = res["sizes"]["limit_members"], res["sizes"]["limit_small_members"]
-    add(f"SWEEP limit 100: p50 per call at {n_big:,} / at {n_small:,} active", scale,
-        "<= 2x (O(log N + limit))", scale <= 2.0)
+    add(
+        f"SWEEP limit 100: p50 per call at {n_big:,} / at {n_small:,} active",
+        scale,
+        "<= 2x (O(log N + limit))",
+        scale <= 2.0,
+    )
     v = median(py["extend_over_raw"])
     add("Python client.extend / raw execute_command", v, "<= 1.10x", v <= 1.10)
     return rows
@@ -487,7 +519,11 @@ def markdown(res: dict[str, Any]) -> str:
         "| contender | requests/s | server usec/call |",
         "|---|---|---|",
     ]
-    for name, label in (("native", "EMQ.EXTEND"), ("lua", "seed Lua (EVALSHA)"), ("zadd", "bare ZADD (floor)")):
+    for name, label in (
+        ("native", "EMQ.EXTEND"),
+        ("lua", "seed Lua (EVALSHA)"),
+        ("zadd", "bare ZADD (floor)"),
+    ):
         out.append(f"| {label} | {fmt(ex[name]['rps'], 0)} | {fmt(ex[name]['usec_per_call'], 3)} |")
     out += [
         "",
@@ -497,8 +533,10 @@ def markdown(res: dict[str, Any]) -> str:
         "| scenario | EMQ.SWEEP | seed Lua | core-command floor |",
         "|---|---|---|---|",
     ]
-    for label, sw in ((f"{sz['sweep_bulk']:,} lapsed, one call", bulk),
-                      (f"limit 100 x {sz['limit_calls']}, {sz['limit_members']:,} active", lim)):
+    for label, sw in (
+        (f"{sz['sweep_bulk']:,} lapsed, one call", bulk),
+        (f"limit 100 x {sz['limit_calls']}, {sz['limit_members']:,} active", lim),
+    ):
         u = sw["usec_per_job"]
         out.append(f"| {label} | {fmt(u['native'], 3)} | {fmt(u['lua'], 3)} | {fmt(u['floor'], 3)} |")
     c = lim["call_usec"]
@@ -536,7 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["extend", "sweep", "python"], help="run one part (no verdict)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    command = "make bench" if not (args.quick or args.only) else "bench/run.py " + " ".join(argv or sys.argv[1:])
+    command = (
+        "make bench" if not (args.quick or args.only) else "bench/run.py " + " ".join(argv or sys.argv[1:])
+    )
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     with echomq.EmbeddedServer(["--appendonly", "no"]) as server:
@@ -546,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": command,
             "server": f"redis-server {version}",
-            "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
+            "machine": f"{platform.machine()}, {platform.python_implementation()} "
+            f"{platform.python_version()}",
             "sizes": sizes.__dict__,
         }
         parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [

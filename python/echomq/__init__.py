@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import keyspace
 from .cancel import Cancellation, CancelToken
-from .client import Client, SweepResult
+from .client import Client, ExtendOutcome, SweepResult
 from .errors import (
     Cancelled,
     EchoMQError,
@@ -31,6 +31,7 @@ __all__ = [
     "Client",
     "EchoMQError",
     "EmbeddedServer",
+    "ExtendOutcome",
     "JobGone",
     "LeaseLost",
     "ModuleNotLoaded",

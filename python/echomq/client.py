@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import enum
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -14,7 +17,7 @@ from .keyspace import queue_keys
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
-__all__ = ["Client", "JobId", "SweepResult"]
+__all__ = ["Client", "ExtendOutcome", "JobId", "SweepResult"]
 
 JobId = str | bytes
 
@@ -28,6 +31,25 @@ class SweepResult:
 
     def __len__(self) -> int:
         return len(self.recovered) + len(self.dead)
+
+
+class ExtendOutcome(enum.Enum):
+    """What one extension of ``Client.extend_many`` did."""
+
+    OK = "ok"
+    """The lease now ends at server-now + ``lease_ms``."""
+    GONE = "gone"
+    """The job row no longer exists (``extend`` would raise ``JobGone``)."""
+    STALE = "stale"
+    """Another attempt holds the job, or it is no longer active (``StaleToken``)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _extend_keys(queue: str) -> tuple[str, bytes]:
+    # extend() is the hot call of a busy worker: the queue's active key and
+    # its row prefix are made once per queue name, not once per call.
+    keys = queue_keys(queue)
+    return keys.active, keys.base.encode() + b"job:"
 
 
 def _text(value: bytes | str) -> str:
@@ -44,6 +66,17 @@ def _wire(value: JobId) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape")
     raise TypeError(f"job id must be str or bytes, not {type(value).__name__}")
+
+
+def _check_token(token: object) -> None:
+    if token.__class__ is not int and (isinstance(token, bool) or not isinstance(token, int)):
+        raise TypeError(f"token must be an int, not {type(token).__name__}")
+
+
+def _extend_keys_checked(queue: str) -> tuple[str, bytes]:
+    if type(queue) is not str:
+        queue_keys(queue)  # raises the TypeError a bad name deserves
+    return _extend_keys(queue)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -77,22 +110,62 @@ class Client:
         if another attempt holds the job or it is no longer active; both are
         ``LeaseLost``: the handler should stop.
         """
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise TypeError(f"token must be an int, not {type(token).__name__}")
+        _check_token(token)
         _positive_int("lease_ms", lease_ms)
-        keys = queue_keys(queue)
-        wire_id = _wire(job_id)
-        reply = self._call(
-            "EMQ.EXTEND",
-            keys.active,
-            keys.job(wire_id),
-            wire_id,
-            str(token),
-            str(lease_ms),
-            job_id=_text(wire_id),
-        )
+        active, row_prefix = _extend_keys(queue) if type(queue) is str else _extend_keys_checked(queue)
+        wire_id = job_id if type(job_id) is bytes else _wire(job_id)
+        try:
+            reply = self.redis.execute_command(  # type: ignore[no-untyped-call]
+                "EMQ.EXTEND", active, row_prefix + wire_id, wire_id, token, lease_ms
+            )
+        except ResponseError as exc:
+            self._raise_mapped(exc, "EMQ.EXTEND", _text(wire_id))
         if reply == -1:
             raise JobGone(f"job {_text(wire_id)!r} of queue {queue!r} is gone", _text(wire_id))
+
+    def extend_many(
+        self, queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int
+    ) -> list[ExtendOutcome]:
+        """Checkpoint the leases of many jobs in one round trip.
+
+        ``jobs`` is ``(job_id, token)`` pairs; the answer is one
+        ``ExtendOutcome`` per pair, in the same order.  Each job is one
+        EMQ.EXTEND with its own contract (pipelined, not a transaction): a
+        lost lease is an outcome, not an exception.  Arguments are checked
+        before anything is sent.  Any other server error (WRONGTYPE, an
+        unknown command) is raised after the round trip; the extensions
+        before it in the batch have been applied.
+        """
+        _positive_int("lease_ms", lease_ms)
+        active, row_prefix = _extend_keys_checked(queue)
+        calls: list[tuple[bytes, bytes, int]] = []
+        for job_id, token in jobs:
+            _check_token(token)
+            wire_id = _wire(job_id)
+            calls.append((row_prefix + wire_id, wire_id, token))
+        if not calls:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for row, wire_id, token in calls:
+            pipe.execute_command("EMQ.EXTEND", active, row, wire_id, token, lease_ms)
+        replies = pipe.execute(raise_on_error=False)
+        return [
+            self._extend_outcome(reply, wire_id)
+            for reply, (_, wire_id, _) in zip(replies, calls, strict=True)
+        ]
+
+    def _extend_outcome(self, reply: object, wire_id: bytes) -> ExtendOutcome:
+        if reply == 1:
+            return ExtendOutcome.OK
+        if reply == -1:
+            return ExtendOutcome.GONE
+        if isinstance(reply, ResponseError):
+            if str(reply).startswith("EMQSTALE"):
+                return ExtendOutcome.STALE
+            self._raise_mapped(reply, "EMQ.EXTEND", _text(wire_id))
+        if isinstance(reply, BaseException):
+            raise reply
+        raise TypeError(f"unexpected EMQ.EXTEND reply {reply!r}")
 
     def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover the jobs whose lease lapsed, dead-lettering those at ``max_stalled`` stalls.
