@@ -2,6 +2,7 @@
 #
 #   make demo   set everything up, then run the demo on a server of its own
 #   make test   set everything up, then lint, type-check and run the full suite
+#   make bench  set everything up, then run the benchmark (bench/run.py)
 #
 # Set-up is idempotent: Debian's redis-server (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
@@ -12,13 +13,16 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint setup server-binary module clean
+.PHONY: demo test bench lint setup server-binary module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
 
 test: setup lint
 	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/run.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench
