@@ -4,6 +4,7 @@
 #   make test   set everything up, then lint, type-check and run the full suite
 #               on Redis, then again on Valkey, then the memory check
 #               (module/Makefile `check`: a subset of the tests under valgrind)
+#   make bench  set everything up, then run the benchmark (bench/run.py)
 #
 # Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
@@ -14,7 +15,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint setup server-binary memchecker module clean
+.PHONY: demo test bench lint setup server-binary memchecker module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -25,6 +26,9 @@ test: setup lint memchecker
 	$(BIN)/python -m pytest --engine redis
 	$(BIN)/python -m pytest --engine valkey
 	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
+
+bench: setup
+	$(BIN)/python bench/run.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench

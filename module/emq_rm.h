@@ -30,6 +30,7 @@
 #define REDISMODULE_ZADD_XX (1 << 0)
 #define REDISMODULE_ZADD_ADDED (1 << 2)
 #define REDISMODULE_ZADD_UPDATED (1 << 3)
+#define REDISMODULE_ZADD_NOP (1 << 4)
 
 /* HashGet()/HashSet() flags: CFIELDS means field names are C strings. */
 #define REDISMODULE_HASH_NONE 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import keyspace
 from .cancel import Cancellation, CancelToken
-from .client import Client, Job, SweepResult
+from .client import Client, ExtendOutcome, Job, SweepResult
 from .errors import (
     Cancelled,
     EchoMQError,
@@ -35,6 +35,7 @@ __all__ = [
     "Client",
     "EchoMQError",
     "EmbeddedServer",
+    "ExtendOutcome",
     "Job",
     "JobExists",
     "JobGone",

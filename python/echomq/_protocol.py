@@ -2,15 +2,16 @@
 
 Each function validates its arguments, builds the command line and says how
 to read the reply, without doing any I/O: a ``Call``.  The clients only send
-``call.args`` and hand the reply to ``call.parse`` (or a ResponseError to
+``call.args`` and hand the reply to ``call.read`` (or a ResponseError to
 ``raise_mapped``), so the two clients cannot drift apart.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Generic, Literal, NoReturn, TypeVar
@@ -48,14 +49,36 @@ class Job:
     payload: bytes
 
 
-@dataclass(frozen=True)
+class ExtendOutcome(enum.Enum):
+    """What one extension of ``Client.extend_many`` did."""
+
+    OK = "ok"
+    """The lease now ends at server-now + ``lease_ms``."""
+    GONE = "gone"
+    """The job row no longer exists (``extend`` would raise ``JobGone``)."""
+    STALE = "stale"
+    """Another attempt holds the job, or it is no longer active (``StaleToken``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
-    """One command to send, and how to read its reply."""
+    """One command to send, and how to read its reply.
+
+    ``parse`` is a module-level function of (call, reply): building a Call
+    costs no closure, which matters on extend, a busy worker's hot path.
+    """
 
     args: tuple[Any, ...]
-    parse: Callable[[Any], T]
+    parse: Callable[[Call[T], Any], T]
     queue: str = ""
-    job_id: str = ""
+    wire_id: bytes = b""
+
+    @property
+    def job_id(self) -> str:
+        return text(self.wire_id)
+
+    def read(self, reply: Any) -> T:
+        return self.parse(self, reply)
 
 
 # -- conversions -----------------------------------------------------------------
@@ -103,17 +126,50 @@ def keys_of(queue: str) -> QueueKeys:
     return queue_keys(queue)
 
 
-def _gone_or(queue: str, job_id: str, parse: Callable[[Any], T]) -> Callable[[Any], T]:
-    def read(reply: Any) -> T:
-        if reply == -1:
-            raise JobGone(f"job {job_id!r} of queue {queue!r} is gone", job_id)
-        return parse(reply)
-
-    return read
+def _check_gone(call: Call[Any], reply: Any) -> None:
+    if reply == -1:
+        raise JobGone(f"job {call.job_id!r} of queue {call.queue!r} is gone", call.job_id)
 
 
-def _none(reply: Any) -> None:
-    return None
+def _none_unless_gone(call: Call[None], reply: Any) -> None:
+    _check_gone(call, reply)
+
+
+def _requested_cancel(call: Call[Cancellation | None], reply: Any) -> Cancellation | None:
+    _check_gone(call, reply)
+    reason = reply[1]
+    return None if reason is None else Cancellation(text(reason) or None)
+
+
+def _sweep_result(call: Call[SweepResult], reply: Any) -> SweepResult:
+    recovered, dead = reply
+    return SweepResult([text(i) for i in recovered], [text(i) for i in dead])
+
+
+def _enqueued_id(call: Call[str], reply: Any) -> str:
+    return call.job_id
+
+
+def _claimed(call: Call[tuple[bytes, int] | None], reply: Any) -> tuple[bytes, int] | None:
+    if reply is None:
+        return None
+    return wire(reply[0]), int(reply[1])
+
+
+def _fail_outcome(call: Call[FailOutcome], reply: Any) -> FailOutcome:
+    _check_gone(call, reply)
+    outcome = text(reply)
+    if outcome == "dead":
+        return "dead"
+    return "cancelled" if outcome == "cancelled" else "pending"
+
+
+def _cancel_outcome(call: Call[CancelOutcome], reply: Any) -> CancelOutcome:
+    _check_gone(call, reply)
+    outcome = text(reply)
+    if outcome == "cancelled":
+        return "cancelled"
+    return "requested" if outcome == "requested" else "finished"
 
 
 # -- the commands ----------------------------------------------------------------
@@ -123,57 +179,58 @@ def extend(queue: str, job_id: JobId, token: int, lease_ms: int) -> Call[None]:
     check_token(token)
     positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
-    tid = text(wid)
-    args = ("EMQ.EXTEND", keys.active, keys.job(wid), wid, str(token), str(lease_ms))
-    return Call(args, _gone_or(queue, tid, _none), queue, tid)
+    args = ("EMQ.EXTEND", keys.active, keys.job(wid), wid, token, lease_ms)
+    return Call(args, _none_unless_gone, queue, wid)
+
+
+def extend_outcome(call: Call[None], reply: Any) -> ExtendOutcome:
+    """One pipelined EXTEND's reply (or the ResponseError in its place) as an outcome."""
+    if reply == 1:
+        return ExtendOutcome.OK
+    if reply == -1:
+        return ExtendOutcome.GONE
+    if isinstance(reply, ResponseError):
+        if str(reply).startswith("EMQSTALE"):
+            return ExtendOutcome.STALE
+        raise_mapped(reply, call)
+    if isinstance(reply, BaseException):
+        raise reply
+    raise TypeError(f"unexpected EMQ.EXTEND reply {reply!r}")
+
+
+def extend_batch(queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int) -> list[Call[None]]:
+    """One EXTEND per (job_id, token), every argument checked before any is sent."""
+    return [extend(queue, job_id, token, lease_ms) for job_id, token in jobs]
 
 
 def checkpoint(queue: str, job_id: JobId, token: int, lease_ms: int) -> Call[Cancellation | None]:
     check_token(token)
     positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
-    tid = text(wid)
-
-    def parse(reply: Any) -> Cancellation | None:
-        reason = reply[1]
-        return None if reason is None else Cancellation(text(reason) or None)
-
-    args = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, str(token), str(lease_ms))
-    return Call(args, _gone_or(queue, tid, parse), queue, tid)
+    args = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, token, lease_ms)
+    return Call(args, _requested_cancel, queue, wid)
 
 
 def sweep(queue: str, max_stalled: int, limit: int) -> Call[SweepResult]:
     positive_int("max_stalled", max_stalled)
     positive_int("limit", limit)
     keys = keys_of(queue)
-
-    def parse(reply: Any) -> SweepResult:
-        recovered, dead = reply
-        return SweepResult([text(i) for i in recovered], [text(i) for i in dead])
-
-    args = ("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, str(max_stalled), str(limit))
-    return Call(args, parse, queue)
+    args = ("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, max_stalled, limit)
+    return Call(args, _sweep_result, queue)
 
 
 def enqueue(queue: str, payload: bytes | str, job_id: JobId | None) -> Call[str]:
     keys = keys_of(queue)
     wid = wire(job_id) if job_id is not None else new_id()
-    tid = text(wid)
     data = payload.encode() if isinstance(payload, str) else payload
-    return Call(("EMQ.ENQUEUE", keys.pending, keys.base, wid, data), lambda _: tid, queue, tid)
+    return Call(("EMQ.ENQUEUE", keys.pending, keys.base, wid, data), _enqueued_id, queue, wid)
 
 
 def claim(queue: str, lease_ms: int) -> Call[tuple[bytes, int] | None]:
     """The first of a claim's two steps; ``claimed_job`` builds the Job after fetching the payload."""
     positive_int("lease_ms", lease_ms)
     keys = keys_of(queue)
-
-    def parse(reply: Any) -> tuple[bytes, int] | None:
-        if reply is None:
-            return None
-        return wire(reply[0]), int(reply[1])
-
-    return Call(("EMQ.CLAIM", keys.pending, keys.active, keys.base, str(lease_ms)), parse, queue)
+    return Call(("EMQ.CLAIM", keys.pending, keys.active, keys.base, lease_ms), _claimed, queue)
 
 
 def claimed_job(queue: str, claimed: tuple[bytes, int], payload: bytes | str | None) -> Job:
@@ -184,49 +241,22 @@ def claimed_job(queue: str, claimed: tuple[bytes, int], payload: bytes | str | N
 def complete(queue: str, job_id: JobId, token: int) -> Call[None]:
     check_token(token)
     keys, wid = keys_of(queue), wire(job_id)
-    tid = text(wid)
-    args = ("EMQ.COMPLETE", keys.active, keys.job(wid), wid, str(token))
-    return Call(args, _gone_or(queue, tid, _none), queue, tid)
+    return Call(("EMQ.COMPLETE", keys.active, keys.job(wid), wid, token), _none_unless_gone, queue, wid)
 
 
 def fail(queue: str, job_id: JobId, token: int, error: str, max_attempts: int) -> Call[FailOutcome]:
     check_token(token)
     positive_int("max_attempts", max_attempts)
     keys, wid = keys_of(queue), wire(job_id)
-    tid = text(wid)
-
-    def parse(reply: Any) -> FailOutcome:
-        outcome = text(reply)
-        if outcome == "dead":
-            return "dead"
-        return "cancelled" if outcome == "cancelled" else "pending"
-
-    args = (
-        "EMQ.FAIL",
-        keys.active,
-        keys.pending,
-        keys.dead,
-        keys.base,
-        wid,
-        str(token),
-        str(max_attempts),
-        error.encode("utf-8", "replace"),
-    )
-    return Call(args, _gone_or(queue, tid, parse), queue, tid)
+    text_bytes = error.encode("utf-8", "replace")
+    args = ("EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, wid, token, max_attempts, text_bytes)
+    return Call(args, _fail_outcome, queue, wid)
 
 
 def cancel(queue: str, job_id: JobId, reason: str | None) -> Call[CancelOutcome]:
     keys, wid = keys_of(queue), wire(job_id)
-    tid = text(wid)
     data = b"" if reason is None else reason.encode("utf-8", "surrogateescape")
-
-    def parse(reply: Any) -> CancelOutcome:
-        outcome = text(reply)
-        if outcome == "cancelled":
-            return "cancelled"
-        return "requested" if outcome == "requested" else "finished"
-
-    return Call(("EMQ.CANCEL", keys.pending, keys.base, wid, data), _gone_or(queue, tid, parse), queue, tid)
+    return Call(("EMQ.CANCEL", keys.pending, keys.base, wid, data), _cancel_outcome, queue, wid)
 
 
 def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, FailOutcome, Job, JobId, SweepResult
+from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, SweepResult
 from .cancel import Cancellation, CancelToken
 from .errors import JobGone, LeaseLost, StaleToken
 from .worker import WorkerStats, error_text
@@ -58,11 +58,24 @@ class Client:
             reply = await self.redis.execute_command(*call.args)
         except ResponseError as exc:
             proto.raise_mapped(exc, call)
-        return call.parse(reply)
+        return call.read(reply)
 
     async def extend(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""
         await self._run(proto.extend(queue, job_id, token, lease_ms))
+
+    async def extend_many(
+        self, queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int
+    ) -> list[ExtendOutcome]:
+        """Checkpoint many leases in one round trip (see ``echomq.Client.extend_many``)."""
+        calls = proto.extend_batch(queue, jobs, lease_ms)
+        if not calls:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command(*call.args)
+        replies = await pipe.execute(raise_on_error=False)
+        return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
     async def checkpoint(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> Cancellation | None:
         """Extend and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""

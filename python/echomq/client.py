@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, FailOutcome, Job, JobId, SweepResult
+from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, SweepResult
 from .cancel import Cancellation
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
-__all__ = ["Client", "Job", "JobId", "SweepResult"]
+__all__ = ["Client", "ExtendOutcome", "Job", "JobId", "SweepResult"]
 
 T = TypeVar("T")
 
@@ -48,7 +49,7 @@ class Client:
             reply = self.redis.execute_command(*call.args)  # type: ignore[no-untyped-call]
         except ResponseError as exc:
             proto.raise_mapped(exc, call)
-        return call.parse(reply)
+        return call.read(reply)
 
     def extend(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> None:
         """Checkpoint the lease: the job's deadline becomes server-now + ``lease_ms``.
@@ -59,6 +60,28 @@ class Client:
         ``LeaseLost``: the handler should stop.
         """
         self._run(proto.extend(queue, job_id, token, lease_ms))
+
+    def extend_many(
+        self, queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int
+    ) -> list[ExtendOutcome]:
+        """Checkpoint the leases of many jobs in one round trip.
+
+        ``jobs`` is ``(job_id, token)`` pairs; the answer is one
+        ``ExtendOutcome`` (OK, GONE, STALE) per pair, in the same order.  Each
+        job is one EMQ.EXTEND with its own contract (pipelined, not a
+        transaction): a lost lease is an outcome, not an exception.  Arguments
+        are checked before anything is sent.  Any other server error
+        (WRONGTYPE, an unknown command) is raised after the round trip; the
+        extensions before it in the batch have been applied.
+        """
+        calls = proto.extend_batch(queue, jobs, lease_ms)
+        if not calls:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command(*call.args)
+        replies = pipe.execute(raise_on_error=False)
+        return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
     def checkpoint(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> Cancellation | None:
         """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
