@@ -23,6 +23,7 @@
 
 #include "emq_cancel.h"
 #include "emq_core.h"
+#include "emq_glue.h"
 #include "emq_lifecycle.h"
 #include "emq_rm.h"
 
@@ -32,18 +33,12 @@ static const char *str_bytes(RedisModuleString *s, size_t *len) {
     return RedisModule_StringPtrLen(s, len);
 }
 
-static int str_equal(RedisModuleString *a, RedisModuleString *b) {
-    size_t alen, blen;
-    const char *ap = str_bytes(a, &alen), *bp = str_bytes(b, &blen);
-    return alen == blen && memcmp(ap, bp, alen) == 0;
-}
-
 /* Field names, values and small counts every call uses, made once at load:
  * a C-string field (REDISMODULE_HASH_CFIELDS, a "c" in a Replicate format)
  * costs an allocation per use, and in a 100,000-job sweep those per-job
  * allocations were about a sixth of the command's instructions (callgrind). */
 static RedisModuleString *str_attempts, *str_xx, *str_stalled, *str_state, *str_last_error,
-    *str_pending, *str_dead, *str_count;
+    *str_pending, *str_dead, *str_count, *str_cancel_requested;
 #define EMQ_SMALL_INTS 64
 static RedisModuleString *small_ints[EMQ_SMALL_INTS];
 
@@ -60,6 +55,7 @@ static void create_shared_strings(void) {
     str_pending = const_string("pending");
     str_dead = const_string("dead");
     str_count = const_string("count");
+    str_cancel_requested = const_string("cancel_requested");
     for (int i = 0; i < EMQ_SMALL_INTS; i++) {
         char buf[4];
         int n = snprintf(buf, sizeof buf, "%d", i);
@@ -69,7 +65,8 @@ static void create_shared_strings(void) {
 
 static void free_shared_strings(void) {
     RedisModuleString **all[] = {&str_attempts, &str_xx,      &str_stalled, &str_state,
-                                 &str_last_error, &str_pending, &str_dead,    &str_count};
+                                 &str_last_error, &str_pending, &str_dead,    &str_count,
+                                 &str_cancel_requested};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
         if (*all[i]) RedisModule_FreeString(NULL, *all[i]);
         *all[i] = NULL;
@@ -80,24 +77,25 @@ static void free_shared_strings(void) {
     }
 }
 
-static int type_is(RedisModuleKey *key, int wanted) {
-    int t = RedisModule_KeyType(key);
-    return t == REDISMODULE_KEYTYPE_EMPTY || t == wanted;
-}
-
 /* ------------------------------------------------------------------------
  * EMQ.EXTEND <active> <job> <id> <token> <lease-ms>
  *
  * :1 the lease now ends at server-now + lease-ms; :-1 the row is gone;
  * -EMQSTALE the token is not the row's attempts, or <id> is no longer active.
+ *
+ * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms>
+ *
+ * The same command for holders that want remote cancels delivered
+ * (EMQ.CANCEL, emq_cancel.c): on success it answers [1, reason], the stored
+ * cancel request or null, instead of :1.
  * ------------------------------------------------------------------------ */
-static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int with_cancel) {
     if (argc != 6) return RedisModule_WrongArity(ctx);
     RedisModuleString *active_name = argv[1], *job_name = argv[2], *id = argv[3],
                       *token = argv[4];
 
     /* Opening one key twice with WRITE is undefined in the module API. */
-    if (str_equal(active_name, job_name))
+    if (emq_str_equal(active_name, job_name))
         return RedisModule_ReplyWithError(ctx, "ERR <active> and <job> must be different keys");
 
     size_t lease_len;
@@ -109,7 +107,7 @@ static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
     RedisModuleKey *active = RedisModule_OpenKey(ctx, active_name, REDISMODULE_READ | REDISMODULE_WRITE);
     RedisModuleKey *job = RedisModule_OpenKey(ctx, job_name, REDISMODULE_READ);
     int reply;
-    if (!type_is(active, REDISMODULE_KEYTYPE_ZSET) || !type_is(job, REDISMODULE_KEYTYPE_HASH)) {
+    if (!emq_type_ok(active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(job, REDISMODULE_KEYTYPE_HASH)) {
         reply = RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
         goto done;
     }
@@ -121,7 +119,7 @@ static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
         reply = RedisModule_ReplyWithLongLong(ctx, -1);
         goto done;
     }
-    int same_holder = str_equal(attempts, token);
+    int same_holder = emq_str_equal(attempts, token);
     RedisModule_FreeString(ctx, attempts);
     if (!same_holder) {
         reply = RedisModule_ReplyWithError(ctx, "EMQSTALE extend token mismatch");
@@ -150,12 +148,33 @@ static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
         RedisModule_Replicate(ctx, "ZADD", "ssls", active_name, str_xx, deadline, id);
         RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", active_name);
     }
-    reply = RedisModule_ReplyWithLongLong(ctx, 1);
+    if (!with_cancel) {
+        reply = RedisModule_ReplyWithLongLong(ctx, 1);
+        goto done;
+    }
+    RedisModuleString *reason = NULL;
+    RedisModule_HashGet(job, REDISMODULE_HASH_NONE, str_cancel_requested, &reason, NULL);
+    RedisModule_ReplyWithArray(ctx, 2);
+    RedisModule_ReplyWithLongLong(ctx, 1);
+    if (reason) {
+        reply = RedisModule_ReplyWithString(ctx, reason);
+        RedisModule_FreeString(ctx, reason);
+    } else {
+        reply = RedisModule_ReplyWithNull(ctx);
+    }
 
 done:
     RedisModule_CloseKey(job);
     RedisModule_CloseKey(active);
     return reply;
+}
+
+static int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return extend_lease(ctx, argv, argc, 0);
+}
+
+static int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return extend_lease(ctx, argv, argc, 1);
 }
 
 /* ------------------------------------------------------------------------
@@ -240,43 +259,18 @@ static void sweep_collect(Sweep *s, const char *base, size_t baselen, long long 
     RedisModule_ZsetRangeStop(s->active);
 }
 
-static const char *const sweep_noperm =
-    "NOPERM this user has no permissions to access the job rows or metrics derived from <base>";
-
-/* Redis checks the caller's ACL against the keys in the argument list only;
- * the rows and the metric are derived from <base>, so the sweep checks them
- * itself, before it reads them.  Returns 0 when the caller is unknown. */
-static int sweep_load_user(Sweep *s) {
-    if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||
-        !RedisModule_ACLCheckKeyPermissions || !RedisModule_FreeModuleUser)
-        return 1; /* said in the server log at load time */
-    RedisModuleString *username = RedisModule_GetCurrentUserName(s->ctx);
-    if (username == NULL) return 1; /* no client user: the server itself */
-    s->user = RedisModule_GetModuleUserFromUserName(username);
-    RedisModule_FreeString(s->ctx, username);
-    return s->user != NULL;
-}
-
-/* Rows and the metric are read, then updated or created (HINCRBY). */
-static int sweep_may_touch(Sweep *s, RedisModuleString *key) {
-    if (s->user == NULL) return 1;
-    const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
-                            REDISMODULE_CMD_KEY_INSERT);
-    return RedisModule_ACLCheckKeyPermissions(s->user, key, flags) == REDISMODULE_OK;
-}
-
 /* Read every row the sweep will write and decide its fate.  Returns NULL or
  * the error to answer; nothing has been written either way. */
 static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
                                 long long max_stalled) {
     for (size_t i = 0; i < s->count; i++)
-        if (!sweep_may_touch(s, s->jobs[i].row_name)) return sweep_noperm;
+        if (!emq_acl_may_touch(s->user, s->jobs[i].row_name)) return EMQ_NOPERM_DERIVED;
 
     long long deaths = 0;
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
         j->row = RedisModule_OpenKey(s->ctx, j->row_name, REDISMODULE_READ | REDISMODULE_WRITE);
-        if (!type_is(j->row, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
+        if (!emq_type_ok(j->row, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
 
         /* A row that vanished while its id stayed active is re-created by the
          * stall count, as HINCRBY would: the id is not silently dropped. */
@@ -294,9 +288,9 @@ static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
     if (deaths == 0) return NULL;
 
     s->metrics_name = derived_key(s, base, baselen, "metrics:failed", NULL, 0);
-    if (!sweep_may_touch(s, s->metrics_name)) return sweep_noperm;
+    if (!emq_acl_may_touch(s->user, s->metrics_name)) return EMQ_NOPERM_DERIVED;
     s->metrics = RedisModule_OpenKey(s->ctx, s->metrics_name, REDISMODULE_READ | REDISMODULE_WRITE);
-    if (!type_is(s->metrics, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
+    if (!emq_type_ok(s->metrics, REDISMODULE_KEYTYPE_HASH)) return REDISMODULE_ERRORMSG_WRONGTYPE;
     RedisModuleString *cur = NULL;
     if (RedisModule_KeyType(s->metrics) == REDISMODULE_KEYTYPE_HASH)
         RedisModule_HashGet(s->metrics, REDISMODULE_HASH_NONE, str_count, &cur, NULL);
@@ -307,24 +301,6 @@ static const char *sweep_decide(Sweep *s, const char *base, size_t baselen,
     if (cur) RedisModule_FreeString(s->ctx, cur);
     s->failed_before = failed_after - deaths;
     return err;
-}
-
-static RedisModuleString *ll_string(RedisModuleCtx *ctx, long long v) {
-    char buf[24];
-    int n = snprintf(buf, sizeof buf, "%lld", v);
-    return RedisModule_CreateString(ctx, buf, (size_t)n);
-}
-
-static void notify(RedisModuleCtx *ctx, int type, const char *event, RedisModuleString *key) {
-    RedisModule_NotifyKeyspaceEvent(ctx, type, event, key);
-}
-
-static void zadd_zero(RedisModuleCtx *ctx, RedisModuleKey *set, RedisModuleString *set_name,
-                      RedisModuleString *id) {
-    int zflags = 0;
-    RedisModule_ZsetAdd(set, 0, id, &zflags);
-    if (zflags & (REDISMODULE_ZADD_ADDED | REDISMODULE_ZADD_UPDATED))
-        notify(ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set_name);
 }
 
 /* Apply the decisions, job by job, in the order of the seed's Lua, each
@@ -344,39 +320,35 @@ static void sweep_apply(Sweep *s, RedisModuleString **argv) {
 
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
-        RedisModule_ZsetRem(s->active, j->id, NULL);
-        notify(ctx, REDISMODULE_NOTIFY_ZSET, "zrem", active_name);
-        /* The API deletes a set it emptied, silently; ZREM says "del". */
-        if (RedisModule_KeyType(s->active) == REDISMODULE_KEYTYPE_EMPTY)
-            notify(ctx, REDISMODULE_NOTIFY_GENERIC, "del", active_name);
+        emq_zrem(ctx, s->active, active_name, j->id);
 
         int small = j->stalled >= 0 && j->stalled < EMQ_SMALL_INTS;
-        RedisModuleString *st = small ? small_ints[j->stalled] : ll_string(ctx, j->stalled);
+        RedisModuleString *st = small ? small_ints[j->stalled] : emq_ll_string(ctx, j->stalled);
         RedisModule_HashSet(j->row, REDISMODULE_HASH_NONE, str_stalled, st, NULL);
-        notify(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", j->row_name);
+        RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", j->row_name);
         if (j->dead) {
             RedisModule_HashSet(j->row, REDISMODULE_HASH_NONE, str_state, str_dead, NULL);
-            notify(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
+            emq_notify_hset(ctx, j->row_name);
             RedisModule_HashSet(j->row, REDISMODULE_HASH_NONE, str_last_error, str_stalled, NULL);
-            notify(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
-            zadd_zero(ctx, s->dead, dead_name, j->id);
-            RedisModuleString *count = ll_string(ctx, ++failed);
+            emq_notify_hset(ctx, j->row_name);
+            emq_zadd(ctx, s->dead, dead_name, 0, j->id);
+            RedisModuleString *count = emq_ll_string(ctx, ++failed);
             RedisModule_HashSet(s->metrics, REDISMODULE_HASH_NONE, str_count, count, NULL);
             RedisModule_FreeString(ctx, count);
-            notify(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", s->metrics_name);
+            RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_HASH, "hincrby", s->metrics_name);
             RedisModule_Replicate(ctx, "HSET", "sssssss", j->row_name, str_stalled, st, str_state,
                                   str_dead, str_last_error, str_stalled);
         } else {
-            zadd_zero(ctx, s->pending, pending_name, j->id);
+            emq_zadd(ctx, s->pending, pending_name, 0, j->id);
             RedisModule_HashSet(j->row, REDISMODULE_HASH_NONE, str_state, str_pending, NULL);
-            notify(ctx, REDISMODULE_NOTIFY_HASH, "hset", j->row_name);
+            emq_notify_hset(ctx, j->row_name);
             RedisModule_Replicate(ctx, "HSET", "sssss", j->row_name, str_stalled, st, str_state,
                                   str_pending);
         }
         if (!small) RedisModule_FreeString(ctx, st);
     }
     if (failed != s->failed_before) {
-        RedisModuleString *count = ll_string(ctx, failed);
+        RedisModuleString *count = emq_ll_string(ctx, failed);
         RedisModule_Replicate(ctx, "HSET", "sss", s->metrics_name, str_count, count);
         RedisModule_FreeString(ctx, count);
     }
@@ -408,28 +380,16 @@ static void reply_ids(Sweep *s, int dead) {
 static int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 7) return RedisModule_WrongArity(ctx);
 
-    size_t baselen, len;
-    const char *base = str_bytes(argv[4], &baselen);
     static const char *const suffix[] = {"active", "pending", "dead"};
-    for (int k = 0; k < 3; k++) {
-        const char *key = str_bytes(argv[1 + k], &len);
-        if (!emq_key_is(key, len, base, baselen, suffix[k]))
-            return RedisModule_ReplyWithError(
-                ctx, "ERR <active>, <pending> and <dead> must be <base>active, <base>pending "
-                     "and <base>dead");
-    }
-    long long max_stalled, limit;
-    const char *s_max = str_bytes(argv[5], &len);
-    const char *err = emq_parse_count("max-stalled", s_max, len, &max_stalled);
-    if (!err) {
-        const char *s_limit = str_bytes(argv[6], &len);
-        err = emq_parse_count("limit", s_limit, len, &limit);
-    }
+    const char *err = emq_check_queue_keys(&argv[1], suffix, 3, argv[4], EMQ_ERR_THREE_SETS);
+    long long max_stalled = 0, limit = 0;
+    size_t baselen, max_len, limit_len;
+    const char *base = str_bytes(argv[4], &baselen);
+    const char *max_arg = str_bytes(argv[5], &max_len), *limit_arg = str_bytes(argv[6], &limit_len);
+    if (!err) err = emq_parse_count("max-stalled", max_arg, max_len, &max_stalled);
+    if (!err) err = emq_parse_count("limit", limit_arg, limit_len, &limit);
+    if (!err) err = emq_check_cluster_base(ctx, argv[4]);
     if (err) return RedisModule_ReplyWithError(ctx, err);
-    if ((RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_CLUSTER) &&
-        !emq_base_has_hash_tag(base, baselen))
-        return RedisModule_ReplyWithError(
-            ctx, "ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:");
 
     long long now = RedisModule_Milliseconds();
     Sweep s = {.ctx = ctx};
@@ -438,15 +398,16 @@ static int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, 
     s.pending = RedisModule_OpenKey(ctx, argv[2], rw);
     s.dead = RedisModule_OpenKey(ctx, argv[3], rw);
     int reply;
-    if (!type_is(s.active, REDISMODULE_KEYTYPE_ZSET) ||
-        !type_is(s.pending, REDISMODULE_KEYTYPE_ZSET) ||
-        !type_is(s.dead, REDISMODULE_KEYTYPE_ZSET)) {
+    if (!emq_type_ok(s.active, REDISMODULE_KEYTYPE_ZSET) ||
+        !emq_type_ok(s.pending, REDISMODULE_KEYTYPE_ZSET) ||
+        !emq_type_ok(s.dead, REDISMODULE_KEYTYPE_ZSET)) {
         reply = RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
         goto done;
     }
 
     sweep_collect(&s, base, baselen, now, limit);
-    err = sweep_load_user(&s) ? sweep_decide(&s, base, baselen, max_stalled) : sweep_noperm;
+    err = emq_acl_user(ctx, &s.user) ? sweep_decide(&s, base, baselen, max_stalled)
+                                      : EMQ_NOPERM_DERIVED;
     if (err) {
         reply = RedisModule_ReplyWithError(ctx, err);
         goto done;
@@ -470,9 +431,9 @@ done:
 static const char *fallback_of(const char *fn) {
     if (strcmp(fn, "IsModuleNameBusy") == 0)
         return "a second module named 'emq' is not detected at load time";
-    return "EMQ.SWEEP cannot check the job rows and the metric it derives from <base> "
-           "against the caller's ACL key permissions (the declared keys are still checked "
-           "by the server)";
+    return "EMQ.SWEEP, ENQUEUE, CLAIM, FAIL and CANCEL cannot check the job rows and the "
+           "metric they derive from <base> against the caller's ACL key permissions (the "
+           "declared keys are still checked by the server)";
 }
 
 static void log_fallbacks(RedisModuleCtx *ctx) {
@@ -496,6 +457,9 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
      * rows: not fast, and refused when memory is full. */
     if (RedisModule_CreateCommand(ctx, "emq.extend", EmqExtend_RedisCommand, "write fast", 1, 2,
                                   1) != REDISMODULE_OK)
+        return REDISMODULE_ERR;
+    if (RedisModule_CreateCommand(ctx, "emq.checkpoint", EmqCheckpoint_RedisCommand, "write fast",
+                                  1, 2, 1) != REDISMODULE_OK)
         return REDISMODULE_ERR;
     if (RedisModule_CreateCommand(ctx, "emq.sweep", EmqSweep_RedisCommand, "write deny-oom", 1,
                                   3, 1) != REDISMODULE_OK)

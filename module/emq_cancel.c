@@ -2,8 +2,9 @@
  *
  * A cancel is a message, not a kill.  EMQ.CANCEL stores the request on the
  * job row (token-free: anyone may ask; the first reason is kept), and the
- * holder learns of it at its next checkpoint, EMQ.CHECKPOINT -- the way a
- * heartbeat carries cancellation back to an activity.  A job that is only
+ * holder learns of it at its next checkpoint, EMQ.CHECKPOINT (emq.c, beside
+ * EMQ.EXTEND) -- the way a heartbeat carries cancellation back to an
+ * activity.  A job that is only
  * waiting is cancelled on the spot: it leaves <pending> and is never claimed. */
 #include <string.h>
 
@@ -36,7 +37,9 @@ static int is_finished(RedisModuleCtx *ctx, RedisModuleKey *row) {
 static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 5) return RedisModule_WrongArity(ctx);
     static const char *const pending_only[] = {"pending"};
-    const char *err = emq_check_queue_keys(ctx, &argv[1], pending_only, 1, argv[2]);
+    const char *err = emq_check_queue_keys(&argv[1], pending_only, 1, argv[2],
+                                           "ERR <pending> must be <base>pending");
+    if (!err) err = emq_check_cluster_base(ctx, argv[2]);
     if (err) return RedisModule_ReplyWithError(ctx, err);
     RedisModuleString *id = argv[3], *reason = argv[4];
 
@@ -85,70 +88,9 @@ static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
     return REDISMODULE_OK;
 }
 
-/* ------------------------------------------------------------------------
- * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms>
- *
- * EMQ.EXTEND for holders that want cancel delivery: the same fence, the same
- * errors, the same write (the lease keeps running while the handler winds
- * down).  On success the reply is [1, reason] where reason is the stored
- * cancel request, or null when none was made.
- * ------------------------------------------------------------------------ */
-static int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    if (argc != 6) return RedisModule_WrongArity(ctx);
-    RedisModuleString *active_name = argv[1], *job_name = argv[2], *id = argv[3], *token = argv[4];
-    if (emq_str_equal(active_name, job_name))
-        return RedisModule_ReplyWithError(ctx, "ERR <active> and <job> must be different keys");
-    size_t lease_len;
-    const char *lease = RedisModule_StringPtrLen(argv[5], &lease_len);
-    long long deadline;
-    const char *err = emq_lease_deadline(RedisModule_Milliseconds(), lease, lease_len, &deadline);
-    if (err) return RedisModule_ReplyWithError(ctx, err);
-
-    RedisModuleKey *active = RedisModule_OpenKey(ctx, active_name, REDISMODULE_READ | REDISMODULE_WRITE);
-    RedisModuleKey *job = RedisModule_OpenKey(ctx, job_name, REDISMODULE_READ);
-    if (!emq_type_ok(active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(job, REDISMODULE_KEYTYPE_HASH)) {
-        RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
-        goto done;
-    }
-    switch (emq_check_holder(ctx, active, job, id, token, NULL)) {
-    case EMQ_HOLDER_GONE:
-        RedisModule_ReplyWithLongLong(ctx, -1);
-        goto done;
-    case EMQ_HOLDER_STALE_TOKEN:
-        RedisModule_ReplyWithError(ctx, "EMQSTALE extend token mismatch");
-        goto done;
-    case EMQ_HOLDER_NOT_ACTIVE:
-        RedisModule_ReplyWithError(ctx, "EMQSTALE job is no longer active");
-        goto done;
-    case EMQ_HOLDER_OK:
-        break;
-    }
-    RedisModuleString *reason = NULL;
-    RedisModule_HashGet(job, REDISMODULE_HASH_CFIELDS, "cancel_requested", &reason, NULL);
-    emq_zadd(ctx, active, active_name, (double)deadline, id);
-    RedisModule_Replicate(ctx, "ZADD", "scls", active_name, "XX", deadline, id);
-    RedisModule_ReplyWithArray(ctx, 2);
-    RedisModule_ReplyWithLongLong(ctx, 1);
-    if (reason) {
-        RedisModule_ReplyWithString(ctx, reason);
-        RedisModule_FreeString(ctx, reason);
-    } else {
-        RedisModule_ReplyWithNull(ctx);
-    }
-
-done:
-    RedisModule_CloseKey(job);
-    RedisModule_CloseKey(active);
-    return REDISMODULE_OK;
-}
-
 int emq_register_cancel(RedisModuleCtx *ctx) {
-    /* CANCEL writes a reason onto a row: deny-oom.  CHECKPOINT, like EXTEND,
-     * only re-scores an existing member: live handlers keep their leases
-     * (and hear about cancels) under memory pressure. */
-    if (RedisModule_CreateCommand(ctx, "emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast",
-                                  1, 1, 1) != REDISMODULE_OK)
-        return REDISMODULE_ERR;
-    return RedisModule_CreateCommand(ctx, "emq.checkpoint", EmqCheckpoint_RedisCommand,
-                                     "write fast", 1, 2, 1);
+    /* CANCEL writes a reason onto a row: deny-oom.  Its delivery,
+     * EMQ.CHECKPOINT, lives beside EMQ.EXTEND in emq.c: it is EXTEND. */
+    return RedisModule_CreateCommand(ctx, "emq.cancel", EmqCancel_RedisCommand,
+                                     "write deny-oom fast", 1, 1, 1);
 }

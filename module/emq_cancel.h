@@ -1,10 +1,10 @@
-/* emq_cancel.h -- EMQ.CANCEL and EMQ.CHECKPOINT. */
+/* emq_cancel.h -- EMQ.CANCEL (its delivery, EMQ.CHECKPOINT, is in emq.c). */
 #ifndef EMQ_CANCEL_H
 #define EMQ_CANCEL_H
 
 #include "emq_rm.h"
 
-/* Register the remote-cancel commands; called from RedisModule_OnLoad. */
+/* Register EMQ.CANCEL; called from RedisModule_OnLoad. */
 int emq_register_cancel(RedisModuleCtx *ctx);
 
 #endif

@@ -32,37 +32,53 @@ RedisModuleString *emq_derived_key(RedisModuleCtx *ctx, RedisModuleString *base,
     return name;
 }
 
-const char *emq_check_queue_keys(RedisModuleCtx *ctx, RedisModuleString **keys,
-                                 const char *const *suffix, int n, RedisModuleString *base) {
+const char *emq_check_queue_keys(RedisModuleString **keys, const char *const *suffix, int n,
+                                 RedisModuleString *base, const char *mismatch) {
     size_t baselen, len;
     const char *b = RedisModule_StringPtrLen(base, &baselen);
     for (int i = 0; i < n; i++) {
         const char *k = RedisModule_StringPtrLen(keys[i], &len);
-        if (!emq_key_is(k, len, b, baselen, suffix[i]))
-            return "ERR the queue keys must be <base> followed by their names (e.g. <base>active)";
+        if (!emq_key_is(k, len, b, baselen, suffix[i])) return mismatch;
     }
+    return NULL;
+}
+
+const char *emq_check_cluster_base(RedisModuleCtx *ctx, RedisModuleString *base) {
+    size_t baselen;
+    const char *b = RedisModule_StringPtrLen(base, &baselen);
     if ((RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_CLUSTER) &&
         !emq_base_has_hash_tag(b, baselen))
         return "ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:";
     return NULL;
 }
 
-int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {
+int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user) {
+    *user = NULL;
     if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||
         !RedisModule_ACLCheckKeyPermissions || !RedisModule_FreeModuleUser)
         return 1;
     RedisModuleString *username = RedisModule_GetCurrentUserName(ctx);
     if (username == NULL) return 1; /* no client user: the server itself */
-    RedisModuleUser *user = RedisModule_GetModuleUserFromUserName(username);
+    *user = RedisModule_GetModuleUserFromUserName(username);
     RedisModule_FreeString(ctx, username);
-    if (user == NULL) return 0;
+    return *user != NULL;
+}
+
+int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key) {
+    if (user == NULL) return 1;
+    /* Rows and the metric are read, then updated or created. */
     const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
                             REDISMODULE_CMD_KEY_INSERT);
+    return RedisModule_ACLCheckKeyPermissions(user, key, flags) == REDISMODULE_OK;
+}
+
+int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {
+    RedisModuleUser *user;
+    if (!emq_acl_user(ctx, &user)) return 0;
     int allowed = 1;
     for (size_t i = 0; allowed && i < n; i++)
-        if (names[i])
-            allowed = RedisModule_ACLCheckKeyPermissions(user, names[i], flags) == REDISMODULE_OK;
-    RedisModule_FreeModuleUser(user);
+        if (names[i]) allowed = emq_acl_may_touch(user, names[i]);
+    if (user) RedisModule_FreeModuleUser(user);
     return allowed;
 }
 

@@ -15,14 +15,28 @@ int emq_type_ok(RedisModuleKey *key, int keytype);
 RedisModuleString *emq_derived_key(RedisModuleCtx *ctx, RedisModuleString *base, const char *mid,
                                    RedisModuleString *tail);
 
-/* NULL when every argument key argv[first..first+n-1] is <base><suffix[i]>
- * and, in cluster mode, <base> carries a hash tag; else the error reply. */
-const char *emq_check_queue_keys(RedisModuleCtx *ctx, RedisModuleString **keys,
-                                 const char *const *suffix, int n, RedisModuleString *base);
+/* The job rows and the metric are derived from <base>, so every key a
+ * command takes must be <base> followed by its name, or a command could
+ * write one queue's sets and another queue's rows.  NULL when keys[i] is
+ * <base><suffix[i]> for each of the n keys, else `mismatch` (the command's
+ * own error reply naming its keys). */
+const char *emq_check_queue_keys(RedisModuleString **keys, const char *const *suffix, int n,
+                                 RedisModuleString *base, const char *mismatch);
 
-/* Whether the calling user may read and write every key in `names` (n of
- * them, NULL entries skipped).  Redis checks only the declared key
- * arguments; the rows and metrics we derive from <base> are checked here. */
+/* NULL, or the error reply when the server is in cluster mode and <base> has
+ * no hash tag: its derived keys could then live in other slots. */
+const char *emq_check_cluster_base(RedisModuleCtx *ctx, RedisModuleString *base);
+
+/* Redis checks the caller's ACL against the declared key arguments only;
+ * the rows and the metric derived from <base> are checked here.
+ * emq_acl_user() loads the caller once per command: it returns 0 when the
+ * caller is a user that does not exist (refuse), else 1, with *user set to
+ * NULL when there is nothing to check (no client user, or a server without
+ * the ACL API, which is logged at load time).  emq_acl_may_touch() checks
+ * one key for read and write; emq_acl_allows() loads, checks `n` keys (NULL
+ * entries skipped) and frees. */
+int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user);
+int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key);
 int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n);
 
 /* The value of an integer field of an open hash (missing counts as 0) plus
@@ -59,6 +73,9 @@ void emq_notify_hset(RedisModuleCtx *ctx, RedisModuleString *row_name);
 
 /* A new string holding the decimal value. */
 RedisModuleString *emq_ll_string(RedisModuleCtx *ctx, long long v);
+
+#define EMQ_ERR_THREE_SETS \
+    "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead"
 
 #define EMQ_NOPERM_DERIVED \
     "NOPERM this user has no permissions to access the job rows or metrics derived from <base>"
