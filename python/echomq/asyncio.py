@@ -31,7 +31,8 @@ from redis.exceptions import ResponseError
 from . import _protocol as proto
 from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, SweepResult
 from .cancel import Cancellation, CancelToken
-from .errors import JobGone, LeaseLost, StaleToken
+from .errors import LeaseLost
+from .lease import LOST_DEADLINE, lost_reason
 from .worker import WorkerStats, error_text
 
 __all__ = ["AsyncHandler", "Client", "LeaseKeeper", "Reaper", "Worker"]
@@ -172,7 +173,7 @@ class LeaseKeeper:
         while True:
             remaining = self._confirmed_until - loop.time()
             if remaining <= 0:
-                self._lose("lease lost: no extend confirmed before the deadline passed")
+                self._lose(LOST_DEADLINE)
                 return
             if await _wait(self._stop, min(self.interval, remaining)):
                 return
@@ -186,13 +187,12 @@ class LeaseKeeper:
                 else:
                     call = _none_after(self.client.extend(job.queue, job.id, job.token, self.lease_ms))
                 requested = await asyncio.wait_for(call, timeout=max(self._confirmed_until - sent, 0.001))
-            except StaleToken:
-                self._lose("lease lost: stale token (the job was swept or another attempt holds it)")
-                return
-            except JobGone:
-                self._lose("lease lost: the job row is gone")
-                return
-            except Exception as exc:  # connection trouble or a timeout: the deadline decides
+            except Exception as exc:
+                reason = lost_reason(exc)
+                if reason is not None:
+                    self._lose(reason)
+                    return
+                # Connection trouble or a timeout: the deadline decides.
                 log.debug("extend of %s failed: %r", job.id, exc)
                 continue
             self.extends += 1
@@ -338,10 +338,7 @@ class Worker:
             else:
                 text = error_text(error)
                 where = await self.client.fail(job.queue, job.id, job.token, text, self.max_attempts)
-                if where == "cancelled":
-                    self.stats.cancelled += 1
-                else:
-                    self.stats.failed += 1
+                self.stats.record_fail(where)
         except LeaseLost as exc:
             self.stats.rejected += 1
             log.warning("job %s: finishing refused: %s", job.id, exc)

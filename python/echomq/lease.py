@@ -31,9 +31,23 @@ from .cancel import Cancellation, CancelToken
 from .client import Client, Job
 from .errors import JobGone, StaleToken
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LOST_DEADLINE", "LOST_GONE", "LOST_STALE", "LeaseKeeper", "lost_reason"]
 
 log = logging.getLogger("echomq.lease")
+
+# Why a lease was lost: the reason given to the handler's CancelToken.
+LOST_STALE = "lease lost: stale token (the job was swept or another attempt holds it)"
+LOST_GONE = "lease lost: the job row is gone"
+LOST_DEADLINE = "lease lost: no extend confirmed before the deadline passed"
+
+
+def lost_reason(exc: BaseException) -> str | None:
+    """The reason a checkpoint's exception means the lease is lost, or None (retry)."""
+    if isinstance(exc, StaleToken):
+        return LOST_STALE
+    if isinstance(exc, JobGone):
+        return LOST_GONE
+    return None
 
 
 class LeaseKeeper:
@@ -125,20 +139,19 @@ class LeaseKeeper:
         with self._lock:
             if self._stop.is_set() or self._clock() < self._confirmed_until:
                 return
-        self._lose("lease lost: no extend confirmed before the deadline passed")
+        self._lose(LOST_DEADLINE)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             sent = self._clock()
             try:
                 requested = self._checkpoint()
-            except StaleToken:
-                self._lose("lease lost: stale token (the job was swept or another attempt holds it)")
-                return
-            except JobGone:
-                self._lose("lease lost: the job row is gone")
-                return
-            except Exception as exc:  # connection trouble: retry until the deadline says otherwise
+            except Exception as exc:
+                reason = lost_reason(exc)
+                if reason is not None:
+                    self._lose(reason)
+                    return
+                # Connection trouble: retry until the deadline says otherwise.
                 log.debug("extend of %s failed: %r", self.job.id, exc)
                 continue
             with self._lock:

@@ -42,6 +42,13 @@ class WorkerStats:
     leases_lost: int = 0
     rejected: int = 0  # complete/fail refused with StaleToken/JobGone
 
+    def record_fail(self, where: str) -> None:
+        """Count a FAIL by where it sent the job."""
+        if where == "cancelled":
+            self.cancelled += 1
+        else:
+            self.failed += 1
+
 
 def error_text(error: BaseException) -> str:
     """The ``last_error`` a worker records for a handler's exception."""
@@ -168,10 +175,7 @@ class Worker:
             else:
                 text = error_text(error)
                 where = self.client.fail(job.queue, job.id, job.token, text, self.max_attempts)
-                if where == "cancelled":
-                    self.stats.cancelled += 1
-                else:
-                    self.stats.failed += 1
+                self.stats.record_fail(where)
                 log.info("job %s failed (%s), now %s", job.id, text, where)
         except LeaseLost as exc:
             # The lease lapsed between the keeper's last check and now.
