@@ -148,6 +148,7 @@ def run_suite(log_dir: Path, pytest_args: Sequence[str]) -> int:
     env["ECHOMQ_SERVER_WRAPPER"] = shlex.join(valgrind_command(log_dir))
     env.setdefault("ECHOMQ_FUZZ_EXAMPLES", "1500")
     env.setdefault("ECHOMQ_FUZZ_SECONDS", "120")
+    env.setdefault("ECHOMQ_FUZZ_LIFECYCLE_EXAMPLES", "600")
     # -s: the fuzz test prints its counts.
     cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *pytest_args]
     print("memcheck:", shlex.join(cmd), flush=True)
