@@ -15,8 +15,12 @@
  * with absolute values -- never the command itself -- so a replica or an AOF
  * replay never reads a clock of its own.
  *
- * The decisions that need no server (number parsing, deadline arithmetic,
- * key derivation, the stall threshold) live in emq_core.c. */
+ * This file holds EXTEND (and CHECKPOINT, which is EXTEND with remote-cancel
+ * delivery) and SWEEP, and registers every command.  The rest of a job's
+ * life -- ENQUEUE, CLAIM, COMPLETE, FAIL -- is in emq_lifecycle.c, CANCEL in
+ * emq_cancel.c, the helpers they share in emq_glue.c.  The decisions that
+ * need no server (number parsing, deadline arithmetic, key derivation, the
+ * stall threshold) live in emq_core.c, tested in-process through cffi. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
