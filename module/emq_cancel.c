@@ -36,10 +36,7 @@ static int is_finished(RedisModuleCtx *ctx, RedisModuleKey *row) {
 
 static int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 5) return RedisModule_WrongArity(ctx);
-    static const char *const pending_only[] = {"pending"};
-    const char *err = emq_check_queue_keys(&argv[1], pending_only, 1, argv[2],
-                                           "ERR <pending> must be <base>pending");
-    if (!err) err = emq_check_cluster_base(ctx, argv[2]);
+    const char *err = emq_check_pending_queue(ctx, argv[1], argv[2]);
     if (err) return RedisModule_ReplyWithError(ctx, err);
     RedisModuleString *id = argv[3], *reason = argv[4];
 

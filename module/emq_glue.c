@@ -52,6 +52,18 @@ const char *emq_check_cluster_base(RedisModuleCtx *ctx, RedisModuleString *base)
     return NULL;
 }
 
+const char *emq_check_queue(RedisModuleCtx *ctx, RedisModuleString **keys, const char *const *suffix,
+                            int n, RedisModuleString *base, const char *mismatch) {
+    const char *err = emq_check_queue_keys(keys, suffix, n, base, mismatch);
+    return err ? err : emq_check_cluster_base(ctx, base);
+}
+
+const char *emq_check_pending_queue(RedisModuleCtx *ctx, RedisModuleString *pending,
+                                    RedisModuleString *base) {
+    static const char *const pending_only[] = {"pending"};
+    return emq_check_queue(ctx, &pending, pending_only, 1, base, "ERR <pending> must be <base>pending");
+}
+
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user) {
     *user = NULL;
     if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||

@@ -27,6 +27,15 @@ const char *emq_check_queue_keys(RedisModuleString **keys, const char *const *su
  * no hash tag: its derived keys could then live in other slots. */
 const char *emq_check_cluster_base(RedisModuleCtx *ctx, RedisModuleString *base);
 
+/* Both checks, keys first: what every command deriving keys from <base>
+ * runs (SWEEP alone parses its counts in between, so it calls the two).
+ * emq_check_pending_queue() is the case of ENQUEUE and CANCEL, whose only
+ * set is <pending>. */
+const char *emq_check_queue(RedisModuleCtx *ctx, RedisModuleString **keys, const char *const *suffix,
+                            int n, RedisModuleString *base, const char *mismatch);
+const char *emq_check_pending_queue(RedisModuleCtx *ctx, RedisModuleString *pending,
+                                    RedisModuleString *base);
+
 /* Redis checks the caller's ACL against the declared key arguments only;
  * the rows and the metric derived from <base> are checked here.
  * emq_acl_user() loads the caller once per command: it returns 0 when the

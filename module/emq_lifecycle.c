@@ -45,10 +45,7 @@ static int reply_not_holder(RedisModuleCtx *ctx, EmqHolder h, const char *verb) 
  * ------------------------------------------------------------------------ */
 static int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 5) return RedisModule_WrongArity(ctx);
-    static const char *const pending_only[] = {"pending"};
-    const char *err = emq_check_queue_keys(&argv[1], pending_only, 1, argv[2],
-                                           "ERR <pending> must be <base>pending");
-    if (!err) err = emq_check_cluster_base(ctx, argv[2]);
+    const char *err = emq_check_pending_queue(ctx, argv[1], argv[2]);
     if (err) return RedisModule_ReplyWithError(ctx, err);
     RedisModuleString *id = argv[3], *payload = argv[4];
     long long now = RedisModule_Milliseconds();
@@ -107,10 +104,9 @@ typedef struct {
 
 static int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 5) return RedisModule_WrongArity(ctx);
-    const char *err = emq_check_queue_keys(
-        &argv[1], PENDING_ACTIVE, 2, argv[3],
-        "ERR <pending> and <active> must be <base>pending and <base>active");
-    if (!err) err = emq_check_cluster_base(ctx, argv[3]);
+    const char *err =
+        emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3],
+                        "ERR <pending> and <active> must be <base>pending and <base>active");
     if (err) return RedisModule_ReplyWithError(ctx, err);
     size_t lease_len;
     const char *lease = RedisModule_StringPtrLen(argv[4], &lease_len);
@@ -257,9 +253,7 @@ static const char *failed_plus_one(const char *cur, size_t len, int present, lon
 
 static int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     if (argc != 9) return RedisModule_WrongArity(ctx);
-    const char *err = emq_check_queue_keys(&argv[1], ACTIVE_PENDING_DEAD, 3, argv[4],
-                                           EMQ_ERR_THREE_SETS);
-    if (!err) err = emq_check_cluster_base(ctx, argv[4]);
+    const char *err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 3, argv[4], EMQ_ERR_THREE_SETS);
     size_t len;
     long long max_attempts = 0;
     if (!err) {
