@@ -4,6 +4,41 @@
 #include <limits.h>
 #include <string.h>
 
+static const char *const error_texts[EMQ_ERR_COUNT_] = {
+    [EMQ_OK] = NULL,
+    [EMQ_ERR_LEASE_NOT_INTEGER] = "ERR lease-ms is not an integer",
+    [EMQ_ERR_LEASE_TOO_SMALL] = "ERR lease-ms must be at least 1",
+    [EMQ_ERR_LEASE_TOO_LARGE] = "ERR lease-ms is too large: the deadline would not be an exact score",
+    [EMQ_ERR_MAX_STALLED] = "ERR max-stalled must be an integer >= 1",
+    [EMQ_ERR_LIMIT] = "ERR limit must be an integer >= 1",
+    [EMQ_ERR_MAX_ATTEMPTS] = "ERR max-attempts must be an integer >= 1",
+    [EMQ_ERR_SAME_KEY] = "ERR <active> and <job> must be different keys",
+    [EMQ_ERR_THREE_SETS] =
+        "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
+    [EMQ_ERR_PENDING_KEY] = "ERR <pending> must be <base>pending",
+    [EMQ_ERR_PENDING_ACTIVE_KEYS] = "ERR <pending> and <active> must be <base>pending and <base>active",
+    [EMQ_ERR_NO_HASH_TAG] = "ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:",
+    [EMQ_ERR_WRONGTYPE] = "WRONGTYPE Operation against a key holding the wrong kind of value",
+    [EMQ_ERR_NOPERM_DERIVED] =
+        "NOPERM this user has no permissions to access the job rows or metrics derived from <base>",
+    [EMQ_ERR_STALLED_NOT_INTEGER] = "ERR a swept job row has a 'stalled' field that is not an integer",
+    [EMQ_ERR_ATTEMPTS_NOT_INTEGER] = "ERR the job row's 'attempts' field is not an integer",
+    [EMQ_ERR_FAILED_NOT_INTEGER] = "ERR the metrics:failed 'count' field is not an integer",
+    [EMQ_ERR_OVERFLOW] = "ERR increment or decrement would overflow",
+    [EMQ_ERR_STALE_EXTEND] = "EMQSTALE extend token mismatch",
+    [EMQ_ERR_STALE_COMPLETE] = "EMQSTALE complete token mismatch",
+    [EMQ_ERR_STALE_FAIL] = "EMQSTALE fail token mismatch",
+    [EMQ_ERR_NOT_ACTIVE] = "EMQSTALE job is no longer active",
+    [EMQ_ERR_EXISTS] = "EMQEXISTS a job with this id already exists",
+};
+
+const char *emq_error_text(int err) {
+    if (err <= EMQ_OK || err >= EMQ_ERR_COUNT_) return NULL;
+    return error_texts[err];
+}
+
+/* -- numbers ------------------------------------------------------------ */
+
 int emq_parse_ll(const char *s, size_t len, long long *out) {
     if (s == NULL || len == 0 || len > 20) return -1;
     size_t i = 0;
@@ -40,29 +75,51 @@ int emq_parse_ll(const char *s, size_t len, long long *out) {
     return 0;
 }
 
-const char *emq_lease_deadline(long long now_ms, const char *s, size_t len,
-                               long long *deadline_ms) {
+int emq_lease_deadline(long long now_ms, const char *s, size_t len, long long *deadline_ms) {
     long long lease;
-    if (emq_parse_ll(s, len, &lease) != 0) return "ERR lease-ms is not an integer";
-    if (lease < 1) return "ERR lease-ms must be at least 1";
+    if (emq_parse_ll(s, len, &lease) != 0) return EMQ_ERR_LEASE_NOT_INTEGER;
+    if (lease < 1) return EMQ_ERR_LEASE_TOO_SMALL;
     /* Compare by subtraction: now + lease itself could overflow. */
     if (now_ms < 0 || now_ms > EMQ_MAX_EXACT_SCORE || lease > EMQ_MAX_EXACT_SCORE - now_ms)
-        return "ERR lease-ms is too large: the deadline would not be an exact score";
+        return EMQ_ERR_LEASE_TOO_LARGE;
     *deadline_ms = now_ms + lease;
-    return NULL;
+    return EMQ_OK;
 }
 
-const char *emq_parse_count(const char *what, const char *s, size_t len, long long *out) {
+int emq_parse_count(int which, const char *s, size_t len, long long *out) {
+    static const int refusal[] = {
+        [EMQ_COUNT_MAX_STALLED] = EMQ_ERR_MAX_STALLED,
+        [EMQ_COUNT_LIMIT] = EMQ_ERR_LIMIT,
+        [EMQ_COUNT_MAX_ATTEMPTS] = EMQ_ERR_MAX_ATTEMPTS,
+    };
     long long v;
-    int ok = emq_parse_ll(s, len, &v) == 0 && v >= 1;
-    if (!ok) {
-        if (strcmp(what, "max-stalled") == 0) return "ERR max-stalled must be an integer >= 1";
-        if (strcmp(what, "max-attempts") == 0) return "ERR max-attempts must be an integer >= 1";
-        return "ERR limit must be an integer >= 1";
-    }
+    if (emq_parse_ll(s, len, &v) != 0 || v < 1) return refusal[which];
     *out = v;
-    return NULL;
+    return EMQ_OK;
 }
+
+int emq_incr(const char *cur, size_t len, int present, long long add, int not_integer,
+             long long *next) {
+    long long v = 0;
+    if (present && emq_parse_ll(cur, len, &v) != 0) return not_integer;
+    if ((add > 0 && v > LLONG_MAX - add) || (add < 0 && v < LLONG_MIN - add)) return EMQ_ERR_OVERFLOW;
+    *next = v + add;
+    return EMQ_OK;
+}
+
+int emq_next_stalled(const char *cur, size_t len, int present, long long *next) {
+    return emq_incr(cur, len, present, 1, EMQ_ERR_STALLED_NOT_INTEGER, next);
+}
+
+int emq_next_attempts(const char *cur, size_t len, int present, long long *next) {
+    return emq_incr(cur, len, present, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, next);
+}
+
+int emq_add_failed(const char *cur, size_t len, int present, long long deaths, long long *next) {
+    return emq_incr(cur, len, present, deaths, EMQ_ERR_FAILED_NOT_INTEGER, next);
+}
+
+/* -- keys --------------------------------------------------------------- */
 
 int emq_key_is(const char *key, size_t keylen, const char *base, size_t baselen,
                const char *suffix) {
@@ -79,31 +136,44 @@ int emq_base_has_hash_tag(const char *base, size_t len) {
     return close != NULL && close > open + 1;
 }
 
-static const char *add_checked(const char *cur, size_t len, int present, long long add,
-                               long long *next, const char *not_integer) {
-    long long v = 0;
-    if (present && emq_parse_ll(cur, len, &v) != 0) return not_integer;
-    if (v > LLONG_MAX - add) return "ERR increment or decrement would overflow";
-    *next = v + add;
-    return NULL;
-}
-
-const char *emq_next_stalled(const char *cur, size_t len, int present, long long *next) {
-    return add_checked(cur, len, present, 1, next,
-                       "ERR a swept job row has a 'stalled' field that is not an integer");
-}
-
-const char *emq_next_attempts(const char *cur, size_t len, int present, long long *next) {
-    return add_checked(cur, len, present, 1, next,
-                       "ERR the job row's 'attempts' field is not an integer");
-}
+/* -- transitions -------------------------------------------------------- */
 
 int emq_stall_is_dead(long long stalled, long long max_stalled) {
     return stalled >= max_stalled;
 }
 
-const char *emq_add_failed(const char *cur, size_t len, int present, long long deaths,
-                           long long *next) {
-    return add_checked(cur, len, present, deaths, next,
-                       "ERR the metrics:failed 'count' field is not an integer");
+int emq_holder(int has_token, int token_matches, int is_active) {
+    if (!has_token) return EMQ_HOLDER_GONE;
+    if (!token_matches) return EMQ_HOLDER_STALE_TOKEN;
+    return is_active ? EMQ_HOLDER_OK : EMQ_HOLDER_NOT_ACTIVE;
+}
+
+int emq_holder_error(int verb, int holder) {
+    static const int stale_token[] = {
+        [EMQ_VERB_EXTEND] = EMQ_ERR_STALE_EXTEND,
+        [EMQ_VERB_COMPLETE] = EMQ_ERR_STALE_COMPLETE,
+        [EMQ_VERB_FAIL] = EMQ_ERR_STALE_FAIL,
+    };
+    if (holder == EMQ_HOLDER_STALE_TOKEN) return stale_token[verb];
+    if (holder == EMQ_HOLDER_NOT_ACTIVE) return EMQ_ERR_NOT_ACTIVE;
+    return EMQ_OK;
+}
+
+int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested) {
+    if (cancel_requested) return EMQ_FAIL_TO_CANCELLED;
+    return attempts >= max_attempts ? EMQ_FAIL_TO_DEAD : EMQ_FAIL_TO_PENDING;
+}
+
+static int is(const char *s, size_t len, const char *word) {
+    return len == strlen(word) && memcmp(s, word, len) == 0;
+}
+
+int emq_state_is_finished(const char *state, size_t len) {
+    return is(state, len, "done") || is(state, len, "dead") || is(state, len, "cancelled");
+}
+
+int emq_cancel_decide(int row_exists, int in_pending, int finished) {
+    if (!row_exists) return EMQ_CANCEL_GONE;
+    if (in_pending) return EMQ_CANCEL_NOW;
+    return finished ? EMQ_CANCEL_FINISHED : EMQ_CANCEL_REQUEST;
 }

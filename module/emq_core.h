@@ -1,42 +1,97 @@
-/* emq_core.h -- the decisions of EMQ.EXTEND and EMQ.SWEEP that need no server.
+/* emq_core.h -- every decision of the EMQ.* verbs that needs no server.
  *
  * Nothing here includes the module API: these functions take bytes and
- * numbers and return verdicts, so the tests call them in-process (cffi)
- * and the glue in emq.c stays a thin layer of open/check/write/reply.
+ * numbers and return verdicts, so the tests call them in-process (cffi, on
+ * emq.so itself) and the command files stay a thin layer of parse, open,
+ * read, decide, apply.
  *
- * Every function that can refuse returns NULL on success, or the exact
- * error reply (a static string, "ERR ..." without the leading '-'). */
+ * Errors are one enum with one table of texts (emq_error_text): a function
+ * that can refuse returns EMQ_OK or the error to answer.  Enums cross the
+ * exported functions as plain ints, so cffi needs no declarations of its
+ * own. */
 #ifndef EMQ_CORE_H
 #define EMQ_CORE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* The largest integer a double holds exactly, and so the latest deadline a
- * sorted-set score can carry without rounding: 2^53 ms is year 287396. */
-/* emq.so is built with hidden visibility; only the module entry point and
+/* emq.so is built with hidden visibility; only the module entry points and
  * these functions are exported (the tests call them through cffi). */
 #define EMQ_EXPORT __attribute__((visibility("default")))
 
+/* The largest integer a double holds exactly, and so the latest deadline a
+ * sorted-set score can carry without rounding: 2^53 ms is year 287396. */
 #define EMQ_MAX_EXACT_SCORE 9007199254740992LL
+
+/* Every error a verb answers, in one place; the texts are in emq_core.c. */
+typedef enum {
+    EMQ_OK = 0,
+    /* arguments */
+    EMQ_ERR_LEASE_NOT_INTEGER,
+    EMQ_ERR_LEASE_TOO_SMALL,
+    EMQ_ERR_LEASE_TOO_LARGE,
+    EMQ_ERR_MAX_STALLED,
+    EMQ_ERR_LIMIT,
+    EMQ_ERR_MAX_ATTEMPTS,
+    /* keys */
+    EMQ_ERR_SAME_KEY,
+    EMQ_ERR_THREE_SETS,
+    EMQ_ERR_PENDING_KEY,
+    EMQ_ERR_PENDING_ACTIVE_KEYS,
+    EMQ_ERR_NO_HASH_TAG,
+    EMQ_ERR_WRONGTYPE,
+    EMQ_ERR_NOPERM_DERIVED,
+    /* rows and counters */
+    EMQ_ERR_STALLED_NOT_INTEGER,
+    EMQ_ERR_ATTEMPTS_NOT_INTEGER,
+    EMQ_ERR_FAILED_NOT_INTEGER,
+    EMQ_ERR_OVERFLOW,
+    /* the fence and the job's identity */
+    EMQ_ERR_STALE_EXTEND,
+    EMQ_ERR_STALE_COMPLETE,
+    EMQ_ERR_STALE_FAIL,
+    EMQ_ERR_NOT_ACTIVE,
+    EMQ_ERR_EXISTS,
+    EMQ_ERR_COUNT_ /* not an error: the size of the table */
+} EmqError;
+
+/* The reply text of an error ("ERR ...", "EMQSTALE ...": no leading '-'). */
+EMQ_EXPORT const char *emq_error_text(int err);
+
+/* -- numbers ------------------------------------------------------------ */
 
 /* Parse a canonical base-10 signed 64-bit integer: an optional '-', then
  * digits, no leading zeros, no '+', no spaces, no overflow (the same strings
  * Redis itself accepts as integers).  Returns 0 and sets *out, or -1. */
 EMQ_EXPORT int emq_parse_ll(const char *s, size_t len, long long *out);
 
-/* <lease-ms>: an integer >= 1 whose deadline now_ms + lease is still an exact
- * integer score.  Sets *deadline_ms on success. */
-EMQ_EXPORT const char *emq_lease_deadline(long long now_ms, const char *s, size_t len,
-                               long long *deadline_ms);
+/* <lease-ms>: an integer >= 1 whose deadline now_ms + lease is still an
+ * exact integer score.  Sets *deadline_ms on EMQ_OK. */
+EMQ_EXPORT int emq_lease_deadline(long long now_ms, const char *s, size_t len, long long *deadline_ms);
 
-/* A count argument (<max-stalled>, <limit>, <max-attempts>): an integer >= 1.
- * `what` names the argument in the error. */
-EMQ_EXPORT const char *emq_parse_count(const char *what, const char *s, size_t len, long long *out);
+/* Which count argument is parsed: it names itself in the error. */
+typedef enum { EMQ_COUNT_MAX_STALLED, EMQ_COUNT_LIMIT, EMQ_COUNT_MAX_ATTEMPTS } EmqCountArg;
+
+/* A count argument: an integer >= 1.  `which` is an EmqCountArg. */
+EMQ_EXPORT int emq_parse_count(int which, const char *s, size_t len, long long *out);
+
+/* The value of an integer row field or counter after adding `add`, as
+ * HINCRBY computes it: a missing field counts as 0; a field that is not an
+ * integer is `not_integer`; an overflow is EMQ_ERR_OVERFLOW. */
+EMQ_EXPORT int emq_incr(const char *cur, size_t len, int present, long long add, int not_integer,
+                        long long *next);
+
+/* The three counters the verbs keep, each with its own refusal. */
+EMQ_EXPORT int emq_next_stalled(const char *cur, size_t len, int present, long long *next);
+EMQ_EXPORT int emq_next_attempts(const char *cur, size_t len, int present, long long *next);
+EMQ_EXPORT int emq_add_failed(const char *cur, size_t len, int present, long long deaths,
+                              long long *next);
+
+/* -- keys --------------------------------------------------------------- */
 
 /* 1 when key is exactly base followed by suffix, else 0. */
 EMQ_EXPORT int emq_key_is(const char *key, size_t keylen, const char *base, size_t baselen,
-               const char *suffix);
+                          const char *suffix);
 
 /* 1 when every key that starts with `base` hashes to the slot of base's own
  * hash tag: base has a '{' followed later in base by a '}' with at least one
@@ -44,20 +99,44 @@ EMQ_EXPORT int emq_key_is(const char *key, size_t keylen, const char *base, size
  * may even supply the closing brace). */
 EMQ_EXPORT int emq_base_has_hash_tag(const char *base, size_t len);
 
-/* The row's stall count after one more stall, as HINCRBY stalled 1 computes
- * it: a missing field counts as 0.  Refuses a field that is not an integer
- * and an increment that would overflow. */
-EMQ_EXPORT const char *emq_next_stalled(const char *cur, size_t len, int present, long long *next);
-
-/* The row's fencing token after one more claim, as HINCRBY attempts 1
- * computes it (same refusals). */
-EMQ_EXPORT const char *emq_next_attempts(const char *cur, size_t len, int present, long long *next);
+/* -- transitions -------------------------------------------------------- */
 
 /* The threshold: a job whose stall count reached max_stalled is dead. */
 EMQ_EXPORT int emq_stall_is_dead(long long stalled, long long max_stalled);
 
-/* The failed-metric count after adding `deaths` (same refusals as above). */
-EMQ_EXPORT const char *emq_add_failed(const char *cur, size_t len, int present, long long deaths,
-                           long long *next);
+/* Who holds the job?  The fence: the row's token must be byte-for-byte the
+ * caller's, and the id must still be in the active set. */
+typedef enum {
+    EMQ_HOLDER_OK,
+    EMQ_HOLDER_GONE,        /* no row, or a row without a token */
+    EMQ_HOLDER_STALE_TOKEN, /* another claim's token */
+    EMQ_HOLDER_NOT_ACTIVE   /* the token matches, but a sweep took the job */
+} EmqHolder;
+
+EMQ_EXPORT int emq_holder(int has_token, int token_matches, int is_active);
+
+/* The verbs that are fenced, for the error a non-holder gets. */
+typedef enum { EMQ_VERB_EXTEND, EMQ_VERB_COMPLETE, EMQ_VERB_FAIL } EmqVerb;
+
+/* The error for a holder verdict that is neither OK nor GONE (GONE answers
+ * :-1, which is not an error). */
+EMQ_EXPORT int emq_holder_error(int verb, int holder);
+
+/* Where FAIL sends a job: a job whose cancel was requested ends cancelled
+ * (not retried, not a failure); else it is dead at max_attempts claims, and
+ * back in pending below that. */
+typedef enum { EMQ_FAIL_TO_PENDING, EMQ_FAIL_TO_DEAD, EMQ_FAIL_TO_CANCELLED } EmqFailRoute;
+
+EMQ_EXPORT int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested);
+
+/* 1 when a row's `state` says the job is over: done, dead or cancelled. */
+EMQ_EXPORT int emq_state_is_finished(const char *state, size_t len);
+
+/* What CANCEL does to a job: nothing for an unknown id (:-1), cancel a
+ * waiting job on the spot, store the request for a held one, or nothing for
+ * a finished one. */
+typedef enum { EMQ_CANCEL_GONE, EMQ_CANCEL_NOW, EMQ_CANCEL_REQUEST, EMQ_CANCEL_FINISHED } EmqCancel;
+
+EMQ_EXPORT int emq_cancel_decide(int row_exists, int in_pending, int finished);
 
 #endif

@@ -80,6 +80,7 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
     X(int, ReplyWithNull, (RedisModuleCtx * ctx))                                             \
     X(RedisModuleString *, CreateString, (RedisModuleCtx * ctx, const char *ptr, size_t len)) \
     X(void, FreeString, (RedisModuleCtx * ctx, RedisModuleString * str))                      \
+    X(void, RetainString, (RedisModuleCtx * ctx, RedisModuleString * str))                    \
     X(const char *, StringPtrLen, (const RedisModuleString *str, size_t *len))                \
     X(RedisModuleKey *, OpenKey, (RedisModuleCtx * ctx, RedisModuleString * name, int mode))  \
     X(void, CloseKey, (RedisModuleKey * key))                                                 \

@@ -1,7 +1,7 @@
 """Keyspace notifications: the module fires what the seed's Lua fires.
 
 The module writes through the low-level key API, which notifies nobody, so
-emq.c fires each event itself.  The reference is the seed's Lua run on the
+the module fires each event itself.  The reference is the seed's Lua run on the
 same data: its core commands (ZREM, HINCRBY, HSET, ZADD) fire the events a
 keyspace-notification consumer was built against.  We compare the exact
 sequence of (event, key) pairs, `new` and `del` included, not just the set:

@@ -101,7 +101,8 @@ def test_wheel_is_platform_specific_and_carries_the_module(dist: Path) -> None:
     (sdist,) = dist.glob("echomq-*.tar.gz")
     with tarfile.open(sdist) as tf:
         members = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
-    assert {"setup.py", "module/Makefile", "module/emq.c", "module/emq_core.c", "module/emq_rm.h"} <= members
+    expected = {"setup.py", "module/Makefile", "module/emq_module.c", "module/emq_core.c", "module/emq_rm.h"}
+    assert expected <= members
     assert not [m for m in members if m.endswith((".so", ".o"))], "the sdist ships compiled files"
 
 
@@ -152,7 +153,7 @@ def _lay_out(tmp_path: Path, checkout: bool) -> tuple[Path, Path, Path]:
     source = tmp_path / "module" / "emq.so"
     if checkout:
         source.parent.mkdir()
-        (source.parent / "emq.c").write_text("/* the sources */\n")
+        (source.parent / "Makefile").write_text("# the module's build\n")
         source.write_bytes(b"just rebuilt by make -C module")
     return package, package_copy, source
 

@@ -57,7 +57,7 @@ def module_path() -> Path:
 
 def _in_checkout() -> bool:
     """True when this package is the ``python/echomq`` of a source tree beside ``module/``."""
-    return _PACKAGE_DIR.parent.name == "python" and (_SOURCE_MODULE_DIR / "emq.c").is_file()
+    return _PACKAGE_DIR.parent.name == "python" and (_SOURCE_MODULE_DIR / "Makefile").is_file()
 
 
 def server_binary() -> str:

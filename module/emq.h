@@ -1,0 +1,75 @@
+/* emq.h -- what every command file of emq.so shares.
+ *
+ * The module in one paragraph: a queue named Q lives under the base
+ * "emq:{Q}:".  Two facts carry the design.  The lease IS the active set's
+ * score: <base>active holds each running job's id scored with its deadline
+ * in server milliseconds; there is no lock key.  The fencing token IS the
+ * job row's `attempts`: every claim bumps it, so a holder from an earlier
+ * claim can never touch the job again.
+ *
+ * Files, by concept:
+ *   emq_module.c   loading, the one command table, the strings made at load
+ *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
+ *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
+ *   emq_claim.c    ENQUEUE, CLAIM, COMPLETE, FAIL  (a job's way through the queue)
+ *   emq_cancel.c   CANCEL                  (a cancel request, delivered by CHECKPOINT)
+ *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
+ *   emq_effects.c  every write: the change, its keyspace event, its replication
+ *   emq_keys.c     a queue's keys: checks, derived names, ACL, opening, the fence
+ *   emq_rm.c/.h    our own declaration of the module API we call
+ *
+ * Every handler runs in the same order: parse -> open and type-check ->
+ * read -> decide (emq_core) -> apply (emq_effects) -> reply. */
+#ifndef EMQ_H
+#define EMQ_H
+
+#include "emq_core.h"
+#include "emq_effects.h"
+#include "emq_keys.h"
+#include "emq_rm.h"
+
+/* Field names, state values and small numbers, made once at load (a
+ * C-string field costs an allocation per use, and in a 100,000-job sweep
+ * those were a sixth of the command's instructions).  Owned by emq_module.c. */
+#define EMQ_STRINGS(X)                        \
+    X(attempts, "attempts")                   \
+    X(stalled, "stalled")                     \
+    X(state, "state")                         \
+    X(last_error, "last_error")               \
+    X(payload, "payload")                     \
+    X(enqueued_at, "enqueued_at")             \
+    X(cancel_requested, "cancel_requested")   \
+    X(count, "count")                         \
+    X(pending, "pending")                     \
+    X(active, "active")                       \
+    X(done, "done")                           \
+    X(dead, "dead")                           \
+    X(cancelled, "cancelled")                 \
+    X(xx, "XX")
+
+#define EMQ_STRING_FIELD(name, text) RedisModuleString *name;
+typedef struct {
+    EMQ_STRINGS(EMQ_STRING_FIELD)
+} EmqStrings;
+#undef EMQ_STRING_FIELD
+
+extern EmqStrings emq_str;
+
+/* "0" .. "63", for stall counts and other small values. */
+#define EMQ_SMALL_INTS 64
+extern RedisModuleString *emq_small_int[EMQ_SMALL_INTS];
+
+/* The command handlers, one per verb; emq_module.c registers them. */
+int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+/* Answer an error from the core's table. */
+int emq_reply_error(RedisModuleCtx *ctx, int err);
+
+#endif

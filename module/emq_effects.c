@@ -1,0 +1,142 @@
+/* emq_effects.c -- see emq_effects.h. */
+#include "emq_effects.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "emq.h"
+
+/* One command to propagate: argv[0] is the key, the rest its arguments;
+ * `xx` marks a ZADD XX (it cannot join a plain ZADD). */
+struct EmqFxEntry {
+    const char *cmd;
+    int xx;
+    RedisModuleString **argv;
+    int argc, cap;
+};
+
+void emq_fx_begin(EmqFx *fx, RedisModuleCtx *ctx) {
+    memset(fx, 0, sizeof *fx);
+    fx->ctx = ctx;
+}
+
+static void push_arg(EmqFxEntry *e, RedisModuleString *s) {
+    if (e->argc == e->cap) {
+        e->cap = e->cap ? e->cap * 2 : 8;
+        e->argv = RedisModule_Realloc(e->argv, (size_t)e->cap * sizeof *e->argv);
+    }
+    RedisModule_RetainString(NULL, s);
+    e->argv[e->argc++] = s;
+}
+
+/* The entry this write joins: the key's latest one when it is the same
+ * kind of command, else a new one at the end.  Joining an earlier entry
+ * reorders this write only against writes to other keys, which commute. */
+static EmqFxEntry *entry_for(EmqFx *fx, EmqKey *k, const char *cmd, int xx) {
+    if (k->last >= 0 && k->last < fx->n) {
+        EmqFxEntry *e = &fx->entries[k->last];
+        if (e->cmd == cmd && e->xx == xx && e->argv[0] == k->name) return e;
+    }
+    if (fx->n == fx->cap) {
+        fx->cap = fx->cap ? fx->cap * 2 : 8;
+        fx->entries = RedisModule_Realloc(fx->entries, (size_t)fx->cap * sizeof *fx->entries);
+    }
+    EmqFxEntry *e = &fx->entries[fx->n];
+    memset(e, 0, sizeof *e);
+    e->cmd = cmd;
+    e->xx = xx;
+    push_arg(e, k->name);
+    k->last = fx->n++;
+    return e;
+}
+
+RedisModuleString *emq_fx_number(EmqFx *fx, long long v) {
+    if (v >= 0 && v < EMQ_SMALL_INTS) return emq_small_int[v];
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%lld", v);
+    RedisModuleString *s = RedisModule_CreateString(NULL, buf, (size_t)n);
+    if (fx->nowned == fx->capowned) {
+        fx->capowned = fx->capowned ? fx->capowned * 2 : 8;
+        fx->owned = RedisModule_Realloc(fx->owned, (size_t)fx->capowned * sizeof *fx->owned);
+    }
+    fx->owned[fx->nowned++] = s;
+    return s;
+}
+
+static const char ZADD[] = "ZADD", ZREM[] = "ZREM", HSET[] = "HSET";
+
+int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *member, int xx) {
+    int flags = xx ? REDISMODULE_ZADD_XX : 0;
+    /* An absent set is not handed to ZsetAdd under XX: it would create the
+     * key before finding nothing to update. */
+    if (xx && RedisModule_KeyType(set->key) == REDISMODULE_KEYTYPE_EMPTY) return REDISMODULE_ZADD_NOP;
+    if (RedisModule_ZsetAdd(set->key, (double)score, member, &flags) != REDISMODULE_OK)
+        return REDISMODULE_ZADD_NOP;
+    if (!(flags & (REDISMODULE_ZADD_ADDED | REDISMODULE_ZADD_UPDATED))) return flags;
+    set->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set->name);
+    EmqFxEntry *e = entry_for(fx, set, ZADD, xx);
+    if (xx && e->argc == 1) push_arg(e, emq_str.xx);
+    push_arg(e, emq_fx_number(fx, score));
+    push_arg(e, member);
+    return flags;
+}
+
+int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member) {
+    int deleted = 0;
+    RedisModule_ZsetRem(set->key, member, &deleted);
+    if (!deleted) return 0;
+    set->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_ZSET, "zrem", set->name);
+    /* The API deletes a set it emptied, silently; ZREM says "del". */
+    if (RedisModule_KeyType(set->key) == REDISMODULE_KEYTYPE_EMPTY)
+        RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "del", set->name);
+    push_arg(entry_for(fx, set, ZREM, 0), member);
+    return 1;
+}
+
+static int same_bytes(RedisModuleString *a, RedisModuleString *b) {
+    if (a == b) return 1;
+    size_t alen, blen;
+    const char *ap = RedisModule_StringPtrLen(a, &alen), *bp = RedisModule_StringPtrLen(b, &blen);
+    return alen == blen && memcmp(ap, bp, alen) == 0;
+}
+
+void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...) {
+    EmqFxEntry *e = entry_for(fx, row, HSET, 0);
+    va_list ap;
+    va_start(ap, npairs);
+    for (int p = 0; p < npairs; p++) {
+        RedisModuleString *field = va_arg(ap, RedisModuleString *);
+        RedisModuleString *value = va_arg(ap, RedisModuleString *);
+        RedisModule_HashSet(row->key, REDISMODULE_HASH_NONE, field, value, NULL);
+        /* A field set twice in one command propagates once, with its last value. */
+        int i = 1;
+        while (i < e->argc && !same_bytes(e->argv[i], field)) i += 2;
+        if (i < e->argc) {
+            RedisModule_RetainString(NULL, value);
+            RedisModule_FreeString(NULL, e->argv[i + 1]);
+            e->argv[i + 1] = value;
+        } else {
+            push_arg(e, field);
+            push_arg(e, value);
+        }
+    }
+    va_end(ap);
+    row->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_HASH, event, row->name);
+}
+
+void emq_fx_commit(EmqFx *fx) {
+    for (int i = 0; i < fx->n; i++) {
+        EmqFxEntry *e = &fx->entries[i];
+        RedisModule_Replicate(fx->ctx, e->cmd, "v", e->argv, (size_t)e->argc);
+        for (int a = 0; a < e->argc; a++) RedisModule_FreeString(NULL, e->argv[a]);
+        RedisModule_Free(e->argv);
+    }
+    RedisModule_Free(fx->entries);
+    for (int i = 0; i < fx->nowned; i++) RedisModule_FreeString(NULL, fx->owned[i]);
+    RedisModule_Free(fx->owned);
+    memset(fx, 0, sizeof *fx);
+}

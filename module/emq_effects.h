@@ -1,0 +1,66 @@
+/* emq_effects.h -- every write a verb makes, in one place.
+ *
+ * A write has three parts, and a verb that wrote one by hand could forget
+ * one of them:
+ *   1. the change itself, through the low-level key API;
+ *   2. the keyspace event the core command would fire (that API fires none);
+ *   3. its propagation to replicas and the AOF, as a core command carrying
+ *      absolute values, never the EMQ.* command (a replay must not read a
+ *      clock of its own).
+ * Each emq_fx_* call does all three.  Propagation is collected during the
+ * command and sent by emq_fx_commit(): consecutive writes of one kind to one
+ * key become one command (a 100,000-job sweep sends one ZREM with every id,
+ * one HSET per row), and the server wraps several in MULTI/EXEC.
+ *
+ * Strings handed to these functions are borrowed: the layer keeps its own
+ * reference to whatever it must propagate. */
+#ifndef EMQ_EFFECTS_H
+#define EMQ_EFFECTS_H
+
+#include "emq_rm.h"
+
+/* An open key a verb writes to.  `last` is the layer's bookkeeping (the
+ * index of this key's latest propagated command, so the next write of the
+ * same kind joins it); `modified` says the verb changed the key. */
+typedef struct {
+    RedisModuleKey *key;
+    RedisModuleString *name;
+    int last;
+    int modified;
+} EmqKey;
+
+typedef struct EmqFxEntry EmqFxEntry;
+
+typedef struct {
+    RedisModuleCtx *ctx;
+    EmqFxEntry *entries;
+    int n, cap;
+    RedisModuleString **owned; /* numbers made for propagation, freed at commit */
+    int nowned, capowned;
+} EmqFx;
+
+void emq_fx_begin(EmqFx *fx, RedisModuleCtx *ctx);
+
+/* Propagate what was collected, in order, and release it.  Called once at
+ * the end of every command, also when it wrote nothing. */
+void emq_fx_commit(EmqFx *fx);
+
+/* ZADD <set> [XX] <score> <member>.  Fires "zadd" and propagates only when
+ * the member was added or its score changed, as ZADD does.  With xx on a
+ * member that is not there (or an absent set), nothing happens and the
+ * returned flags carry REDISMODULE_ZADD_NOP. */
+int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *member, int xx);
+
+/* ZREM <set> <member>.  Fires "zrem" (and "del" when that emptied the set)
+ * when the member was there.  Returns 1 when it was removed. */
+int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member);
+
+/* HSET <row> f1 v1 ... fn vn: `npairs` (field, value) RedisModuleString
+ * pairs follow.  Fires `event` ("hset", or "hincrby" where the core command
+ * would be HINCRBY) once.  Consecutive HSETs of one row propagate as one. */
+void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...);
+
+/* A decimal string for `v` that lives until emq_fx_commit(). */
+RedisModuleString *emq_fx_number(EmqFx *fx, long long v);
+
+#endif

@@ -1,0 +1,98 @@
+/* emq_lease.c -- a holder keeps its lease: EMQ.EXTEND and EMQ.CHECKPOINT.
+ *
+ * The lease IS the active set's score, so extending it is one ZADD XX of
+ * the deadline, guarded by the fence (the row's token and the id's
+ * membership in <active>).  EXTEND is the hot path of every running job:
+ * one row lookup and one skiplist update, nothing else. */
+#include <string.h>
+
+#include "emq.h"
+
+/* ------------------------------------------------------------------------
+ * EMQ.EXTEND <active> <job> <id> <token> <lease-ms>
+ *
+ * :1 the lease now ends at server-now + lease-ms; :-1 the row is gone;
+ * -EMQSTALE the token is not the row's attempts, or <id> is no longer active.
+ *
+ * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms>
+ *
+ * The same for holders that want remote cancels delivered (EMQ.CANCEL,
+ * emq_cancel.c): on success it answers [1, reason], the stored cancel
+ * request or null, instead of :1.
+ * ------------------------------------------------------------------------ */
+static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int with_cancel) {
+    /* parse */
+    if (argc != 6) return RedisModule_WrongArity(ctx);
+    RedisModuleString *id = argv[3], *token = argv[4];
+    /* Opening one key twice with WRITE is undefined in the module API. */
+    if (emq_str_equal(argv[1], argv[2])) return emq_reply_error(ctx, EMQ_ERR_SAME_KEY);
+    size_t lease_len;
+    const char *lease = RedisModule_StringPtrLen(argv[5], &lease_len);
+    long long deadline;
+    int err = emq_lease_deadline(RedisModule_Milliseconds(), lease, lease_len, &deadline);
+    if (err) return emq_reply_error(ctx, err);
+
+    /* open and type-check */
+    EmqKey active, row;
+    emq_key_open(ctx, &active, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    emq_key_open(ctx, &row, argv[2], REDISMODULE_READ);
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
+        emq_reply_error(ctx, EMQ_ERR_WRONGTYPE);
+        goto done;
+    }
+
+    /* read and decide: the token first; membership comes with the write. */
+    RedisModuleString *attempts = emq_hget(&row, emq_str.attempts);
+    if (attempts == NULL) {
+        RedisModule_ReplyWithLongLong(ctx, -1);
+        goto done;
+    }
+    int same_holder = emq_str_equal(attempts, token);
+    RedisModule_FreeString(NULL, attempts);
+    if (!same_holder) {
+        emq_reply_error(ctx, emq_holder_error(EMQ_VERB_EXTEND, EMQ_HOLDER_STALE_TOKEN));
+        goto done;
+    }
+
+    /* apply.  The token still matches until the next claim, but a sweep
+     * may already have taken the job: re-adding it would hand a recovered
+     * or dead job back to a holder that lost it.  ZADD XX is the membership
+     * check and the write in one lookup: it answers NOP, and changes
+     * nothing, when <id> is not a member.  A deadline equal to the current
+     * score changes nothing, so nothing is propagated and no event fires. */
+    if (emq_fx_zadd(&fx, &active, deadline, id, 1) & REDISMODULE_ZADD_NOP) {
+        emq_reply_error(ctx, emq_holder_error(EMQ_VERB_EXTEND, EMQ_HOLDER_NOT_ACTIVE));
+        goto done;
+    }
+
+    /* reply */
+    if (!with_cancel) {
+        RedisModule_ReplyWithLongLong(ctx, 1);
+        goto done;
+    }
+    RedisModuleString *reason = emq_hget(&row, emq_str.cancel_requested);
+    RedisModule_ReplyWithArray(ctx, 2);
+    RedisModule_ReplyWithLongLong(ctx, 1);
+    if (reason) {
+        RedisModule_ReplyWithString(ctx, reason);
+        RedisModule_FreeString(NULL, reason);
+    } else {
+        RedisModule_ReplyWithNull(ctx);
+    }
+
+done:
+    emq_fx_commit(&fx);
+    emq_key_close(&row);
+    emq_key_close(&active);
+    return REDISMODULE_OK;
+}
+
+int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return extend_lease(ctx, argv, argc, 0);
+}
+
+int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    return extend_lease(ctx, argv, argc, 1);
+}
