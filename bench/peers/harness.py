@@ -428,6 +428,46 @@ def _ratio(value: float) -> str:
     return "n/a" if value != value else f"{value:.2f}x"
 
 
+def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """Issue 18's goals, as ratios from this one run: (goal, measured, target, held; None: cannot tell)."""
+    rows = {row["key"]: row for row in res["rows"] if "skipped" not in row}
+    out: list[tuple[str, str, str, bool | None]] = []
+    nan = float("nan")
+
+    def add(name: str, value: float, target: str, held: bool, unit: str = "x") -> None:
+        shown = "n/a" if value != value else f"{value:,.2f}{unit}"
+        out.append((name, shown, target, None if value != value else held))
+
+    def ratio(key: str, metric: str) -> float:
+        return rows[key][metric + "_vs_bullmq"] if key in rows else nan
+
+    v = ratio("echomq-async", "jobs_per_s")
+    add("asyncio Worker (10 tasks) jobs/s / BullMQ's", v, ">= 1.50x", v >= 1.5)
+    v = ratio("echomq-sync-1", "jobs_per_s")
+    add("sync Worker (1 thread) jobs/s / BullMQ's", v, ">= 1.00x", v >= 1.0)
+    one = {run["round"]: run for run in res["runs"].get("echomq-sync-1", []) if "error" not in run}
+    ten = [run for run in res["runs"].get("echomq-sync-10", []) if "error" not in run]
+    v = median([run["jobs_per_s"] / one[run["round"]]["jobs_per_s"] for run in ten if run["round"] in one])
+    add("sync Worker jobs/s, 10 threads / 1 thread", v, ">= 1.00x (never slower)", v >= 1.0)
+    echo = [key for key in rows if key.startswith("echomq")]
+    if echo:
+        worst = max(echo, key=lambda k: ratio(k, "redis_cpu_us_per_job"))
+        v = ratio(worst, "redis_cpu_us_per_job")
+        add(f"Redis CPU per job / BullMQ's (worst echomq row: {worst})", v, "<= 0.50x", v <= 0.5)
+        worst = max(echo, key=lambda k: rows[k]["commands_per_job"])
+        v = rows[worst]["commands_per_job"]
+        add(f"commands per job (worst echomq row: {worst})", v, "<= 1.2", v <= 1.2, "")
+    cancel = [c for c in res.get("extras", {}).get("cancel", []) if "error" not in c]
+    if cancel:
+        v = max(c["p99_ms"] for c in cancel)
+        add("remote cancel to the handler's token, p99 (worst worker)", v, "<= 10 ms", v <= 10, " ms")
+    ways = res.get("extras", {}).get("enqueue", {}).get("ways", {})
+    if ways:
+        v = ways.get("batch", {}).get("x_one", nan)
+        add("batch enqueue jobs/s / one call per job", v, ">= 5x", v >= 5)
+    return out
+
+
 def markdown(res: dict[str, Any]) -> str:
     m, sz = res["machine"], res["sizes"]
     vers = res["versions"]
@@ -443,6 +483,15 @@ def markdown(res: dict[str, Any]) -> str:
         f"{sz['n']:,} no-op jobs per contender, enqueued first, then one worker process drains them; "
         f"a fresh redis-server per run; medians of {sz['rounds']} interleaved round(s); "
         "each ratio is the median of the per-round ratios to BullMQ.",
+        "",
+        "Issue 18's goals (ratios from this run):",
+        "",
+        "| goal | measured | target | held |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {v} | {target} | {'yes' if held else ('n/a' if held is None else '**no**')} |"
+            for name, v, target, held in goals(res)
+        ),
         "",
         "| contender | jobs/s | x BullMQ | Redis CPU us/job | x BullMQ | commands/job | x BullMQ "
         "| sent + in scripts /job | worker CPU us/job | verified by its own status API |",
