@@ -301,6 +301,8 @@ def verdict_text(run: dict[str, Any]) -> tuple[bool, str]:
         parts.append(f"{count} {status}")
     if run.get("timed_out"):
         parts.append(f"TIMED OUT after {run['processed']} finished")
+    if v.get("errors"):
+        parts.append(f"e.g. {v['errors'][0][:80]}")
     ok = v["done"] == n and not v.get("failed") and not v.get("missing") and not v.get("other")
     return ok and not run.get("timed_out"), ", ".join(parts)
 

@@ -34,6 +34,11 @@ def verify(url: str, queue: str, ids: list[str]) -> dict[str, Any]:
         pipe.hget(keys.job(job_id), "state")
     states = [s.decode() if s is not None else None for s in pipe.execute()]
     out = verdict(states, "done", ("dead",))
+    out["errors"] = [
+        f"{job_id}: {state}: {(r.hget(keys.job(job_id), 'last_error') or b'').decode(errors='replace')}"
+        for job_id, state in zip(ids, states, strict=True)
+        if state != "done"
+    ][:3]
     out["pending_left"] = r.zcard(keys.pending)
     out["active_left"] = r.zcard(keys.active)
     return out
