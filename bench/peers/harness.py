@@ -154,22 +154,40 @@ def _stamp(*files: Path) -> str:
     return h.hexdigest()
 
 
+def errors_of(output: str) -> str:
+    """The lines of an installer's output that say what went wrong (else its last lines)."""
+    lines = [line for line in output.splitlines() if "error" in line.lower()]
+    return tail("\n".join(lines)) if lines else tail(output)
+
+
 def python_peers() -> Runtime:
     """bench/.venv-peers with the pinned RQ, arq and saq; (re)built when requirements.txt changes."""
     py = PEERS_VENV / "bin" / "python"
     marker = PEERS_VENV / ".installed"
     want = _stamp(REQUIREMENTS)
     if not (py.exists() and marker.exists() and marker.read_text() == want):
-        log(f"installing the Python peers into {PEERS_VENV.relative_to(ROOT)} (pip, {REQUIREMENTS.name})")
+        log(f"installing the Python peers into {PEERS_VENV} (pip, {REQUIREMENTS.name})")
         shutil.rmtree(PEERS_VENV, ignore_errors=True)
         steps = [
-            [sys.executable, "-m", "venv", str(PEERS_VENV)],
-            [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(REQUIREMENTS)],
+            ("python -m venv", [sys.executable, "-m", "venv", str(PEERS_VENV)]),
+            (
+                f"pip install -r {REQUIREMENTS.name}",
+                [
+                    str(py),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "-r",
+                    str(REQUIREMENTS),
+                ],
+            ),
         ]
-        for step in steps:
+        for what, step in steps:
             done = subprocess.run(step, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
-                return Runtime(None, f"`{shlex.join(step[-3:])}` failed: {tail(done.stderr or done.stdout)}")
+                return Runtime(None, f"`{what}` failed: {errors_of(done.stderr or done.stdout)}")
         marker.write_text(want)
     probe = (
         "import importlib.metadata as m, json; "
@@ -197,7 +215,7 @@ def node_peers() -> Runtime:
             [npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True, timeout=900
         )
         if done.returncode != 0:
-            return Runtime(None, f"`npm ci` failed: {tail(done.stderr or done.stdout)}")
+            return Runtime(None, f"`npm ci` failed: {errors_of(done.stderr or done.stdout)}")
         marker.write_text(want)
     versions = {"node": subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()}
     for pkg in ("bullmq", "ioredis"):
