@@ -4,7 +4,10 @@
 #   make test   set everything up, then lint, type-check and run the full suite
 #               on Redis, then again on Valkey, then the memory check
 #               (module/Makefile `check`: a subset of the tests under valgrind)
-#   make bench  set everything up, then run the benchmark (bench/run.py)
+#   make bench  set everything up, then run the benchmark (bench/run.py), peers
+#               section included: it installs RQ, arq and saq into bench/.venv-peers
+#               (pip) and BullMQ into bench/peers/node/node_modules (npm ci) itself,
+#               and skips BullMQ, saying why, where node or npm is missing
 #
 # Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
@@ -66,3 +69,4 @@ $(VENV)/.installed: pyproject.toml
 clean:
 	$(MAKE) -C module clean
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf bench/.venv-peers bench/peers/node/node_modules

@@ -17,6 +17,10 @@ machine's drift:
    (SLOWLOG at 0 us) for the limit calls, at 1,000,000 and 10,000 members.
 3. Python: client.extend() against a raw execute_command("EMQ.EXTEND", ...),
    and extend_many() (one round trip) against one extend() per job.
+4. Peers (bench/peers/harness.py, after the server above has stopped): the
+   same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
+   on a fresh server of its own; then remote-cancel latency and enqueue rate.
+   `--no-peers` skips it; `--only peers` runs only it.
 
 Verdicts are ratios from this one run, never an absolute time.  Results go
 to bench/results/ (JSON and markdown, also printed).
@@ -44,6 +48,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
+from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from tests.seed_scripts import EXTEND_LUA_ORIGINAL, SWEEP_LUA  # noqa: E402
 
@@ -571,7 +576,10 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
-    parser.add_argument("--only", choices=["extend", "sweep", "python"], help="run one part (no verdict)")
+    parser.add_argument(
+        "--only", choices=["extend", "sweep", "python", "peers"], help="run one part (no verdict)"
+    )
+    parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     command = (
@@ -579,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.only == "peers":
+        return run_peers(args.quick, command)
     with echomq.EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         version = r.info("server")["redis_version"]
@@ -613,8 +623,22 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(res)
     (RESULTS / f"{stamp}.md").write_text(text)
     (RESULTS / "latest.md").write_text(text)
+    print(text, flush=True)
+    if args.no_peers:
+        return 0
+    return run_peers(args.quick, command)
+
+
+def run_peers(quick: bool, command: str) -> int:
+    """The peers section: its own servers, its own results files (bench/results/peers-*)."""
+    t0 = time.monotonic()
+    print("bench: peers ...", file=sys.stderr, flush=True)
+    res = peers.run(peers.QUICK if quick else peers.FULL, command=command)
+    text = peers.markdown(res)
+    peers.save(res, text)
+    print(f"bench: peers done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
     print(text)
-    return 0
+    return peers.exit_code(res)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""The peers section of the benchmark (see harness.py)."""

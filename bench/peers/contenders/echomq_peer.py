@@ -1,0 +1,116 @@
+"""echomq contender: the package's own Worker (sync threads or asyncio tasks), no-op handler.
+
+Runs in the project's .venv (the package under test).  See protocol.py for
+the conversation with the harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from protocol import Clock, emit, expect, parser, verdict
+
+import echomq
+import echomq.asyncio as emq_async
+from echomq.keyspace import queue_keys
+
+POLL_S = 0.002  # how often the contender looks at its worker's finish count
+
+
+def finished(stats: echomq.WorkerStats) -> int:
+    return stats.completed + stats.failed + stats.cancelled + stats.leases_lost + stats.rejected
+
+
+def verify(url: str, queue: str, ids: list[str]) -> dict[str, Any]:
+    """Every row's `state`, read back (the row is echomq's status API)."""
+    r = redis.Redis.from_url(url)
+    keys = queue_keys(queue)
+    pipe = r.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(keys.job(job_id), "state")
+    states = [s.decode() if s is not None else None for s in pipe.execute()]
+    out = verdict(states, "done", ("dead",))
+    out["errors"] = [
+        f"{job_id}: {state}: {(r.hget(keys.job(job_id), 'last_error') or b'').decode(errors='replace')}"
+        for job_id, state in zip(ids, states, strict=True)
+        if state != "done"
+    ][:3]
+    out["pending_left"] = r.zcard(keys.pending)
+    out["active_left"] = r.zcard(keys.active)
+    return out
+
+
+def run_sync(url: str, n: int, queue: str, concurrency: int, timeout: float) -> None:
+    client = echomq.Client(redis.Redis.from_url(url))
+    t = time.perf_counter()
+    ids = [client.enqueue(queue, b"") for _ in range(n)]
+    emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
+    expect("go")
+    clock = Clock()
+    worker = echomq.Worker(
+        echomq.Client(redis.Redis.from_url(url)), queue, lambda job, cancel: None, concurrency=concurrency
+    )
+    worker.start()
+    while finished(worker.stats) < n and clock.elapsed() < timeout:
+        time.sleep(POLL_S)
+    emit(
+        "drained",
+        elapsed_s=clock.elapsed(),
+        processed=finished(worker.stats),
+        timed_out=finished(worker.stats) < n,
+    )
+    expect("verify")
+    worker.stop(timeout=5)
+    emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
+
+
+async def run_async(url: str, n: int, queue: str, concurrency: int, timeout: float) -> None:
+    client = emq_async.Client(aioredis.Redis.from_url(url))
+    t = time.perf_counter()
+    ids = [await client.enqueue(queue, b"") for _ in range(n)]
+    await client.aclose()
+    emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
+    expect("go")  # blocks the loop on purpose: nothing else runs yet
+    clock = Clock()
+
+    async def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
+        return None
+
+    wclient = emq_async.Client(aioredis.Redis.from_url(url))
+    worker = emq_async.Worker(wclient, queue, handler, concurrency=concurrency)
+    task = asyncio.create_task(worker.run())
+    while finished(worker.stats) < n and clock.elapsed() < timeout:
+        await asyncio.sleep(POLL_S)
+    emit(
+        "drained",
+        elapsed_s=clock.elapsed(),
+        processed=finished(worker.stats),
+        timed_out=finished(worker.stats) < n,
+    )
+    expect("verify")  # blocking: the worker's tasks wait until the harness has read INFO
+    worker.stop()
+    await task
+    await wclient.aclose()
+    emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--kind", choices=["sync", "async"], required=True)
+    a = p.parse_args()
+    try:
+        if a.kind == "sync":
+            run_sync(a.url, a.n, a.queue, a.concurrency, a.timeout)
+        else:
+            asyncio.run(run_async(a.url, a.n, a.queue, a.concurrency, a.timeout))
+    except Exception as exc:
+        emit("error", message=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+if __name__ == "__main__":
+    main()
