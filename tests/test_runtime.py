@@ -234,7 +234,7 @@ def test_stop_cancels_running_handlers_and_a_claim_after_stop_at_once() -> None:
     assert late.cancel.check() == Cancellation(SHUTDOWN)
     w._let_go(running)
     w._let_go(late)
-    assert len(w.held) == 0
+    assert len(w._held) == 0
     w._begin()
     fresh = held()
     w._took(fresh)

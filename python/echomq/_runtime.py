@@ -251,9 +251,9 @@ class KeeperCore(Generic[ClientT]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         start = claimed_at if claimed_at is not None else clock()
-        self.held = HeldJob.claimed(job, cancel, lease_ms, claimed_at=start, interval=interval)
+        self._held = HeldJob.claimed(job, cancel, lease_ms, claimed_at=start, interval=interval)
         self.client, self.job, self.lease_ms, self.cancel = client, job, lease_ms, cancel
-        self.interval = self.held.interval
+        self.interval = self._held.interval
         self.deliver_cancel = deliver_cancel
         self._clock = clock
         self._init_driver()
@@ -264,12 +264,12 @@ class KeeperCore(Generic[ClientT]):
     @property
     def lost(self) -> str | None:
         """Why the lease was lost (the reason given to the token), or None."""
-        return self.held.lost
+        return self._held.lost
 
     @property
     def extends(self) -> int:
         """How many checkpoints the server confirmed."""
-        return self.held.extends
+        return self._held.extends
 
 
 # -- the reaper ------------------------------------------------------------------
@@ -409,30 +409,30 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         self.concurrency, self.poll_interval = concurrency, poll_interval
         self.extend_interval = extend_interval
         self.stats = WorkerStats()
-        self.held = Leases()
-        self.stopping = False
+        self._held = Leases()
+        self._stop_requested = False
         self._init_driver()
 
     def _init_driver(self) -> None:
         """Make the driver's own thread or task primitives."""
 
     def _begin(self) -> None:
-        self.stopping = False
+        self._stop_requested = False
 
     def _request_stop(self) -> None:
         """Stop claiming; running handlers are told "shutdown"."""
-        self.stopping = True
-        self.held.cancel_all(SHUTDOWN)
+        self._stop_requested = True
+        self._held.cancel_all(SHUTDOWN)
 
     def _took(self, held: HeldJob) -> None:
         """A job was claimed and its keeper made; a claim that raced ``stop()`` is cancelled at once."""
-        self.held.add(held)
-        if self.stopping:
+        self._held.add(held)
+        if self._stop_requested:
             held.cancel.cancel(SHUTDOWN)
 
     def _let_go(self, held: HeldJob) -> None:
         """The handler ended (however it ended) and its keeper stopped."""
-        self.held.discard(held)
+        self._held.discard(held)
 
     def _decide(self, held: HeldJob, error: BaseException | None) -> Finish:
         """Complete, fail with the error's text, or (the lease was lost) send nothing."""

@@ -48,8 +48,15 @@ class Client:
         self.redis = redis_client
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> Client:
-        """Connect with ``redis.asyncio.Redis.from_url(url, **kwargs)``."""
+    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
+        """Connect with ``redis.asyncio.Redis.from_url(url, **kwargs)``.
+
+        With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
+        client is ``redis.asyncio.RedisCluster``: each command goes to the node
+        that owns its queue's slot.
+        """
+        if cluster:
+            return cls(aioredis.RedisCluster.from_url(url, **kwargs))
         return cls(aioredis.Redis.from_url(url, **kwargs))
 
     async def _run(self, call: proto.Call[T]) -> T:
@@ -155,28 +162,28 @@ class LeaseKeeper(KeeperCore[Client]):
 
     async def stop(self) -> None:
         """Stop checkpointing; waits for a checkpoint in flight (a loss it reports still counts)."""
-        self.held.stop()
+        self._held.stop()
         self._stop.set()
         if self._task is not None:
             await self._task
 
     async def _run(self) -> None:
         while True:
-            wait = self.held.wait_before_checkpoint(self._clock())
+            wait = self._held.wait_before_checkpoint(self._clock())
             if wait is None or await _wait(self._stop, wait):
                 return
-            if self.held.checkpoint_due(self._clock()):
+            if self._held.checkpoint_due(self._clock()):
                 await self._checkpoint()
 
     async def _checkpoint(self) -> None:
         sent = self._clock()
         try:
             call = self._send()
-            requested = await asyncio.wait_for(call, timeout=max(self.held.time_left(sent), 0.001))
+            requested = await asyncio.wait_for(call, timeout=max(self._held.time_left(sent), 0.001))
         except Exception as exc:  # a timeout too: the deadline decides
-            self.held.failed(exc, self._clock())
+            self._held.failed(exc, self._clock())
             return
-        self.held.confirmed(sent, self._clock(), requested)
+        self._held.confirmed(sent, self._clock(), requested)
 
     async def _send(self) -> Cancellation | None:
         job = self.job
@@ -247,7 +254,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
     """
 
     def _init_driver(self) -> None:
-        self._stopping = asyncio.Event()  # wakes idle tasks; the decisions read self.stopping
+        self._stopping = asyncio.Event()  # wakes idle tasks; the decisions read _stop_requested
         self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
@@ -302,7 +309,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
-        self._took(keeper.held)
+        self._took(keeper._held)
         error: BaseException | None = None
         try:
             async with keeper:
@@ -311,8 +318,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 except Exception as exc:  # the handler's failure is the job's, not the worker's
                     error = exc
         finally:
-            self._let_go(keeper.held)
-        await self._finish(self._decide(keeper.held, error))
+            self._let_go(keeper._held)
+        await self._finish(self._decide(keeper._held, error))
         return True
 
     async def _finish(self, finish: Finish) -> None:

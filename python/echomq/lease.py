@@ -74,7 +74,7 @@ class LeaseKeeper(KeeperCore[Client]):
     def stop(self) -> None:
         """Stop checkpointing; waits for a checkpoint in flight (a loss it reports still counts)."""
         with self._lock:
-            self.held.stop()
+            self._held.stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -88,23 +88,23 @@ class LeaseKeeper(KeeperCore[Client]):
         # a dead connection must not keep the handler running past its lease.
         if self._watchdog is not None:
             self._watchdog.cancel()
-        delay = max(0.0, self.held.time_left(self._clock()))
+        delay = max(0.0, self._held.time_left(self._clock()))
         self._watchdog = threading.Timer(delay, self._deadline_passed)
         self._watchdog.daemon = True
         self._watchdog.start()
 
     def _deadline_passed(self) -> None:
         with self._lock:
-            self.held.expire(self._clock())
+            self._held.expire(self._clock())
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                wait = self.held.wait_before_checkpoint(self._clock())
+                wait = self._held.wait_before_checkpoint(self._clock())
             if wait is None or self._stop.wait(wait):
                 return
             with self._lock:
-                due = self.held.checkpoint_due(self._clock())
+                due = self._held.checkpoint_due(self._clock())
             if due:
                 self._checkpoint()
 
@@ -114,10 +114,10 @@ class LeaseKeeper(KeeperCore[Client]):
             requested = self._send()
         except Exception as exc:
             with self._lock:
-                self.held.failed(exc, self._clock())
+                self._held.failed(exc, self._clock())
             return
         with self._lock:
-            if self.held.confirmed(sent, self._clock(), requested) is not LeaseEvent.IGNORED:
+            if self._held.confirmed(sent, self._clock(), requested) is not LeaseEvent.IGNORED:
                 self._arm_watchdog()
 
     def _send(self) -> Cancellation | None:

@@ -48,7 +48,7 @@ class Worker(WorkerCore[Client, Handler]):
     """
 
     def _init_driver(self) -> None:
-        self._stopping = threading.Event()  # wakes idle threads; the decisions read self.stopping
+        self._stopping = threading.Event()  # wakes idle threads; the decisions read _stop_requested
         self._lock = threading.Lock()  # the core's held jobs are shared by the threads
         self._threads: list[threading.Thread] = []
 
@@ -116,7 +116,7 @@ class Worker(WorkerCore[Client, Handler]):
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         with self._lock:
-            self._took(keeper.held)
+            self._took(keeper._held)
         error: BaseException | None = None
         try:
             with keeper:
@@ -126,8 +126,8 @@ class Worker(WorkerCore[Client, Handler]):
                     error = exc
         finally:
             with self._lock:
-                self._let_go(keeper.held)
-        self._finish(self._decide(keeper.held, error))
+                self._let_go(keeper._held)
+        self._finish(self._decide(keeper._held, error))
         return True
 
     def _finish(self, finish: Finish) -> None:
