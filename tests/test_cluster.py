@@ -22,8 +22,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster, key_slot
 
-from echomq import Client, EmbeddedServer, ExtendOutcome
+from echomq import Client, ExtendOutcome
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, engine_cli
 from .helpers import now_ms, sweep_args

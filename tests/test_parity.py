@@ -18,6 +18,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 import echomq
 import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 TWINS = ("Client", "LeaseKeeper", "Reaper", "Worker")
 # asyncio's names for the sync protocol methods.
@@ -119,7 +120,7 @@ def test_a_job_claimed_after_stop_is_cancelled_at_once(r: redis.Redis, client: e
 
 
 def test_async_a_job_claimed_after_stop_is_cancelled_at_once(
-    r: redis.Redis, server: echomq.EmbeddedServer
+    r: redis.Redis, server: EmbeddedServer
 ) -> None:
     r.flushall()
     seen: list[echomq.Cancellation | None] = []
@@ -142,7 +143,7 @@ def test_async_a_job_claimed_after_stop_is_cancelled_at_once(
     assert r.hget(K.job("late"), "state") == b"done"
 
 
-def test_async_start_stop_and_on_sweep(r: redis.Redis, server: echomq.EmbeddedServer) -> None:
+def test_async_start_stop_and_on_sweep(r: redis.Redis, server: EmbeddedServer) -> None:
     r.zadd(K.active, {f"j{i}": i for i in range(3)})
     seen: list[echomq.SweepResult] = []
     done: list[str] = []

@@ -153,7 +153,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from .server import EmbeddedServer
+    from .testing import EmbeddedServer
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl-C does
@@ -174,7 +174,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_module_path(args: argparse.Namespace) -> int:
-    from .server import module_path
+    from ._module_so import module_path
 
     try:
         print(module_path())
@@ -184,7 +184,7 @@ def cmd_module_path(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run
+    from ._demo import run
 
     run()
     return 0

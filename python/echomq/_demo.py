@@ -38,7 +38,7 @@ from .cancel import CancelToken
 from .client import Client, Job
 from .keyspace import queue_keys
 from .reaper import Reaper
-from .server import EmbeddedServer
+from .testing import EmbeddedServer
 from .worker import Worker
 
 QUEUE = "demo"
@@ -70,7 +70,7 @@ def _report(r: redis.Redis, who: str, kind: str, job: str, what: str) -> None:
 
 
 def worker_main(name: str, url: str) -> None:
-    """One demo worker process: ``python -m echomq.demo worker NAME URL``."""
+    """One demo worker process: ``python -m echomq._demo worker NAME URL``."""
     r = redis.Redis.from_url(url)
     client = Client(r)
 
@@ -145,7 +145,7 @@ class Director:
         name = f"worker-{self.next_worker}"
         self.next_worker += 1
         self.workers[name] = subprocess.Popen(
-            [sys.executable, "-m", "echomq.demo", "worker", name, self.server.url],
+            [sys.executable, "-m", "echomq._demo", "worker", name, self.server.url],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
