@@ -70,11 +70,13 @@ def test_a_confirmed_checkpoint_counts_from_when_it_was_sent() -> None:
     assert not h.expire(103.9) and h.expire(104.0)
 
 
-def test_the_deadline_is_not_watched_after_the_holder_let_go() -> None:
-    h = held()
+def test_after_let_go_no_checkpoint_starts_but_the_deadline_still_counts() -> None:
+    h = held(lease_ms=3000, claimed_at=100.0)
     h.stop()
-    assert not h.expire(1e9) and h.lost is None
-    assert h.wait_before_checkpoint(1e9) is None
+    assert not h.checkpoint_due(101.0)
+    assert h.wait_before_checkpoint(101.0) is None and h.lost is None
+    # The keeper looks a last time when it has stopped: past the deadline, the job is not ours.
+    assert h.expire(103.0) and h.lost == LOST_DEADLINE
 
 
 # -- outcomes --------------------------------------------------------------------
@@ -119,14 +121,14 @@ def test_the_first_loss_wins_and_late_confirmations_change_nothing() -> None:
     assert h.lost == LOST_STALE and h.extends == 0
 
 
-def test_after_let_go_a_confirmation_is_ignored_but_a_loss_still_counts() -> None:
-    h = held()
+def test_after_let_go_the_answer_to_a_checkpoint_in_flight_still_counts() -> None:
+    h = held(lease_ms=3000, claimed_at=100.0)
     h.stop()
-    assert h.confirmed(101.0, 101.0, Cancellation("late")) is LeaseEvent.IGNORED
-    assert h.cancel.check() is None and h.extends == 0
-    assert h.failed(ConnectionError("x"), 101.0) is LeaseEvent.IGNORED
+    assert h.confirmed(101.0, 102.5) is LeaseEvent.CONFIRMED
+    assert h.confirmed_until == 104.0 and not h.expire(103.5)  # no false loss at the last look
+    assert h.failed(ConnectionError("x"), 102.6) is LeaseEvent.IGNORED  # nothing is retried
     # The worker reads `lost` after its keeper stopped: it must not finish a job it lost.
-    assert h.failed(StaleToken("stale", "j"), 101.0) is LeaseEvent.LOST and h.lost == LOST_STALE
+    assert h.failed(StaleToken("stale", "j"), 102.7) is LeaseEvent.LOST and h.lost == LOST_STALE
 
 
 # -- the book a single keeper would iterate --------------------------------------

@@ -84,7 +84,7 @@ class LeaseEvent(enum.Enum):
     LOST = "lost"
     """Stale, gone or past the deadline: the token is cancelled with the reason."""
     IGNORED = "ignored"
-    """The lease was already lost, or the holder let go: nothing changes."""
+    """The lease was already lost (or a retry after the holder let go): nothing changes."""
 
 
 @dataclass(eq=False)
@@ -94,7 +94,10 @@ class HeldJob:
     ``confirmed_until`` is the end of the last lease the server confirmed,
     counted from when the confirming command was *sent* (or from the claim):
     the server's own deadline is at least that late, so the keeper never
-    believes in a lease the server has already let lapse.
+    believes in a lease the server has already let lapse.  After ``stop()``
+    no checkpoint is started, but the answer to one in flight still counts
+    and so does the deadline, until the keeper has stopped: a holder that
+    cannot show a confirmed lease when it finishes has lost the job.
     """
 
     job: Job
@@ -122,7 +125,7 @@ class HeldJob:
 
     @property
     def active(self) -> bool:
-        """True while the keeper should keep this lease: not lost, not let go."""
+        """True while the keeper should keep checkpointing: not lost, not let go."""
         return self.lost is None and not self.stopped
 
     def time_left(self, now: float) -> float:
@@ -148,17 +151,14 @@ class HeldJob:
         return self.active and now >= self.next_checkpoint
 
     def expire(self, now: float) -> bool:
-        """Lose the lease if no checkpoint was confirmed before its deadline; True if it was lost now.
-
-        After the holder let go the deadline is no longer watched.
-        """
-        if self.active and now >= self.confirmed_until:
+        """Lose the lease if no checkpoint was confirmed before its deadline; True if it was lost now."""
+        if self.lost is None and now >= self.confirmed_until:
             return self.lose(LOST_DEADLINE) is LeaseEvent.LOST
         return False
 
     def confirmed(self, sent_at: float, now: float, requested: Cancellation | None = None) -> LeaseEvent:
         """The checkpoint sent at ``sent_at`` was confirmed, with the remote cancel it delivered if any."""
-        if not self.active:
+        if self.lost is not None:
             return LeaseEvent.IGNORED
         self.extends += 1
         self.confirmed_until = sent_at + self.lease_ms / 1000.0
@@ -173,7 +173,6 @@ class HeldJob:
         """The checkpoint raised ``exc``: StaleToken/JobGone lose the lease, anything else is retried."""
         reason = lost_reason(exc)
         if reason is not None:
-            # Even after the holder let go: a worker must not finish a job it lost.
             return self.lose(reason)
         if not self.active:
             return LeaseEvent.IGNORED
@@ -191,7 +190,7 @@ class HeldJob:
         return LeaseEvent.LOST
 
     def stop(self) -> None:
-        """The holder let go (its handler ended): later confirmations change nothing."""
+        """The holder let go (its handler ended): start no more checkpoints."""
         self.stopped = True
 
 

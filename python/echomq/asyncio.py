@@ -161,11 +161,12 @@ class LeaseKeeper(KeeperCore[Client]):
         self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
 
     async def stop(self) -> None:
-        """Stop checkpointing; waits for a checkpoint in flight (a loss it reports still counts)."""
+        """Stop checkpointing; waits for a checkpoint in flight, then looks at the deadline a last time."""
         self._held.stop()
         self._stop.set()
         if self._task is not None:
             await self._task
+        self._held.expire(self._clock())
 
     async def _run(self) -> None:
         while True:

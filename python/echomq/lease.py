@@ -8,7 +8,8 @@ with ``deliver_cancel=False``.  The lease is lost when
   took it) or JobGone (the row was deleted), or
 - no checkpoint was confirmed before the deadline of the last confirmed one
   passed (the server is unreachable): by then a sweep may have handed the
-  job to another worker.
+  job to another worker.  The deadline counts until ``stop()`` returns, so
+  a worker never finishes a job whose lease it could not show.
 
 Either way the handler's CancelToken is cancelled with a reason that says
 which (``LOST_STALE``, ``LOST_GONE``, ``LOST_DEADLINE``), so the handler
@@ -72,7 +73,7 @@ class LeaseKeeper(KeeperCore[Client]):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop checkpointing; waits for a checkpoint in flight (a loss it reports still counts)."""
+        """Stop checkpointing; waits for a checkpoint in flight, then looks at the deadline a last time."""
         with self._lock:
             self._held.stop()
         self._stop.set()
@@ -82,6 +83,7 @@ class LeaseKeeper(KeeperCore[Client]):
             if self._watchdog is not None:
                 self._watchdog.cancel()
                 self._watchdog = None
+            self._held.expire(self._clock())
 
     def _arm_watchdog(self) -> None:
         # A timer, not the loop, watches the deadline: a checkpoint blocked on
