@@ -2,7 +2,7 @@
 
     make bench                      # or: .venv/bin/python bench/run.py [--quick]
 
-One run starts one redis-server of its own (echomq.EmbeddedServer, emq.so
+One run starts one redis-server of its own (echomq.testing.EmbeddedServer, emq.so
 loaded), and measures, in interleaved rounds so every contender shares the
 machine's drift:
 
@@ -50,6 +50,7 @@ import redis  # noqa: E402
 import echomq  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
+from echomq.testing import EmbeddedServer  # noqa: E402
 from tests.seed_scripts import EXTEND_LUA_ORIGINAL, SWEEP_LUA  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -220,7 +221,7 @@ def redis_benchmark(port: int, requests: int, keyspace: int, command: list[str])
     return float(row.split('","')[1])
 
 
-def bench_extend(server: echomq.EmbeddedServer, r: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+def bench_extend(server: EmbeddedServer, r: redis.Redis, sizes: Sizes) -> dict[str, Any]:
     keys = queue_keys("bench")
     r.flushall()
     r.eval(POPULATE_LIVE, 1, keys.active, sizes.extend_jobs, keys.base, server_ms(r) + LEASE_MS)
@@ -589,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.only == "peers":
         return run_peers(args.quick, command)
-    with echomq.EmbeddedServer(["--appendonly", "no"]) as server:
+    with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         version = r.info("server")["redis_version"]
         res: dict[str, Any] = {

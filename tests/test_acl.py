@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from echomq import Client, EmbeddedServer
+from echomq import Client
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .helpers import digest, extend_args, now_ms, put_active, sweep_args

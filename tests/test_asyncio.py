@@ -13,6 +13,7 @@ import redis
 import echomq
 import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .helpers import now_ms, put_active
@@ -21,7 +22,7 @@ Q = "aio"
 K = queue_keys(Q)
 
 
-def run(server: echomq.EmbeddedServer, body: Callable[[emq.Client], Awaitable[None]]) -> None:
+def run(server: EmbeddedServer, body: Callable[[emq.Client], Awaitable[None]]) -> None:
     async def main() -> None:
         client = emq.Client.from_url(server.url)
         try:
@@ -32,7 +33,7 @@ def run(server: echomq.EmbeddedServer, body: Callable[[emq.Client], Awaitable[No
     asyncio.run(main())
 
 
-def test_same_contract_as_the_sync_client(r: redis.Redis, server: echomq.EmbeddedServer) -> None:
+def test_same_contract_as_the_sync_client(r: redis.Redis, server: EmbeddedServer) -> None:
     async def body(client: emq.Client) -> None:
         await client.enqueue(Q, b"data", job_id="a")
         job = await client.claim(Q, lease_ms=5000)
@@ -96,7 +97,7 @@ def test_wait_abandoned_by_timeout_leaves_no_waiter() -> None:
     assert token.cancel("later") is True  # no stale future to resolve on a closed loop
 
 
-def test_async_keeper_checkpoints_and_detects_loss(r: redis.Redis, server: echomq.EmbeddedServer) -> None:
+def test_async_keeper_checkpoints_and_detects_loss(r: redis.Redis, server: EmbeddedServer) -> None:
     async def body(client: emq.Client) -> None:
         await client.enqueue(Q, job_id="j")
         job = await client.claim(Q, lease_ms=300)
@@ -132,7 +133,7 @@ def test_async_keeper_deadline_when_the_server_dies(server_factory: ServerFactor
     run(server, body)
 
 
-def test_async_worker_and_reaper(r: redis.Redis, server: echomq.EmbeddedServer) -> None:
+def test_async_worker_and_reaper(r: redis.Redis, server: EmbeddedServer) -> None:
     async def body(client: emq.Client) -> None:
         for i in range(15):
             await client.enqueue(Q, f"{i}", job_id=f"j{i:02}")
@@ -165,7 +166,7 @@ def test_async_worker_and_reaper(r: redis.Redis, server: echomq.EmbeddedServer) 
     run(server, body)
 
 
-def test_async_worker_remote_cancel_and_shutdown(r: redis.Redis, server: echomq.EmbeddedServer) -> None:
+def test_async_worker_remote_cancel_and_shutdown(r: redis.Redis, server: EmbeddedServer) -> None:
     async def body(client: emq.Client) -> None:
         await client.enqueue(Q, job_id="remote")
         await client.enqueue(Q, job_id="shutdown")

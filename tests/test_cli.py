@@ -14,13 +14,14 @@ import redis
 import echomq
 from echomq.cli import main
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 Q = "ops"
 K = queue_keys(Q)
 
 
 def run(
-    server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str], *argv: str
+    server: EmbeddedServer, capsys: pytest.CaptureFixture[str], *argv: str
 ) -> tuple[int, str, str]:
     code = main(["--url", server.url, *argv])
     out, err = capsys.readouterr()
@@ -28,7 +29,7 @@ def run(
 
 
 def test_inspect_shows_counts_and_leases(
-    r: redis.Redis, client: echomq.Client, server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str]
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for i in range(3):
         client.enqueue(Q, job_id=f"j{i}")
@@ -46,7 +47,7 @@ def test_inspect_shows_counts_and_leases(
 
 
 def test_inspect_shows_lapsed_leases(
-    r: redis.Redis, server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str]
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     r.zadd(K.active, {"old": 1000})
     r.hset(K.job("old"), mapping={"attempts": 2, "stalled": 1})
@@ -55,7 +56,7 @@ def test_inspect_shows_lapsed_leases(
 
 
 def test_sweep_command(
-    r: redis.Redis, server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str]
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     r.zadd(K.active, {"a": 1, "b": 2})
     r.hset(K.job("b"), "stalled", 2)
@@ -66,7 +67,7 @@ def test_sweep_command(
 
 
 def test_reap_command_runs_for_a_duration(
-    r: redis.Redis, server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str]
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     r.zadd(K.active, {f"j{i}": i for i in range(5)})
     code, out, _ = run(
@@ -77,7 +78,7 @@ def test_reap_command_runs_for_a_duration(
 
 
 def test_cancel_command(
-    client: echomq.Client, server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str]
+    client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client.enqueue(Q, job_id="waiting")
     code, out, _ = run(server, capsys, "cancel", Q, "waiting", "--reason", "no longer needed")
@@ -87,7 +88,7 @@ def test_cancel_command(
 
 
 def test_enqueue_command(
-    r: redis.Redis, server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str]
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, _ = run(server, capsys, "enqueue", Q, '{"n": 1}', "--id", "x1")
     assert code == 0 and out.strip() == "x1"
@@ -97,7 +98,7 @@ def test_enqueue_command(
 
 
 def test_url_from_environment(
-    server: echomq.EmbeddedServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    server: EmbeddedServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ECHOMQ_URL", server.url)
     assert main(["sweep", Q]) == 0

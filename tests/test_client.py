@@ -6,6 +6,7 @@ import pytest
 
 import echomq
 from echomq import keyspace
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 
@@ -43,17 +44,17 @@ def test_module_not_loaded(server_factory: ServerFactory) -> None:
     assert isinstance(info.value, echomq.EchoMQError)
 
 
-def test_from_url(server: echomq.EmbeddedServer) -> None:
+def test_from_url(server: EmbeddedServer) -> None:
     client = echomq.Client.from_url(server.url)
     assert client.sweep("fresh-queue") == echomq.SweepResult()
 
 
-def test_module_is_listed(server: echomq.EmbeddedServer) -> None:
+def test_module_is_listed(server: EmbeddedServer) -> None:
     modules = server.client().execute_command("MODULE", "LIST")
     assert b"emq" in [m[b"name"] for m in modules]
 
 
-def test_command_flags_and_key_positions(server: echomq.EmbeddedServer) -> None:
+def test_command_flags_and_key_positions(server: EmbeddedServer) -> None:
     r = server.client()
     info = r.execute_command("COMMAND", "INFO", "emq.extend", "emq.sweep")
     extend, sweep = set(info["emq.extend"]["flags"]), set(info["emq.sweep"]["flags"])

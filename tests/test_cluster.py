@@ -22,8 +22,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster, key_slot
 
-from echomq import Client, EmbeddedServer
+from echomq import Client, ExtendOutcome
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, engine_cli
 from .helpers import now_ms, sweep_args
@@ -300,3 +301,29 @@ def test_asyncio_client_and_cli_over_the_cluster(
     for q in QUEUES[:6]:
         assert main(["--cluster", "--url", f"redis://{first.host}:{first.port}/0", "inspect", q]) == 0
         assert f"queue {q}" in capsys.readouterr().out
+
+
+def test_asyncio_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedServer]) -> None:
+    import asyncio
+
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    import echomq.asyncio as emq
+
+    async def body() -> None:
+        # Any node's URL will do, as for the sync client.
+        client = emq.Client.from_url(cluster_nodes[-1].url, cluster=True)
+        assert isinstance(client.redis, AsyncRedisCluster)
+        try:
+            for q in QUEUES[6:12]:
+                keys = queue_keys(q)
+                await client.redis.delete(keys.active, keys.pending, keys.job("y"))
+                await client.enqueue(q, job_id="y")
+                job = await client.claim(q, lease_ms=1000)
+                assert job is not None and job.id == "y"
+                assert await client.extend_many(q, [(job.id, job.token)], 1000) == [ExtendOutcome.OK]
+                await client.complete(q, "y", job.token)
+        finally:
+            await client.aclose()
+
+    asyncio.run(body())

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from echomq import demo
+from echomq import _demo as demo
 
 
 @pytest.mark.slow

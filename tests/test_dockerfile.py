@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq import EmbeddedServer
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .containers import MODULE_IN_IMAGE

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from echomq import EmbeddedServer
+from echomq.testing import EmbeddedServer
 
 
 def test_the_selected_engine_is_the_one_running(request: pytest.FixtureRequest, r: redis.Redis) -> None:

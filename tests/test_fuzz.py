@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from echomq import EmbeddedServer
+from echomq.testing import EmbeddedServer
 
 from .conftest import ROOT
 from .helpers import cluster_args

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from echomq import Client, EmbeddedServer
+from echomq import Client
 from echomq.keyspace import QueueKeys, queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, wait_for_replica
 from .helpers import digest

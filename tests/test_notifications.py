@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from echomq import EmbeddedServer
 from echomq.keyspace import QueueKeys, queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .helpers import extend_args, now_ms, put_active, sweep_args

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq import EmbeddedServer
+from echomq.testing import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

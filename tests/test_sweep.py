@@ -7,6 +7,7 @@ import redis
 
 import echomq
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .helpers import digest, extend_args, now_ms, put_active, sweep_args
 
@@ -283,7 +284,7 @@ def test_client_sweep_binary_ids_round_trip(r: redis.Redis, client: echomq.Clien
     assert r.zscore(keys.active, b"\xff\xfe") != 0
 
 
-def test_client_sweep_decode_responses(server: echomq.EmbeddedServer) -> None:
+def test_client_sweep_decode_responses(server: EmbeddedServer) -> None:
     r = server.client(decode_responses=True)
     r.flushall()
     put_active(r, Q, "é", attempts=1, deadline=0)

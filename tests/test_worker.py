@@ -10,6 +10,7 @@ import redis
 
 import echomq
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .helpers import now_ms
@@ -102,7 +103,7 @@ def test_reaper_recovers_in_the_background_and_drains(r: redis.Redis, client: ec
     assert reaper.errors == 0
 
 
-def test_two_reapers_never_double_count(r: redis.Redis, server: echomq.EmbeddedServer) -> None:
+def test_two_reapers_never_double_count(r: redis.Redis, server: EmbeddedServer) -> None:
     for i in range(200):
         r.zadd(K.active, {f"j{i}": i})
     a = echomq.Reaper(echomq.Client(server.client()), Q, interval=0.01, max_stalled=9, limit=7)

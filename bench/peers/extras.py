@@ -29,6 +29,7 @@ from typing import Any
 import redis
 
 import echomq
+from echomq.testing import EmbeddedServer
 from bench.peers.procs import ContenderError, Proc, server_stats
 from echomq.keyspace import queue_keys
 
@@ -60,7 +61,7 @@ def cancel_latency(kind: str, samples: int, lease_ms: int, concurrency: int, log
     latencies_ms: list[float] = []
     outcomes: collections.Counter[str] = collections.Counter()
     all_ids: list[str] = []
-    with echomq.EmbeddedServer(["--appendonly", "no"]) as server:
+    with EmbeddedServer(["--appendonly", "no"]) as server:
         client = echomq.Client(server.client())
         argv = [
             sys.executable,
@@ -192,7 +193,7 @@ def enqueue_rates(count: int, rounds: int, log: Log) -> dict[str, Any]:
         for way in ways:
             if way in missing:
                 continue
-            with echomq.EmbeddedServer(["--appendonly", "no"]) as server:
+            with EmbeddedServer(["--appendonly", "no"]) as server:
                 r = server.client()
                 client = echomq.Client(r)
                 before = server_stats(r)

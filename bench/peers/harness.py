@@ -14,7 +14,7 @@ with its own environment:
   node_modules from `npm ci` (package-lock.json); skipped, with the reason,
   where node or npm is missing.
 
-Each run of a contender gets a fresh redis-server (echomq.EmbeddedServer;
+Each run of a contender gets a fresh redis-server (echomq.testing.EmbeddedServer;
 the module loaded for echomq, `load_module=False` for the peers).  The
 contender enqueues N jobs with its own API; then the harness reads INFO once,
 says go, and times the worker from its start until the contender reports N
@@ -248,7 +248,7 @@ def run_contender(c: Contender, rt: Runtime, n: int, census: bool = False) -> di
     """
     assert rt.argv is not None
     timeout = drain_timeout(n)
-    with echomq.EmbeddedServer(["--appendonly", "no"], load_module=c.module) as server:
+    with EmbeddedServer(["--appendonly", "no"], load_module=c.module) as server:
         r = server.client()
         argv = [
             *rt.argv,
@@ -564,7 +564,7 @@ def run(
     versions: dict[str, str] = {}
     for rt in rts.values():
         versions.update(rt.versions or {})
-    with echomq.EmbeddedServer(load_module=False) as probe:
+    with EmbeddedServer(load_module=False) as probe:
         server = f"redis-server {probe.client().info('server')['redis_version']}"
     per = run_rounds(contenders, rts, sizes)
     census = run_census(contenders, rts, sizes.census_n) if sizes.census_n else {}

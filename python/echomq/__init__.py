@@ -1,17 +1,20 @@
 """EchoMQ native: lifecycle controls for a Redis-backed job queue.
 
 The emq Redis module gives a queue native, atomic, server-clocked commands
-(EMQ.EXTEND, EMQ.SWEEP); this package wraps them and adds a cooperative
-cancel token.
+(EMQ.ENQUEUE, CLAIM, EXTEND, CHECKPOINT, COMPLETE, FAIL, CANCEL, SWEEP);
+this package wraps them, and adds a cooperative cancel token and a worker
+runtime (Worker, LeaseKeeper, Reaper).  ``echomq.asyncio`` has the same over
+``redis.asyncio``; ``echomq.testing`` starts a throwaway server for tests.
 
     client = echomq.Client.from_url("redis://localhost:6379")
-    client.extend("emails", job_id, token=attempts, lease_ms=30_000)
-    result = client.sweep("emails", max_stalled=3)
+    client.enqueue("emails", b'{"to": "ada"}')
+    echomq.Worker(client, "emails", handler, lease_ms=30_000).run()
 """
 
 from __future__ import annotations
 
 from . import keyspace
+from ._module_so import module_path
 from .cancel import Cancellation, CancelToken
 from .client import Client, ExtendOutcome, Job, SweepResult
 from .errors import (
@@ -25,7 +28,6 @@ from .errors import (
 )
 from .lease import LeaseKeeper
 from .reaper import Reaper
-from .server import EmbeddedServer, module_path
 from .worker import Worker, WorkerStats
 
 __all__ = [
@@ -34,7 +36,6 @@ __all__ = [
     "Cancelled",
     "Client",
     "EchoMQError",
-    "EmbeddedServer",
     "ExtendOutcome",
     "Job",
     "JobExists",

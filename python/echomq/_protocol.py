@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Generic, Literal, NoReturn, TypeVar
@@ -98,6 +98,12 @@ def wire(value: JobId) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape")
     raise TypeError(f"job id must be str or bytes, not {type(value).__name__}")
+
+
+def server_ms(time_reply: Sequence[int | bytes | str]) -> int:
+    """TIME's reply (seconds, microseconds) as milliseconds on the server's clock, the one EMQ.* reads."""
+    seconds, micros = time_reply
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def new_id() -> bytes:

@@ -20,7 +20,7 @@ works from any event loop, and ``cancel()`` from any thread.
 from __future__ import annotations
 
 import asyncio
-import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -30,15 +30,13 @@ from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, SweepResult
+from ._runtime import Action, Finish, KeeperCore, ReaperCore, WorkerCore
 from .cancel import Cancellation, CancelToken
 from .errors import LeaseLost
-from .lease import LOST_DEADLINE, lost_reason
-from .worker import WorkerStats, error_text
 
 __all__ = ["AsyncHandler", "Client", "LeaseKeeper", "Reaper", "Worker"]
 
 T = TypeVar("T")
-log = logging.getLogger("echomq.asyncio")
 
 AsyncHandler = Callable[[Job, CancelToken], Awaitable[object]]
 
@@ -50,8 +48,15 @@ class Client:
         self.redis = redis_client
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> Client:
-        """Connect with ``redis.asyncio.Redis.from_url(url, **kwargs)``."""
+    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
+        """Connect with ``redis.asyncio.Redis.from_url(url, **kwargs)``.
+
+        With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
+        client is ``redis.asyncio.RedisCluster``: each command goes to the node
+        that owns its queue's slot.
+        """
+        if cluster:
+            return cls(aioredis.RedisCluster.from_url(url, **kwargs))
         return cls(aioredis.Redis.from_url(url, **kwargs))
 
     async def _run(self, call: proto.Call[T]) -> T:
@@ -113,92 +118,8 @@ class Client:
         return await self._run(proto.cancel(queue, job_id, reason))
 
     async def aclose(self) -> None:
+        """Close the redis client's connections."""
         await self.redis.aclose()
-
-
-class LeaseKeeper:
-    """Async context manager: checkpoint ``job`` every ``interval`` while the block runs.
-
-    Same rules as ``echomq.LeaseKeeper``: ``cancel`` is cancelled with a reason
-    when the lease is lost (stale, gone, or no checkpoint confirmed before the
-    deadline) and, with ``deliver_cancel``, with a remote cancel's reason.
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        job: Job,
-        lease_ms: int,
-        cancel: CancelToken,
-        *,
-        interval: float | None = None,
-        claimed_at: float | None = None,
-        deliver_cancel: bool = True,
-    ) -> None:
-        if lease_ms < 1:
-            raise ValueError("lease_ms must be >= 1")
-        self.client, self.job, self.lease_ms, self.cancel = client, job, lease_ms, cancel
-        self.interval = interval if interval is not None else lease_ms / 3000.0
-        self.deliver_cancel = deliver_cancel
-        self._claimed_at = claimed_at
-        self._lease_s = lease_ms / 1000.0
-        self._confirmed_until = 0.0
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.lost: str | None = None
-        self.extends = 0
-
-    async def __aenter__(self) -> LeaseKeeper:
-        loop = asyncio.get_running_loop()
-        start = self._claimed_at if self._claimed_at is not None else loop.time()
-        self._confirmed_until = start + self._lease_s
-        self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-
-    def _lose(self, reason: str) -> None:
-        if self.lost is None:
-            self.lost = reason
-            log.warning("job %s of %s: %s", self.job.id, self.job.queue, reason)
-            self.cancel.cancel(reason)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            remaining = self._confirmed_until - loop.time()
-            if remaining <= 0:
-                self._lose(LOST_DEADLINE)
-                return
-            if await _wait(self._stop, min(self.interval, remaining)):
-                return
-            sent = loop.time()
-            job = self.job
-            try:
-                # The deadline bounds the call itself: a hung connection must
-                # not keep the handler running past its lease.
-                if self.deliver_cancel:
-                    call = self.client.checkpoint(job.queue, job.id, job.token, self.lease_ms)
-                else:
-                    call = _none_after(self.client.extend(job.queue, job.id, job.token, self.lease_ms))
-                requested = await asyncio.wait_for(call, timeout=max(self._confirmed_until - sent, 0.001))
-            except Exception as exc:
-                reason = lost_reason(exc)
-                if reason is not None:
-                    self._lose(reason)
-                    return
-                # Connection trouble or a timeout: the deadline decides.
-                log.debug("extend of %s failed: %r", job.id, exc)
-                continue
-            self.extends += 1
-            self._confirmed_until = sent + self._lease_s
-            if requested is not None:
-                self.cancel.cancel(requested.reason)
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> bool:
@@ -210,136 +131,206 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
     return True
 
 
-async def _none_after(awaitable: Awaitable[None]) -> Cancellation | None:
-    await awaitable
-    return None
+class LeaseKeeper(KeeperCore[Client]):
+    """Async context manager: checkpoint ``job`` every ``interval`` while the block runs.
 
+    The same arguments, attributes and rules as ``echomq.LeaseKeeper``:
+    ``cancel`` is cancelled with a reason when the lease is lost (stale,
+    gone, or no checkpoint confirmed before the deadline) and, with
+    ``deliver_cancel``, with a remote cancel's reason.  ``claimed_at`` is on
+    ``clock`` (``time.monotonic``, which is also the default event loop's
+    clock).  A checkpoint in flight is bounded by the deadline itself, so a
+    hung connection cannot keep the handler running past its lease.
+    """
 
-class Reaper:
-    """Sweep ``queue`` every ``interval`` seconds in a task (see ``echomq.Reaper``)."""
+    def _init_driver(self) -> None:
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
-    def __init__(
-        self, client: Client, queue: str, *, interval: float = 1.0, max_stalled: int = 1, limit: int = 100
+    async def __aenter__(self) -> LeaseKeeper:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if interval <= 0:
-            raise ValueError("interval must be > 0")
-        self.client, self.queue = client, queue
-        self.interval, self.max_stalled, self.limit = interval, max_stalled, limit
-        self.recovered = self.dead = self.errors = 0
+        await self.stop()
+
+    def start(self) -> None:
+        """Start checkpointing in a task of the running loop."""
+        self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
+
+    async def stop(self) -> None:
+        """Stop checkpointing; waits for a checkpoint in flight, then looks at the deadline a last time."""
+        self._held.stop()
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        self._held.expire(self._clock())
+
+    async def _run(self) -> None:
+        while True:
+            wait = self._held.wait_before_checkpoint(self._clock())
+            if wait is None or await _wait(self._stop, wait):
+                return
+            if self._held.checkpoint_due(self._clock()):
+                await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        sent = self._clock()
+        try:
+            call = self._send()
+            requested = await asyncio.wait_for(call, timeout=max(self._held.time_left(sent), 0.001))
+        except Exception as exc:  # a timeout too: the deadline decides
+            self._held.failed(exc, self._clock())
+            return
+        self._held.confirmed(sent, self._clock(), requested)
+
+    async def _send(self) -> Cancellation | None:
+        job = self.job
+        if self.deliver_cancel:
+            return await self.client.checkpoint(job.queue, job.id, job.token, self.lease_ms)
+        await self.client.extend(job.queue, job.id, job.token, self.lease_ms)
+        return None
+
+
+class Reaper(ReaperCore[Client]):
+    """Sweep ``queue`` every ``interval`` seconds in a task.
+
+    The same arguments, attributes and tick as ``echomq.Reaper``
+    (``on_sweep`` is a plain function, called in the loop).
+    """
+
+    def _init_driver(self) -> None:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def sweep_once(self) -> SweepResult:
-        recovered: list[str] = []
-        dead: list[str] = []
-        for _ in range(100):
-            result = await self.client.sweep(self.queue, self.max_stalled, self.limit)
-            recovered += result.recovered
-            dead += result.dead
-            if len(result) < self.limit:
-                break
-        self.recovered += len(recovered)
-        self.dead += len(dead)
-        return SweepResult(recovered, dead)
+        """Sweep until nothing lapsed is left (bounded); returns everything it did."""
+        tick = self._tick()
+        while tick.wants_more():
+            tick.add(await self.client.sweep(self.queue, max_stalled=self.max_stalled, limit=self.limit))
+        return self._swept(tick)
 
     async def run(self) -> None:
-        while not self._stop.is_set():
+        """Sweep every ``interval`` until ``stop()``; errors are logged and retried."""
+        while True:
             try:
                 await self.sweep_once()
             except Exception:
-                self.errors += 1
-                log.exception("sweep of %s failed", self.queue)
-            await _wait(self._stop, self.interval)
+                self._sweep_failed()
+            if await _wait(self._stop, self.interval):
+                return
 
-    async def __aenter__(self) -> Reaper:
+    def start(self) -> Reaper:
+        """Run in a task of the running loop; returns at once."""
         self._stop.clear()
         self._task = asyncio.create_task(self.run(), name=f"echomq-reaper-{self.queue}")
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def stop(self) -> None:
+        """Stop, and wait for a sweep in flight to end."""
         self._stop.set()
         if self._task is not None:
             await self._task
+            self._task = None
 
+    async def __aenter__(self) -> Reaper:
+        return self.start()
 
-class Worker:
-    """Runs ``await handler(job, cancel_token)`` for ``queue``'s jobs (see ``echomq.Worker``)."""
-
-    def __init__(
-        self,
-        client: Client,
-        queue: str,
-        handler: AsyncHandler,
-        *,
-        lease_ms: int = 30_000,
-        max_attempts: int = 3,
-        concurrency: int = 1,
-        poll_interval: float = 0.2,
-        extend_interval: float | None = None,
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
-        self.client, self.queue, self.handler = client, queue, handler
-        self.lease_ms, self.max_attempts = lease_ms, max_attempts
-        self.concurrency, self.poll_interval = concurrency, poll_interval
-        self.extend_interval = extend_interval
-        self.stats = WorkerStats()
-        self._stopping = asyncio.Event()
-        self._running: set[CancelToken] = set()
+        await self.stop()
+
+
+class Worker(WorkerCore[Client, AsyncHandler]):
+    """Runs ``await handler(job, cancel_token)`` for ``queue``'s jobs.
+
+    The same arguments, attributes and rules as ``echomq.Worker``, with
+    ``concurrency`` tasks instead of threads.  ``stop()`` is a plain function
+    (a handler or a signal handler can call it): it stops claiming and
+    cancels the running handlers; ``await run()``, or leave ``async with
+    worker:``, to wait for them.
+    """
+
+    def _init_driver(self) -> None:
+        self._stopping = asyncio.Event()  # wakes idle tasks; the decisions read _stop_requested
+        self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         """Work with ``concurrency`` tasks until ``stop()``."""
+        self._begin()
         self._stopping.clear()
-        await asyncio.gather(*(self._loop() for _ in range(self.concurrency)))
+        await self._work()
+
+    def start(self) -> Worker:
+        """Work in a task of the running loop; returns at once."""
+        self._begin()
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._work(), name=f"echomq-worker-{self.queue}")
+        return self
 
     def stop(self) -> None:
         """Stop claiming and cancel running handlers with reason "shutdown"."""
+        self._request_stop()
         self._stopping.set()
-        for token in list(self._running):
-            token.cancel("shutdown")
+
+    async def __aenter__(self) -> Worker:
+        return self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def _work(self) -> None:
+        await asyncio.gather(*(self._loop() for _ in range(self.concurrency)))
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
                 worked = await self.work_one()
             except Exception:
-                log.exception("worker loop error on %s", self.queue)
+                self._loop_failed()
                 worked = False
             if not worked:
                 await _wait(self._stopping, self.poll_interval)
 
     async def work_one(self) -> bool:
         """Claim and process one job; False when the queue had none."""
-        claimed_at = asyncio.get_running_loop().time()
+        claimed_at = time.monotonic()
         job = await self.client.claim(self.queue, self.lease_ms)
         if job is None:
             return False
         cancel = CancelToken()
-        self._running.add(cancel)
-        error: BaseException | None = None
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
+        self._took(keeper._held)
+        error: BaseException | None = None
         try:
             async with keeper:
                 try:
                     await self.handler(job, cancel)
-                except Exception as exc:
+                except Exception as exc:  # the handler's failure is the job's, not the worker's
                     error = exc
         finally:
-            self._running.discard(cancel)
-        if keeper.lost is not None:
-            self.stats.leases_lost += 1
-            return True
-        try:
-            if error is None:
-                await self.client.complete(job.queue, job.id, job.token)
-                self.stats.completed += 1
-            else:
-                text = error_text(error)
-                where = await self.client.fail(job.queue, job.id, job.token, text, self.max_attempts)
-                self.stats.record_fail(where)
-        except LeaseLost as exc:
-            self.stats.rejected += 1
-            log.warning("job %s: finishing refused: %s", job.id, exc)
+            self._let_go(keeper._held)
+        await self._finish(self._decide(keeper._held, error))
         return True
+
+    async def _finish(self, finish: Finish) -> None:
+        job = finish.job
+        try:
+            if finish.action is Action.COMPLETE:
+                await self.client.complete(job.queue, job.id, job.token)
+                self._landed(finish)
+            elif finish.action is Action.FAIL:
+                where = await self.client.fail(job.queue, job.id, job.token, finish.error, self.max_attempts)
+                self._landed(finish, where)
+        except LeaseLost as exc:
+            self._refused(finish, exc)

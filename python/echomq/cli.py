@@ -22,12 +22,13 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
+from ._protocol import server_ms, text, wire
 from .client import Client
-from .errors import EchoMQError, JobGone, ModuleNotLoaded
+from .errors import EchoMQError, JobGone
 from .keyspace import queue_keys
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -38,24 +39,7 @@ class CliError(Exception):
 
 
 def _connect(args: argparse.Namespace) -> Client:
-    if args.cluster:
-        from redis.cluster import RedisCluster
-
-        return Client(RedisCluster.from_url(args.url))
-    return Client(redis.Redis.from_url(args.url))
-
-
-def _s(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    return str(value)
-
-
-def _server_ms(r: Any) -> int:
-    seconds, micros = r.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+    return Client.from_url(args.url, cluster=args.cluster)
 
 
 def _table(rows: list[list[str]], out: Any) -> None:
@@ -72,25 +56,23 @@ def _table(rows: list[list[str]], out: Any) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     client = _connect(args)
     r, keys = client.redis, queue_keys(args.queue)
-    now = _server_ms(r)
+    now = server_ms(r.time())
     pending, active, dead = r.zcard(keys.pending), r.zcard(keys.active), r.zcard(keys.dead)
     failed = r.hget(keys.metrics_failed, "count")
     out = sys.stdout
     out.write(f"queue {args.queue}  (server time {now} ms)\n")
-    out.write(f"  pending {pending}   active {active}   dead {dead}   failed {_s(failed) or '0'}\n")
-    leases = r.zrange(keys.active, 0, args.limit - 1, withscores=True)
+    out.write(f"  pending {pending}   active {active}   dead {dead}   failed {text(failed or b'0')}\n")
+    leases = cast("list[tuple[bytes, float]]", r.zrange(keys.active, 0, args.limit - 1, withscores=True))
     if not leases:
         return 0
     out.write("\n")
     rows = [["job", "token", "lease left", "stalled", "cancel requested"]]
-    for entry in leases:
-        member, deadline = entry[0], entry[1]
-        wire = member if isinstance(member, bytes) else str(member).encode()
-        row = r.hmget(keys.job(wire), ["attempts", "stalled", "cancel_requested"])
+    for member, deadline in leases:
+        row = r.hmget(keys.job(wire(member)), ["attempts", "stalled", "cancel_requested"])
         left = int(deadline) - now
         lapse = f"{left} ms" if left > 0 else f"lapsed {-left} ms ago"
-        cells = [_s(v) for v in row]
-        rows.append([_s(member), cells[0], lapse, cells[1] or "0", cells[2]])
+        attempts, stalled, cancel = (text(v or b"") for v in row)
+        rows.append([text(member), attempts, lapse, stalled or "0", cancel])
     _table(rows, out)
     if active > len(leases):
         out.write(f"  ... and {active - len(leases)} more (--limit)\n")
@@ -153,7 +135,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from .server import EmbeddedServer
+    from .testing import EmbeddedServer
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl-C does
@@ -174,7 +156,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_module_path(args: argparse.Namespace) -> int:
-    from .server import module_path
+    from ._module_so import module_path
 
     try:
         print(module_path())
@@ -184,7 +166,7 @@ def cmd_module_path(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run
+    from ._demo import run
 
     run()
     return 0
@@ -263,13 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except CliError as exc:
-        print(f"echomq: {exc}", file=sys.stderr)
-    except ModuleNotLoaded as exc:
-        print(f"echomq: {exc}", file=sys.stderr)
     except redis.exceptions.ConnectionError as exc:
         print(f"echomq: cannot connect to {args.url}: {exc}", file=sys.stderr)
-    except (EchoMQError, ValueError, redis.exceptions.RedisError) as exc:
+    except (CliError, EchoMQError, ValueError, redis.exceptions.RedisError) as exc:  # ModuleNotLoaded too
         print(f"echomq: {exc}", file=sys.stderr)
     return 1
 

@@ -141,3 +141,7 @@ class Client:
         ``JobGone`` for an unknown id.
         """
         return self._run(proto.cancel(queue, job_id, reason))
+
+    def close(self) -> None:
+        """Close the redis client's connections."""
+        self.redis.close()

@@ -33,12 +33,12 @@ from typing import Any, TextIO, cast
 
 import redis
 
-from ._protocol import text
+from ._protocol import server_ms, text
 from .cancel import CancelToken
 from .client import Client, Job
 from .keyspace import queue_keys
 from .reaper import Reaper
-from .server import EmbeddedServer
+from .testing import EmbeddedServer
 from .worker import Worker
 
 QUEUE = "demo"
@@ -56,13 +56,8 @@ JOBS = {  # id -> payload: steps of work, or poison
 }
 
 
-def _server_ms(r: redis.Redis) -> int:
-    seconds, micros = r.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def _report(r: redis.Redis, who: str, kind: str, job: str, what: str) -> None:
-    event = {"t": _server_ms(r), "who": who, "kind": kind, "job": job, "what": what}
+    event = {"t": server_ms(r.time()), "who": who, "kind": kind, "job": job, "what": what}
     r.rpush(EVENTS, json.dumps(event))
 
 
@@ -70,7 +65,7 @@ def _report(r: redis.Redis, who: str, kind: str, job: str, what: str) -> None:
 
 
 def worker_main(name: str, url: str) -> None:
-    """One demo worker process: ``python -m echomq.demo worker NAME URL``."""
+    """One demo worker process: ``python -m echomq._demo worker NAME URL``."""
     r = redis.Redis.from_url(url)
     client = Client(r)
 
@@ -119,7 +114,7 @@ class Director:
         self.r = server.client()
         self.client = Client(self.r)
         self.keys = queue_keys(QUEUE)
-        self.start_ms = _server_ms(self.r)
+        self.start_ms = server_ms(self.r.time())
         self.story = Story()
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.frozen: set[str] = set()
@@ -131,7 +126,7 @@ class Director:
     # -- printing ----------------------------------------------------------------
 
     def say(self, who: str, what: str, t: int | None = None) -> None:
-        t = _server_ms(self.r) if t is None else t
+        t = server_ms(self.r.time()) if t is None else t
         stamp = time.strftime("%H:%M:%S", time.gmtime(t / 1000)) + f".{t % 1000:03d}"
         self.out.write(f"  {stamp}  +{t - self.start_ms:>5} ms  {who:<10} {what}\n")
         self.out.flush()
@@ -145,7 +140,7 @@ class Director:
         name = f"worker-{self.next_worker}"
         self.next_worker += 1
         self.workers[name] = subprocess.Popen(
-            [sys.executable, "-m", "echomq.demo", "worker", name, self.server.url],
+            [sys.executable, "-m", "echomq._demo", "worker", name, self.server.url],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -180,7 +175,7 @@ class Director:
             event = json.loads(raw)
             self.story.events.append(event)
             self.say(event["who"], event["what"], event["t"])
-        now = _server_ms(self.r)
+        now = server_ms(self.r.time())
         leases = cast("list[tuple[bytes, float]]", self.r.zrange(self.keys.active, 0, -1, withscores=True))
         for member, deadline in leases:
             job = text(member)
