@@ -29,9 +29,9 @@ from typing import Any
 import redis
 
 import echomq
-from echomq.testing import EmbeddedServer
 from bench.peers.procs import ContenderError, Proc, server_stats
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 HERE = Path(__file__).resolve().parent
 CONTENDERS_DIR = HERE / "contenders"

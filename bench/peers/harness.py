@@ -62,6 +62,7 @@ if str(ROOT) not in sys.path:
 import echomq  # noqa: E402
 from bench.peers import extras  # noqa: E402
 from bench.peers.procs import Census, ContenderError, Proc, server_stats, tail  # noqa: E402
+from echomq.testing import EmbeddedServer  # noqa: E402
 
 CONTENDERS_DIR = HERE / "contenders"
 NODE_DIR = HERE / "node"
