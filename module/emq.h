@@ -4,14 +4,17 @@
  * "emq:{Q}:".  Two facts carry the design.  The lease IS the active set's
  * score: <base>active holds each running job's id scored with its deadline
  * in server milliseconds; there is no lock key.  The fencing token IS the
- * job row's `attempts`: every claim bumps it, so a holder from an earlier
- * claim can never touch the job again.
+ * job row's `token`, fresh for every claim ("<attempts>-<random>"), so a
+ * holder from an earlier claim -- even one a failover made the server
+ * forget -- can never touch the job again.
  *
  * Files, by concept:
  *   emq_module.c   loading, the one command table, the strings made at load
+ *   emq_enqueue.c  ENQUEUE                 (a job enters the queue)
+ *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens)
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
+ *   emq_finish.c   COMPLETE, FAIL          (a holder ends its hold)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
- *   emq_claim.c    ENQUEUE, CLAIM, COMPLETE, FAIL  (a job's way through the queue)
  *   emq_cancel.c   CANCEL                  (a cancel request, delivered by CHECKPOINT)
  *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
  *   emq_effects.c  every write: the change, its keyspace event, its replication
@@ -33,6 +36,20 @@
  * those were a sixth of the command's instructions).  Owned by emq_module.c. */
 #define EMQ_STRINGS(X)                        \
     X(attempts, "attempts")                   \
+    X(tries, "tries")                         \
+    X(token, "token")                         \
+    X(closed_by, "closed_by")                 \
+    X(claimed_at, "claimed_at")               \
+    X(finished_at, "finished_at")             \
+    X(request, "request")                     \
+    X(checkpoint, "checkpoint")               \
+    X(paused, "paused")                       \
+    X(done_ttl_ms, "done_ttl_ms")             \
+    X(cancelled_ttl_ms, "cancelled_ttl_ms")   \
+    X(dead_ttl_ms, "dead_ttl_ms")             \
+    X(complete, "complete")                   \
+    X(fail, "fail")                           \
+    X(release, "release")                     \
     X(stalled, "stalled")                     \
     X(state, "state")                         \
     X(last_error, "last_error")               \

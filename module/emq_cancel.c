@@ -34,58 +34,76 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     int err = emq_check_queue(ctx, &argv[1], pending_only, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
     RedisModuleString *id = argv[3], *reason = argv[4];
+    long long now = RedisModule_Milliseconds();
 
-    /* open and type-check */
-    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
-    EmqKey pending, row;
-    emq_key_open(ctx, &pending, argv[1], rw);
-    emq_key_open(ctx, &row, emq_derived_key(ctx, argv[2], "job:", id), rw);
+    /* open and type-check: the derived row's ACL before it is read */
+    RedisModuleUser *user = NULL;
+    EmqKey pending, row = {0};
+    emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    RedisModuleString *row_name = emq_derived_key(ctx, argv[2], "job:", id);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
-        emq_reply_error(ctx, EMQ_ERR_WRONGTYPE);
-        goto done;
-    }
+    int decision = EMQ_CANCEL_GONE;
+    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
+    else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+        err = EMQ_ERR_WRONGTYPE;
+    if (err) goto reply;
 
     /* read and decide */
     int exists = !emq_key_empty(&row);
-    if (exists && !emq_acl_allows(ctx, &row.name, 1)) {
-        emq_reply_error(ctx, EMQ_ERR_NOPERM_DERIVED);
-        goto done;
-    }
     double score;
     int in_pending = exists && RedisModule_ZsetScore(pending.key, id, &score) == REDISMODULE_OK;
-    int decision = emq_cancel_decide(exists, in_pending, exists && !in_pending && row_is_finished(&row));
+    decision = emq_cancel_decide(exists, in_pending, exists && !in_pending && row_is_finished(&row));
     /* Idempotent: asking again keeps the first reason. */
     int first = exists && !emq_hexists(&row, emq_str.cancel_requested);
+    EmqMeta meta;
+    if (decision == EMQ_CANCEL_NOW) err = emq_read_meta(ctx, user, argv[2], &meta);
+    if (err) goto reply;
 
-    /* apply and reply */
-    switch (decision) {
-    case EMQ_CANCEL_GONE:
-        RedisModule_ReplyWithLongLong(ctx, -1);
-        break;
-    case EMQ_CANCEL_NOW:
+    /* apply */
+    if (decision == EMQ_CANCEL_NOW) {
+        RedisModuleString *at = emq_fx_number(&fx, now);
         emq_fx_zrem(&fx, &pending, id);
         if (first)
-            emq_fx_hset(&fx, &row, "hset", 2, emq_str.state, emq_str.cancelled, emq_str.cancel_requested,
-                        reason);
+            emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.cancelled, emq_str.finished_at, at,
+                        emq_str.cancel_requested, reason);
         else
-            emq_fx_hset(&fx, &row, "hset", 1, emq_str.state, emq_str.cancelled);
-        RedisModule_ReplyWithSimpleString(ctx, "cancelled");
-        break;
-    case EMQ_CANCEL_FINISHED:
-        RedisModule_ReplyWithSimpleString(ctx, "finished");
-        break;
-    case EMQ_CANCEL_REQUEST:
-        if (first) emq_fx_hset(&fx, &row, "hset", 1, emq_str.cancel_requested, reason);
-        RedisModule_ReplyWithSimpleString(ctx, "requested");
-        break;
+            emq_fx_hset(&fx, &row, "hset", 2, emq_str.state, emq_str.cancelled, emq_str.finished_at, at);
+        emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
+    } else if (decision == EMQ_CANCEL_REQUEST && first) {
+        emq_fx_hset(&fx, &row, "hset", 1, emq_str.cancel_requested, reason);
+        /* Tell the holder now: workers listen on <base>cancel and checkpoint
+         * the job at once, which delivers the reason.  A message nobody
+         * hears is harmless: the next checkpoint delivers it anyway. */
+        RedisModuleString *channel = emq_derived_key(ctx, argv[2], "cancel", NULL);
+        RedisModule_PublishMessage(ctx, channel, id);
+        RedisModule_FreeString(ctx, channel);
     }
 
-done:
+reply:
+    if (err) {
+        emq_reply_error(ctx, err);
+    } else {
+        switch (decision) {
+        case EMQ_CANCEL_GONE:
+            RedisModule_ReplyWithLongLong(ctx, -1);
+            break;
+        case EMQ_CANCEL_NOW:
+            RedisModule_ReplyWithSimpleString(ctx, "cancelled");
+            break;
+        case EMQ_CANCEL_FINISHED:
+            RedisModule_ReplyWithSimpleString(ctx, "finished");
+            break;
+        default:
+            RedisModule_ReplyWithSimpleString(ctx, "requested");
+            break;
+        }
+    }
     emq_fx_commit(&fx);
     emq_key_close(&row);
-    RedisModule_FreeString(ctx, row.name);
+    RedisModule_FreeString(ctx, row_name);
     emq_key_close(&pending);
+    if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
 }

@@ -1,311 +1,289 @@
-/* emq_claim.c -- a job's way through the queue: EMQ.ENQUEUE, EMQ.CLAIM,
- * EMQ.COMPLETE, EMQ.FAIL.
+/* emq_claim.c -- a worker takes jobs: EMQ.CLAIM.
  *
- * ENQUEUE writes the row and puts the id in <pending>; CLAIM moves the
- * oldest pending id to <active> with a lease and bumps the row's `attempts`
- * -- the new value is the holder's fencing token; COMPLETE and FAIL are
- * accepted only from that holder, and only while the job is still active. */
+ * CLAIM moves the oldest claimable ids from <pending> to <active>, leased
+ * until server-now + lease-ms, and gives each a fresh fencing token: the
+ * row's `attempts` (every claim of the job, never lowered) joined with 8
+ * random bytes.  The counter alone would repeat after a failover that lost
+ * the last claims; the random part does not (emq_core.h, emq_format_token).
+ * The reply carries what a worker needs to start -- id, token, payload, the
+ * attempt within its retry budget, the last checkpointed state -- so a job
+ * costs one round trip to begin. */
 #include <math.h>
 #include <string.h>
 
 #include "emq.h"
 
 static const char *const PENDING_ACTIVE[] = {"pending", "active"};
-static const char *const ACTIVE_PENDING_DEAD[] = {"active", "pending", "dead"};
 
-/* ------------------------------------------------------------------------
- * EMQ.ENQUEUE <pending> <base> <id> <payload>
- *
- * :1 the row <base>job:<id> is created (state=pending, attempts=0, payload,
- * enqueued_at) and <id> waits in <pending> scored with server-now, so claims
- * take jobs first in, first out.  -EMQEXISTS when the row already exists:
- * an id names one job for its whole life (re-enqueueing would reset the
- * fencing token of whoever holds it now).
- * ------------------------------------------------------------------------ */
-int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    /* parse */
-    if (argc != 5) return RedisModule_WrongArity(ctx);
-    int err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 1, argv[2], EMQ_ERR_PENDING_KEY);
-    if (err) return emq_reply_error(ctx, err);
-    RedisModuleString *id = argv[3], *payload = argv[4];
-    long long now = RedisModule_Milliseconds();
-
-    /* open and type-check */
-    EmqKey pending, row;
-    emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
-    emq_key_open(ctx, &row, emq_derived_key(ctx, argv[2], "job:", id), REDISMODULE_READ | REDISMODULE_WRITE);
-    EmqFx fx;
-    emq_fx_begin(&fx, ctx);
-
-    /* read and decide */
-    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
-    else if (!emq_key_empty(&row)) err = EMQ_ERR_EXISTS;
-    else if (!emq_acl_allows(ctx, &row.name, 1)) err = EMQ_ERR_NOPERM_DERIVED;
-    if (err) {
-        emq_reply_error(ctx, err);
-        goto done;
-    }
-
-    /* apply and reply */
-    emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.pending, emq_str.attempts, emq_small_int[0],
-                emq_str.payload, payload, emq_str.enqueued_at, emq_fx_number(&fx, now));
-    emq_fx_zadd(&fx, &pending, now, id, 0);
-    RedisModule_ReplyWithLongLong(ctx, 1);
-
-done:
-    emq_fx_commit(&fx);
-    emq_key_close(&row);
-    RedisModule_FreeString(ctx, row.name);
-    emq_key_close(&pending);
-    return REDISMODULE_OK;
-}
-
-/* ------------------------------------------------------------------------
- * EMQ.CLAIM <pending> <active> <base> <lease-ms>
- *
- * Takes the lowest-scored pending id (recovered jobs sit at 0, ahead of the
- * enqueue-time scores), increments its row's attempts -- the new value is
- * the holder's token -- sets state=active and leases it until server-now +
- * lease-ms.  Reply: [id, token], or a null reply when nothing is pending.
- *
- * A pending job whose row carries a cancel request (it was swept while its
- * holder was being cancelled) is never claimed: it leaves <pending> with
- * state=cancelled, and the next one is considered.  At most CLAIM_MAX_SKIPS
- * are dropped per call, which keeps the command O(log N).
- * ------------------------------------------------------------------------ */
-#define CLAIM_MAX_SKIPS 16
-
+/* One claimed (or re-answered) job. */
 typedef struct {
     RedisModuleString *id;
+    RedisModuleString *row_name;
     EmqKey row;
-} Head;
+    long long attempts, tries;
+    char token[EMQ_TOKEN_MAX];
+    int tokenlen;
+} Claimed;
 
+typedef struct {
+    RedisModuleCtx *ctx;
+    RedisModuleUser *user;
+    RedisModuleString *base;
+    Claimed *jobs;
+    long n;
+    EmqKey pending, active, record;
+    RedisModuleString *record_name;
+} Claim;
+
+static void claim_release(Claim *c) {
+    for (long i = 0; i < c->n; i++) {
+        emq_key_close(&c->jobs[i].row);
+        RedisModule_FreeString(c->ctx, c->jobs[i].row_name);
+        RedisModule_FreeString(c->ctx, c->jobs[i].id);
+    }
+    RedisModule_Free(c->jobs);
+    emq_key_close(&c->record);
+    if (c->record_name) RedisModule_FreeString(c->ctx, c->record_name);
+    emq_key_close(&c->active);
+    emq_key_close(&c->pending);
+    if (c->user) RedisModule_FreeModuleUser(c->user);
+}
+
+/* [id, token, payload, attempt, state]: the attempt is `tries` (this claim's
+ * number within the job's retry budget), the state its last checkpoint's. */
+static void reply_job(RedisModuleCtx *ctx, Claimed *j) {
+    RedisModule_ReplyWithArray(ctx, 5);
+    RedisModule_ReplyWithString(ctx, j->id);
+    RedisModule_ReplyWithStringBuffer(ctx, j->token, (size_t)j->tokenlen);
+    RedisModuleString *payload = emq_hget(&j->row, emq_str.payload);
+    if (payload) {
+        RedisModule_ReplyWithString(ctx, payload);
+        RedisModule_FreeString(NULL, payload);
+    } else {
+        RedisModule_ReplyWithStringBuffer(ctx, "", 0);
+    }
+    RedisModule_ReplyWithLongLong(ctx, j->tries);
+    RedisModuleString *state = emq_hget(&j->row, emq_str.checkpoint);
+    if (state) {
+        RedisModule_ReplyWithString(ctx, state);
+        RedisModule_FreeString(NULL, state);
+    } else {
+        RedisModule_ReplyWithNull(ctx);
+    }
+}
+
+static void reply_jobs(Claim *c) {
+    if (c->n == 0) {
+        RedisModule_ReplyWithNull(c->ctx);
+        return;
+    }
+    RedisModule_ReplyWithArray(c->ctx, c->n);
+    for (long i = 0; i < c->n; i++) reply_job(c->ctx, &c->jobs[i]);
+}
+
+static Claimed *add_job(Claim *c, long cap, RedisModuleString *id) {
+    if (c->jobs == NULL) c->jobs = RedisModule_Alloc((size_t)cap * sizeof *c->jobs);
+    Claimed *j = &c->jobs[c->n++];
+    memset(j, 0, sizeof *j);
+    j->id = id;
+    j->row_name = emq_derived_key(c->ctx, c->base, "job:", id);
+    return j;
+}
+
+static long long field_ll(EmqKey *row, RedisModuleString *field, long long fallback) {
+    RedisModuleString *v = emq_hget(row, field);
+    long long out = fallback;
+    if (v) {
+        size_t len;
+        const char *p = RedisModule_StringPtrLen(v, &len);
+        if (emq_parse_ll(p, len, &out) != 0) out = fallback;
+        RedisModule_FreeString(NULL, v);
+    }
+    return out;
+}
+
+/* A retry of a request whose claim went through: answer the jobs it took
+ * that this request still holds (same token, still active); others were
+ * lost since (their lease lapsed) and are left out.  Writes nothing. */
+static int reanswer(Claim *c, const char *rec, size_t reclen) {
+    long cap = 0;
+    size_t pos = 0, len;
+    const char *item;
+    int more;
+    while ((more = emq_record_next(rec, reclen, &pos, &item, &len)) == 1) cap++;
+    if (more < 0 || cap % 2) return EMQ_OK; /* not a record of ours: nothing to answer */
+    pos = 0;
+    for (long k = 0; k < cap / 2; k++) {
+        const char *id, *tok;
+        size_t idlen, toklen;
+        emq_record_next(rec, reclen, &pos, &id, &idlen);
+        emq_record_next(rec, reclen, &pos, &tok, &toklen);
+        if (toklen >= EMQ_TOKEN_MAX) continue;
+        Claimed *j = add_job(c, cap / 2, RedisModule_CreateString(c->ctx, id, idlen));
+        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, 0);
+        if (err) return err;
+        memcpy(j->token, tok, toklen);
+        j->tokenlen = (int)toklen;
+        RedisModuleString *current = emq_hget(&j->row, emq_str.token);
+        size_t curlen = 0;
+        const char *cur = current ? RedisModule_StringPtrLen(current, &curlen) : NULL;
+        double score;
+        int held = cur && curlen == toklen && memcmp(cur, tok, toklen) == 0 &&
+                   RedisModule_ZsetScore(c->active.key, j->id, &score) == REDISMODULE_OK;
+        if (current) RedisModule_FreeString(NULL, current);
+        if (!held) {
+            emq_key_close(&j->row);
+            RedisModule_FreeString(c->ctx, j->row_name);
+            RedisModule_FreeString(c->ctx, j->id);
+            c->n--;
+            continue;
+        }
+        j->tries = field_ll(&j->row, emq_str.tries, 0);
+    }
+    return EMQ_OK;
+}
+
+/* Collect up to `count` claimable heads (score <= now) and check every row
+ * before anything is written: the claim takes all of them or none. */
+static int collect(Claim *c, long long now, long count) {
+    if (emq_key_empty(&c->pending)) return EMQ_OK;
+    RedisModule_ZsetFirstInScoreRange(c->pending.key, -HUGE_VAL, (double)now, 0, 0);
+    while (c->n < count && !RedisModule_ZsetRangeEndReached(c->pending.key)) {
+        double score;
+        add_job(c, count, RedisModule_ZsetRangeCurrentElement(c->pending.key, &score));
+        RedisModule_ZsetRangeNext(c->pending.key);
+    }
+    RedisModule_ZsetRangeStop(c->pending.key);
+    unsigned char random8[8];
+    for (long i = 0; i < c->n; i++) {
+        Claimed *j = &c->jobs[i];
+        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, 1);
+        if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+        /* A row that vanished while its id waited starts at attempt 1. */
+        if (!err) err = emq_hash_incr(&j->row, emq_str.attempts, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, &j->attempts);
+        if (!err) err = emq_hash_incr(&j->row, emq_str.tries, 1, EMQ_ERR_TRIES_NOT_INTEGER, &j->tries);
+        if (err) return err;
+        RedisModule_GetRandomBytes(random8, sizeof random8);
+        j->tokenlen = emq_format_token(j->attempts, random8, j->token);
+    }
+    return EMQ_OK;
+}
+
+static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
+    size_t reclen = 0;
+    for (long i = 0; i < c->n; i++) {
+        Claimed *j = &c->jobs[i];
+        RedisModuleString *token = RedisModule_CreateString(c->ctx, j->token, (size_t)j->tokenlen);
+        emq_fx_zrem(fx, &c->pending, j->id);
+        emq_fx_hset(fx, &j->row, "hincrby", 1, emq_str.attempts, emq_fx_number(fx, j->attempts));
+        emq_fx_hset(fx, &j->row, "hset", 4, emq_str.tries, emq_fx_number(fx, j->tries), emq_str.token, token,
+                    emq_str.state, emq_str.active, emq_str.claimed_at, emq_fx_number(fx, now));
+        emq_fx_hdel(fx, &j->row, emq_str.closed_by);
+        emq_fx_zadd(fx, &c->active, deadline, j->id, 0);
+        RedisModule_FreeString(c->ctx, token);
+        size_t idlen;
+        RedisModule_StringPtrLen(j->id, &idlen);
+        reclen += emq_record_item_size(idlen) + emq_record_item_size((size_t)j->tokenlen);
+    }
+    if (c->record_name == NULL || c->n == 0) return;
+    /* Remembered as long as the lease: a retry after that finds the jobs
+     * lapsed anyway. */
+    char *rec = RedisModule_Alloc(reclen), *p = rec;
+    for (long i = 0; i < c->n; i++) {
+        size_t idlen;
+        const char *id = RedisModule_StringPtrLen(c->jobs[i].id, &idlen);
+        p += emq_record_put(p, id, idlen);
+        p += emq_record_put(p, c->jobs[i].token, (size_t)c->jobs[i].tokenlen);
+    }
+    RedisModuleString *value = RedisModule_CreateString(c->ctx, rec, reclen);
+    emq_fx_set(fx, &c->record, value);
+    emq_fx_pexpireat(fx, &c->record, deadline);
+    RedisModule_FreeString(c->ctx, value);
+    RedisModule_Free(rec);
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.CLAIM <pending> <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>]
+ *
+ * Reply: an array of up to <n> (default 1) jobs, each [id, token, payload,
+ * attempt, state], oldest first (recovered jobs sit at score 0, ahead of
+ * the enqueue-time scores); null when nothing is claimable (the queue is
+ * empty, every waiting job is delayed, or the queue is paused): nothing
+ * was written then.  With REQ, a retry of the same request answers the
+ * jobs that request claimed and still holds.
+ * ------------------------------------------------------------------------ */
 int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
-    if (argc != 5) return RedisModule_WrongArity(ctx);
+    if (argc < 5) return RedisModule_WrongArity(ctx);
+    long long count = 1;
+    RedisModuleString *req = NULL;
+    int seen_count = 0;
+    for (int i = 5; i < argc; i += 2) {
+        size_t len;
+        const char *opt = RedisModule_StringPtrLen(argv[i], &len);
+        if (i + 1 >= argc) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
+        size_t vlen;
+        const char *val = RedisModule_StringPtrLen(argv[i + 1], &vlen);
+        if (emq_option_is(opt, len, "COUNT") && !seen_count) {
+            seen_count = 1;
+            int err = emq_parse_count(EMQ_COUNT_CLAIM, val, vlen, &count);
+            if (err) return emq_reply_error(ctx, err);
+        } else if (emq_option_is(opt, len, "REQ") && !req) {
+            if (vlen == 0) return emq_reply_error(ctx, EMQ_ERR_REQ_EMPTY);
+            req = argv[i + 1];
+        } else {
+            return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
+        }
+    }
     int err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_KEYS);
     if (err) return emq_reply_error(ctx, err);
+    if (count > EMQ_MAX_CLAIM_COUNT) count = EMQ_MAX_CLAIM_COUNT;
+    long long now = RedisModule_Milliseconds(), deadline;
     size_t lease_len;
     const char *lease = RedisModule_StringPtrLen(argv[4], &lease_len);
-    long long deadline;
-    err = emq_lease_deadline(RedisModule_Milliseconds(), lease, lease_len, &deadline);
+    err = emq_lease_deadline(now, lease, lease_len, &deadline);
     if (err) return emq_reply_error(ctx, err);
 
     /* open and type-check */
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
-    EmqKey pending, active;
-    emq_key_open(ctx, &pending, argv[1], rw);
-    emq_key_open(ctx, &active, argv[2], rw);
+    Claim c = {.ctx = ctx, .base = argv[3]};
+    emq_key_open(ctx, &c.pending, argv[1], rw);
+    emq_key_open(ctx, &c.active, argv[2], rw);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    Head heads[CLAIM_MAX_SKIPS + 1];
-    int n = 0, found = 0;
-    long long token = 0;
-    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET)) {
-        emq_reply_error(ctx, EMQ_ERR_WRONGTYPE);
-        goto done;
+    if (!emq_type_ok(&c.pending, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&c.active, REDISMODULE_KEYTYPE_ZSET))
+        err = EMQ_ERR_WRONGTYPE;
+    else if (!emq_acl_user(ctx, &c.user))
+        err = EMQ_ERR_NOPERM_DERIVED;
+    if (!err && req) {
+        c.record_name = emq_derived_key(ctx, argv[3], "req:", req);
+        err = emq_open_derived(ctx, c.user, &c.record, c.record_name, 1);
+        if (!err && !emq_type_ok(&c.record, REDISMODULE_KEYTYPE_STRING)) err = EMQ_ERR_WRONGTYPE;
     }
-
-    /* read and decide: the heads first, nothing written until every one checked out. */
-    if (!emq_key_empty(&pending)) {
-        RedisModule_ZsetFirstInScoreRange(pending.key, -HUGE_VAL, HUGE_VAL, 0, 0);
-        while (!found && n <= CLAIM_MAX_SKIPS && !RedisModule_ZsetRangeEndReached(pending.key)) {
-            double score;
-            Head *h = &heads[n++];
-            h->id = RedisModule_ZsetRangeCurrentElement(pending.key, &score);
-            emq_key_open(ctx, &h->row, emq_derived_key(ctx, argv[3], "job:", h->id), rw);
-            RedisModule_ZsetRangeNext(pending.key);
-            if (!emq_type_ok(&h->row, REDISMODULE_KEYTYPE_HASH)) {
-                err = EMQ_ERR_WRONGTYPE;
-                break;
-            }
-            if (!emq_hexists(&h->row, emq_str.cancel_requested)) {
-                found = 1;
-                err = emq_hash_incr(&h->row, emq_str.attempts, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, &token);
-            }
-        }
-        RedisModule_ZsetRangeStop(pending.key);
-    }
-    if (!err) {
-        RedisModuleString *names[CLAIM_MAX_SKIPS + 1];
-        for (int i = 0; i < n; i++) names[i] = heads[i].row.name;
-        if (!emq_acl_allows(ctx, names, (size_t)n)) err = EMQ_ERR_NOPERM_DERIVED;
-    }
-    if (err) {
-        emq_reply_error(ctx, err);
-        goto done;
-    }
-
-    /* apply and reply */
-    int skipped = found ? n - 1 : n;
-    for (int i = 0; i < skipped; i++) {
-        emq_fx_zrem(&fx, &pending, heads[i].id);
-        emq_fx_hset(&fx, &heads[i].row, "hset", 1, emq_str.state, emq_str.cancelled);
-    }
-    if (!found) {
-        RedisModule_ReplyWithNull(ctx);
-        goto done;
-    }
-    Head *h = &heads[n - 1];
-    emq_fx_zrem(&fx, &pending, h->id);
-    emq_fx_hset(&fx, &h->row, "hincrby", 1, emq_str.attempts, emq_fx_number(&fx, token));
-    emq_fx_hset(&fx, &h->row, "hset", 1, emq_str.state, emq_str.active);
-    emq_fx_zadd(&fx, &active, deadline, h->id, 0);
-    RedisModule_ReplyWithArray(ctx, 2);
-    RedisModule_ReplyWithString(ctx, h->id);
-    RedisModule_ReplyWithLongLong(ctx, token);
-
-done:
-    emq_fx_commit(&fx);
-    for (int i = 0; i < n; i++) {
-        emq_key_close(&heads[i].row);
-        RedisModule_FreeString(ctx, heads[i].row.name);
-        RedisModule_FreeString(ctx, heads[i].id);
-    }
-    emq_key_close(&active);
-    emq_key_close(&pending);
-    return REDISMODULE_OK;
-}
-
-/* ------------------------------------------------------------------------
- * EMQ.COMPLETE <active> <job> <id> <token>
- *
- * :1 the job leaves <active> and its row gets state=done.  :-1 gone;
- * -EMQSTALE wrong token or no longer active (nothing written): a holder that
- * lost its lease must not finish a job someone else now owns.
- * ------------------------------------------------------------------------ */
-int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    /* parse */
-    if (argc != 5) return RedisModule_WrongArity(ctx);
-    if (emq_str_equal(argv[1], argv[2])) return emq_reply_error(ctx, EMQ_ERR_SAME_KEY);
-    RedisModuleString *id = argv[3], *token = argv[4];
-
-    /* open and type-check */
-    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
-    EmqKey active, row;
-    emq_key_open(ctx, &active, argv[1], rw);
-    emq_key_open(ctx, &row, argv[2], rw);
-    EmqFx fx;
-    emq_fx_begin(&fx, ctx);
-    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
-        emq_reply_error(ctx, EMQ_ERR_WRONGTYPE);
-        goto done;
-    }
+    if (err) goto reply;
 
     /* read and decide */
-    int holder = emq_check_holder(&active, &row, id, token, NULL);
-    if (holder == EMQ_HOLDER_GONE) {
-        RedisModule_ReplyWithLongLong(ctx, -1);
-        goto done;
+    if (req && !emq_key_empty(&c.record)) {
+        RedisModuleString *rec = emq_get_string(&c.record);
+        size_t reclen;
+        const char *p = RedisModule_StringPtrLen(rec, &reclen);
+        err = reanswer(&c, p, reclen);
+        RedisModule_FreeString(NULL, rec);
+        goto reply;
     }
-    if (holder != EMQ_HOLDER_OK) {
-        emq_reply_error(ctx, emq_holder_error(EMQ_VERB_COMPLETE, holder));
-        goto done;
-    }
+    EmqMeta meta;
+    err = emq_read_meta(ctx, c.user, c.base, &meta);
+    if (err || meta.paused) goto reply;
+    err = collect(&c, now, (long)count);
+    if (err) goto reply;
 
-    /* apply and reply */
-    emq_fx_zrem(&fx, &active, id);
-    emq_fx_hset(&fx, &row, "hset", 1, emq_str.state, emq_str.done);
-    RedisModule_ReplyWithLongLong(ctx, 1);
+    /* apply */
+    apply(&c, &fx, now, deadline);
 
-done:
+reply:
+    if (err) emq_reply_error(ctx, err);
+    else reply_jobs(&c);
     emq_fx_commit(&fx);
-    emq_key_close(&row);
-    emq_key_close(&active);
-    return REDISMODULE_OK;
-}
-
-/* ------------------------------------------------------------------------
- * EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error>
- *
- * The holder's handler failed.  Below <max-attempts> attempts the job goes
- * back to <pending> at server-now (behind the work already waiting); at or
- * above it the job is dead-lettered and counted in <base>metrics:failed.
- * The row keeps the error text in last_error either way.  A job with a
- * cancel request (EMQ.CANCEL) ends as state=cancelled instead: never retried,
- * not counted as failed.
- * Reply: +pending, +dead or +cancelled; :-1 gone; -EMQSTALE as COMPLETE.
- * ------------------------------------------------------------------------ */
-int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    /* parse */
-    if (argc != 9) return RedisModule_WrongArity(ctx);
-    int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 3, argv[4], EMQ_ERR_THREE_SETS);
-    long long max_attempts = 0;
-    if (!err) {
-        size_t len;
-        const char *s = RedisModule_StringPtrLen(argv[7], &len);
-        err = emq_parse_count(EMQ_COUNT_MAX_ATTEMPTS, s, len, &max_attempts);
-    }
-    if (err) return emq_reply_error(ctx, err);
-    RedisModuleString *id = argv[5], *token = argv[6], *error_text = argv[8];
-    long long now = RedisModule_Milliseconds();
-
-    /* open and type-check */
-    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
-    EmqKey active, pending, dead, row, metrics = {0};
-    emq_key_open(ctx, &active, argv[1], rw);
-    emq_key_open(ctx, &pending, argv[2], rw);
-    emq_key_open(ctx, &dead, argv[3], rw);
-    emq_key_open(ctx, &row, emq_derived_key(ctx, argv[4], "job:", id), rw);
-    EmqFx fx;
-    emq_fx_begin(&fx, ctx);
-    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET) ||
-        !emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
-        emq_reply_error(ctx, EMQ_ERR_WRONGTYPE);
-        goto done;
-    }
-
-    /* read and decide */
-    long long attempts = -1, failed = 0;
-    int holder = emq_check_holder(&active, &row, id, token, &attempts);
-    if (holder == EMQ_HOLDER_GONE) {
-        RedisModule_ReplyWithLongLong(ctx, -1);
-        goto done;
-    }
-    err = emq_holder_error(EMQ_VERB_FAIL, holder);
-    if (!err && attempts < 0) err = EMQ_ERR_ATTEMPTS_NOT_INTEGER;
-    int route = emq_fail_route(attempts, max_attempts, emq_hexists(&row, emq_str.cancel_requested));
-    if (!err && route == EMQ_FAIL_TO_DEAD) {
-        emq_key_open(ctx, &metrics, emq_derived_key(ctx, argv[4], "metrics:failed", NULL), rw);
-        if (!emq_type_ok(&metrics, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
-        else err = emq_hash_incr(&metrics, emq_str.count, 1, EMQ_ERR_FAILED_NOT_INTEGER, &failed);
-    }
-    if (!err) {
-        RedisModuleString *derived[2] = {row.name, metrics.name};
-        if (!emq_acl_allows(ctx, derived, 2)) err = EMQ_ERR_NOPERM_DERIVED;
-    }
-    if (err) {
-        emq_reply_error(ctx, err);
-        goto done;
-    }
-
-    /* apply and reply */
-    static const char *const outcome[] = {
-        [EMQ_FAIL_TO_PENDING] = "pending",
-        [EMQ_FAIL_TO_DEAD] = "dead",
-        [EMQ_FAIL_TO_CANCELLED] = "cancelled",
-    };
-    RedisModuleString *state = route == EMQ_FAIL_TO_DEAD        ? emq_str.dead
-                               : route == EMQ_FAIL_TO_CANCELLED ? emq_str.cancelled
-                                                                : emq_str.pending;
-    emq_fx_zrem(&fx, &active, id);
-    emq_fx_hset(&fx, &row, "hset", 2, emq_str.state, state, emq_str.last_error, error_text);
-    if (route == EMQ_FAIL_TO_DEAD) {
-        emq_fx_zadd(&fx, &dead, 0, id, 0);
-        emq_fx_hset(&fx, &metrics, "hincrby", 1, emq_str.count, emq_fx_number(&fx, failed));
-    } else if (route == EMQ_FAIL_TO_PENDING) {
-        emq_fx_zadd(&fx, &pending, now, id, 0);
-    }
-    RedisModule_ReplyWithSimpleString(ctx, outcome[route]);
-
-done:
-    emq_fx_commit(&fx);
-    emq_key_close(&metrics);
-    if (metrics.name) RedisModule_FreeString(ctx, metrics.name);
-    emq_key_close(&row);
-    RedisModule_FreeString(ctx, row.name);
-    emq_key_close(&dead);
-    emq_key_close(&pending);
-    emq_key_close(&active);
+    claim_release(&c);
     return REDISMODULE_OK;
 }

@@ -12,6 +12,7 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_MAX_STALLED] = "ERR max-stalled must be an integer >= 1",
     [EMQ_ERR_LIMIT] = "ERR limit must be an integer >= 1",
     [EMQ_ERR_MAX_ATTEMPTS] = "ERR max-attempts must be an integer >= 1",
+    [EMQ_ERR_CLAIM_COUNT] = "ERR COUNT must be an integer >= 1",
     [EMQ_ERR_SAME_KEY] = "ERR <active> and <job> must be different keys",
     [EMQ_ERR_THREE_SETS] =
         "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
@@ -23,13 +24,20 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
         "NOPERM this user has no permissions to access the job rows or metrics derived from <base>",
     [EMQ_ERR_STALLED_NOT_INTEGER] = "ERR a swept job row has a 'stalled' field that is not an integer",
     [EMQ_ERR_ATTEMPTS_NOT_INTEGER] = "ERR the job row's 'attempts' field is not an integer",
+    [EMQ_ERR_TRIES_NOT_INTEGER] = "ERR the job row's 'tries' field is not an integer",
     [EMQ_ERR_FAILED_NOT_INTEGER] = "ERR the metrics:failed 'count' field is not an integer",
     [EMQ_ERR_OVERFLOW] = "ERR increment or decrement would overflow",
     [EMQ_ERR_STALE_EXTEND] = "EMQSTALE extend token mismatch",
     [EMQ_ERR_STALE_COMPLETE] = "EMQSTALE complete token mismatch",
     [EMQ_ERR_STALE_FAIL] = "EMQSTALE fail token mismatch",
+    [EMQ_ERR_STALE_RELEASE] = "EMQSTALE release token mismatch",
     [EMQ_ERR_NOT_ACTIVE] = "EMQSTALE job is no longer active",
     [EMQ_ERR_EXISTS] = "EMQEXISTS a job with this id already exists",
+    [EMQ_ERR_JOB_KEY] = "ERR <job> must be <base>job:<id>, where <active> is <base>active",
+    [EMQ_ERR_META_NOT_INTEGER] = "ERR the queue's meta hash holds a setting that is not an integer",
+    [EMQ_ERR_TRYAGAIN] = "TRYAGAIN a key of this queue is moving between cluster nodes; retry",
+    [EMQ_ERR_SYNTAX] = "ERR syntax error",
+    [EMQ_ERR_REQ_EMPTY] = "ERR the REQ request id must not be empty",
 };
 
 const char *emq_error_text(int err) {
@@ -91,6 +99,7 @@ int emq_parse_count(int which, const char *s, size_t len, long long *out) {
         [EMQ_COUNT_MAX_STALLED] = EMQ_ERR_MAX_STALLED,
         [EMQ_COUNT_LIMIT] = EMQ_ERR_LIMIT,
         [EMQ_COUNT_MAX_ATTEMPTS] = EMQ_ERR_MAX_ATTEMPTS,
+        [EMQ_COUNT_CLAIM] = EMQ_ERR_CLAIM_COUNT,
     };
     long long v;
     if (emq_parse_ll(s, len, &v) != 0 || v < 1) return refusal[which];
@@ -136,6 +145,90 @@ int emq_base_has_hash_tag(const char *base, size_t len) {
     return close != NULL && close > open + 1;
 }
 
+int emq_job_key_matches(const char *active, size_t activelen, const char *job, size_t joblen,
+                        const char *id, size_t idlen) {
+    static const char suffix[] = "active", mid[] = "job:";
+    const size_t slen = sizeof suffix - 1, mlen = sizeof mid - 1;
+    if (activelen < slen || memcmp(active + activelen - slen, suffix, slen) != 0) return 0;
+    size_t baselen = activelen - slen;
+    return joblen == baselen + mlen + idlen && memcmp(job, active, baselen) == 0 &&
+           memcmp(job + baselen, mid, mlen) == 0 && memcmp(job + baselen + mlen, id, idlen) == 0;
+}
+
+int emq_option_is(const char *arg, size_t len, const char *name) {
+    if (len != strlen(name)) return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char a = (unsigned char)arg[i], b = (unsigned char)name[i];
+        if (a >= 'a' && a <= 'z') a = (unsigned char)(a - 'a' + 'A');
+        if (b >= 'a' && b <= 'z') b = (unsigned char)(b - 'a' + 'A');
+        if (a != b) return 0;
+    }
+    return 1;
+}
+
+/* -- request records ---------------------------------------------------- */
+
+static size_t decimal_digits(size_t v) {
+    size_t n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
+size_t emq_record_item_size(size_t len) {
+    return decimal_digits(len) + 1 + len;
+}
+
+size_t emq_record_put(char *out, const char *item, size_t len) {
+    size_t digits = decimal_digits(len), v = len;
+    for (size_t i = digits; i > 0; i--) {
+        out[i - 1] = (char)('0' + (int)(v % 10));
+        v /= 10;
+    }
+    out[digits] = ':';
+    if (len) memcpy(out + digits + 1, item, len);
+    return digits + 1 + len;
+}
+
+int emq_record_next(const char *rec, size_t reclen, size_t *pos, const char **item, size_t *len) {
+    size_t p = *pos;
+    if (p == reclen) return 0;
+    size_t v = 0, start = p;
+    while (p < reclen && rec[p] >= '0' && rec[p] <= '9' && p - start < 12) v = v * 10 + (size_t)(rec[p++] - '0');
+    if (p == start || p >= reclen || rec[p] != ':') return -1;
+    p++;
+    if (v > reclen - p) return -1;
+    *item = rec + p;
+    *len = v;
+    *pos = p + v;
+    return 1;
+}
+
+/* -- tokens ------------------------------------------------------------- */
+
+int emq_format_token(long long attempts, const unsigned char *random8, char *out) {
+    static const char hex[] = "0123456789abcdef";
+    char digits[24];
+    int n = 0;
+    unsigned long long v = attempts < 0 ? 0 - (unsigned long long)attempts : (unsigned long long)attempts;
+    do {
+        digits[n++] = (char)('0' + (int)(v % 10));
+        v /= 10;
+    } while (v);
+    int len = 0;
+    if (attempts < 0) out[len++] = '-';
+    while (n) out[len++] = digits[--n];
+    out[len++] = '-';
+    for (int i = 0; i < 8; i++) {
+        out[len++] = hex[random8[i] >> 4];
+        out[len++] = hex[random8[i] & 15];
+    }
+    out[len] = '\0';
+    return len;
+}
+
 /* -- transitions -------------------------------------------------------- */
 
 int emq_stall_is_dead(long long stalled, long long max_stalled) {
@@ -153,10 +246,27 @@ int emq_holder_error(int verb, int holder) {
         [EMQ_VERB_EXTEND] = EMQ_ERR_STALE_EXTEND,
         [EMQ_VERB_COMPLETE] = EMQ_ERR_STALE_COMPLETE,
         [EMQ_VERB_FAIL] = EMQ_ERR_STALE_FAIL,
+        [EMQ_VERB_RELEASE] = EMQ_ERR_STALE_RELEASE,
     };
     if (holder == EMQ_HOLDER_STALE_TOKEN) return stale_token[verb];
     if (holder == EMQ_HOLDER_NOT_ACTIVE) return EMQ_ERR_NOT_ACTIVE;
     return EMQ_OK;
+}
+
+const char *emq_verb_name(int verb) {
+    static const char *const names[] = {
+        [EMQ_VERB_EXTEND] = "extend",
+        [EMQ_VERB_COMPLETE] = "complete",
+        [EMQ_VERB_FAIL] = "fail",
+        [EMQ_VERB_RELEASE] = "release",
+    };
+    return names[verb];
+}
+
+int emq_is_retry_of(int verb, int holder, const char *closed_by, size_t len) {
+    if (holder != EMQ_HOLDER_NOT_ACTIVE || closed_by == NULL) return 0;
+    const char *name = emq_verb_name(verb);
+    return len == strlen(name) && memcmp(closed_by, name, len) == 0;
 }
 
 int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested) {
@@ -176,4 +286,21 @@ int emq_cancel_decide(int row_exists, int in_pending, int finished) {
     if (!row_exists) return EMQ_CANCEL_GONE;
     if (in_pending) return EMQ_CANCEL_NOW;
     return finished ? EMQ_CANCEL_FINISHED : EMQ_CANCEL_REQUEST;
+}
+
+/* -- retention ---------------------------------------------------------- */
+
+int emq_retain(long long now_ms, long long ttl_ms, long long *at_ms) {
+    if (ttl_ms < 0) return EMQ_RETAIN_KEEP;
+    if (ttl_ms == 0) return EMQ_RETAIN_DELETE;
+    *at_ms = now_ms + ttl_ms;
+    return EMQ_RETAIN_EXPIRE;
+}
+
+int emq_parse_retention(const char *s, size_t len, long long *out) {
+    long long v;
+    if (emq_parse_ll(s, len, &v) != 0 || v < EMQ_KEEP_FOREVER || v > EMQ_MAX_EXACT_SCORE)
+        return EMQ_ERR_META_NOT_INTEGER;
+    *out = v;
+    return EMQ_OK;
 }

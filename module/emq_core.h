@@ -23,6 +23,9 @@
  * sorted-set score can carry without rounding: 2^53 ms is year 287396. */
 #define EMQ_MAX_EXACT_SCORE 9007199254740992LL
 
+/* The most jobs one CLAIM hands out (COUNT above it claims this many). */
+#define EMQ_MAX_CLAIM_COUNT 1000
+
 /* Every error a verb answers, in one place; the texts are in emq_core.c. */
 typedef enum {
     EMQ_OK = 0,
@@ -33,6 +36,7 @@ typedef enum {
     EMQ_ERR_MAX_STALLED,
     EMQ_ERR_LIMIT,
     EMQ_ERR_MAX_ATTEMPTS,
+    EMQ_ERR_CLAIM_COUNT,
     /* keys */
     EMQ_ERR_SAME_KEY,
     EMQ_ERR_THREE_SETS,
@@ -44,14 +48,22 @@ typedef enum {
     /* rows and counters */
     EMQ_ERR_STALLED_NOT_INTEGER,
     EMQ_ERR_ATTEMPTS_NOT_INTEGER,
+    EMQ_ERR_TRIES_NOT_INTEGER,
     EMQ_ERR_FAILED_NOT_INTEGER,
     EMQ_ERR_OVERFLOW,
     /* the fence and the job's identity */
     EMQ_ERR_STALE_EXTEND,
     EMQ_ERR_STALE_COMPLETE,
     EMQ_ERR_STALE_FAIL,
+    EMQ_ERR_STALE_RELEASE,
     EMQ_ERR_NOT_ACTIVE,
     EMQ_ERR_EXISTS,
+    EMQ_ERR_JOB_KEY,
+    /* the queue's settings, and its keys on the move */
+    EMQ_ERR_META_NOT_INTEGER,
+    EMQ_ERR_TRYAGAIN,
+    EMQ_ERR_SYNTAX,
+    EMQ_ERR_REQ_EMPTY,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -70,7 +82,7 @@ EMQ_EXPORT int emq_parse_ll(const char *s, size_t len, long long *out);
 EMQ_EXPORT int emq_lease_deadline(long long now_ms, const char *s, size_t len, long long *deadline_ms);
 
 /* Which count argument is parsed: it names itself in the error. */
-typedef enum { EMQ_COUNT_MAX_STALLED, EMQ_COUNT_LIMIT, EMQ_COUNT_MAX_ATTEMPTS } EmqCountArg;
+typedef enum { EMQ_COUNT_MAX_STALLED, EMQ_COUNT_LIMIT, EMQ_COUNT_MAX_ATTEMPTS, EMQ_COUNT_CLAIM } EmqCountArg;
 
 /* A count argument: an integer >= 1.  `which` is an EmqCountArg. */
 EMQ_EXPORT int emq_parse_count(int which, const char *s, size_t len, long long *out);
@@ -99,6 +111,41 @@ EMQ_EXPORT int emq_key_is(const char *key, size_t keylen, const char *base, size
  * may even supply the closing brace). */
 EMQ_EXPORT int emq_base_has_hash_tag(const char *base, size_t len);
 
+/* 1 when <job> is <base>job:<id> for the <base> of <active> (<active> is
+ * <base>active): a holder may act on its own job only, whatever token it
+ * has. */
+EMQ_EXPORT int emq_job_key_matches(const char *active, size_t activelen, const char *job, size_t joblen,
+                                   const char *id, size_t idlen);
+
+/* 1 when the argument is the option `name` (ASCII case-insensitive, as
+ * Redis reads its own options). */
+EMQ_EXPORT int emq_option_is(const char *arg, size_t len, const char *name);
+
+/* -- request records ---------------------------------------------------- */
+
+/* A claim made with REQ <request-id> is remembered in a string key, so that
+ * a retry of the same request (its reply was lost) is answered with the
+ * same jobs instead of claiming others: the items (id, token, id, token,
+ * ...) each as "<length>:<bytes>".  emq_record_item_size() is the room one
+ * item takes; emq_record_put() writes it at out and returns its size;
+ * emq_record_next() reads the item at *pos (1, and advances *pos), or says
+ * the record ended (0) or is not one (-1). */
+EMQ_EXPORT size_t emq_record_item_size(size_t len);
+EMQ_EXPORT size_t emq_record_put(char *out, const char *item, size_t len);
+EMQ_EXPORT int emq_record_next(const char *rec, size_t reclen, size_t *pos, const char **item,
+                               size_t *len);
+
+/* -- tokens ------------------------------------------------------------- */
+
+/* The fencing token of a claim: "<attempts>-<16 hex digits>" from the
+ * row's new `attempts` (every claim of the job, never lowered) and 8 random
+ * bytes.  The counter says which claim it is; the random part makes it
+ * unique even when a failover lost the claims that came before it (a new
+ * master that never saw claim N hands out another claim N, with another
+ * random part).  Writes at most EMQ_TOKEN_MAX bytes; returns the length. */
+#define EMQ_TOKEN_MAX 48
+EMQ_EXPORT int emq_format_token(long long attempts, const unsigned char *random8, char *out);
+
 /* -- transitions -------------------------------------------------------- */
 
 /* The threshold: a job whose stall count reached max_stalled is dead. */
@@ -116,11 +163,20 @@ typedef enum {
 EMQ_EXPORT int emq_holder(int has_token, int token_matches, int is_active);
 
 /* The verbs that are fenced, for the error a non-holder gets. */
-typedef enum { EMQ_VERB_EXTEND, EMQ_VERB_COMPLETE, EMQ_VERB_FAIL } EmqVerb;
+typedef enum { EMQ_VERB_EXTEND, EMQ_VERB_COMPLETE, EMQ_VERB_FAIL, EMQ_VERB_RELEASE } EmqVerb;
 
 /* The error for a holder verdict that is neither OK nor GONE (GONE answers
  * :-1, which is not an error). */
 EMQ_EXPORT int emq_holder_error(int verb, int holder);
+
+/* A retried COMPLETE, FAIL or RELEASE: the holder's verb already ended its
+ * hold (its reply was lost) when the row still carries the holder's token,
+ * the job is no longer active, and the row's `closed_by` names this verb.
+ * The retry then answers what the first call answered, writing nothing. */
+EMQ_EXPORT int emq_is_retry_of(int verb, int holder, const char *closed_by, size_t len);
+
+/* The name a verb leaves in `closed_by`. */
+EMQ_EXPORT const char *emq_verb_name(int verb);
 
 /* Where FAIL sends a job: a job whose cancel was requested ends cancelled
  * (not retried, not a failure); else it is dead at max_attempts claims, and
@@ -138,5 +194,26 @@ EMQ_EXPORT int emq_state_is_finished(const char *state, size_t len);
 typedef enum { EMQ_CANCEL_GONE, EMQ_CANCEL_NOW, EMQ_CANCEL_REQUEST, EMQ_CANCEL_FINISHED } EmqCancel;
 
 EMQ_EXPORT int emq_cancel_decide(int row_exists, int in_pending, int finished);
+
+/* -- retention ---------------------------------------------------------- */
+
+/* How long a finished row is kept, in ms: a non-negative number, or
+ * EMQ_KEEP_FOREVER.  The defaults keep memory bounded for a queue that runs
+ * forever: done rows an hour, cancelled rows a day; dead rows are kept until
+ * an operator retries or purges them. */
+#define EMQ_KEEP_FOREVER (-1LL)
+#define EMQ_DEFAULT_DONE_TTL_MS 3600000LL
+#define EMQ_DEFAULT_CANCELLED_TTL_MS 86400000LL
+#define EMQ_DEFAULT_DEAD_TTL_MS EMQ_KEEP_FOREVER
+
+/* What happens to a finished row now: keep it, expire it at *at_ms, or
+ * delete it at once (a retention of 0). */
+typedef enum { EMQ_RETAIN_KEEP, EMQ_RETAIN_EXPIRE, EMQ_RETAIN_DELETE } EmqRetain;
+
+EMQ_EXPORT int emq_retain(long long now_ms, long long ttl_ms, long long *at_ms);
+
+/* A retention value read from the queue's meta hash: -1 or a non-negative
+ * integer whose expiry time stays an exact integer. */
+EMQ_EXPORT int emq_parse_retention(const char *s, size_t len, long long *out);
 
 #endif

@@ -64,7 +64,8 @@ RedisModuleString *emq_fx_number(EmqFx *fx, long long v) {
     return s;
 }
 
-static const char ZADD[] = "ZADD", ZREM[] = "ZREM", HSET[] = "HSET";
+static const char ZADD[] = "ZADD", ZREM[] = "ZREM", HSET[] = "HSET", HDEL[] = "HDEL", SET[] = "SET",
+                  PEXPIREAT[] = "PEXPIREAT", PERSIST[] = "PERSIST", DEL[] = "DEL";
 
 int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *member, int xx) {
     int flags = xx ? REDISMODULE_ZADD_XX : 0;
@@ -126,6 +127,73 @@ void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...) {
     va_end(ap);
     row->modified = 1;
     RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_HASH, event, row->name);
+}
+
+int emq_fx_hdel(EmqFx *fx, EmqKey *row, RedisModuleString *field) {
+    if (RedisModule_KeyType(row->key) != REDISMODULE_KEYTYPE_HASH) return 0;
+    if (!RedisModule_HashSet(row->key, REDISMODULE_HASH_NONE, field, REDISMODULE_HASH_DELETE, NULL)) return 0;
+    row->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_HASH, "hdel", row->name);
+    /* The API deletes a hash it emptied, as HDEL does; HDEL then says "del". */
+    if (RedisModule_KeyType(row->key) == REDISMODULE_KEYTYPE_EMPTY)
+        RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "del", row->name);
+    push_arg(entry_for(fx, row, HDEL, 0), field);
+    return 1;
+}
+
+void emq_fx_set(EmqFx *fx, EmqKey *key, RedisModuleString *value) {
+    RedisModule_StringSet(key->key, value);
+    key->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_STRING, "set", key->name);
+    EmqFxEntry *e = entry_for(fx, key, SET, 0);
+    if (e->argc == 2) { /* a second SET of the key in one command: the last value wins */
+        RedisModule_FreeString(NULL, e->argv[1]);
+        e->argc = 1;
+    }
+    push_arg(e, value);
+}
+
+void emq_fx_pexpireat(EmqFx *fx, EmqKey *key, long long at_ms) {
+    if (RedisModule_SetAbsExpire(key->key, at_ms) != REDISMODULE_OK) return;
+    key->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "expire", key->name);
+    EmqFxEntry *e = entry_for(fx, key, PEXPIREAT, 0);
+    if (e->argc == 2) {
+        RedisModule_FreeString(NULL, e->argv[1]);
+        e->argc = 1;
+    }
+    push_arg(e, emq_fx_number(fx, at_ms));
+}
+
+void emq_fx_persist(EmqFx *fx, EmqKey *key) {
+    if (RedisModule_KeyType(key->key) == REDISMODULE_KEYTYPE_EMPTY) return;
+    if (RedisModule_GetExpire(key->key) == REDISMODULE_NO_EXPIRE) return;
+    RedisModule_SetExpire(key->key, REDISMODULE_NO_EXPIRE);
+    key->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "persist", key->name);
+    entry_for(fx, key, PERSIST, 0);
+}
+
+void emq_fx_del(EmqFx *fx, EmqKey *key) {
+    if (RedisModule_KeyType(key->key) == REDISMODULE_KEYTYPE_EMPTY) return;
+    RedisModule_DeleteKey(key->key);
+    key->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "del", key->name);
+    entry_for(fx, key, DEL, 0);
+}
+
+void emq_fx_retain(EmqFx *fx, EmqKey *row, long long now_ms, long long ttl_ms) {
+    long long at = 0;
+    switch (emq_retain(now_ms, ttl_ms, &at)) {
+    case EMQ_RETAIN_EXPIRE:
+        emq_fx_pexpireat(fx, row, at);
+        break;
+    case EMQ_RETAIN_DELETE:
+        emq_fx_del(fx, row);
+        break;
+    default:
+        break;
+    }
 }
 
 void emq_fx_commit(EmqFx *fx) {

@@ -21,8 +21,12 @@
 
 /* An open key a verb writes to.  `last` is the layer's bookkeeping (the
  * index of this key's latest propagated command, so the next write of the
- * same kind joins it); `modified` says the verb changed the key. */
+ * same kind joins it); `modified` says the verb changed the key: only then
+ * is it signalled as modified when closed (emq_key_close), so a verb that
+ * wrote nothing -- an error, a no-op -- breaks no WATCH and sends no
+ * client-tracking invalidation, as a core command that changes nothing. */
 typedef struct {
+    RedisModuleCtx *ctx;
     RedisModuleKey *key;
     RedisModuleString *name;
     int last;
@@ -59,6 +63,28 @@ int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member);
  * pairs follow.  Fires `event` ("hset", or "hincrby" where the core command
  * would be HINCRBY) once.  Consecutive HSETs of one row propagate as one. */
 void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...);
+
+/* HDEL <row> <field>, when the field is there: fires "hdel".  Returns 1
+ * when it was removed. */
+int emq_fx_hdel(EmqFx *fx, EmqKey *row, RedisModuleString *field);
+
+/* SET <key> <value> (a string key): fires "set". */
+void emq_fx_set(EmqFx *fx, EmqKey *key, RedisModuleString *value);
+
+/* PEXPIREAT <key> <at-ms>: fires "expire".  The absolute time is what a
+ * replica and the AOF receive, so a replay expires the key when the master
+ * did, whatever its own clock says. */
+void emq_fx_pexpireat(EmqFx *fx, EmqKey *key, long long at_ms);
+
+/* PERSIST <key>, when it has an expiry: fires "persist". */
+void emq_fx_persist(EmqFx *fx, EmqKey *key);
+
+/* DEL <key>, when it exists: fires "del". */
+void emq_fx_del(EmqFx *fx, EmqKey *key);
+
+/* A finished row's retention (emq_core's emq_retain): kept, expired at
+ * now + ttl, or deleted at once. */
+void emq_fx_retain(EmqFx *fx, EmqKey *row, long long now_ms, long long ttl_ms);
 
 /* A decimal string for `v` that lives until emq_fx_commit(). */
 RedisModuleString *emq_fx_number(EmqFx *fx, long long v);

@@ -52,9 +52,16 @@ RedisModuleString *emq_derived_key(RedisModuleCtx *ctx, RedisModuleString *base,
     return name;
 }
 
+RedisModuleString *emq_base_of(RedisModuleCtx *ctx, RedisModuleString *key, const char *suffix) {
+    size_t len;
+    const char *k = RedisModule_StringPtrLen(key, &len);
+    return RedisModule_CreateString(ctx, k, len - strlen(suffix));
+}
+
 /* -- opening and reading -------------------------------------------------- */
 
 void emq_key_open(RedisModuleCtx *ctx, EmqKey *k, RedisModuleString *name, int mode) {
+    k->ctx = ctx;
     k->key = RedisModule_OpenKey(ctx, name, mode);
     k->name = name;
     k->last = -1;
@@ -62,8 +69,13 @@ void emq_key_open(RedisModuleCtx *ctx, EmqKey *k, RedisModuleString *name, int m
 }
 
 void emq_key_close(EmqKey *k) {
-    if (k->key) RedisModule_CloseKey(k->key);
+    if (k->key == NULL) return;
+    RedisModule_CloseKey(k->key);
     k->key = NULL;
+    /* The module signals only what it changed (emq_module.c turns the
+     * server's implicit signal of every key opened for writing off). */
+    if (k->modified) RedisModule_SignalModifiedKey(k->ctx, k->name);
+    k->modified = 0;
 }
 
 int emq_type_ok(EmqKey *k, int keytype) {
@@ -105,21 +117,106 @@ int emq_str_equal(RedisModuleString *a, RedisModuleString *b) {
     return alen == blen && memcmp(ap, bp, alen) == 0;
 }
 
+RedisModuleString *emq_get_string(EmqKey *k) {
+    if (RedisModule_KeyType(k->key) != REDISMODULE_KEYTYPE_STRING) return NULL;
+    size_t len;
+    const char *p = RedisModule_StringDMA(k->key, &len, REDISMODULE_STRING_DMA_READ);
+    return RedisModule_CreateString(NULL, p, len);
+}
+
+/* -- keys derived from <base> ---------------------------------------------- */
+
+/* A context of our own, without the caller's client flags, to ask the
+ * server's cluster routing about a key; made once, on first need. */
+static RedisModuleCtx *probe;
+
+void emq_keys_unload(void) {
+    if (probe) RedisModule_FreeThreadSafeContext(probe);
+    probe = NULL;
+}
+
+int emq_absent_key_is_final(RedisModuleCtx *ctx, RedisModuleString *name) {
+    if (!(RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_CLUSTER)) return 1;
+    /* RedisModule_Call refuses a key this node would redirect (ASK to the
+     * node a migrating slot goes to, or MOVED for a slot being imported
+     * when the caller has not said ASKING), the rule the server applies to
+     * declared keys.  Our context never has ASKING: on the importing node a
+     * missing row may still be on the source, so it is never final there. */
+    if (probe == NULL) probe = RedisModule_GetDetachedThreadSafeContext(ctx);
+    RedisModule_SelectDb(probe, RedisModule_GetSelectedDb(ctx));
+    RedisModuleCallReply *reply = RedisModule_Call(probe, "EXISTS", "s", name);
+    if (reply == NULL) return 0;
+    RedisModule_FreeCallReply(reply);
+    return 1;
+}
+
+int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, RedisModuleString *name,
+                     int write) {
+    k->ctx = ctx;
+    k->key = NULL;
+    k->name = name;
+    k->last = -1;
+    k->modified = 0;
+    if (!(write ? emq_acl_may_touch(user, name) : emq_acl_may_read(user, name)))
+        return EMQ_ERR_NOPERM_DERIVED;
+    emq_key_open(ctx, k, name, write ? REDISMODULE_READ | REDISMODULE_WRITE : REDISMODULE_READ);
+    if (emq_key_empty(k) && !emq_absent_key_is_final(ctx, name)) return EMQ_ERR_TRYAGAIN;
+    return EMQ_OK;
+}
+
+static int read_retention(EmqKey *k, RedisModuleString *field, long long *out) {
+    RedisModuleString *v = emq_hget(k, field);
+    if (v == NULL) return EMQ_OK;
+    size_t len;
+    const char *p = RedisModule_StringPtrLen(v, &len);
+    int err = emq_parse_retention(p, len, out);
+    RedisModule_FreeString(NULL, v);
+    return err;
+}
+
+int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base, EmqMeta *meta) {
+    meta->paused = 0;
+    meta->done_ttl = EMQ_DEFAULT_DONE_TTL_MS;
+    meta->cancelled_ttl = EMQ_DEFAULT_CANCELLED_TTL_MS;
+    meta->dead_ttl = EMQ_DEFAULT_DEAD_TTL_MS;
+    EmqKey k;
+    RedisModuleString *name = emq_derived_key(ctx, base, "meta", NULL);
+    int err = emq_open_derived(ctx, user, &k, name, 0);
+    if (!err && !emq_type_ok(&k, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    if (!err) {
+        meta->paused = emq_hexists(&k, emq_str.paused);
+        err = read_retention(&k, emq_str.done_ttl_ms, &meta->done_ttl);
+        if (!err) err = read_retention(&k, emq_str.cancelled_ttl_ms, &meta->cancelled_ttl);
+        if (!err) err = read_retention(&k, emq_str.dead_ttl_ms, &meta->dead_ttl);
+    }
+    emq_key_close(&k);
+    RedisModule_FreeString(ctx, name);
+    return err;
+}
+
 /* -- the fence ------------------------------------------------------------ */
 
-int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisModuleString *token,
-                     long long *attempts_out) {
-    RedisModuleString *attempts = emq_hget(row, emq_str.attempts);
-    int matches = attempts != NULL && emq_str_equal(attempts, token);
-    if (matches && attempts_out) {
-        size_t len;
-        const char *p = RedisModule_StringPtrLen(attempts, &len);
-        if (emq_parse_ll(p, len, attempts_out) != 0) *attempts_out = -1;
-    }
-    if (attempts) RedisModule_FreeString(NULL, attempts);
+int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisModuleString *token) {
+    RedisModuleString *current = emq_hget(row, emq_str.token);
+    int matches = current != NULL && emq_str_equal(current, token);
+    if (current) RedisModule_FreeString(NULL, current);
     double score;
     int active_member = matches && RedisModule_ZsetScore(active->key, id, &score) == REDISMODULE_OK;
-    return emq_holder(attempts != NULL, matches, active_member);
+    return emq_holder(current != NULL, matches, active_member);
+}
+
+int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id,
+                              RedisModuleString *token, int verb, int *retry) {
+    int holder = emq_check_holder(active, row, id, token);
+    *retry = 0;
+    if (holder == EMQ_HOLDER_NOT_ACTIVE) {
+        RedisModuleString *closed_by = emq_hget(row, emq_str.closed_by);
+        size_t len = 0;
+        const char *p = closed_by ? RedisModule_StringPtrLen(closed_by, &len) : NULL;
+        *retry = emq_is_retry_of(verb, holder, p, len);
+        if (closed_by) RedisModule_FreeString(NULL, closed_by);
+    }
+    return holder;
 }
 
 /* -- ACL on derived keys -------------------------------------------------- */
@@ -142,6 +239,11 @@ int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key) {
     const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
                             REDISMODULE_CMD_KEY_INSERT);
     return RedisModule_ACLCheckKeyPermissions(user, key, flags) == REDISMODULE_OK;
+}
+
+int emq_acl_may_read(RedisModuleUser *user, RedisModuleString *key) {
+    if (user == NULL) return 1;
+    return RedisModule_ACLCheckKeyPermissions(user, key, (int)REDISMODULE_CMD_KEY_ACCESS) == REDISMODULE_OK;
 }
 
 int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {

@@ -34,9 +34,14 @@ int emq_check_queue(RedisModuleCtx *ctx, RedisModuleString **keys, const char *c
 RedisModuleString *emq_derived_key(RedisModuleCtx *ctx, RedisModuleString *base, const char *mid,
                                    RedisModuleString *tail);
 
+/* <base> as a new string, from a key that is <base> + `suffix` (the caller
+ * checked that it is); the caller frees it. */
+RedisModuleString *emq_base_of(RedisModuleCtx *ctx, RedisModuleString *key, const char *suffix);
+
 /* -- opening and reading -------------------------------------------------- */
 
-/* Open `name` (REDISMODULE_READ, or READ|WRITE) into k, or close it. */
+/* Open `name` (REDISMODULE_READ, or READ|WRITE) into k, or close it;
+ * closing signals the key as modified when a write changed it. */
 void emq_key_open(RedisModuleCtx *ctx, EmqKey *k, RedisModuleString *name, int mode);
 void emq_key_close(EmqKey *k);
 
@@ -61,14 +66,50 @@ int emq_hash_incr(EmqKey *k, RedisModuleString *field, long long add, int not_in
 /* Byte-for-byte equality. */
 int emq_str_equal(RedisModuleString *a, RedisModuleString *b);
 
+/* A string key's value as a new string (the caller frees it), or NULL. */
+RedisModuleString *emq_get_string(EmqKey *k);
+
+/* -- keys derived from <base> ---------------------------------------------- */
+
+/* Open a key derived from <base>: the caller's ACL first, before anything
+ * is read (a refusal must not reveal what the key holds); then, when the
+ * key is absent on a cluster node, whether it is absent for good or on its
+ * way between nodes (a slot migration: EMQ_ERR_TRYAGAIN, and the verb writes
+ * nothing -- it would otherwise create a second copy of a row that moved).
+ * `write` says the verb may write it.  Returns EMQ_OK or the error; k is
+ * open (or NULL-keyed on an ACL refusal) either way and must be closed. */
+int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, RedisModuleString *name,
+                     int write);
+
+/* 1 when `name` is served by this node as it stands: always outside a
+ * cluster; in one, 0 while the key's slot is migrating away with the key
+ * already gone, or importing (the server's own routing rule, asked through
+ * a context without the caller's ASKING flag).  Only asked for a key that
+ * is absent, so the common path costs nothing. */
+int emq_absent_key_is_final(RedisModuleCtx *ctx, RedisModuleString *name);
+
+/* Free what emq_absent_key_is_final() made (at unload). */
+void emq_keys_unload(void);
+
+/* The queue's settings, from <base>meta (absent fields: the defaults). */
+typedef struct {
+    int paused;
+    long long done_ttl, cancelled_ttl, dead_ttl;
+} EmqMeta;
+
+/* Read <base>meta (ACL-checked for reading).  EMQ_OK or the error. */
+int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base, EmqMeta *meta);
+
 /* -- the fence ------------------------------------------------------------ */
 
-/* Read the holder verdict for <id> and <token>: the row's `attempts` must
- * be byte-for-byte the token, and the id must still be in <active>.  When
- * the holder matches and attempts_out is given, it receives `attempts` as
- * an integer (-1 when it is not one). */
-int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisModuleString *token,
-                     long long *attempts_out);
+/* Read the holder verdict for <id> and <token>: the row's `token` must be
+ * byte-for-byte the caller's, and the id must still be in <active>. */
+int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisModuleString *token);
+
+/* The holder verdict, and whether the call is the retry of `verb` whose
+ * reply was lost (emq_core's emq_is_retry_of, with the row's `closed_by`). */
+int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id,
+                              RedisModuleString *token, int verb, int *retry);
 
 /* -- ACL on derived keys -------------------------------------------------- */
 
@@ -82,6 +123,7 @@ int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisMo
  * skipped) and frees. */
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user);
 int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key);
+int emq_acl_may_read(RedisModuleUser *user, RedisModuleString *key);
 int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n);
 
 #endif

@@ -12,7 +12,7 @@
  * EMQ.EXTEND <active> <job> <id> <token> <lease-ms>
  *
  * :1 the lease now ends at server-now + lease-ms; :-1 the row is gone;
- * -EMQSTALE the token is not the row's attempts, or <id> is no longer active.
+ * -EMQSTALE the token is not the row's, or <id> is no longer active.
  *
  * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms>
  *
@@ -26,6 +26,12 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     RedisModuleString *id = argv[3], *token = argv[4];
     /* Opening one key twice with WRITE is undefined in the module API. */
     if (emq_str_equal(argv[1], argv[2])) return emq_reply_error(ctx, EMQ_ERR_SAME_KEY);
+    /* The fence checks the token of <job>'s row: it must be <id>'s own row,
+     * or a holder could keep another job's lease alive with its token. */
+    size_t alen, jlen, idlen;
+    const char *a = RedisModule_StringPtrLen(argv[1], &alen), *j = RedisModule_StringPtrLen(argv[2], &jlen);
+    const char *idp = RedisModule_StringPtrLen(id, &idlen);
+    if (!emq_job_key_matches(a, alen, j, jlen, idp, idlen)) return emq_reply_error(ctx, EMQ_ERR_JOB_KEY);
     size_t lease_len;
     const char *lease = RedisModule_StringPtrLen(argv[5], &lease_len);
     long long deadline;
@@ -44,13 +50,13 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     }
 
     /* read and decide: the token first; membership comes with the write. */
-    RedisModuleString *attempts = emq_hget(&row, emq_str.attempts);
-    if (attempts == NULL) {
+    RedisModuleString *current = emq_hget(&row, emq_str.token);
+    if (current == NULL) {
         RedisModule_ReplyWithLongLong(ctx, -1);
         goto done;
     }
-    int same_holder = emq_str_equal(attempts, token);
-    RedisModule_FreeString(NULL, attempts);
+    int same_holder = emq_str_equal(current, token);
+    RedisModule_FreeString(NULL, current);
     if (!same_holder) {
         emq_reply_error(ctx, emq_holder_error(EMQ_VERB_EXTEND, EMQ_HOLDER_STALE_TOKEN));
         goto done;

@@ -26,7 +26,7 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  * Flags, and why:
  *   - `write` everywhere: every verb changes a queue (EXTEND only re-scores).
  *   - `deny-oom` where a verb grows memory (new rows, error texts, a cancel
- *     reason, a stall count on a recovered row).  EXTEND, CHECKPOINT and
+ *     reason, a stall count on a recovered row, a claim's request record).  EXTEND, CHECKPOINT and
  *     COMPLETE are not: live handlers must keep their leases and finish
  *     their jobs under memory pressure -- they only re-score or overwrite.
  *   - `fast` where the work is O(log N) per call; SWEEP moves up to <limit>
@@ -105,6 +105,10 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
     (void)argv;
     (void)argc;
     if (emq_rm_init(ctx, "emq", EMQ_MODULE_VERSION) != REDISMODULE_OK) return REDISMODULE_ERR;
+    /* A key opened for writing is signalled as modified only when a verb
+     * really changed it (emq_key_close): an error or a no-op must not abort
+     * other clients' WATCH or invalidate their client-side caches. */
+    RedisModule_SetModuleOptions(ctx, REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED);
     create_strings();
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
         const EmqCommand *c = &commands[i];
@@ -122,6 +126,7 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
 
 EMQ_EXPORT int RedisModule_OnUnload(RedisModuleCtx *ctx) {
     (void)ctx;
+    emq_keys_unload();
     free_strings();
     return REDISMODULE_OK;
 }

@@ -23,6 +23,7 @@
 
 /* KeyType() answers. */
 #define REDISMODULE_KEYTYPE_EMPTY 0
+#define REDISMODULE_KEYTYPE_STRING 1
 #define REDISMODULE_KEYTYPE_HASH 3
 #define REDISMODULE_KEYTYPE_ZSET 5
 
@@ -36,12 +37,24 @@
 #define REDISMODULE_HASH_NONE 0
 #define REDISMODULE_HASH_CFIELDS (1 << 2)
 #define REDISMODULE_HASH_EXISTS (1 << 3)
+/* A HashSet() value that deletes the field. */
+#define REDISMODULE_HASH_DELETE ((RedisModuleString *)(long)1)
+
+/* GetExpire()/SetExpire(): no expiry. */
+#define REDISMODULE_NO_EXPIRE (-1)
+
+/* StringDMA() access mode. */
+#define REDISMODULE_STRING_DMA_READ REDISMODULE_READ
+
+/* SetModuleOptions(): the module says itself which keys it modified. */
+#define REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED (1 << 1)
 
 /* GetContextFlags() bits. */
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
 
 /* NotifyKeyspaceEvent() classes. */
 #define REDISMODULE_NOTIFY_GENERIC (1 << 2)
+#define REDISMODULE_NOTIFY_STRING (1 << 3)
 #define REDISMODULE_NOTIFY_HASH (1 << 6)
 #define REDISMODULE_NOTIFY_ZSET (1 << 7)
 
@@ -57,6 +70,7 @@ typedef struct RedisModuleCtx RedisModuleCtx;
 typedef struct RedisModuleKey RedisModuleKey;
 typedef struct RedisModuleString RedisModuleString;
 typedef struct RedisModuleUser RedisModuleUser;
+typedef struct RedisModuleCallReply RedisModuleCallReply;
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* X(return type, name without the RedisModule_ prefix, parameter list) */
@@ -76,6 +90,7 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
     X(int, ReplyWithLongLong, (RedisModuleCtx * ctx, long long ll))                           \
     X(int, ReplyWithArray, (RedisModuleCtx * ctx, long len))                                  \
     X(int, ReplyWithString, (RedisModuleCtx * ctx, RedisModuleString * str))                  \
+    X(int, ReplyWithStringBuffer, (RedisModuleCtx * ctx, const char *buf, size_t len))        \
     X(int, ReplyWithSimpleString, (RedisModuleCtx * ctx, const char *msg))                    \
     X(int, ReplyWithNull, (RedisModuleCtx * ctx))                                             \
     X(RedisModuleString *, CreateString, (RedisModuleCtx * ctx, const char *ptr, size_t len)) \
@@ -98,7 +113,24 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
     X(int, HashSet, (RedisModuleKey * key, int flags, ...))                                   \
     X(int, Replicate, (RedisModuleCtx * ctx, const char *cmd, const char *fmt, ...))          \
     X(int, NotifyKeyspaceEvent,                                                               \
-      (RedisModuleCtx * ctx, int type, const char *event, RedisModuleString *key))
+      (RedisModuleCtx * ctx, int type, const char *event, RedisModuleString *key))            \
+    X(void, SetModuleOptions, (RedisModuleCtx * ctx, int options))                            \
+    X(int, SignalModifiedKey, (RedisModuleCtx * ctx, RedisModuleString * keyname))            \
+    X(void, GetRandomBytes, (unsigned char *dst, size_t len))                                 \
+    X(int, SetAbsExpire, (RedisModuleKey * key, long long expire_ms))                         \
+    X(int, SetExpire, (RedisModuleKey * key, long long expire_ms))                            \
+    X(long long, GetExpire, (RedisModuleKey * key))                                           \
+    X(int, DeleteKey, (RedisModuleKey * key))                                                 \
+    X(int, StringSet, (RedisModuleKey * key, RedisModuleString * str))                        \
+    X(char *, StringDMA, (RedisModuleKey * key, size_t *len, int mode))                       \
+    X(int, PublishMessage,                                                                    \
+      (RedisModuleCtx * ctx, RedisModuleString * channel, RedisModuleString * message))       \
+    X(RedisModuleCtx *, GetDetachedThreadSafeContext, (RedisModuleCtx * ctx))                 \
+    X(void, FreeThreadSafeContext, (RedisModuleCtx * ctx))                                    \
+    X(int, GetSelectedDb, (RedisModuleCtx * ctx))                                             \
+    X(int, SelectDb, (RedisModuleCtx * ctx, int newid))                                       \
+    X(RedisModuleCallReply *, Call, (RedisModuleCtx * ctx, const char *cmd, const char *fmt, ...)) \
+    X(void, FreeCallReply, (RedisModuleCallReply * reply))
 
 /* Redis 7.0 and later; NULL where the server does not have them. */
 #define EMQ_RM_OPTIONAL(X)                                                                   \

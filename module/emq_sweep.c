@@ -3,7 +3,11 @@
  * A job whose holder stopped checkpointing has a deadline in the past.  The
  * sweep takes such jobs, oldest deadline first, counts a stall on each row,
  * and sends each back to pending -- or, at <max-stalled> stalls, to the
- * dead set: a job that keeps killing its workers is poison.
+ * dead set: a job that keeps killing its workers is poison.  A lapsed job
+ * whose cancel was requested ends cancelled instead (its holder is gone; it
+ * must not run again).  The sweep is also where the dead retention is kept:
+ * dead rows older than it (when the queue sets one) leave <dead> with their
+ * rows, at most <limit> per call.
  *
  * collect (the lapsed ids, bounded by <limit>) -> decide (read and check
  * every row first: a sweep applies to all its jobs or to none) -> apply. */
@@ -15,23 +19,29 @@
 /* ------------------------------------------------------------------------
  * EMQ.SWEEP <active> <pending> <dead> <base> <max-stalled> <limit>
  *
- * Reply: [recovered ids, dead ids], each in processing order.
+ * Reply: [recovered ids, dead ids, cancelled ids, dead rows expired], the
+ * lists in processing order.
  * ------------------------------------------------------------------------ */
 
-/* One lapsed job: its id, its row, and what the sweep decided for it. */
+/* What the sweep does with a lapsed job (or, for EXPIRED, a dead one past
+ * the dead retention). */
+enum { SWEPT_RECOVERED, SWEPT_DEAD, SWEPT_CANCELLED, SWEPT_EXPIRED };
+
+/* One job: its id, its row, and what the sweep decided for it. */
 typedef struct {
     RedisModuleString *id;
     EmqKey row;
     long long stalled;
-    int dead;
+    int fate;
 } SweptJob;
 
 typedef struct {
     RedisModuleCtx *ctx;
     RedisModuleString *base;
     SweptJob *jobs;
-    size_t count, cap;
+    size_t count, cap, lapsed; /* jobs[0..lapsed) lapsed; the rest expired dead */
     EmqKey active, pending, dead, metrics;
+    EmqMeta meta;
     long long failed; /* the metric's count after this sweep */
     RedisModuleUser *user; /* the caller, for the derived keys' ACL; NULL: no check */
 } Sweep;
@@ -51,12 +61,14 @@ static void sweep_release(Sweep *s) {
     if (s->user) RedisModule_FreeModuleUser(s->user);
 }
 
-/* Collect the lapsed members and name their rows.  The range iterator must
- * be closed before the set is modified, so the ids are copied out first. */
-static void sweep_collect(Sweep *s, long long now, long long limit) {
-    if (emq_key_empty(&s->active)) return;
-    RedisModule_ZsetFirstInScoreRange(s->active.key, -HUGE_VAL, (double)now, 0, 0);
-    while (!RedisModule_ZsetRangeEndReached(s->active.key) && (long long)s->count < limit) {
+/* Collect up to `limit` members of `set` scored at or before `until` and
+ * name their rows.  The range iterator must be closed before the set is
+ * modified, so the ids are copied out first. */
+static void sweep_collect(Sweep *s, EmqKey *set, long long until, long long limit, int fate) {
+    if (emq_key_empty(set)) return;
+    size_t first = s->count;
+    RedisModule_ZsetFirstInScoreRange(set->key, -HUGE_VAL, (double)until, 0, 0);
+    while (!RedisModule_ZsetRangeEndReached(set->key) && (long long)(s->count - first) < limit) {
         if (s->count == s->cap) {
             s->cap = s->cap ? s->cap * 2 : 16;
             s->jobs = RedisModule_Realloc(s->jobs, s->cap * sizeof *s->jobs);
@@ -64,11 +76,12 @@ static void sweep_collect(Sweep *s, long long now, long long limit) {
         SweptJob *j = &s->jobs[s->count++];
         memset(j, 0, sizeof *j);
         double score;
-        j->id = RedisModule_ZsetRangeCurrentElement(s->active.key, &score);
+        j->id = RedisModule_ZsetRangeCurrentElement(set->key, &score);
         j->row.name = emq_derived_key(s->ctx, s->base, "job:", j->id);
-        RedisModule_ZsetRangeNext(s->active.key);
+        j->fate = fate;
+        RedisModule_ZsetRangeNext(set->key);
     }
-    RedisModule_ZsetRangeStop(s->active.key);
+    RedisModule_ZsetRangeStop(set->key);
 }
 
 /* Read every row the sweep will write and decide its fate.  Returns EMQ_OK
@@ -80,40 +93,55 @@ static int sweep_decide(Sweep *s, long long max_stalled) {
     long long deaths = 0;
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
-        emq_key_open(s->ctx, &j->row, j->row.name, REDISMODULE_READ | REDISMODULE_WRITE);
+        int err = emq_open_derived(s->ctx, s->user, &j->row, j->row.name, 1);
+        if (err) return err;
         if (!emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) return EMQ_ERR_WRONGTYPE;
+        if (j->fate == SWEPT_EXPIRED) continue;
+        if (emq_hexists(&j->row, emq_str.cancel_requested)) {
+            j->fate = SWEPT_CANCELLED;
+            continue;
+        }
         /* A row that vanished while its id stayed active is re-created by the
          * stall count, as HINCRBY would: the id is not silently dropped. */
-        int err = emq_hash_incr(&j->row, emq_str.stalled, 1, EMQ_ERR_STALLED_NOT_INTEGER, &j->stalled);
+        err = emq_hash_incr(&j->row, emq_str.stalled, 1, EMQ_ERR_STALLED_NOT_INTEGER, &j->stalled);
         if (err) return err;
-        j->dead = emq_stall_is_dead(j->stalled, max_stalled);
-        deaths += j->dead;
+        j->fate = emq_stall_is_dead(j->stalled, max_stalled) ? SWEPT_DEAD : SWEPT_RECOVERED;
+        deaths += j->fate == SWEPT_DEAD;
     }
     if (deaths == 0) return EMQ_OK;
 
     RedisModuleString *metrics_name = emq_derived_key(s->ctx, s->base, "metrics:failed", NULL);
-    if (!emq_acl_may_touch(s->user, metrics_name)) {
-        RedisModule_FreeString(s->ctx, metrics_name);
-        return EMQ_ERR_NOPERM_DERIVED;
-    }
-    emq_key_open(s->ctx, &s->metrics, metrics_name, REDISMODULE_READ | REDISMODULE_WRITE);
+    int err = emq_open_derived(s->ctx, s->user, &s->metrics, metrics_name, 1);
+    if (err) return err;
     if (!emq_type_ok(&s->metrics, REDISMODULE_KEYTYPE_HASH)) return EMQ_ERR_WRONGTYPE;
-    int err = emq_hash_incr(&s->metrics, emq_str.count, deaths, EMQ_ERR_FAILED_NOT_INTEGER, &s->failed);
+    err = emq_hash_incr(&s->metrics, emq_str.count, deaths, EMQ_ERR_FAILED_NOT_INTEGER, &s->failed);
     s->failed -= deaths; /* counted up again, one per death, as the jobs die */
     return err;
 }
 
 /* Apply the decisions, job by job, in the order of the seed's Lua: the
  * keyspace events then come in the sequence its consumers know. */
-static void sweep_apply(Sweep *s, EmqFx *fx) {
+static void sweep_apply(Sweep *s, EmqFx *fx, long long now) {
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
+        if (j->fate == SWEPT_EXPIRED) {
+            emq_fx_zrem(fx, &s->dead, j->id);
+            emq_fx_del(fx, &j->row);
+            continue;
+        }
         emq_fx_zrem(fx, &s->active, j->id);
+        if (j->fate == SWEPT_CANCELLED) {
+            emq_fx_hset(fx, &j->row, "hset", 2, emq_str.state, emq_str.cancelled, emq_str.finished_at,
+                        emq_fx_number(fx, now));
+            emq_fx_retain(fx, &j->row, now, s->meta.cancelled_ttl);
+            continue;
+        }
         emq_fx_hset(fx, &j->row, "hincrby", 1, emq_str.stalled, emq_fx_number(fx, j->stalled));
-        if (j->dead) {
+        if (j->fate == SWEPT_DEAD) {
             emq_fx_hset(fx, &j->row, "hset", 1, emq_str.state, emq_str.dead);
-            emq_fx_hset(fx, &j->row, "hset", 1, emq_str.last_error, emq_str.stalled);
-            emq_fx_zadd(fx, &s->dead, 0, j->id, 0);
+            emq_fx_hset(fx, &j->row, "hset", 2, emq_str.last_error, emq_str.stalled, emq_str.finished_at,
+                        emq_fx_number(fx, now));
+            emq_fx_zadd(fx, &s->dead, now, j->id, 0);
             emq_fx_hset(fx, &s->metrics, "hincrby", 1, emq_str.count, emq_fx_number(fx, ++s->failed));
         } else {
             emq_fx_zadd(fx, &s->pending, 0, j->id, 0);
@@ -122,12 +150,12 @@ static void sweep_apply(Sweep *s, EmqFx *fx) {
     }
 }
 
-static void reply_ids(Sweep *s, int dead) {
+static void reply_ids(Sweep *s, int fate) {
     long n = 0;
-    for (size_t i = 0; i < s->count; i++) n += s->jobs[i].dead == dead;
+    for (size_t i = 0; i < s->count; i++) n += s->jobs[i].fate == fate;
     RedisModule_ReplyWithArray(s->ctx, n);
     for (size_t i = 0; i < s->count; i++)
-        if (s->jobs[i].dead == dead) RedisModule_ReplyWithString(s->ctx, s->jobs[i].id);
+        if (s->jobs[i].fate == fate) RedisModule_ReplyWithString(s->ctx, s->jobs[i].id);
 }
 
 int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
@@ -160,18 +188,26 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     }
 
     /* read and decide */
-    sweep_collect(&s, now, limit);
-    err = emq_acl_user(ctx, &s.user) ? sweep_decide(&s, max_stalled) : EMQ_ERR_NOPERM_DERIVED;
+    err = emq_acl_user(ctx, &s.user) ? emq_read_meta(ctx, s.user, s.base, &s.meta) : EMQ_ERR_NOPERM_DERIVED;
+    if (!err) {
+        sweep_collect(&s, &s.active, now, limit, SWEPT_RECOVERED);
+        s.lapsed = s.count;
+        if (s.meta.dead_ttl >= 0 && now - s.meta.dead_ttl >= 0)
+            sweep_collect(&s, &s.dead, now - s.meta.dead_ttl, limit, SWEPT_EXPIRED);
+        err = sweep_decide(&s, max_stalled);
+    }
     if (err) {
         emq_reply_error(ctx, err);
         goto done;
     }
 
     /* apply and reply */
-    sweep_apply(&s, &fx);
-    RedisModule_ReplyWithArray(ctx, 2);
-    reply_ids(&s, 0);
-    reply_ids(&s, 1);
+    sweep_apply(&s, &fx, now);
+    RedisModule_ReplyWithArray(ctx, 4);
+    reply_ids(&s, SWEPT_RECOVERED);
+    reply_ids(&s, SWEPT_DEAD);
+    reply_ids(&s, SWEPT_CANCELLED);
+    RedisModule_ReplyWithLongLong(ctx, (long long)(s.count - s.lapsed));
 
 done:
     emq_fx_commit(&fx);

@@ -23,11 +23,17 @@ def digest(r: redis.Redis) -> str:
 def put_active(
     r: redis.Redis, queue: str, job_id: str | bytes, attempts: int | None, deadline: int, **row: object
 ) -> QueueKeys:
-    """A claimed job: its row (attempts = the holder's token) and its lease."""
+    """A claimed job: its row and its lease.
+
+    ``attempts`` is written both as the claim count and as the holder's
+    token (the string of it): a hand-made row whose token is "3" is fenced
+    exactly like one a claim made, so the tests can name tokens simply.
+    """
     keys = queue_keys(queue)
     fields: dict[str, object] = {"state": "active", **row}
     if attempts is not None:
         fields["attempts"] = attempts
+        fields.setdefault("token", attempts)
     r.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
     r.zadd(keys.active, {job_id: deadline})
     return keys

@@ -75,7 +75,7 @@ def test_full_access_user_is_unaffected(acl_server: EmbeddedServer, admin: redis
     lapsed_jobs(admin, "a")
     lapsed_jobs(admin, "b", stalled=5)
     client = Client(admin)
-    client.extend("b", "live", token=5, lease_ms=60_000)
+    client.extend("b", "live", token="5", lease_ms=60_000)
     assert len(client.sweep("a", max_stalled=2).recovered) == 3
     assert len(client.sweep("b").dead) == 3
     assert admin.hget(B.metrics_failed, "count") == b"3"
@@ -88,7 +88,7 @@ def test_user_of_queue_a_works_on_a_and_is_refused_on_b(
     lapsed_jobs(admin, "b")
     alice = login(acl_server, "alice")
     client = Client(alice)
-    client.extend("a", "live", token=5, lease_ms=60_000)
+    client.extend("a", "live", token="5", lease_ms=60_000)
     assert sorted(client.sweep("a", max_stalled=2).recovered) == ["j0", "j1", "j2"]
 
     before = digest(admin)

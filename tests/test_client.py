@@ -31,7 +31,7 @@ def test_client_refuses_bad_queue_before_sending(client: echomq.Client) -> None:
     with pytest.raises(ValueError):
         client.sweep("bad{name")
     with pytest.raises(ValueError):
-        client.extend("bad}name", "j", token=1, lease_ms=10)
+        client.extend("bad}name", "j", token="1", lease_ms=10)
 
 
 def test_module_not_loaded(server_factory: ServerFactory) -> None:
@@ -40,7 +40,7 @@ def test_module_not_loaded(server_factory: ServerFactory) -> None:
     with pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule"):
         client.sweep("mail")
     with pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule") as info:
-        client.extend("mail", "j", token=1, lease_ms=10)
+        client.extend("mail", "j", token="1", lease_ms=10)
     assert isinstance(info.value, echomq.EchoMQError)
 
 

@@ -37,7 +37,7 @@ QUEUES = [f"queue-{i}" for i in range(24)]
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", "0"))
         return int(s.getsockname()[1])
 
 
@@ -140,7 +140,7 @@ def test_client_over_redis_cluster_routes_each_queue_to_its_node(
         rc.hset(keys.job("lapsed"), mapping={"attempts": 1, "state": "active", "stalled": 0})
         rc.zadd(keys.active, {"live": now + 1000, "lapsed": now - 1000})
 
-        client.extend(q, "live", token=2, lease_ms=600_000)
+        client.extend(q, "live", token="2", lease_ms=600_000)
         result = client.sweep(q, max_stalled=2, limit=10)
         assert result.recovered == ["lapsed"] and result.dead == []
 

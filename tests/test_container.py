@@ -44,10 +44,10 @@ def test_image_round_trip(image_server: ContainerServer) -> None:
     keys = echomq.keyspace.queue_keys("box")
     r.hset(keys.job("1"), mapping={"attempts": 3, "state": "active"})
     r.zadd(keys.active, {"1": 0})
-    client.extend("box", "1", token=3, lease_ms=600_000)
+    client.extend("box", "1", token="3", lease_ms=600_000)
     assert len(client.sweep("box", max_stalled=1)) == 0
     with pytest.raises(echomq.StaleToken):
-        client.extend("box", "1", token=2, lease_ms=1000)
+        client.extend("box", "1", token="2", lease_ms=1000)
     r.zadd(keys.active, {"1": 0})
     assert client.sweep("box", max_stalled=1) == echomq.SweepResult(recovered=[], dead=["1"])
     assert r.hget(keys.job("1"), "state") == b"dead"

@@ -136,14 +136,14 @@ def test_same_key_twice_is_refused(r: redis.Redis) -> None:
 
 def test_client_extend_ok(r: redis.Redis, client: echomq.Client) -> None:
     keys = put_active(r, Q, "j1", attempts=4, deadline=1)
-    assert client.extend(Q, "j1", token=4, lease_ms=10_000) is None
+    assert client.extend(Q, "j1", token="4", lease_ms=10_000) is None
     score = r.zscore(keys.active, "j1")
     assert score is not None and score > now_ms(r) + 5_000
 
 
 def test_client_extend_gone(client: echomq.Client) -> None:
     with pytest.raises(echomq.JobGone) as info:
-        client.extend(Q, "nope", token=1, lease_ms=1000)
+        client.extend(Q, "nope", token="1", lease_ms=1000)
     assert isinstance(info.value, echomq.LeaseLost)
     assert info.value.job_id == "nope"
 
@@ -151,7 +151,7 @@ def test_client_extend_gone(client: echomq.Client) -> None:
 def test_client_extend_stale(r: redis.Redis, client: echomq.Client) -> None:
     put_active(r, Q, "j1", attempts=2, deadline=1)
     with pytest.raises(echomq.StaleToken) as info:
-        client.extend(Q, "j1", token=1, lease_ms=1000)
+        client.extend(Q, "j1", token="1", lease_ms=1000)
     assert isinstance(info.value, echomq.LeaseLost)
     assert isinstance(info.value, echomq.EchoMQError)
 
@@ -159,9 +159,9 @@ def test_client_extend_stale(r: redis.Redis, client: echomq.Client) -> None:
 @pytest.mark.parametrize(
     "kwargs, error",
     [
-        ({"token": 1, "lease_ms": 0}, ValueError),
-        ({"token": 1, "lease_ms": 1.5}, TypeError),
-        ({"token": "1", "lease_ms": 10}, TypeError),
+        ({"token": "1", "lease_ms": 0}, ValueError),
+        ({"token": "1", "lease_ms": 1.5}, TypeError),
+        ({"token": 1, "lease_ms": 10}, TypeError),  # tokens are the strings claims hand out
         ({"token": True, "lease_ms": 10}, TypeError),
     ],
 )
@@ -175,4 +175,4 @@ def test_client_extend_validates_arguments(
 def test_client_lease_too_large_is_a_server_error(r: redis.Redis, client: echomq.Client) -> None:
     put_active(r, Q, "j1", attempts=1, deadline=1)
     with pytest.raises(redis.ResponseError, match="too large"):
-        client.extend(Q, "j1", token=1, lease_ms=2**60)
+        client.extend(Q, "j1", token="1", lease_ms=2**60)

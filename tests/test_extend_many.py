@@ -27,7 +27,7 @@ def test_mixed_outcomes_come_back_in_order(r: redis.Redis, client: echomq.Client
     before = now_ms(r)
     outcomes = client.extend_many(
         Q,
-        [("held", 2), ("gone", 1), ("reclaimed", 2), ("swept", 1), ("also-held", 7)],
+        [("held", "2"), ("gone", "1"), ("reclaimed", "2"), ("swept", "1"), ("also-held", "7")],
         lease_ms=60_000,
     )
 
@@ -45,7 +45,7 @@ def test_same_outcomes_as_extend_one_by_one(r: redis.Redis, client: echomq.Clien
     soon = now_ms(r) + 1_000
     for i in range(20):
         put_active(r, Q, f"j{i}", attempts=i % 3, deadline=soon)
-    batch = [(f"j{i}", 1) for i in range(25)]  # tokens match one job in three; five rows gone
+    batch = [(f"j{i}", "1") for i in range(25)]  # tokens match one job in three; five rows gone
 
     expected = []
     for job_id, token in batch:
@@ -67,7 +67,7 @@ def test_binary_ids(r: redis.Redis, client: echomq.Client) -> None:
     put_active(r, Q, "ünï", attempts=1, deadline=now_ms(r) + 1_000)
     as_text = raw.decode("utf-8", "surrogateescape")  # the str an id comes back as
 
-    outcomes = client.extend_many(Q, [(raw, 4), (as_text, 4), ("ünï", 1), (b"\xff", 4)], 90_000)
+    outcomes = client.extend_many(Q, [(raw, "4"), (as_text, "4"), ("ünï", "1"), (b"\xff", "4")], 90_000)
 
     assert outcomes == [OK, OK, OK, GONE]
     score = r.zscore(keys.active, raw)
@@ -87,7 +87,7 @@ def test_one_round_trip(r: redis.Redis, client: echomq.Client) -> None:
     r.config_resetstat()
     clients_before = r.info("stats")["total_connections_received"]
 
-    assert client.extend_many(Q, [(f"j{i}", 1) for i in range(50)], 1_000) == [OK] * 50
+    assert client.extend_many(Q, [(f"j{i}", "1") for i in range(50)], 1_000) == [OK] * 50
 
     assert r.info("commandstats")["cmdstat_emq.extend"]["calls"] == 50
     assert "cmdstat_multi" not in r.info("commandstats")  # pipelined, not a transaction
@@ -97,11 +97,11 @@ def test_one_round_trip(r: redis.Redis, client: echomq.Client) -> None:
 @pytest.mark.parametrize(
     ("jobs", "lease", "error"),
     [
-        ([("a", 1), ("b", "1")], 1_000, TypeError),
-        ([("a", 1), ("b", True)], 1_000, TypeError),
-        ([("a", 1), (3, 1)], 1_000, TypeError),
-        ([("a", 1)], 0, ValueError),
-        ([("a", 1)], 1.5, TypeError),
+        ([("a", "1"), ("b", 1)], 1_000, TypeError),
+        ([("a", "1"), ("b", True)], 1_000, TypeError),
+        ([("a", "1"), (3, 1)], 1_000, TypeError),
+        ([("a", "1")], 0, ValueError),
+        ([("a", "1")], 1.5, TypeError),
     ],
 )
 def test_bad_arguments_send_nothing(
@@ -116,9 +116,9 @@ def test_bad_arguments_send_nothing(
 
 def test_bad_queue_name_is_refused_before_sending(client: echomq.Client) -> None:
     with pytest.raises(ValueError, match="hash tag"):
-        client.extend_many("a{b}", [("a", 1)], 1_000)
+        client.extend_many("a{b}", [("a", "1")], 1_000)
     with pytest.raises(TypeError, match="queue name"):
-        client.extend_many(b"mail", [("a", 1)], 1_000)  # type: ignore[arg-type]
+        client.extend_many(b"mail", [("a", "1")], 1_000)  # type: ignore[arg-type]
 
 
 def test_other_server_errors_are_raised(r: redis.Redis, client: echomq.Client) -> None:
@@ -126,7 +126,7 @@ def test_other_server_errors_are_raised(r: redis.Redis, client: echomq.Client) -
     put_active(r, Q, "a", attempts=1, deadline=5)
     r.set(keys.job("b"), "not a hash")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        client.extend_many(Q, [("a", 1), ("b", 1)], 1_000)
+        client.extend_many(Q, [("a", "1"), ("b", "1")], 1_000)
     # Pipelined, not atomic: the extension before the bad row was applied.
     score = r.zscore(keys.active, "a")
     assert score is not None and score > 5
@@ -135,4 +135,4 @@ def test_other_server_errors_are_raised(r: redis.Redis, client: echomq.Client) -
 def test_module_not_loaded(server_factory: ServerFactory) -> None:
     bare = server_factory(load_module=False)
     with bare.client() as conn, pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule"):
-        echomq.Client(conn).extend_many(Q, [("a", 1)], 1_000)
+        echomq.Client(conn).extend_many(Q, [("a", "1")], 1_000)

@@ -79,7 +79,7 @@ def test_extend_keeps_working_past_maxmemory(full: redis.Redis) -> None:
     assert full.info("memory")["used_memory"] > int(full.config_get("maxmemory")["maxmemory"])
     before = full.zscore(Q.active, "live")
     assert before is not None
-    Client(full).extend("full", "live", token=2, lease_ms=3_600_000)
+    Client(full).extend("full", "live", token="2", lease_ms=3_600_000)
     after = full.zscore(Q.active, "live")
     assert after is not None and after >= now_ms(full) + 3_500_000 > before
     # Refusals are still the module's own, not OOM.

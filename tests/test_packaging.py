@@ -38,11 +38,11 @@ keys = echomq.keyspace.queue_keys("pkg")
 r.hset(keys.job("7"), mapping={"attempts": 2, "state": "active"})
 r.zadd(keys.active, {"7": 0})
 out = {"package": echomq.__file__, "module": str(echomq.module_path())}
-client.extend("pkg", "7", token=2, lease_ms=600_000)
+client.extend("pkg", "7", token="2", lease_ms=600_000)
 out["lease_ms_left"] = int(r.zscore(keys.active, "7")) - int(r.time()[0]) * 1000
 out["early_sweep"] = len(client.sweep("pkg", max_stalled=2))
 try:
-    client.extend("pkg", "7", token=1, lease_ms=1000)
+    client.extend("pkg", "7", token="1", lease_ms=1000)
     out["stale"] = "accepted"
 except echomq.StaleToken:
     out["stale"] = "refused"

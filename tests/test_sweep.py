@@ -280,7 +280,7 @@ def test_client_sweep_binary_ids_round_trip(r: redis.Redis, client: echomq.Clien
     keys = queue_keys(Q)
     # The str the client returned addresses the same row again.
     r.zadd(keys.active, {b"\xff\xfe": 0})
-    client.extend(Q, result.recovered[0], token=7, lease_ms=1000)
+    client.extend(Q, result.recovered[0], token="7", lease_ms=1000)
     assert r.zscore(keys.active, b"\xff\xfe") != 0
 
 

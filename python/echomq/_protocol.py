@@ -30,23 +30,40 @@ FailOutcome = Literal["pending", "dead", "cancelled"]
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What one sweep did, each list in processing order (oldest deadline first)."""
+    """What one sweep did, each list in processing order (oldest deadline first).
+
+    ``recovered`` went back to pending, ``dead`` were dead-lettered at
+    max-stalled stalls, ``cancelled`` had a cancel request and ended
+    cancelled; ``expired`` counts dead rows removed past the queue's dead
+    retention.
+    """
 
     recovered: list[str] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    expired: int = 0
 
     def __len__(self) -> int:
-        return len(self.recovered) + len(self.dead)
+        """The lapsed jobs this sweep took (recovered, dead or cancelled)."""
+        return len(self.recovered) + len(self.dead) + len(self.cancelled)
 
 
 @dataclass(frozen=True)
 class Job:
-    """A claimed job: ``token`` is the holder's fencing token (the row's attempts)."""
+    """A claimed job.
+
+    ``token`` is the holder's fencing token, fresh for every claim (an
+    opaque string: the claim's number and a random part); ``attempt`` is
+    this claim's number within the job's retry budget (1 on a first run);
+    ``resume_state`` is the state the job's last checkpoint stored, or None.
+    """
 
     queue: str
     id: str
-    token: int
+    token: str
     payload: bytes
+    attempt: int = 1
+    resume_state: bytes | None = None
 
 
 class ExtendOutcome(enum.Enum):
@@ -112,10 +129,23 @@ def new_id() -> bytes:
     return f"{time.time_ns():x}-{uuid.uuid4().hex[:12]}".encode()
 
 
-def check_token(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"token must be an int, not {type(value).__name__}")
-    return value
+def new_request_id() -> bytes:
+    """A request id (REQ) for a call that must not take effect twice.
+
+    redis-py retries a command whose reply was lost (a timeout, a dropped
+    connection); with the same REQ the server answers the retry with the
+    first call's result instead of claiming or enqueueing again.
+    """
+    return uuid.uuid4().hex.encode()
+
+
+def check_token(value: object) -> bytes:
+    """A fencing token as sent: the str (or bytes) a claim handed out."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, bytes):
+        return value
+    raise TypeError(f"token must be the str a claim returned, not {type(value).__name__}")
 
 
 def positive_int(name: str, value: object) -> int:
@@ -148,18 +178,23 @@ def _requested_cancel(call: Call[Cancellation | None], reply: Any) -> Cancellati
 
 
 def _sweep_result(call: Call[SweepResult], reply: Any) -> SweepResult:
-    recovered, dead = reply
-    return SweepResult([text(i) for i in recovered], [text(i) for i in dead])
+    recovered, dead, cancelled, expired = reply
+    return SweepResult(
+        [text(i) for i in recovered], [text(i) for i in dead], [text(i) for i in cancelled], int(expired)
+    )
 
 
 def _enqueued_id(call: Call[str], reply: Any) -> str:
     return call.job_id
 
 
-def _claimed(call: Call[tuple[bytes, int] | None], reply: Any) -> tuple[bytes, int] | None:
+def _claimed(call: Call[list[Job]], reply: Any) -> list[Job]:
     if reply is None:
-        return None
-    return wire(reply[0]), int(reply[1])
+        return []
+    return [
+        Job(call.queue, text(jid), text(token), wire(payload), int(attempt), state)
+        for jid, token, payload, attempt, state in reply
+    ]
 
 
 def _fail_outcome(call: Call[FailOutcome], reply: Any) -> FailOutcome:
@@ -181,11 +216,11 @@ def _cancel_outcome(call: Call[CancelOutcome], reply: Any) -> CancelOutcome:
 # -- the commands ----------------------------------------------------------------
 
 
-def extend(queue: str, job_id: JobId, token: int, lease_ms: int) -> Call[None]:
-    check_token(token)
+def extend(queue: str, job_id: JobId, token: str, lease_ms: int) -> Call[None]:
+    tok = check_token(token)
     positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
-    args = ("EMQ.EXTEND", keys.active, keys.job(wid), wid, token, lease_ms)
+    args = ("EMQ.EXTEND", keys.active, keys.job(wid), wid, tok, lease_ms)
     return Call(args, _none_unless_gone, queue, wid)
 
 
@@ -204,16 +239,16 @@ def extend_outcome(call: Call[None], reply: Any) -> ExtendOutcome:
     raise TypeError(f"unexpected EMQ.EXTEND reply {reply!r}")
 
 
-def extend_batch(queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int) -> list[Call[None]]:
+def extend_batch(queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int) -> list[Call[None]]:
     """One EXTEND per (job_id, token), every argument checked before any is sent."""
     return [extend(queue, job_id, token, lease_ms) for job_id, token in jobs]
 
 
-def checkpoint(queue: str, job_id: JobId, token: int, lease_ms: int) -> Call[Cancellation | None]:
-    check_token(token)
+def checkpoint(queue: str, job_id: JobId, token: str, lease_ms: int) -> Call[Cancellation | None]:
+    tok = check_token(token)
     positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
-    args = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, token, lease_ms)
+    args = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, tok, lease_ms)
     return Call(args, _requested_cancel, queue, wid)
 
 
@@ -229,33 +264,33 @@ def enqueue(queue: str, payload: bytes | str, job_id: JobId | None) -> Call[str]
     keys = keys_of(queue)
     wid = wire(job_id) if job_id is not None else new_id()
     data = payload.encode() if isinstance(payload, str) else payload
-    return Call(("EMQ.ENQUEUE", keys.pending, keys.base, wid, data), _enqueued_id, queue, wid)
+    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, data, "REQ", new_request_id())
+    return Call(args, _enqueued_id, queue, wid)
 
 
-def claim(queue: str, lease_ms: int) -> Call[tuple[bytes, int] | None]:
-    """The first of a claim's two steps; ``claimed_job`` builds the Job after fetching the payload."""
+def claim(queue: str, lease_ms: int, count: int = 1) -> Call[list[Job]]:
+    """Up to ``count`` jobs, each with its payload: one round trip."""
     positive_int("lease_ms", lease_ms)
+    positive_int("count", count)
     keys = keys_of(queue)
-    return Call(("EMQ.CLAIM", keys.pending, keys.active, keys.base, lease_ms), _claimed, queue)
+    args: tuple[Any, ...] = ("EMQ.CLAIM", keys.pending, keys.active, keys.base, lease_ms)
+    if count != 1:
+        args += ("COUNT", count)
+    return Call((*args, "REQ", new_request_id()), _claimed, queue)
 
 
-def claimed_job(queue: str, claimed: tuple[bytes, int], payload: bytes | str | None) -> Job:
-    wid, token = claimed
-    return Job(queue, text(wid), token, wire(payload) if payload is not None else b"")
-
-
-def complete(queue: str, job_id: JobId, token: int) -> Call[None]:
-    check_token(token)
+def complete(queue: str, job_id: JobId, token: str) -> Call[None]:
+    tok = check_token(token)
     keys, wid = keys_of(queue), wire(job_id)
-    return Call(("EMQ.COMPLETE", keys.active, keys.job(wid), wid, token), _none_unless_gone, queue, wid)
+    return Call(("EMQ.COMPLETE", keys.active, keys.job(wid), wid, tok), _none_unless_gone, queue, wid)
 
 
-def fail(queue: str, job_id: JobId, token: int, error: str, max_attempts: int) -> Call[FailOutcome]:
-    check_token(token)
+def fail(queue: str, job_id: JobId, token: str, error: str, max_attempts: int) -> Call[FailOutcome]:
+    tok = check_token(token)
     positive_int("max_attempts", max_attempts)
     keys, wid = keys_of(queue), wire(job_id)
     text_bytes = error.encode("utf-8", "replace")
-    args = ("EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, wid, token, max_attempts, text_bytes)
+    args = ("EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, wid, tok, max_attempts, text_bytes)
     return Call(args, _fail_outcome, queue, wid)
 
 

@@ -66,12 +66,12 @@ class Client:
             proto.raise_mapped(exc, call)
         return call.read(reply)
 
-    async def extend(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> None:
+    async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""
         await self._run(proto.extend(queue, job_id, token, lease_ms))
 
     async def extend_many(
-        self, queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int
+        self, queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int
     ) -> list[ExtendOutcome]:
         """Checkpoint many leases in one round trip (see ``echomq.Client.extend_many``)."""
         calls = proto.extend_batch(queue, jobs, lease_ms)
@@ -83,7 +83,7 @@ class Client:
         replies = await pipe.execute(raise_on_error=False)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
-    async def checkpoint(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> Cancellation | None:
+    async def checkpoint(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> Cancellation | None:
         """Extend and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
         return await self._run(proto.checkpoint(queue, job_id, token, lease_ms))
 
@@ -97,18 +97,19 @@ class Client:
 
     async def claim(self, queue: str, lease_ms: int) -> Job | None:
         """Take the next pending job (see ``echomq.Client.claim``)."""
-        claimed = await self._run(proto.claim(queue, lease_ms))
-        if claimed is None:
-            return None
-        payload = await self.redis.hget(proto.keys_of(queue).job(claimed[0]), "payload")
-        return proto.claimed_job(queue, claimed, payload)
+        jobs = await self._run(proto.claim(queue, lease_ms))
+        return jobs[0] if jobs else None
 
-    async def complete(self, queue: str, job_id: JobId, token: int) -> None:
+    async def claim_many(self, queue: str, lease_ms: int, count: int) -> list[Job]:
+        """Take up to ``count`` jobs in one round trip (see ``echomq.Client.claim_many``)."""
+        return await self._run(proto.claim(queue, lease_ms, count))
+
+    async def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done (see ``echomq.Client.complete``)."""
         await self._run(proto.complete(queue, job_id, token))
 
     async def fail(
-        self, queue: str, job_id: JobId, token: int, error: str, max_attempts: int = 3
+        self, queue: str, job_id: JobId, token: str, error: str, max_attempts: int = 3
     ) -> FailOutcome:
         """Report a failure (see ``echomq.Client.fail``)."""
         return await self._run(proto.fail(queue, job_id, token, error, max_attempts))

@@ -51,18 +51,18 @@ class Client:
             proto.raise_mapped(exc, call)
         return call.read(reply)
 
-    def extend(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> None:
+    def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease: the job's deadline becomes server-now + ``lease_ms``.
 
-        ``token`` is the ``attempts`` value the caller got when it claimed the
-        job.  Raises ``JobGone`` if the row no longer exists and ``StaleToken``
+        ``token`` is the fencing token the caller got when it claimed the job
+        (``Job.token``).  Raises ``JobGone`` if the row no longer exists and ``StaleToken``
         if another attempt holds the job or it is no longer active; both are
         ``LeaseLost``: the handler should stop.
         """
         self._run(proto.extend(queue, job_id, token, lease_ms))
 
     def extend_many(
-        self, queue: str, jobs: Iterable[tuple[JobId, int]], lease_ms: int
+        self, queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int
     ) -> list[ExtendOutcome]:
         """Checkpoint the leases of many jobs in one round trip.
 
@@ -83,7 +83,7 @@ class Client:
         replies = pipe.execute(raise_on_error=False)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
-    def checkpoint(self, queue: str, job_id: JobId, token: int, lease_ms: int) -> Cancellation | None:
+    def checkpoint(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> Cancellation | None:
         """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
 
         Same lease effect and the same ``JobGone``/``StaleToken`` as ``extend``.
@@ -106,22 +106,24 @@ class Client:
         return self._run(proto.enqueue(queue, payload, job_id))
 
     def claim(self, queue: str, lease_ms: int) -> Job | None:
-        """Take the next pending job and lease it for ``lease_ms``; None when the queue is empty.
+        """Take the next pending job and lease it for ``lease_ms``; None when none is claimable.
 
-        Recovered jobs come first, then first in, first out.  The payload is
-        read with a second command right after the claim.
+        Recovered jobs come first, then first in, first out.  The Job carries
+        its payload: one round trip.  Safe to retry: a claim whose reply was
+        lost is answered again with the same job, not another.
         """
-        claimed = self._run(proto.claim(queue, lease_ms))
-        if claimed is None:
-            return None
-        payload = self.redis.hget(proto.keys_of(queue).job(claimed[0]), "payload")
-        return proto.claimed_job(queue, claimed, payload)
+        jobs = self._run(proto.claim(queue, lease_ms))
+        return jobs[0] if jobs else None
 
-    def complete(self, queue: str, job_id: JobId, token: int) -> None:
+    def claim_many(self, queue: str, lease_ms: int, count: int) -> list[Job]:
+        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable."""
+        return self._run(proto.claim(queue, lease_ms, count))
+
+    def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise)."""
         self._run(proto.complete(queue, job_id, token))
 
-    def fail(self, queue: str, job_id: JobId, token: int, error: str, max_attempts: int = 3) -> FailOutcome:
+    def fail(self, queue: str, job_id: JobId, token: str, error: str, max_attempts: int = 3) -> FailOutcome:
         """Report the handler's failure; returns where the job went.
 
         Below ``max_attempts`` attempts it goes back to pending (behind waiting

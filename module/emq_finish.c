@@ -1,0 +1,212 @@
+/* emq_finish.c -- a holder ends its hold: EMQ.COMPLETE, EMQ.FAIL.
+ *
+ * Only the current holder may: the row's token must be the caller's and
+ * the id must still be in <active> (a holder that lost its lease must not
+ * finish a job someone else now owns).  A retry of the same call whose
+ * reply was lost is recognised by the row's `closed_by` (the token still
+ * matches, the job is no longer active, and this verb ended it): it answers
+ * what the first call answered and writes nothing.
+ *
+ * A finished row is kept for the queue's retention (<base>meta: an hour
+ * for done rows, a day for cancelled ones by default), then expires; a dead
+ * row stays in <dead> until it is retried or purged (or SWEEP trims it past
+ * the dead retention, when one is set). */
+#include "emq.h"
+
+static const char *const ACTIVE_PENDING_DEAD[] = {"active", "pending", "dead"};
+
+/* The row of the job the holder names, and its own: see emq_lease.c. */
+static int check_job_key(RedisModuleString *active, RedisModuleString *job, RedisModuleString *id) {
+    size_t alen, jlen, idlen;
+    const char *a = RedisModule_StringPtrLen(active, &alen), *j = RedisModule_StringPtrLen(job, &jlen);
+    const char *i = RedisModule_StringPtrLen(id, &idlen);
+    return emq_job_key_matches(a, alen, j, jlen, i, idlen) ? EMQ_OK : EMQ_ERR_JOB_KEY;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.COMPLETE <active> <job> <id> <token>
+ *
+ * :1 the job leaves <active>; its row gets state=done and finished_at, and
+ * expires after the queue's done retention.  :-1 gone; -EMQSTALE wrong
+ * token or no longer active (nothing written).
+ * ------------------------------------------------------------------------ */
+int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    /* parse */
+    if (argc != 5) return RedisModule_WrongArity(ctx);
+    if (emq_str_equal(argv[1], argv[2])) return emq_reply_error(ctx, EMQ_ERR_SAME_KEY);
+    RedisModuleString *id = argv[3], *token = argv[4];
+    int err = check_job_key(argv[1], argv[2], id);
+    if (err) return emq_reply_error(ctx, err);
+    long long now = RedisModule_Milliseconds();
+
+    /* open and type-check */
+    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
+    RedisModuleUser *user = NULL;
+    EmqKey active, row;
+    emq_key_open(ctx, &active, argv[1], rw);
+    emq_key_open(ctx, &row, argv[2], rw);
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    int reply = 1;
+    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
+        err = EMQ_ERR_WRONGTYPE;
+        goto reply;
+    }
+
+    /* read and decide */
+    int retry;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_COMPLETE, &retry);
+    if (holder == EMQ_HOLDER_GONE) reply = -1;
+    else if (!retry) err = emq_holder_error(EMQ_VERB_COMPLETE, holder);
+    if (holder != EMQ_HOLDER_OK || err) goto reply;
+    EmqMeta meta;
+    RedisModuleString *base = emq_base_of(ctx, argv[1], "active");
+    if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
+    else err = emq_read_meta(ctx, user, base, &meta);
+    RedisModule_FreeString(ctx, base);
+    if (err) goto reply;
+
+    /* apply */
+    emq_fx_zrem(&fx, &active, id);
+    emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.done, emq_str.finished_at, emq_fx_number(&fx, now),
+                emq_str.closed_by, emq_str.complete);
+    emq_fx_retain(&fx, &row, now, meta.done_ttl);
+
+reply:
+    if (err) emq_reply_error(ctx, err);
+    else RedisModule_ReplyWithLongLong(ctx, reply);
+    emq_fx_commit(&fx);
+    emq_key_close(&row);
+    emq_key_close(&active);
+    if (user) RedisModule_FreeModuleUser(user);
+    return REDISMODULE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error>
+ *
+ * The holder's handler failed.  Below <max-attempts> tries (claims since
+ * the job was enqueued or last retried) the job goes back to <pending> at
+ * server-now, behind the work already waiting; at it, the job is
+ * dead-lettered (into <dead>, scored with the time it died) and counted in
+ * <base>metrics:failed.  The row keeps the error text in last_error either
+ * way.  A job with a cancel request (EMQ.CANCEL) ends as state=cancelled
+ * instead: never retried, not counted as failed.
+ * Reply: +pending, +dead or +cancelled; :-1 gone; -EMQSTALE as COMPLETE.
+ * ------------------------------------------------------------------------ */
+int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    /* parse */
+    if (argc != 9) return RedisModule_WrongArity(ctx);
+    int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 3, argv[4], EMQ_ERR_THREE_SETS);
+    long long max_attempts = 0;
+    if (!err) {
+        size_t len;
+        const char *s = RedisModule_StringPtrLen(argv[7], &len);
+        err = emq_parse_count(EMQ_COUNT_MAX_ATTEMPTS, s, len, &max_attempts);
+    }
+    if (err) return emq_reply_error(ctx, err);
+    RedisModuleString *id = argv[5], *token = argv[6], *error_text = argv[8];
+    long long now = RedisModule_Milliseconds();
+
+    /* open and type-check: the derived row's ACL before it is read */
+    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
+    RedisModuleUser *user = NULL;
+    EmqKey active, pending, dead, row = {0}, metrics = {0};
+    emq_key_open(ctx, &active, argv[1], rw);
+    emq_key_open(ctx, &pending, argv[2], rw);
+    emq_key_open(ctx, &dead, argv[3], rw);
+    RedisModuleString *row_name = emq_derived_key(ctx, argv[4], "job:", id);
+    RedisModuleString *metrics_name = NULL;
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    int reply_gone = 0, route = EMQ_FAIL_TO_PENDING;
+    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET) ||
+        !emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET))
+        err = EMQ_ERR_WRONGTYPE;
+    else if (!emq_acl_user(ctx, &user))
+        err = EMQ_ERR_NOPERM_DERIVED;
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+        err = EMQ_ERR_WRONGTYPE;
+    if (err) goto reply;
+
+    /* read and decide */
+    int retry;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_FAIL, &retry);
+    if (holder == EMQ_HOLDER_GONE) {
+        reply_gone = 1;
+        goto reply;
+    }
+    if (retry) { /* answer where the first call sent the job */
+        RedisModuleString *state = emq_hget(&row, emq_str.state);
+        route = state && emq_str_equal(state, emq_str.dead)        ? EMQ_FAIL_TO_DEAD
+                : state && emq_str_equal(state, emq_str.cancelled) ? EMQ_FAIL_TO_CANCELLED
+                                                                   : EMQ_FAIL_TO_PENDING;
+        if (state) RedisModule_FreeString(NULL, state);
+        goto reply;
+    }
+    err = emq_holder_error(EMQ_VERB_FAIL, holder);
+    if (err) goto reply;
+    /* The budget is `tries`; a row written before tries existed counts its attempts. */
+    long long tries;
+    int has_tries = emq_hexists(&row, emq_str.tries);
+    err = emq_hash_incr(&row, has_tries ? emq_str.tries : emq_str.attempts, 0,
+                        has_tries ? EMQ_ERR_TRIES_NOT_INTEGER : EMQ_ERR_ATTEMPTS_NOT_INTEGER, &tries);
+    if (err) goto reply;
+    route = emq_fail_route(tries, max_attempts, emq_hexists(&row, emq_str.cancel_requested));
+    EmqMeta meta;
+    err = emq_read_meta(ctx, user, argv[4], &meta);
+    long long failed = 0;
+    if (!err && route == EMQ_FAIL_TO_DEAD) {
+        metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
+        err = emq_open_derived(ctx, user, &metrics, metrics_name, 1);
+        if (!err && !emq_type_ok(&metrics, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+        if (!err) err = emq_hash_incr(&metrics, emq_str.count, 1, EMQ_ERR_FAILED_NOT_INTEGER, &failed);
+    }
+    if (err) goto reply;
+
+    /* apply */
+    RedisModuleString *at = emq_fx_number(&fx, now);
+    emq_fx_zrem(&fx, &active, id);
+    switch (route) {
+    case EMQ_FAIL_TO_PENDING:
+        emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.pending, emq_str.last_error, error_text,
+                    emq_str.closed_by, emq_str.fail);
+        emq_fx_zadd(&fx, &pending, now, id, 0);
+        break;
+    case EMQ_FAIL_TO_DEAD:
+        emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.dead, emq_str.last_error, error_text,
+                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail);
+        emq_fx_zadd(&fx, &dead, now, id, 0);
+        emq_fx_hset(&fx, &metrics, "hincrby", 1, emq_str.count, emq_fx_number(&fx, failed));
+        break;
+    default:
+        emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.cancelled, emq_str.last_error, error_text,
+                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail);
+        emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
+        break;
+    }
+
+reply:
+    if (err) {
+        emq_reply_error(ctx, err);
+    } else if (reply_gone) {
+        RedisModule_ReplyWithLongLong(ctx, -1);
+    } else {
+        static const char *const outcome[] = {
+            [EMQ_FAIL_TO_PENDING] = "pending",
+            [EMQ_FAIL_TO_DEAD] = "dead",
+            [EMQ_FAIL_TO_CANCELLED] = "cancelled",
+        };
+        RedisModule_ReplyWithSimpleString(ctx, outcome[route]);
+    }
+    emq_fx_commit(&fx);
+    emq_key_close(&metrics);
+    if (metrics_name) RedisModule_FreeString(ctx, metrics_name);
+    emq_key_close(&row);
+    RedisModule_FreeString(ctx, row_name);
+    emq_key_close(&dead);
+    emq_key_close(&pending);
+    emq_key_close(&active);
+    if (user) RedisModule_FreeModuleUser(user);
+    return REDISMODULE_OK;
+}
