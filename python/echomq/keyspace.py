@@ -23,6 +23,10 @@ class QueueKeys:
     pending: str
     dead: str
     metrics_failed: str
+    meta: str
+    """The queue's settings: ``paused``, and the retention of finished rows."""
+    cancel_channel: str
+    """Where EMQ.CANCEL announces a request for a held job (its id)."""
 
     @overload
     def job(self, job_id: str) -> str: ...
@@ -55,4 +59,6 @@ def queue_keys(queue: str) -> QueueKeys:
         pending=base + "pending",
         dead=base + "dead",
         metrics_failed=base + "metrics:failed",
+        meta=base + "meta",
+        cancel_channel=base + "cancel",
     )
