@@ -13,7 +13,7 @@
  *   emq_enqueue.c  ENQUEUE                 (a job enters the queue)
  *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens)
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
- *   emq_finish.c   COMPLETE, FAIL          (a holder ends its hold)
+ *   emq_finish.c   COMPLETE, FAIL, RELEASE (a holder ends its hold)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
  *   emq_cancel.c   CANCEL                  (a cancel request, delivered by CHECKPOINT)
  *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
@@ -84,6 +84,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
 int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* Answer an error from the core's table. */

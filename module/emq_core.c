@@ -18,6 +18,7 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
         "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
     [EMQ_ERR_PENDING_KEY] = "ERR <pending> must be <base>pending",
     [EMQ_ERR_PENDING_ACTIVE_KEYS] = "ERR <pending> and <active> must be <base>pending and <base>active",
+    [EMQ_ERR_PENDING_ACTIVE_ORDER] = "ERR <active> and <pending> must be <base>active and <base>pending",
     [EMQ_ERR_NO_HASH_TAG] = "ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:",
     [EMQ_ERR_WRONGTYPE] = "WRONGTYPE Operation against a key holding the wrong kind of value",
     [EMQ_ERR_NOPERM_DERIVED] =

@@ -1,4 +1,4 @@
-/* emq_finish.c -- a holder ends its hold: EMQ.COMPLETE, EMQ.FAIL.
+/* emq_finish.c -- a holder ends its hold: EMQ.COMPLETE, EMQ.FAIL, EMQ.RELEASE.
  *
  * Only the current holder may: the row's token must be the caller's and
  * the id must still be in <active> (a holder that lost its lease must not
@@ -205,6 +205,80 @@ reply:
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&dead);
+    emq_key_close(&pending);
+    emq_key_close(&active);
+    if (user) RedisModule_FreeModuleUser(user);
+    return REDISMODULE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.RELEASE <active> <pending> <base> <id> <token>
+ *
+ * The holder gives the job back without using an attempt (a graceful
+ * shutdown, a handler that cannot run it now): it leaves <active>, its row's
+ * `tries` goes back down by one (never below 0) and no stall is counted; it
+ * waits at the head of <pending> (score 0, beside recovered jobs).  A job
+ * whose cancel was requested is not handed out again: it ends cancelled.
+ * Reply: +pending or +cancelled; :-1 gone; -EMQSTALE as COMPLETE.
+ * ------------------------------------------------------------------------ */
+int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    /* parse */
+    if (argc != 6) return RedisModule_WrongArity(ctx);
+    int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_ORDER);
+    if (err) return emq_reply_error(ctx, err);
+    RedisModuleString *id = argv[4], *token = argv[5];
+    long long now = RedisModule_Milliseconds();
+
+    /* open and type-check: the derived row's ACL before it is read */
+    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
+    RedisModuleUser *user = NULL;
+    EmqKey active, pending, row = {0};
+    emq_key_open(ctx, &active, argv[1], rw);
+    emq_key_open(ctx, &pending, argv[2], rw);
+    RedisModuleString *row_name = emq_derived_key(ctx, argv[3], "job:", id);
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    int reply_gone = 0, cancelled = 0;
+    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET))
+        err = EMQ_ERR_WRONGTYPE;
+    else if (!emq_acl_user(ctx, &user))
+        err = EMQ_ERR_NOPERM_DERIVED;
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+        err = EMQ_ERR_WRONGTYPE;
+    if (err) goto reply;
+
+    /* read and decide */
+    int retry;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_RELEASE, &retry);
+    cancelled = emq_hexists(&row, emq_str.cancel_requested);
+    if (holder == EMQ_HOLDER_GONE) reply_gone = 1;
+    else if (!retry) err = emq_holder_error(EMQ_VERB_RELEASE, holder);
+    if (holder != EMQ_HOLDER_OK || err) goto reply;
+    long long tries = 0;
+    err = emq_hash_incr(&row, emq_str.tries, 0, EMQ_ERR_TRIES_NOT_INTEGER, &tries);
+    EmqMeta meta;
+    if (!err && cancelled) err = emq_read_meta(ctx, user, argv[3], &meta);
+    if (err) goto reply;
+
+    /* apply */
+    emq_fx_zrem(&fx, &active, id);
+    if (cancelled) {
+        emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.cancelled, emq_str.finished_at,
+                    emq_fx_number(&fx, now), emq_str.closed_by, emq_str.release);
+        emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
+    } else {
+        emq_fx_hset(&fx, &row, "hset", 3, emq_str.tries, emq_fx_number(&fx, tries > 0 ? tries - 1 : 0),
+                    emq_str.state, emq_str.pending, emq_str.closed_by, emq_str.release);
+        emq_fx_zadd(&fx, &pending, 0, id, 0);
+    }
+
+reply:
+    if (err) emq_reply_error(ctx, err);
+    else if (reply_gone) RedisModule_ReplyWithLongLong(ctx, -1);
+    else RedisModule_ReplyWithSimpleString(ctx, cancelled ? "cancelled" : "pending");
+    emq_fx_commit(&fx);
+    emq_key_close(&row);
+    RedisModule_FreeString(ctx, row_name);
     emq_key_close(&pending);
     emq_key_close(&active);
     if (user) RedisModule_FreeModuleUser(user);

@@ -26,9 +26,10 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  * Flags, and why:
  *   - `write` everywhere: every verb changes a queue (EXTEND only re-scores).
  *   - `deny-oom` where a verb grows memory (new rows, error texts, a cancel
- *     reason, a stall count on a recovered row, a claim's request record).  EXTEND, CHECKPOINT and
- *     COMPLETE are not: live handlers must keep their leases and finish
- *     their jobs under memory pressure -- they only re-score or overwrite.
+ *     reason, a stall count on a recovered row, a claim's request record).  EXTEND, CHECKPOINT,
+ *     COMPLETE and RELEASE are not: live handlers must keep their leases,
+ *     finish their jobs and give them back under memory pressure -- they
+ *     only re-score or overwrite.
  *   - `fast` where the work is O(log N) per call; SWEEP moves up to <limit>
  *     jobs and is not.
  * Keys: first, last, step of the declared key arguments (rows and metrics
@@ -48,6 +49,7 @@ static const EmqCommand commands[] = {
     {"emq.claim", EmqClaim_RedisCommand, "write deny-oom fast", 1, 2, 1},
     {"emq.complete", EmqComplete_RedisCommand, "write fast", 1, 2, 1},
     {"emq.fail", EmqFail_RedisCommand, "write deny-oom fast", 1, 3, 1},
+    {"emq.release", EmqRelease_RedisCommand, "write fast", 1, 2, 1},
     {"emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast", 1, 1, 1},
 };
 

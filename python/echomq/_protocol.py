@@ -26,6 +26,7 @@ T = TypeVar("T")
 JobId = str | bytes
 CancelOutcome = Literal["cancelled", "requested", "finished"]
 FailOutcome = Literal["pending", "dead", "cancelled"]
+ReleaseOutcome = Literal["pending", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,18 @@ def fail(queue: str, job_id: JobId, token: str, error: str, max_attempts: int) -
     text_bytes = error.encode("utf-8", "replace")
     args = ("EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, wid, tok, max_attempts, text_bytes)
     return Call(args, _fail_outcome, queue, wid)
+
+
+def _release_outcome(call: Call[ReleaseOutcome], reply: Any) -> ReleaseOutcome:
+    _check_gone(call, reply)
+    return "cancelled" if text(reply) == "cancelled" else "pending"
+
+
+def release(queue: str, job_id: JobId, token: str) -> Call[ReleaseOutcome]:
+    tok = check_token(token)
+    keys, wid = keys_of(queue), wire(job_id)
+    args = ("EMQ.RELEASE", keys.active, keys.pending, keys.base, wid, tok)
+    return Call(args, _release_outcome, queue, wid)
 
 
 def cancel(queue: str, job_id: JobId, reason: str | None) -> Call[CancelOutcome]:

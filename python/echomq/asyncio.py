@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, SweepResult
+from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, ReleaseOutcome, SweepResult
 from ._runtime import Action, Finish, KeeperCore, ReaperCore, WorkerCore
 from .cancel import Cancellation, CancelToken
 from .errors import LeaseLost
@@ -113,6 +113,10 @@ class Client:
     ) -> FailOutcome:
         """Report a failure (see ``echomq.Client.fail``)."""
         return await self._run(proto.fail(queue, job_id, token, error, max_attempts))
+
+    async def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
+        """Give a held job back without using an attempt (see ``echomq.Client.release``)."""
+        return await self._run(proto.release(queue, job_id, token))
 
     async def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
         """Request a cancel (see ``echomq.Client.cancel``)."""

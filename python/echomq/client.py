@@ -9,7 +9,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, SweepResult
+from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, ReleaseOutcome, SweepResult
 from .cancel import Cancellation
 
 if TYPE_CHECKING:
@@ -132,6 +132,17 @@ class Client:
         in the row's ``last_error``.  Same fencing as ``complete``.
         """
         return self._run(proto.fail(queue, job_id, token, error, max_attempts))
+
+    def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
+        """Give a held job back without using an attempt: ``"pending"``, or ``"cancelled"``.
+
+        For a graceful shutdown or a handler that cannot run the job now: the
+        job waits at the head of the queue again, its retry budget is as it
+        was before this claim, and no stall is counted.  A job whose cancel
+        was requested ends ``"cancelled"`` instead.  Fenced like ``complete``
+        (``JobGone``/``StaleToken``); safe to retry.
+        """
+        return self._run(proto.release(queue, job_id, token))
 
     def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
         """Ask for a job to be cancelled, from anywhere; no token needed.
