@@ -43,6 +43,8 @@
     X(finished_at, "finished_at")             \
     X(request, "request")                     \
     X(checkpoint, "checkpoint")               \
+    X(checkpoint_at, "checkpoint_at")         \
+    X(checkpoint_attempt, "checkpoint_attempt") \
     X(paused, "paused")                       \
     X(done_ttl_ms, "done_ttl_ms")             \
     X(cancelled_ttl_ms, "cancelled_ttl_ms")   \
@@ -86,6 +88,9 @@ int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int 
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+/* The largest checkpoint state a holder may store (bytes). */
+long long emq_max_state_bytes(void);
 
 /* Answer an error from the core's table. */
 int emq_reply_error(RedisModuleCtx *ctx, int err);

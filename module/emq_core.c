@@ -39,6 +39,8 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_TRYAGAIN] = "TRYAGAIN a key of this queue is moving between cluster nodes; retry",
     [EMQ_ERR_SYNTAX] = "ERR syntax error",
     [EMQ_ERR_REQ_EMPTY] = "ERR the REQ request id must not be empty",
+    [EMQ_ERR_STATE_TOO_LARGE] = "ERR the checkpoint state is larger than emq.max-state-bytes",
+    [EMQ_ERR_OOM] = "OOM command not allowed when used memory > 'maxmemory'.",
 };
 
 const char *emq_error_text(int err) {

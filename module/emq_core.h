@@ -23,6 +23,9 @@
  * sorted-set score can carry without rounding: 2^53 ms is year 287396. */
 #define EMQ_MAX_EXACT_SCORE 9007199254740992LL
 
+/* The largest checkpoint state stored by default (emq.max-state-bytes). */
+#define EMQ_DEFAULT_MAX_STATE_BYTES 65536
+
 /* The most jobs one CLAIM hands out (COUNT above it claims this many). */
 #define EMQ_MAX_CLAIM_COUNT 1000
 
@@ -65,6 +68,8 @@ typedef enum {
     EMQ_ERR_TRYAGAIN,
     EMQ_ERR_SYNTAX,
     EMQ_ERR_REQ_EMPTY,
+    EMQ_ERR_STATE_TOO_LARGE,
+    EMQ_ERR_OOM,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 

@@ -17,6 +17,12 @@
 EmqStrings emq_str;
 RedisModuleString *emq_small_int[EMQ_SMALL_INTS];
 
+/* emq.max-state-bytes (the configuration engineer turns this into a module
+ * config; until then the default). */
+long long emq_max_state_bytes(void) {
+    return EMQ_DEFAULT_MAX_STATE_BYTES;
+}
+
 int emq_reply_error(RedisModuleCtx *ctx, int err) {
     return RedisModule_ReplyWithError(ctx, emq_error_text(err));
 }

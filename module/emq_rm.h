@@ -50,7 +50,10 @@
 #define REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED (1 << 1)
 
 /* GetContextFlags() bits. */
+#define REDISMODULE_CTX_FLAGS_LUA (1 << 0)
+#define REDISMODULE_CTX_FLAGS_MULTI (1 << 1)
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
+#define REDISMODULE_CTX_FLAGS_OOM (1 << 10)
 
 /* NotifyKeyspaceEvent() classes. */
 #define REDISMODULE_NOTIFY_GENERIC (1 << 2)

@@ -245,11 +245,17 @@ def extend_batch(queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int) -
     return [extend(queue, job_id, token, lease_ms) for job_id, token in jobs]
 
 
-def checkpoint(queue: str, job_id: JobId, token: str, lease_ms: int) -> Call[Cancellation | None]:
+def checkpoint(
+    queue: str, job_id: JobId, token: str, lease_ms: int, state: bytes | None = None
+) -> Call[Cancellation | None]:
     tok = check_token(token)
     positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
-    args = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, tok, lease_ms)
+    args: tuple[Any, ...] = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, tok, lease_ms)
+    if state is not None:
+        if not isinstance(state, bytes | bytearray | memoryview):
+            raise TypeError(f"state must be bytes, not {type(state).__name__}")
+        args += ("STATE", bytes(state))
     return Call(args, _requested_cancel, queue, wid)
 
 

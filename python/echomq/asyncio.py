@@ -83,9 +83,11 @@ class Client:
         replies = await pipe.execute(raise_on_error=False)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
-    async def checkpoint(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> Cancellation | None:
-        """Extend and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
-        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms))
+    async def checkpoint(
+        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+    ) -> Cancellation | None:
+        """Extend, store ``state``, and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
+        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
 
     async def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover lapsed jobs (see ``echomq.Client.sweep``)."""

@@ -83,12 +83,17 @@ class Client:
         replies = pipe.execute(raise_on_error=False)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
-    def checkpoint(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> Cancellation | None:
+    def checkpoint(
+        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+    ) -> Cancellation | None:
         """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
 
         Same lease effect and the same ``JobGone``/``StaleToken`` as ``extend``.
+        With ``state``, the bytes are stored on the job in the same atomic
+        step (fenced like the lease): the next claim of the job, after a
+        crash, hands them back as ``Job.resume_state``.
         """
-        return self._run(proto.checkpoint(queue, job_id, token, lease_ms))
+        return self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
 
     def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover the jobs whose lease lapsed, dead-lettering those at ``max_stalled`` stalls.
