@@ -8,7 +8,10 @@
  * claim can never touch the job again.
  *
  * Files, by concept:
- *   emq_module.c   loading, the one command table, the strings made at load
+ *   emq_module.c   loading, the one command table (with each command's
+ *                  metadata), the strings made at load
+ *   emq_meta.c/.h  a table row told to the server: arity, key specs, docs,
+ *                  ACL categories
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
  *   emq_claim.c    ENQUEUE, CLAIM, COMPLETE, FAIL  (a job's way through the queue)
