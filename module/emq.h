@@ -12,6 +12,8 @@
  *                  metadata), the strings made at load
  *   emq_meta.c/.h  a table row told to the server: arity, key specs, docs,
  *                  ACL categories
+ *   emq_config.c/.h  the operator's ceilings (emq.max-limit, ...): module
+ *                  configs, load arguments, the accessors the verbs call
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
  *   emq_claim.c    ENQUEUE, CLAIM, COMPLETE, FAIL  (a job's way through the queue)
@@ -26,6 +28,7 @@
 #ifndef EMQ_H
 #define EMQ_H
 
+#include "emq_config.h"
 #include "emq_core.h"
 #include "emq_effects.h"
 #include "emq_keys.h"

@@ -154,8 +154,9 @@ static const char *fallback_of(const char *fn) {
         {"SetCommandACLCategories", "the EMQ commands are in no ACL category, so -@write does not deny them: "
                                     "deny each by name (README, ACL)"},
         {"AddACLCategory", "no @emq ACL category; the commands are still in @write and @fast or @slow"},
-        {"RegisterNumericConfig", "no CONFIG SET emq.*"},
-        {"LoadConfigs", "no CONFIG SET emq.*"},
+        {"RegisterNumericConfig", "no CONFIG SET emq.*: the settings are fixed at load (load arguments "
+                                  "max-limit <n> max-state-bytes <n>)"},
+        {"LoadConfigs", "no CONFIG SET emq.*: the settings are fixed at load"},
     };
     for (size_t i = 0; i < sizeof fallbacks / sizeof *fallbacks; i++)
         if (strcmp(fn, fallbacks[i].fn) == 0) return fallbacks[i].fallback;
@@ -171,19 +172,23 @@ static void log_fallbacks(RedisModuleCtx *ctx) {
                         missing[i], fallback_of(missing[i]));
     if (missing[0] == NULL)
         RedisModule_Log(ctx, "notice", "loaded; every optional module API function was found");
+    RedisModule_Log(ctx, "notice", "settings: max-limit %lld, max-state-bytes %lld (%s)",
+                    emq_config_max_limit(), emq_config_max_state_bytes(),
+                    emq_config_is_live() ? "CONFIG SET emq.<name> changes them"
+                                         : "fixed at load: this server has no module configs");
 }
 
 EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* Every refusal below says why in the server log before it returns. */
     if (emq_rm_init(ctx, "emq", EMQ_MODULE_VERSION) != REDISMODULE_OK) return REDISMODULE_ERR;
-    (void)argv;
-    (void)argc;
+    if (emq_config_load_args(ctx, argv, argc) != REDISMODULE_OK) return REDISMODULE_ERR;
     EmqMetaSupport support;
     if (emq_meta_prepare(ctx, &support) != REDISMODULE_OK) return REDISMODULE_ERR;
     create_strings();
     int ok = 1;
     for (size_t i = 0; ok && i < sizeof commands / sizeof *commands; i++)
         ok = emq_meta_register(ctx, &commands[i], &support) == REDISMODULE_OK;
+    if (ok) ok = emq_config_register(ctx) == REDISMODULE_OK;
     if (!ok) {
         /* The server unregisters the commands of a module whose OnLoad
          * failed, but the strings we made are ours to free. */

@@ -141,6 +141,7 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     const char *limit_arg = RedisModule_StringPtrLen(argv[6], &limit_len);
     if (!err) err = emq_parse_count(EMQ_COUNT_MAX_STALLED, max_arg, max_len, &max_stalled);
     if (!err) err = emq_parse_count(EMQ_COUNT_LIMIT, limit_arg, limit_len, &limit);
+    if (!err && limit > emq_config_max_limit()) err = EMQ_ERR_LIMIT_TOO_LARGE;
     if (!err) err = emq_check_cluster_base(ctx, argv[4]);
     if (err) return emq_reply_error(ctx, err);
     long long now = RedisModule_Milliseconds();
