@@ -40,7 +40,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     /* read and decide */
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_key_empty(&row)) err = EMQ_ERR_EXISTS;
-    else if (!emq_acl_allows(ctx, &row.name, 1)) err = EMQ_ERR_NOPERM_DERIVED;
+    else if (!emq_acl_allows_to(ctx, &row.name, 1, EMQ_DERIVED_CREATE)) err = EMQ_ERR_NOPERM_DERIVED;
     if (err) {
         emq_reply_error(ctx, err);
         goto done;

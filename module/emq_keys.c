@@ -136,20 +136,25 @@ int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user) {
     return *user != NULL;
 }
 
-int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key) {
+int emq_acl_may_touch_to(RedisModuleUser *user, RedisModuleString *key, int flags) {
     if (user == NULL) return 1;
-    /* Rows and the metric are read, then updated or created. */
-    const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
-                            REDISMODULE_CMD_KEY_INSERT);
     return RedisModule_ACLCheckKeyPermissions(user, key, flags) == REDISMODULE_OK;
 }
 
-int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {
+int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key) {
+    return emq_acl_may_touch_to(user, key, EMQ_DERIVED_READ_WRITE);
+}
+
+int emq_acl_allows_to(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n, int flags) {
     RedisModuleUser *user;
     if (!emq_acl_user(ctx, &user)) return 0;
     int allowed = 1;
     for (size_t i = 0; allowed && i < n; i++)
-        if (names[i]) allowed = emq_acl_may_touch(user, names[i]);
+        if (names[i]) allowed = emq_acl_may_touch_to(user, names[i], flags);
     if (user) RedisModule_FreeModuleUser(user);
     return allowed;
+}
+
+int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {
+    return emq_acl_allows_to(ctx, names, n, EMQ_DERIVED_READ_WRITE);
 }

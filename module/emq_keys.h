@@ -79,9 +79,20 @@ int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisMo
  * when there is nothing to check (no client user, or a server without the
  * ACL API, which is logged at load).  emq_acl_may_touch() checks one key
  * for read and write; emq_acl_allows() loads, checks `n` keys (NULL entries
- * skipped) and frees. */
+ * skipped) and frees.  The _to variants take what the verb does to the
+ * keys, as key-spec flags, so that the check asks exactly the permission a
+ * core command doing the same would need (its key spec's flags):
+ *   EMQ_DERIVED_READ_WRITE  read, then changed or created, as HINCRBY does:
+ *                           the rows and the metric of SWEEP, CLAIM, FAIL,
+ *                           CANCEL (what the plain functions check);
+ *   EMQ_DERIVED_CREATE      created only when absent, never read, as SETNX:
+ *                           ENQUEUE's row (a %W~ user may enqueue). */
+#define EMQ_DERIVED_READ_WRITE ((int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE))
+#define EMQ_DERIVED_CREATE ((int)REDISMODULE_CMD_KEY_INSERT)
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user);
 int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key);
+int emq_acl_may_touch_to(RedisModuleUser *user, RedisModuleString *key, int flags);
 int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n);
+int emq_acl_allows_to(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n, int flags);
 
 #endif
