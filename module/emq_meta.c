@@ -188,7 +188,7 @@ int emq_meta_prepare(RedisModuleCtx *ctx, EmqMetaSupport *support) {
          * it really is missing). */
         if (RedisModule_AddACLCategory(ctx, "emq") != REDISMODULE_OK)
             RedisModule_Log(ctx, "notice", "the ACL category @emq exists already (an earlier load of "
-                                           "this module added it); the commands join it");
+                                           "this module, or another module, added it); the commands join it");
         support->own_category = 1;
     }
     return REDISMODULE_OK;

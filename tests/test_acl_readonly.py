@@ -154,7 +154,7 @@ def test_emq_commands_are_listed_in_their_categories(acl_server: EmbeddedServer,
         c.close()
 
 
-@needs("own_category", "no @emq category (the commands are in @write and @fast/@slow only)")
+@needs("own_category", "no @emq ACL category")
 def test_the_emq_category_holds_exactly_the_emq_commands(
     acl_server: EmbeddedServer, admin: redis.Redis
 ) -> None:
