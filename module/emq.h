@@ -9,7 +9,12 @@
  * forget -- can never touch the job again.
  *
  * Files, by concept:
- *   emq_module.c   loading, the one command table, the strings made at load
+ *   emq_module.c   loading, the one command table (with each command's
+ *                  metadata), the strings made at load
+ *   emq_meta.c/.h  a table row told to the server: arity, key specs, docs,
+ *                  ACL categories
+ *   emq_config.c/.h  the operator's ceilings (emq.max-limit, ...): module
+ *                  configs, load arguments, the accessors the verbs call
  *   emq_enqueue.c  ENQUEUE                 (a job enters the queue)
  *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens)
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
@@ -26,6 +31,7 @@
 #ifndef EMQ_H
 #define EMQ_H
 
+#include "emq_config.h"
 #include "emq_core.h"
 #include "emq_effects.h"
 #include "emq_keys.h"
@@ -88,9 +94,6 @@ int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int 
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
-
-/* The largest checkpoint state a holder may store (bytes). */
-long long emq_max_state_bytes(void);
 
 /* Answer an error from the core's table. */
 int emq_reply_error(RedisModuleCtx *ctx, int err);

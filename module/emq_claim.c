@@ -120,7 +120,7 @@ static int reanswer(Claim *c, const char *rec, size_t reclen) {
         emq_record_next(rec, reclen, &pos, &tok, &toklen);
         if (toklen >= EMQ_TOKEN_MAX) continue;
         Claimed *j = add_job(c, cap / 2, RedisModule_CreateString(c->ctx, id, idlen));
-        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, 0);
+        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ);
         if (err) return err;
         memcpy(j->token, tok, toklen);
         j->tokenlen = (int)toklen;
@@ -157,7 +157,7 @@ static int collect(Claim *c, long long now, long count) {
     unsigned char random8[8];
     for (long i = 0; i < c->n; i++) {
         Claimed *j = &c->jobs[i];
-        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, 1);
+        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
         if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
         /* A row that vanished while its id waited starts at attempt 1. */
         if (!err) err = emq_hash_incr(&j->row, emq_str.attempts, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, &j->attempts);
@@ -257,7 +257,7 @@ int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
         err = EMQ_ERR_NOPERM_DERIVED;
     if (!err && req) {
         c.record_name = emq_derived_key(ctx, argv[3], "req:", req);
-        err = emq_open_derived(ctx, c.user, &c.record, c.record_name, 1);
+        err = emq_open_derived(ctx, c.user, &c.record, c.record_name, EMQ_DERIVED_READ_WRITE);
         if (!err && !emq_type_ok(&c.record, REDISMODULE_KEYTYPE_STRING)) err = EMQ_ERR_WRONGTYPE;
     }
     if (err) goto reply;

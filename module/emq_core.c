@@ -13,6 +13,7 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_LIMIT] = "ERR limit must be an integer >= 1",
     [EMQ_ERR_MAX_ATTEMPTS] = "ERR max-attempts must be an integer >= 1",
     [EMQ_ERR_CLAIM_COUNT] = "ERR COUNT must be an integer >= 1",
+    [EMQ_ERR_LIMIT_TOO_LARGE] = "ERR limit exceeds the server's emq.max-limit",
     [EMQ_ERR_SAME_KEY] = "ERR <active> and <job> must be different keys",
     [EMQ_ERR_THREE_SETS] =
         "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",

@@ -40,6 +40,7 @@ typedef enum {
     EMQ_ERR_LIMIT,
     EMQ_ERR_MAX_ATTEMPTS,
     EMQ_ERR_CLAIM_COUNT,
+    EMQ_ERR_LIMIT_TOO_LARGE, /* above the server's emq.max-limit (emq_config.h) */
     /* keys */
     EMQ_ERR_SAME_KEY,
     EMQ_ERR_THREE_SETS,

@@ -41,7 +41,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_fx_begin(&fx, ctx);
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
-    else err = emq_open_derived(ctx, user, &row, row_name, 1);
+    else err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_CREATE);
     if (err) goto reply;
 
     /* read and decide */

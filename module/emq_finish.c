@@ -125,7 +125,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user))
         err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
         err = EMQ_ERR_WRONGTYPE;
     if (err) goto reply;
 
@@ -158,7 +158,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     long long failed = 0;
     if (!err && route == EMQ_FAIL_TO_DEAD) {
         metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
-        err = emq_open_derived(ctx, user, &metrics, metrics_name, 1);
+        err = emq_open_derived(ctx, user, &metrics, metrics_name, EMQ_DERIVED_READ_WRITE);
         if (!err && !emq_type_ok(&metrics, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
         if (!err) err = emq_hash_incr(&metrics, emq_str.count, 1, EMQ_ERR_FAILED_NOT_INTEGER, &failed);
     }
@@ -243,7 +243,7 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
         err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user))
         err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
         err = EMQ_ERR_WRONGTYPE;
     if (err) goto reply;
 

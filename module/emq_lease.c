@@ -31,13 +31,13 @@
  * ------------------------------------------------------------------------ */
 static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int with_cancel) {
     /* parse */
-    if (with_cancel ? argc != 6 && argc != 8 : argc != 6) return RedisModule_WrongArity(ctx);
+    if (with_cancel ? argc < 6 : argc != 6) return RedisModule_WrongArity(ctx);
     RedisModuleString *state = NULL;
-    if (argc == 8) {
+    for (int i = 6; i < argc; i += 2) {
         size_t len;
-        const char *opt = RedisModule_StringPtrLen(argv[6], &len);
-        if (!emq_option_is(opt, len, "STATE")) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
-        state = argv[7];
+        const char *opt = RedisModule_StringPtrLen(argv[i], &len);
+        if (i + 1 >= argc || state || !emq_option_is(opt, len, "STATE")) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
+        state = argv[i + 1];
     }
     RedisModuleString *id = argv[3], *token = argv[4];
     /* Opening one key twice with WRITE is undefined in the module API. */
@@ -56,7 +56,7 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     if (!err && state) {
         size_t state_len;
         RedisModule_StringPtrLen(state, &state_len);
-        if ((long long)state_len > emq_max_state_bytes()) err = EMQ_ERR_STATE_TOO_LARGE;
+        if ((long long)state_len > emq_config_max_state_bytes()) err = EMQ_ERR_STATE_TOO_LARGE;
         else if (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_OOM) err = EMQ_ERR_OOM;
     }
     if (err) return emq_reply_error(ctx, err);

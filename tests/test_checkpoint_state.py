@@ -14,7 +14,9 @@ from .helpers import digest, now_ms
 Q = queue_keys("q")
 
 
-def test_state_is_stored_with_the_lease_and_handed_to_the_next_claim(client: echomq.Client, r: redis.Redis) -> None:
+def test_state_is_stored_with_the_lease_and_handed_to_the_next_claim(
+    client: echomq.Client, r: redis.Redis
+) -> None:
     client.enqueue("q", b"export", job_id="j")
     first = client.claim("q", lease_ms=60_000)
     assert first is not None and first.resume_state is None  # a first attempt has none
@@ -46,12 +48,14 @@ def test_a_stale_holders_state_is_refused_and_never_stored(client: echomq.Client
     assert r.hget(Q.job("j"), "checkpoint") == b"step 5"
 
 
-def test_state_past_the_ceiling_is_refused_with_nothing_written(client: echomq.Client, r: redis.Redis) -> None:
+def test_state_past_the_ceiling_is_refused_with_nothing_written(
+    client: echomq.Client, r: redis.Redis
+) -> None:
     client.enqueue("q", b"x", job_id="j")
     job = client.claim("q", lease_ms=60_000)
     assert job is not None
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="larger than emq.max-state-bytes"):
+    with pytest.raises(redis.ResponseError, match=r"larger than emq\.max-state-bytes"):
         client.checkpoint("q", "j", job.token, 1, state=b"x" * 65_537)
     assert digest(r) == before
     client.checkpoint("q", "j", job.token, 60_000, state=b"x" * 65_536)  # the ceiling itself is allowed

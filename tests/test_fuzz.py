@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from echomq.testing import EmbeddedServer
 
-from .conftest import ROOT
+from .conftest import ROOT, debug_args
 from .helpers import cluster_args
 
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_EXAMPLES", "2500"))
@@ -128,7 +128,7 @@ class FuzzServer:
         if self.conn is None:
             if self.server is None:
                 self.server = EmbeddedServer(
-                    ["--enable-debug-command", "yes"], module=self.module, wrapper=self.wrapper
+                    debug_args(), module=self.module, wrapper=self.wrapper
                 ).start()
             self.conn = Resp(self.server.port)
         return self.conn
@@ -177,6 +177,7 @@ ERRORS = [
     ),
     (rb"ERR max-stalled must be an integer >= 1", None),
     (rb"ERR limit must be an integer >= 1", None),
+    (rb"ERR limit exceeds the server's emq\.max-limit", "-ERR limit exceeds the server's emq.max-limit"),
     (rb"ERR a swept job row has a 'stalled' field that is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
     (rb"ERR increment or decrement would overflow", None),

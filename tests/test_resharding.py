@@ -58,7 +58,8 @@ class SlotMove:
 
     def migrate(self, *keys: str) -> None:
         for key in keys:
-            assert self.src.execute_command("MIGRATE", self.dst_node.host, self.dst_node.port, key, 0, 5000) == b"OK"
+            done = self.src.execute_command("MIGRATE", self.dst_node.host, self.dst_node.port, key, 0, 5000)
+            assert done == b"OK"
 
     def asking(self, *args: object) -> object:
         """A command sent to the importing node after ASKING, as a client that got -ASK does."""
@@ -156,7 +157,9 @@ def test_a_stable_slot_answers_as_before(nodes: list[EmbeddedServer]) -> None:
 # -- resharding under load ----------------------------------------------------------
 
 
-def reshard(cli: str, node: EmbeddedServer, src: str, dst: str, pipeline: int) -> subprocess.CompletedProcess[str]:
+def reshard(
+    cli: str, node: EmbeddedServer, src: str, dst: str, pipeline: int
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             cli, "--cluster", "reshard", f"{node.host}:{node.port}",
