@@ -32,6 +32,12 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  *     only re-score or overwrite.
  *   - `fast` where the work is O(log N) per call; SWEEP moves up to <limit>
  *     jobs and is not.
+ *   - The operator verbs (emq_dead.c, emq_admin.c): RETRY and RETRYDEAD
+ *     put work back (deny-oom); RETENTION writes a setting (deny-oom);
+ *     PAUSE and RESUME are not deny-oom (an incident may be memory pressure,
+ *     and pausing must still work then); PURGE, OBLITERATE and FORGET free
+ *     memory and are not deny-oom.  RETRYDEAD, PURGE, OBLITERATE (up to
+ *     <limit> each) and FORGET (one row per id) are not `fast`.
  * Keys: first, last, step of the declared key arguments (rows and metrics
  * derived from <base> are not declared: emq_keys.h). */
 typedef struct {
@@ -51,6 +57,14 @@ static const EmqCommand commands[] = {
     {"emq.fail", EmqFail_RedisCommand, "write deny-oom fast", 1, 3, 1},
     {"emq.release", EmqRelease_RedisCommand, "write fast", 1, 2, 1},
     {"emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast", 1, 1, 1},
+    {"emq.retry", EmqRetry_RedisCommand, "write deny-oom fast", 1, 2, 1},
+    {"emq.retrydead", EmqRetryDead_RedisCommand, "write deny-oom", 1, 2, 1},
+    {"emq.purge", EmqPurge_RedisCommand, "write", 1, 1, 1},
+    {"emq.retention", EmqRetention_RedisCommand, "write deny-oom fast", 1, 1, 1},
+    {"emq.pause", EmqPause_RedisCommand, "write fast", 1, 1, 1},
+    {"emq.resume", EmqResume_RedisCommand, "write fast", 1, 1, 1},
+    {"emq.obliterate", EmqObliterate_RedisCommand, "write", 1, 3, 1},
+    {"emq.forget", EmqForget_RedisCommand, "write", 1, 1, 1},
 };
 
 /* -- the strings made at load ---------------------------------------------- */
