@@ -26,6 +26,7 @@ NO_STATE = "EMQSTATE the job is {}: only a dead or cancelled job can be retried"
 DEAD_PENDING = "ERR <dead> and <pending> must be <base>dead and <base>pending"
 RETENTION_VALUE = "ERR a retention must be -1 (keep forever) or an integer from 0 to 9007199254740992 (ms)"
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
+THREE_SETS = "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead"
 BUSY = "EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too"
 
 
@@ -106,7 +107,9 @@ def test_a_holder_from_before_the_retry_is_stale_everywhere(client: echomq.Clien
         ["EMQ.FAIL", Q.active, Q.pending, Q.dead, Q.base, "j", old.token, 1, "late"],
         ["EMQ.RELEASE", Q.active, Q.pending, Q.base, "j", old.token],
     ]
-    for args in holder_verbs:  # the FAIL too: RETRY deleted closed_by, so it is not "the retry of a lost reply"
+    for (
+        args
+    ) in holder_verbs:  # the FAIL too: RETRY deleted closed_by, so it is not "the retry of a lost reply"
         refused(r, args, "EMQSTALE job is no longer active")
     new = client.claim("q", lease_ms=60_000)
     assert new is not None and new.token != old.token
@@ -168,11 +171,17 @@ def test_retry_of_an_unknown_id_is_gone(client: echomq.Client, r: redis.Redis) -
 
 def test_retry_errors(client: echomq.Client, r: redis.Redis) -> None:
     make_dead(client, "d")
-    refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base], "ERR wrong number of arguments for 'emq.retry' command")
+    refused(
+        r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base], "ERR wrong number of arguments for 'emq.retry' command"
+    )
     refused(r, ["EMQ.RETRY", Q.pending, Q.dead, Q.base, "d"], DEAD_PENDING)
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, "emq:{other}:", "d"], DEAD_PENDING)
     r.hset(Q.job("d"), "retries", "many")
-    refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "d"], "ERR the job row's 'retries' field is not an integer")
+    refused(
+        r,
+        ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "d"],
+        "ERR the job row's 'retries' field is not an integer",
+    )
     r.hset(Q.job("d"), "retries", str(2**63 - 1))
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "d"], "ERR increment or decrement would overflow")
     r.hdel(Q.job("d"), "retries")
@@ -224,7 +233,11 @@ def test_retrydead_checks_every_row_before_the_first_write(client: echomq.Client
     make_dead(client, "a")
     make_dead(client, "b")
     r.hset(Q.job("b"), "retries", "x")
-    refused(r, ["EMQ.RETRYDEAD", Q.dead, Q.pending, Q.base, 10], "ERR the job row's 'retries' field is not an integer")
+    refused(
+        r,
+        ["EMQ.RETRYDEAD", Q.dead, Q.pending, Q.base, 10],
+        "ERR the job row's 'retries' field is not an integer",
+    )
     r.set(Q.job("b"), "string")
     refused(r, ["EMQ.RETRYDEAD", Q.dead, Q.pending, Q.base, 10], WRONGTYPE)
 
@@ -322,7 +335,9 @@ def test_retention_errors(r: redis.Redis) -> None:
     refused(r, ["EMQ.RETENTION", Q.pending, Q.base], WRONGTYPE)
 
 
-def test_finished_rows_expire_and_their_ids_can_be_enqueued_again(client: echomq.Client, r: redis.Redis) -> None:
+def test_finished_rows_expire_and_their_ids_can_be_enqueued_again(
+    client: echomq.Client, r: redis.Redis
+) -> None:
     client.retention("q", done_ms=50, cancelled_ms=50)
     client.enqueue("q", b"x", job_id="j")
     job = client.claim("q", lease_ms=60_000)
@@ -396,7 +411,9 @@ def test_pause_stops_claims_and_resume_restarts_them(client: echomq.Client, r: r
 def test_pause_and_resume_errors(r: redis.Redis) -> None:
     for verb in ("EMQ.PAUSE", "EMQ.RESUME"):
         refused(r, [verb, Q.pending], f"ERR wrong number of arguments for '{verb.lower()}' command")
-        refused(r, [verb, Q.pending, Q.base, "x"], f"ERR wrong number of arguments for '{verb.lower()}' command")
+        refused(
+            r, [verb, Q.pending, Q.base, "x"], f"ERR wrong number of arguments for '{verb.lower()}' command"
+        )
         refused(r, [verb, Q.active, Q.base], "ERR <pending> must be <base>pending")
     r.set(Q.meta, "x")
     refused(r, ["EMQ.PAUSE", Q.pending, Q.base], WRONGTYPE)
@@ -429,7 +446,9 @@ def busy_queue(client: echomq.Client, r: redis.Redis) -> echomq.Job:
     return held
 
 
-def test_obliterate_refuses_a_queue_with_active_jobs_unless_forced(client: echomq.Client, r: redis.Redis) -> None:
+def test_obliterate_refuses_a_queue_with_active_jobs_unless_forced(
+    client: echomq.Client, r: redis.Redis
+) -> None:
     held = busy_queue(client, r)
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 100], BUSY)
     with pytest.raises(echomq.QueueBusy):
@@ -476,13 +495,21 @@ def test_obliterate_never_leaves_half_a_job_enqueued_meanwhile(client: echomq.Cl
 
 def test_obliterate_errors(r: redis.Redis) -> None:
     r.zadd(Q.pending, {"x": 1})
-    refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base], "ERR wrong number of arguments for 'emq.obliterate' command")
-    refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5, "FORCE", "x"],
-            "ERR wrong number of arguments for 'emq.obliterate' command")  # fmt: skip
+    refused(
+        r,
+        ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base],
+        "ERR wrong number of arguments for 'emq.obliterate' command",
+    )
+    refused(
+        r,
+        ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5, "FORCE", "x"],
+        "ERR wrong number of arguments for 'emq.obliterate' command",
+    )
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5, "NOW"], "ERR syntax error")
-    refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 0], "ERR limit must be an integer >= 1")
-    refused(r, ["EMQ.OBLITERATE", Q.pending, Q.active, Q.dead, Q.base, 5],
-            "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead")  # fmt: skip
+    refused(
+        r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 0], "ERR limit must be an integer >= 1"
+    )
+    refused(r, ["EMQ.OBLITERATE", Q.pending, Q.active, Q.dead, Q.base, 5], THREE_SETS)
     r.set(Q.dead, "x")
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5], WRONGTYPE)
     r.delete(Q.dead)
