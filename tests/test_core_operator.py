@@ -41,7 +41,8 @@ def test_retention_argument(core: Core, data: bytes) -> None:  # noqa: F811
 def test_until(core: Core, data: bytes) -> None:  # noqa: F811
     value = ref_parse_ll(data)
     err, out = parse(core, "emq_parse_until", data)
-    assert (err, out) == ((None, value) if value is not None else ("ERR UNTIL must be an integer (server ms)", -7))
+    refused = ("ERR UNTIL must be an integer (server ms)", -7)
+    assert (err, out) == ((None, value) if value is not None else refused)
 
 
 def test_which_states_retry_purge_and_forget_take(core: Core) -> None:  # noqa: F811

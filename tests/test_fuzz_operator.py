@@ -63,7 +63,8 @@ def arity_ok(name: bytes, n: int) -> bool:
 
 # Each error, with the words the README documents it by (None: the text itself).
 ERRORS = [
-    (rb"ERR wrong number of arguments for 'emq\.(%s)' command" % b"|".join(VERBS), "-ERR wrong number of arguments"),
+    (rb"ERR wrong number of arguments for 'emq\.(%s)' command" % b"|".join(VERBS),
+     "-ERR wrong number of arguments"),
     (rb"ERR <dead> and <pending> must be <base>dead and <base>pending", None),
     (rb"ERR <dead> must be <base>dead", None),
     (rb"ERR <pending> must be <base>pending", None),
@@ -79,7 +80,8 @@ ERRORS = [
     (rb"ERR the job row's 'retries' field is not an integer", None),
     (rb"ERR increment or decrement would overflow", None),
     (rb"WRONGTYPE Operation against a key holding the wrong kind of value", "-WRONGTYPE"),
-    (rb"EMQSTATE the job is (pending|active|done): only a dead or cancelled job can be retried", "-EMQSTATE the job is"),
+    (rb"EMQSTATE the job is (pending|active|done): only a dead or cancelled job can be retried",
+     "-EMQSTATE the job is"),
     (rb"EMQSTATE the job has no known state: only a dead or cancelled job can be retried", None),
     (rb"EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too", None),
 ]  # fmt: skip
@@ -106,11 +108,15 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
         setup.append([b"ZADD", base + b"dead", draw(st.sampled_from([b"0", b"5", b"1000"])), job])
         row = base + b"job:" + job
         if draw(st.booleans()):
-            setup.append([b"HSET", row, b"state", draw(st.sampled_from(STATES)), b"attempts", b"2", b"tries", b"2"])
+            state = draw(st.sampled_from(STATES))
+            setup.append([b"HSET", row, b"state", state, b"attempts", b"2", b"tries", b"2"])
             if draw(st.booleans()):
-                setup.append([b"HSET", row, b"retries", draw(st.sampled_from([b"1", b"x", b"9223372036854775807"]))])
+                retries = draw(st.sampled_from([b"1", b"x", b"9223372036854775807"]))
+                setup.append([b"HSET", row, b"retries", retries])
             if draw(st.booleans()):
-                setup.append([b"HSET", row, b"closed_by", b"fail", b"finished_at", b"5", b"cancel_requested", b""])
+                setup.append(
+                    [b"HSET", row, b"closed_by", b"fail", b"finished_at", b"5", b"cancel_requested", b""]
+                )
     if draw(st.booleans()):
         fields = [b"done_ttl_ms", b"cancelled_ttl_ms", b"dead_ttl_ms", b"paused"]
         for f in draw(st.lists(st.sampled_from(fields), max_size=3, unique=True)):
@@ -142,7 +148,8 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
         b"resume": [name, base + b"pending", base],
         b"obliterate": [name, base + b"active", base + b"pending", base + b"dead", base, n,
                         *([b"FORCE"] if draw(st.booleans()) else [])],
-        b"forget": [name, base + b"pending", base, *draw(st.lists(st.sampled_from(IDS), min_size=1, max_size=4))],
+        b"forget": [name, base + b"pending", base, *draw(st.lists(st.sampled_from(IDS), min_size=1,
+                                                                    max_size=4))],
     }[verb]  # fmt: skip
     if mode == "mutated":
         for _ in range(draw(st.integers(1, 3))):
@@ -168,7 +175,8 @@ def check_value(name: bytes, reply: Any) -> tuple[str, bool]:
         assert reply in (b"pending", -1), reply
         return ("gone", True) if reply == -1 else ("retried", False)
     if verb in (b"retrydead", b"obliterate"):
-        assert isinstance(reply, list) and len(reply) == 2 and all(isinstance(v, int) and v >= 0 for v in reply)
+        assert isinstance(reply, list) and len(reply) == 2, reply
+        assert all(isinstance(v, int) and v >= 0 for v in reply), reply
         if verb == b"retrydead":
             return ("nothing" if reply == [0, 0] else "retried"), reply == [0, 0]
         return ("done" if reply[1] == 0 else "step"), False
@@ -204,7 +212,8 @@ def run_case(fuzz: FuzzServer, setup: list[list[bytes]], command: list[bytes]) -
     STATS["cases"] += 1
     if error is not None:
         assert ERROR_RE.fullmatch(error), f"unclear error {error!r} for {short(command)}"
-        assert error.startswith(b"ERR wrong number of arguments") == (not arity_ok(name[4:], len(command) - 1))
+        wrong_arity = not arity_ok(name[4:], len(command) - 1)
+        assert error.startswith(b"ERR wrong number of arguments") == wrong_arity, error
         OUTCOMES[error.split(b" ")[0].decode()] += 1
         unchanged = True
     else:
@@ -213,7 +222,8 @@ def run_case(fuzz: FuzzServer, setup: list[list[bytes]], command: list[bytes]) -
     if unchanged:
         after = conn.call(b"DEBUG", b"DIGEST")
         STATS["partial_writes"] += after != before
-        assert after == before, f"{error or reply!r} but the data changed: {short(command)} after {short(setup)}"
+        what = f"{short(command)} after {short(setup)}"
+        assert after == before, f"{error or reply!r} but the data changed: {what}"
 
 
 _START: list[float] = []
@@ -272,6 +282,14 @@ def test_operator_fuzz_totals() -> None:
         assert any(k.startswith(f"emq.{verb.decode()} ") for k in OUTCOMES), (verb, OUTCOMES)
     for code in ("ERR", "WRONGTYPE", "EMQSTATE", "EMQBUSY"):
         assert OUTCOMES[code] > 0, OUTCOMES
-    for value in ("emq.retry retried", "emq.retrydead retried", "emq.purge deleted", "emq.obliterate step",
-                  "emq.forget deleted", "emq.pause changed", "emq.resume changed", "emq.retention policy"):  # fmt: skip
+    for value in (
+        "emq.retry retried",
+        "emq.retrydead retried",
+        "emq.purge deleted",
+        "emq.obliterate step",
+        "emq.forget deleted",
+        "emq.pause changed",
+        "emq.resume changed",
+        "emq.retention policy",
+    ):
         assert OUTCOMES[value] > 0, (value, OUTCOMES)

@@ -79,12 +79,13 @@ def test_job_reads_every_state(client: echomq.Client, r: redis.Redis) -> None:
 
 
 def test_counts(client: echomq.Client, r: redis.Redis) -> None:
-    assert client.counts("q") == echomq.QueueCounts(0, 0, 0, 0, 0, False, 0, client.counts("q").server_time)
+    empty = client.counts("q")
+    assert empty == echomq.QueueCounts(0, 0, 0, 0, 0, False, 0, empty.server_time)
+    make_dead(client, "d")
     for i in range(3):
         client.enqueue("q", b"x", job_id=f"w{i}")
     held = client.claim("q", lease_ms=60_000)
     assert held is not None
-    make_dead(client, "d")
     r.zadd(Q.pending, {"later": now_ms(r) + 60_000})
     r.hset(Q.job("later"), "state", "pending")
     r.zadd(Q.active, {"lapsed": 1})
