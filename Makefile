@@ -9,6 +9,9 @@
 #               section included: it installs RQ, arq and saq into bench/.venv-peers
 #               (pip) and BullMQ into bench/peers/node/node_modules (npm ci) itself,
 #               and skips BullMQ, saying why, where node or npm is missing
+#   make soak   set everything up, then the soak (bench/soak.py): 1,000,000 jobs through a
+#               queue with a short retention; memory before and after, the invariant at
+#               the end (minutes; not part of `make bench`)
 #
 # Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
@@ -19,7 +22,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke bench lint setup server-binary memchecker module clean
+.PHONY: demo test smoke bench soak lint setup server-binary memchecker module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -48,6 +51,9 @@ smoke: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+soak: setup
+	$(BIN)/python bench/soak.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench

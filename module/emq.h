@@ -21,6 +21,8 @@
  *   emq_finish.c   COMPLETE, FAIL, RELEASE (a holder ends its hold)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
  *   emq_cancel.c   CANCEL                  (a cancel request, delivered by CHECKPOINT)
+ *   emq_dead.c     RETRY, RETRYDEAD, PURGE (the operator and the dead letters)
+ *   emq_admin.c    RETENTION, PAUSE, RESUME, OBLITERATE, FORGET (a queue's settings and end)
  *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
  *   emq_effects.c  every write: the change, its keyspace event, its replication
  *   emq_keys.c     a queue's keys: checks, derived names, ACL, opening, the fence
@@ -48,6 +50,7 @@
     X(claimed_at, "claimed_at")               \
     X(finished_at, "finished_at")             \
     X(request, "request")                     \
+    X(retries, "retries")                     \
     X(checkpoint, "checkpoint")               \
     X(checkpoint_at, "checkpoint_at")         \
     X(checkpoint_attempt, "checkpoint_attempt") \
@@ -94,6 +97,14 @@ int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int 
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRetry_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRetention_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqPause_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqResume_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* Answer an error from the core's table. */
 int emq_reply_error(RedisModuleCtx *ctx, int err);

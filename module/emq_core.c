@@ -42,6 +42,18 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_REQ_EMPTY] = "ERR the REQ request id must not be empty",
     [EMQ_ERR_STATE_TOO_LARGE] = "ERR the checkpoint state is larger than emq.max-state-bytes",
     [EMQ_ERR_OOM] = "OOM command not allowed when used memory > 'maxmemory'.",
+    [EMQ_ERR_RETENTION_VALUE] =
+        "ERR a retention must be -1 (keep forever) or an integer from 0 to 9007199254740992 (ms)",
+    [EMQ_ERR_DEAD_PENDING_KEYS] = "ERR <dead> and <pending> must be <base>dead and <base>pending",
+    [EMQ_ERR_DEAD_KEY] = "ERR <dead> must be <base>dead",
+    [EMQ_ERR_UNTIL] = "ERR UNTIL must be an integer (server ms)",
+    [EMQ_ERR_RETRIES_NOT_INTEGER] = "ERR the job row's 'retries' field is not an integer",
+    [EMQ_ERR_STATE_PENDING] = "EMQSTATE the job is pending: only a dead or cancelled job can be retried",
+    [EMQ_ERR_STATE_ACTIVE] = "EMQSTATE the job is active: only a dead or cancelled job can be retried",
+    [EMQ_ERR_STATE_DONE] = "EMQSTATE the job is done: only a dead or cancelled job can be retried",
+    [EMQ_ERR_STATE_UNKNOWN] =
+        "EMQSTATE the job has no known state: only a dead or cancelled job can be retried",
+    [EMQ_ERR_BUSY] = "EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too",
 };
 
 const char *emq_error_text(int err) {
@@ -301,10 +313,40 @@ int emq_retain(long long now_ms, long long ttl_ms, long long *at_ms) {
     return EMQ_RETAIN_EXPIRE;
 }
 
-int emq_parse_retention(const char *s, size_t len, long long *out) {
+static int parse_retention_as(const char *s, size_t len, long long *out, int refusal) {
     long long v;
-    if (emq_parse_ll(s, len, &v) != 0 || v < EMQ_KEEP_FOREVER || v > EMQ_MAX_EXACT_SCORE)
-        return EMQ_ERR_META_NOT_INTEGER;
+    if (emq_parse_ll(s, len, &v) != 0 || v < EMQ_KEEP_FOREVER || v > EMQ_MAX_EXACT_SCORE) return refusal;
     *out = v;
     return EMQ_OK;
+}
+
+int emq_parse_retention(const char *s, size_t len, long long *out) {
+    return parse_retention_as(s, len, out, EMQ_ERR_META_NOT_INTEGER);
+}
+
+/* -- the operator verbs ------------------------------------------------- */
+
+int emq_parse_retention_arg(const char *s, size_t len, long long *out) {
+    return parse_retention_as(s, len, out, EMQ_ERR_RETENTION_VALUE);
+}
+
+int emq_parse_until(const char *s, size_t len, long long *out) {
+    return emq_parse_ll(s, len, out) == 0 ? EMQ_OK : EMQ_ERR_UNTIL;
+}
+
+int emq_retry_check(const char *state, size_t len) {
+    if (state == NULL) return EMQ_ERR_STATE_UNKNOWN;
+    if (is(state, len, "dead") || is(state, len, "cancelled")) return EMQ_OK;
+    if (is(state, len, "pending")) return EMQ_ERR_STATE_PENDING;
+    if (is(state, len, "active")) return EMQ_ERR_STATE_ACTIVE;
+    if (is(state, len, "done")) return EMQ_ERR_STATE_DONE;
+    return EMQ_ERR_STATE_UNKNOWN;
+}
+
+int emq_purge_deletes_row(int row_exists, const char *state, size_t len) {
+    return !row_exists || (state != NULL && is(state, len, "dead"));
+}
+
+int emq_forget_deletes_row(const char *state, size_t len) {
+    return state != NULL && (is(state, len, "done") || is(state, len, "cancelled"));
 }

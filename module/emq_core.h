@@ -71,6 +71,17 @@ typedef enum {
     EMQ_ERR_REQ_EMPTY,
     EMQ_ERR_STATE_TOO_LARGE,
     EMQ_ERR_OOM,
+    /* the operator verbs (emq_dead.c, emq_admin.c) */
+    EMQ_ERR_RETENTION_VALUE,
+    EMQ_ERR_DEAD_PENDING_KEYS,
+    EMQ_ERR_DEAD_KEY,
+    EMQ_ERR_UNTIL,
+    EMQ_ERR_RETRIES_NOT_INTEGER,
+    EMQ_ERR_STATE_PENDING,
+    EMQ_ERR_STATE_ACTIVE,
+    EMQ_ERR_STATE_DONE,
+    EMQ_ERR_STATE_UNKNOWN,
+    EMQ_ERR_BUSY,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -222,5 +233,29 @@ EMQ_EXPORT int emq_retain(long long now_ms, long long ttl_ms, long long *at_ms);
 /* A retention value read from the queue's meta hash: -1 or a non-negative
  * integer whose expiry time stays an exact integer. */
 EMQ_EXPORT int emq_parse_retention(const char *s, size_t len, long long *out);
+
+/* -- the operator verbs (emq_dead.c, emq_admin.c) ----------------------- */
+
+/* A retention given to EMQ.RETENTION: the same range as the meta hash's
+ * (-1 = forever, 0 = delete at once, at most 2^53 ms), refused with
+ * EMQ_ERR_RETENTION_VALUE. */
+EMQ_EXPORT int emq_parse_retention_arg(const char *s, size_t len, long long *out);
+
+/* The UNTIL <ms> option of RETRYDEAD and PURGE: any integer (server ms). */
+EMQ_EXPORT int emq_parse_until(const char *s, size_t len, long long *out);
+
+/* May RETRY move a row in this `state` (NULL: the row has none) back to
+ * pending?  EMQ_OK for dead and cancelled, else the EMQSTATE error naming
+ * the state. */
+EMQ_EXPORT int emq_retry_check(const char *state, size_t len);
+
+/* PURGE takes a member of <dead>: is its row deleted with it?  Yes when the
+ * row says dead (or is already gone); a row in any other state is not the
+ * dead job's (<dead> was wrong about it) and is kept. */
+EMQ_EXPORT int emq_purge_deletes_row(int row_exists, const char *state, size_t len);
+
+/* FORGET deletes a row only when it is finished and in no set: done or
+ * cancelled (a dead row belongs to <dead>, which PURGE empties). */
+EMQ_EXPORT int emq_forget_deletes_row(const char *state, size_t len);
 
 #endif

@@ -1,6 +1,7 @@
 /* emq_keys.c -- see emq_keys.h. */
 #include "emq_keys.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "emq.h"
@@ -122,6 +123,24 @@ RedisModuleString *emq_get_string(EmqKey *k) {
     size_t len;
     const char *p = RedisModule_StringDMA(k->key, &len, REDISMODULE_STRING_DMA_READ);
     return RedisModule_CreateString(NULL, p, len);
+}
+
+size_t emq_zset_head(EmqKey *set, double max, long long limit, RedisModuleString ***ids) {
+    size_t n = 0, cap = 0;
+    *ids = NULL;
+    if (emq_key_empty(set) || limit < 1) return 0;
+    RedisModule_ZsetFirstInScoreRange(set->key, -HUGE_VAL, max, 0, 0);
+    while (!RedisModule_ZsetRangeEndReached(set->key) && (long long)n < limit) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            *ids = RedisModule_Realloc(*ids, cap * sizeof **ids);
+        }
+        double score;
+        (*ids)[n++] = RedisModule_ZsetRangeCurrentElement(set->key, &score);
+        RedisModule_ZsetRangeNext(set->key);
+    }
+    RedisModule_ZsetRangeStop(set->key);
+    return n;
 }
 
 /* -- keys derived from <base> ---------------------------------------------- */

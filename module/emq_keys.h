@@ -69,6 +69,13 @@ int emq_str_equal(RedisModuleString *a, RedisModuleString *b);
 /* A string key's value as a new string (the caller frees it), or NULL. */
 RedisModuleString *emq_get_string(EmqKey *k);
 
+/* Up to `limit` members of a sorted set scored at or below `max`, lowest
+ * first, copied out into *ids (a new array; the caller frees each string
+ * and the array with RedisModule_Free).  Returns how many.  A range
+ * iterator must be closed before its set is written: the operator verbs
+ * collect first, then check, then write. */
+size_t emq_zset_head(EmqKey *set, double max, long long limit, RedisModuleString ***ids);
+
 /* -- keys derived from <base> ---------------------------------------------- */
 
 /* Open a key derived from <base>: the caller's ACL first, before anything

@@ -37,6 +37,12 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  *     only re-score or overwrite.
  *   - `fast` where the work is O(log N) per call; SWEEP moves up to <limit>
  *     jobs and is not.
+ *   - The operator verbs (emq_dead.c, emq_admin.c): RETRY and RETRYDEAD
+ *     put work back (deny-oom); RETENTION writes a setting (deny-oom);
+ *     PAUSE and RESUME are not deny-oom (an incident may be memory pressure,
+ *     and pausing must still work then); PURGE, OBLITERATE and FORGET free
+ *     memory and are not deny-oom.  RETRYDEAD, PURGE, OBLITERATE (up to
+ *     <limit> each) and FORGET (one row per id) are not `fast`.
  * ACL categories follow: @write, @fast or @slow, and @emq.
  *
  * Key flags say what the verb does to each declared key (the ACL check of a
@@ -117,6 +123,48 @@ static const EmqCommand commands[] = {
      .complexity = LOG_PENDING, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_DELETE), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("reason", EMQ_STRING))},
+    {"emq.retry", EmqRetry_RedisCommand, "write deny-oom fast",
+     .summary = "Sends a dead or cancelled job back to pending with a fresh retry budget",
+     .complexity = "O(log N) where N is the number of dead jobs", .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("dead", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
+                      EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING))},
+    {"emq.retrydead", EmqRetryDead_RedisCommand, "write deny-oom",
+     .summary = "Retries up to limit dead jobs, oldest death first, each with a fresh retry budget",
+     .complexity = "O(log N + M) where N is the number of dead jobs and M the number retried, at most limit",
+     .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("dead", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
+                      EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("limit", EMQ_INTEGER),
+                      EMQ_OPTION("UNTIL", "unix-time-ms", EMQ_UNIX_TIME))},
+    {"emq.purge", EmqPurge_RedisCommand, "write",
+     .summary = "Deletes up to limit dead jobs and their rows, oldest death first",
+     .complexity = "O(log N + M) where N is the number of dead jobs and M the number purged, at most limit",
+     .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("dead", EMQ_RW | EMQ_ACCESS | EMQ_DELETE), EMQ_ARG_BASE,
+                      EMQ_ARG("limit", EMQ_INTEGER), EMQ_OPTION("UNTIL", "unix-time-ms", EMQ_UNIX_TIME))},
+    {"emq.retention", EmqRetention_RedisCommand, "write deny-oom fast",
+     .summary = "Sets or reads how long the queue keeps done, cancelled and dead jobs' rows",
+     .complexity = "O(1)", .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE, EMQ_OPTION("DONE", "ms", EMQ_INTEGER),
+                      EMQ_OPTION("CANCELLED", "ms", EMQ_INTEGER), EMQ_OPTION("DEAD", "ms", EMQ_INTEGER))},
+    {"emq.pause", EmqPause_RedisCommand, "write fast",
+     .summary = "Pauses a queue: claims hand out nothing until EMQ.RESUME; running jobs go on",
+     .complexity = "O(1)", .since = EMQ_SINCE, .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE)},
+    {"emq.resume", EmqResume_RedisCommand, "write fast",
+     .summary = "Resumes a paused queue: claims hand out jobs again",
+     .complexity = "O(1)", .since = EMQ_SINCE, .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE)},
+    {"emq.obliterate", EmqObliterate_RedisCommand, "write",
+     .summary = "Deletes a queue in bounded steps: up to limit jobs and their rows per call, then its keys",
+     .complexity = "O(log N + M) where N is the number of jobs in the queue's sets and M at most limit",
+     .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
+                      EMQ_ARG_KEY("pending", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
+                      EMQ_ARG_KEY("dead", EMQ_RW | EMQ_ACCESS | EMQ_DELETE), EMQ_ARG_BASE,
+                      EMQ_ARG("limit", EMQ_INTEGER), EMQ_FLAG("FORCE"))},
+    {"emq.forget", EmqForget_RedisCommand, "write",
+     .summary = "Deletes the rows of the given jobs that are done or cancelled (in no set); others stay",
+     .complexity = "O(N) where N is the number of ids", .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE,
+                      EMQ_REPEATED("ids", EMQ_ARG("id", EMQ_STRING)))},
 };
 
 /* -- the strings made at load ---------------------------------------------- */

@@ -232,6 +232,7 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(RedisModuleKey *, OpenKey, (RedisModuleCtx * ctx, RedisModuleString * name, int mode))  \
     X(void, CloseKey, (RedisModuleKey * key))                                                 \
     X(int, KeyType, (RedisModuleKey * key))                                                   \
+    X(size_t, ValueLength, (RedisModuleKey * key))                                            \
     X(int, ZsetAdd, (RedisModuleKey * key, double score, RedisModuleString *ele, int *flags)) \
     X(int, ZsetRem, (RedisModuleKey * key, RedisModuleString * ele, int *deleted))            \
     X(int, ZsetScore, (RedisModuleKey * key, RedisModuleString * ele, double *score))         \

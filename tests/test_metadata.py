@@ -47,8 +47,19 @@ class Optional:
     type: str
 
 
+@dataclass(frozen=True)
+class Repeated:
+    """One or more arguments of `type` (e.g. <id> [<id> ...])."""
+
+    type: str
+
+
 def required(verb: str) -> list[tuple[str, Any]]:
     return [(name, kind) for name, kind in SPEC[verb][1] if not isinstance(kind, Optional)]
+
+
+def variadic(verb: str) -> bool:
+    return any(isinstance(kind, Optional | Repeated) for _, kind in SPEC[verb][1])
 
 # verb: (flags, [(argument, type or key flags or Optional)], a valid call's arguments)
 SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
@@ -103,8 +114,44 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
         [("pending", RW_DELETE), BASE, ("id", "string"), ("reason", "string")],
         [Q + "pending", Q, "j", "why"],
     ),
+    "emq.retry": (
+        {"write", "denyoom", "fast"},
+        [("dead", RW_DELETE), ("pending", RW_INSERT), BASE, ("id", "string")],
+        [Q + "dead", Q + "pending", Q, "j"],
+    ),
+    "emq.retrydead": (
+        {"write", "denyoom"},
+        [("dead", RW_ACCESS_DELETE), ("pending", RW_INSERT), BASE, ("limit", "integer"),
+         ("unix-time-ms", Optional("UNTIL", "unix-time"))],
+        [Q + "dead", Q + "pending", Q, "10"],
+    ),
+    "emq.purge": (
+        {"write"},
+        [("dead", RW_ACCESS_DELETE), BASE, ("limit", "integer"),
+         ("unix-time-ms", Optional("UNTIL", "unix-time"))],
+        [Q + "dead", Q, "10"],
+    ),
+    "emq.retention": (
+        {"write", "denyoom", "fast"},
+        [("pending", ["RO"]), BASE, ("ms", Optional("DONE", "integer")),
+         ("ms", Optional("CANCELLED", "integer")), ("ms", Optional("DEAD", "integer"))],
+        [Q + "pending", Q],
+    ),
+    "emq.pause": ({"write", "fast"}, [("pending", ["RO"]), BASE], [Q + "pending", Q]),
+    "emq.resume": ({"write", "fast"}, [("pending", ["RO"]), BASE], [Q + "pending", Q]),
+    "emq.obliterate": (
+        {"write"},
+        [("active", RW_ACCESS_DELETE), ("pending", RW_ACCESS_DELETE), ("dead", RW_ACCESS_DELETE), BASE,
+         ("limit", "integer"), ("FORCE", Optional("FORCE", "pure-token"))],
+        [Q + "active", Q + "pending", Q + "dead", Q, "10"],
+    ),
+    "emq.forget": (
+        {"write"},
+        [("pending", ["RO"]), BASE, ("ids", Repeated("string"))],
+        [Q + "pending", Q, "j"],
+    ),
 }  # fmt: skip
-SLOW = {"emq.sweep"}
+SLOW = {"emq.sweep", "emq.retrydead", "emq.purge", "emq.obliterate", "emq.forget"}
 
 
 def keys_of(verb: str) -> list[tuple[str, list[str]]]:
@@ -176,7 +223,7 @@ def test_command_info(conn: redis.Redis, verb: str) -> None:
     info = command_info(conn, verb)
     flags, args, _ = SPEC[verb]
     fixed = len(required(verb)) + 1
-    assert info["arity"] == (fixed if fixed == len(args) + 1 else -fixed)
+    assert info["arity"] == (-fixed if variadic(verb) else fixed)
     assert info["flags"] - {"module"} == flags
     # The legacy range spans the keys and <base> (a NOT_KEY spec routes like a key).
     positions = [i + 1 for i, (_, kind) in enumerate(args) if isinstance(kind, list)]
@@ -219,6 +266,10 @@ def test_command_docs(conn: redis.Redis, verb: str) -> None:
         if isinstance(kind, Optional):
             assert (arg["type"], arg["token"], arg["flags"]) == (kind.type, kind.token, ["optional"])
             continue
+        if isinstance(kind, Repeated):
+            assert (arg["type"], arg["flags"]) == ("block", ["multiple"])
+            assert [pairs(a)["type"] for a in arg["arguments"]] == [kind.type]
+            continue
         assert "flags" not in arg
         if name == "base":
             assert arg["type"] == "string"
@@ -260,8 +311,10 @@ def test_wrong_arity_is_refused_with_the_usual_words(conn: redis.Redis, verb: st
     with pytest.raises(redis.ResponseError, match=f"^wrong number of arguments for '{verb}' command$"):
         conn.execute_command(verb, *call[:-1])
     # One argument too many: a wrong arity, or where options may follow, not one of them.
-    optional = len(required(verb)) < len(SPEC[verb][1])
-    refusal = "^syntax error$" if optional else f"^wrong number of arguments for '{verb}' command$"
+    if any(isinstance(kind, Repeated) for _, kind in SPEC[verb][1]):
+        assert digest(conn) == before  # one more of the repeated argument is a valid call
+        return
+    refusal = "^syntax error$" if variadic(verb) else f"^wrong number of arguments for '{verb}' command$"
     with pytest.raises(redis.ResponseError, match=refusal):
         conn.execute_command(verb, *call, "extra")
     assert digest(conn) == before
@@ -306,6 +359,11 @@ def dryrun(admin: redis.Redis, user: str, verb: str) -> str:
     return str(admin.execute_command("ACL DRYRUN", user, verb, *SPEC[verb][2]))
 
 
+def routing_only(verb: str) -> bool:
+    """A verb whose declared keys are only read for routing: all it changes is derived."""
+    return all(kind == ["RO"] for _, kind in keys_of(verb))
+
+
 def may_write_blind(verb: str) -> bool:
     """A verb whose every declared key is written without being read."""
     return all("access" not in kind for _, kind in keys_of(verb))
@@ -313,8 +371,23 @@ def may_write_blind(verb: str) -> bool:
 
 @needs("acl_keys", "no %R~/%W~ key permissions and no ACL DRYRUN before 7.0")
 @pytest.mark.parametrize("verb", sorted(SPEC))
-def test_acl_dryrun_follows_the_key_flags(admin: redis.Redis, verb: str) -> None:
-    # Every verb writes a declared key: a read-only key user may run none.
+def test_acl_dryrun_follows_the_key_flags(acl_server: EmbeddedServer, admin: redis.Redis, verb: str) -> None:
+    if routing_only(verb):
+        # The declared key only routes the call (RO, untouched): the server lets
+        # a read-only key user through, and the module refuses the derived keys
+        # it would write (<base>meta, the rows), before reading them.
+        assert dryrun(admin, "reader", verb) == "OK"
+        reader = acl_server.client(username="reader", password="pw")
+        try:
+            before = digest(admin)
+            writes = ["DONE", "1000"] if verb == "emq.retention" else []  # without options it only reads
+            with pytest.raises(redis.exceptions.NoPermissionError, match="derived from <base>"):
+                reader.execute_command(verb, *SPEC[verb][2], *writes)
+            assert digest(admin) == before
+        finally:
+            reader.close()
+        return
+    # Every other verb writes a declared key: a read-only key user may run none.
     assert "no permissions to access" in dryrun(admin, "reader", verb)
     # A write-only key user may run the verbs that write their keys blind.
     writer = dryrun(admin, "writer", verb)

@@ -15,8 +15,20 @@ from __future__ import annotations
 
 from . import keyspace
 from ._module_so import module_path
+from ._protocol import KEEP_FOREVER
 from .cancel import Cancellation, CancelToken
-from .client import Client, ExtendOutcome, Job, SweepResult
+from .client import (
+    Client,
+    DeadJob,
+    ExtendOutcome,
+    Job,
+    JobInfo,
+    ObliterateResult,
+    QueueCounts,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
 from .errors import (
     Cancelled,
     EchoMQError,
@@ -24,6 +36,8 @@ from .errors import (
     JobGone,
     LeaseLost,
     ModuleNotLoaded,
+    NotRetryable,
+    QueueBusy,
     StaleToken,
 )
 from .lease import LeaseKeeper
@@ -31,19 +45,28 @@ from .reaper import Reaper
 from .worker import Worker, WorkerStats
 
 __all__ = [
+    "KEEP_FOREVER",
     "CancelToken",
     "Cancellation",
     "Cancelled",
     "Client",
+    "DeadJob",
     "EchoMQError",
     "ExtendOutcome",
     "Job",
     "JobExists",
     "JobGone",
+    "JobInfo",
     "LeaseKeeper",
     "LeaseLost",
     "ModuleNotLoaded",
+    "NotRetryable",
+    "ObliterateResult",
+    "QueueBusy",
+    "QueueCounts",
     "Reaper",
+    "Retention",
+    "RetryDeadResult",
     "StaleToken",
     "SweepResult",
     "Worker",

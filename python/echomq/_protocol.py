@@ -19,7 +19,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 from redis.exceptions import ResponseError
 
 from .cancel import Cancellation
-from .errors import JobExists, JobGone, ModuleNotLoaded, StaleToken
+from .errors import JobExists, JobGone, ModuleNotLoaded, NotRetryable, QueueBusy, StaleToken
 from .keyspace import QueueKeys, queue_keys
 
 T = TypeVar("T")
@@ -326,9 +326,437 @@ def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:
         raise StaleToken(message, call.job_id) from None
     if message.startswith("EMQEXISTS"):
         raise JobExists(message, call.job_id) from None
+    if message.startswith("EMQSTATE"):
+        state = message.split(":", 1)[0].removeprefix("EMQSTATE the job is ").strip()
+        raise NotRetryable(message, call.job_id, state if " " not in state else None) from None
+    if message.startswith("EMQBUSY"):
+        raise QueueBusy(message) from None
     if message.lower().startswith(("unknown command", "err unknown command")):
         raise ModuleNotLoaded(
             f"the server does not know {call.args[0]}: start it with "
             "--loadmodule /path/to/emq.so (see echomq.module_path())"
         ) from exc
     raise exc
+
+
+# -- the operator's verbs (issue 13) ---------------------------------------------
+# Retention, job status, retry, purge, pause/resume, obliterate.  The reads
+# that need several commands are a ``Read``: the keyed commands to send in one
+# MULTI/EXEC (one slot, so a cluster node serves it whole), built from the
+# server's clock read just before, and how to read their replies.
+
+KEEP_FOREVER = -1
+"""A retention of -1: the finished rows are kept until deleted."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a queue keeps its finished rows, in ms (``KEEP_FOREVER`` = -1; 0 = not at all).
+
+    Defaults: done rows an hour, cancelled rows a day, dead rows until
+    retried or purged.
+    """
+
+    done_ms: int = 3_600_000
+    cancelled_ms: int = 86_400_000
+    dead_ms: int = KEEP_FOREVER
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as its row and the queue's sets said at one instant (``server_time``, ms).
+
+    Times are server ms.  ``lease_deadline``/``lease_left_ms`` while the job
+    is active (negative time left: the lease lapsed and a sweep will take
+    it); ``due_at`` while it waits with a pending score in the future (a
+    delayed job); ``dead_at`` while it is in the dead set; ``expires_at`` when
+    the row has a retention expiry.  ``payload`` only when asked for
+    (``payload_size`` always).  Fields that are absent or not integers read
+    as None (0 for the counters).
+    """
+
+    queue: str
+    id: str
+    state: str
+    attempts: int
+    tries: int
+    retries: int
+    stalled: int
+    last_error: str | None
+    cancel_requested: bool
+    cancel_reason: str | None
+    enqueued_at: int | None
+    claimed_at: int | None
+    finished_at: int | None
+    lease_deadline: int | None
+    lease_left_ms: int | None
+    due_at: int | None
+    dead_at: int | None
+    expires_at: int | None
+    payload_size: int
+    payload: bytes | None
+    checkpoint_size: int | None
+    checkpoint_at: int | None
+    checkpoint_attempt: int | None
+    server_time: int
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """A queue's numbers at one instant (``server_time``, ms).
+
+    ``pending`` is claimable now, ``delayed`` waits for a later time;
+    ``lapsed`` of the ``active`` are past their lease (a sweep takes them);
+    ``failed`` is the dead-lettered metric (every death ever, not the dead
+    set's size).
+    """
+
+    pending: int
+    delayed: int
+    active: int
+    lapsed: int
+    dead: int
+    paused: bool
+    failed: int
+    server_time: int
+
+
+@dataclass(frozen=True)
+class DeadJob:
+    """A job in the dead set: when it died (server ms), why, and its counters."""
+
+    id: str
+    died_at: int
+    last_error: str | None
+    attempts: int
+    tries: int
+    retries: int
+    stalled: int
+
+
+@dataclass(frozen=True)
+class RetryDeadResult:
+    """One EMQ.RETRYDEAD (or all of ``retry_dead``): jobs retried, and members dropped.
+
+    ``dropped`` left the dead set without a retry: their row was gone or
+    was not dead (the set was wrong about them).
+    """
+
+    retried: int = 0
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class ObliterateResult:
+    """What ``obliterate`` deleted: members of the three sets (with their rows), and finished rows."""
+
+    removed: int = 0
+    forgotten: int = 0
+
+
+@dataclass(frozen=True)
+class Read(Generic[T]):
+    """Commands of one queue to run in one MULTI/EXEC after reading the server clock."""
+
+    key: str
+    build: Callable[[int], list[tuple[Any, ...]]]
+    parse: Callable[[int, list[Any]], T]
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _count(value: Any) -> int:
+    result = _int(value, 0)
+    assert result is not None
+    return result
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else text(value)
+
+
+def retention_ms(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (ms, or -1 to keep forever), not {type(value).__name__}")
+    if value < KEEP_FOREVER or value > 2**53:
+        raise ValueError(f"{name} must be -1 (keep forever) or from 0 to 2**53 ms, got {value}")
+    return value
+
+
+def _retention(call: Call[Retention], reply: Any) -> Retention:
+    done, cancelled, dead = (int(v) for v in reply)
+    return Retention(done, cancelled, dead)
+
+
+def retention(
+    queue: str, done_ms: int | None = None, cancelled_ms: int | None = None, dead_ms: int | None = None
+) -> Call[Retention]:
+    keys = keys_of(queue)
+    args: tuple[Any, ...] = ("EMQ.RETENTION", keys.pending, keys.base)
+    for option, name, value in (
+        ("DONE", "done_ms", done_ms),
+        ("CANCELLED", "cancelled_ms", cancelled_ms),
+        ("DEAD", "dead_ms", dead_ms),
+    ):
+        if value is not None:
+            args += (option, retention_ms(name, value))
+    return Call(args, _retention, queue)
+
+
+def _retried(call: Call[None], reply: Any) -> None:
+    _check_gone(call, reply)
+
+
+def retry(queue: str, job_id: JobId) -> Call[None]:
+    keys, wid = keys_of(queue), wire(job_id)
+    return Call(("EMQ.RETRY", keys.dead, keys.pending, keys.base, wid), _retried, queue, wid)
+
+
+def _retry_dead_result(call: Call[RetryDeadResult], reply: Any) -> RetryDeadResult:
+    retried, dropped = reply
+    return RetryDeadResult(int(retried), int(dropped))
+
+
+def retry_dead(queue: str, limit: int, until: int | None = None) -> Call[RetryDeadResult]:
+    positive_int("limit", limit)
+    keys = keys_of(queue)
+    args: tuple[Any, ...] = ("EMQ.RETRYDEAD", keys.dead, keys.pending, keys.base, limit)
+    if until is not None:
+        args += ("UNTIL", int(until))
+    return Call(args, _retry_dead_result, queue)
+
+
+def _integer(call: Call[int], reply: Any) -> int:
+    return int(reply)
+
+
+def purge_dead(queue: str, limit: int, until: int | None = None) -> Call[int]:
+    positive_int("limit", limit)
+    keys = keys_of(queue)
+    args: tuple[Any, ...] = ("EMQ.PURGE", keys.dead, keys.base, limit)
+    if until is not None:
+        args += ("UNTIL", int(until))
+    return Call(args, _integer, queue)
+
+
+def _changed(call: Call[bool], reply: Any) -> bool:
+    return bool(reply == 1)
+
+
+def pause(queue: str) -> Call[bool]:
+    keys = keys_of(queue)
+    return Call(("EMQ.PAUSE", keys.pending, keys.base), _changed, queue)
+
+
+def resume(queue: str) -> Call[bool]:
+    keys = keys_of(queue)
+    return Call(("EMQ.RESUME", keys.pending, keys.base), _changed, queue)
+
+
+def _obliterated(call: Call[tuple[int, int]], reply: Any) -> tuple[int, int]:
+    removed, remaining = reply
+    return int(removed), int(remaining)
+
+
+def obliterate(queue: str, limit: int, force: bool) -> Call[tuple[int, int]]:
+    """One bounded step: (members removed with their rows, members left)."""
+    positive_int("limit", limit)
+    keys = keys_of(queue)
+    args: tuple[Any, ...] = ("EMQ.OBLITERATE", keys.active, keys.pending, keys.dead, keys.base, limit)
+    return Call((*args, "FORCE") if force else args, _obliterated, queue)
+
+
+def forget(queue: str, job_ids: Sequence[JobId]) -> Call[int]:
+    """Delete the rows of these ids that are done or cancelled; how many were."""
+    if not job_ids:
+        raise ValueError("forget needs at least one job id")
+    keys = keys_of(queue)
+    return Call(("EMQ.FORGET", keys.pending, keys.base, *(wire(i) for i in job_ids)), _integer, queue)
+
+
+def _glob_escape(value: str) -> str:
+    return "".join("\\" + c if c in "\\*?[]" else c for c in value)
+
+
+def rows_pattern(queue: str) -> str:
+    """The SCAN MATCH pattern of a queue's job rows."""
+    return _glob_escape(keys_of(queue).base) + "job:*"
+
+
+def scan_rows(queue: str, cursor: int, count: int) -> tuple[Any, ...]:
+    """One SCAN step over the queue's job rows."""
+    return ("SCAN", cursor, "MATCH", rows_pattern(queue), "COUNT", count)
+
+
+def scan_reply(reply: Any) -> tuple[int, list[bytes]]:
+    """SCAN's (cursor, keys); redis-py's cluster client answers ({node: cursor}, keys)."""
+    cursor, keys = reply
+    if isinstance(cursor, dict):
+        (cursor,) = cursor.values()
+    return int(cursor), [wire(k) for k in keys]
+
+
+def row_id(queue: str, key: bytes | str) -> bytes:
+    """The job id of a row key that SCAN found."""
+    prefix = keys_of(queue).base.encode() + b"job:"
+    raw = key if isinstance(key, bytes) else key.encode("utf-8", "surrogateescape")
+    return raw[len(prefix) :]
+
+
+JOB_FIELDS = (
+    "state", "attempts", "tries", "retries", "stalled", "last_error", "cancel_requested",
+    "enqueued_at", "claimed_at", "finished_at", "checkpoint_at", "checkpoint_attempt",
+)  # fmt: skip
+
+
+def job_info(queue: str, job_id: JobId, with_payload: bool = False) -> Read[JobInfo | None]:
+    keys, wid = keys_of(queue), wire(job_id)
+    row = keys.job(wid)
+    fields = (*JOB_FIELDS, "payload") if with_payload else JOB_FIELDS
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        return [
+            ("EXISTS", row),
+            ("HMGET", row, *fields),
+            ("HSTRLEN", row, "payload"),
+            ("HEXISTS", row, "checkpoint"),
+            ("HSTRLEN", row, "checkpoint"),
+            ("ZSCORE", keys.active, wid),
+            ("ZSCORE", keys.pending, wid),
+            ("ZSCORE", keys.dead, wid),
+            ("PTTL", row),
+        ]
+
+    def parse(now: int, replies: list[Any]) -> JobInfo | None:
+        exists, values, payload_size, has_checkpoint, checkpoint_size, active, pending, dead, pttl = replies
+        if not exists:
+            return None
+        v = dict(zip(fields, values, strict=True))
+        deadline = None if active is None else int(float(active))
+        due = None if pending is None or float(pending) <= now else int(float(pending))
+        cancel = v["cancel_requested"]
+        return JobInfo(
+            queue=queue,
+            id=text(wid),
+            state=text(v["state"] or b""),
+            attempts=_count(v["attempts"]),
+            tries=_count(v["tries"] if v["tries"] is not None else v["attempts"]),
+            retries=_count(v["retries"]),
+            stalled=_count(v["stalled"]),
+            last_error=_opt_text(v["last_error"]),
+            cancel_requested=cancel is not None,
+            cancel_reason=(text(cancel) or None) if cancel is not None else None,
+            enqueued_at=_int(v["enqueued_at"]),
+            claimed_at=_int(v["claimed_at"]),
+            finished_at=_int(v["finished_at"]),
+            lease_deadline=deadline,
+            lease_left_ms=None if deadline is None else deadline - now,
+            due_at=due,
+            dead_at=None if dead is None else int(float(dead)),
+            expires_at=now + int(pttl) if int(pttl) >= 0 else None,
+            payload_size=int(payload_size),
+            payload=None if not with_payload else wire(v["payload"] or b""),
+            checkpoint_size=int(checkpoint_size) if has_checkpoint else None,
+            checkpoint_at=_int(v["checkpoint_at"]),
+            checkpoint_attempt=_int(v["checkpoint_attempt"]),
+            server_time=now,
+        )
+
+    return Read(keys.pending, build, parse)
+
+
+def counts(queue: str) -> Read[QueueCounts]:
+    keys = keys_of(queue)
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        return [
+            ("ZCARD", keys.pending),
+            ("ZCOUNT", keys.pending, "-inf", now),
+            ("ZCARD", keys.active),
+            ("ZCOUNT", keys.active, "-inf", f"({now}"),
+            ("ZCARD", keys.dead),
+            ("HEXISTS", keys.meta, "paused"),
+            ("HGET", keys.metrics_failed, "count"),
+        ]
+
+    def parse(now: int, replies: list[Any]) -> QueueCounts:
+        waiting, ready, active, lapsed, dead, paused, failed = replies
+        return QueueCounts(
+            pending=int(ready),
+            delayed=int(waiting) - int(ready),
+            active=int(active),
+            lapsed=int(lapsed),
+            dead=int(dead),
+            paused=bool(paused),
+            failed=_count(failed),
+            server_time=now,
+        )
+
+    return Read(keys.pending, build, parse)
+
+
+def _pairs(reply: Any) -> list[tuple[bytes, float]]:
+    """ZRANGE ... WITHSCORES as (member, score) pairs, from RESP2's flat list or RESP3's pairs."""
+    if reply and isinstance(reply[0], list | tuple):
+        return [(wire(m), float(s)) for m, s in reply]
+    return [(wire(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+DEAD_FIELDS = ("last_error", "attempts", "tries", "retries", "stalled")
+
+
+def dead_page(queue: str, offset: int, count: int) -> Read[list[tuple[bytes, int]]]:
+    """The ids and death times of one page of the dead set, oldest first."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    positive_int("count", count)
+    keys = keys_of(queue)
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        return [("ZRANGE", keys.dead, offset, offset + count - 1, "WITHSCORES")]
+
+    def parse(now: int, replies: list[Any]) -> list[tuple[bytes, int]]:
+        return [(m, int(s)) for m, s in _pairs(replies[0])]
+
+    return Read(keys.dead, build, parse)
+
+
+def dead_rows(queue: str, page: list[tuple[bytes, int]]) -> Read[list[DeadJob]]:
+    """The rows of a page of dead ids; ids that left the dead set meanwhile are left out."""
+    keys = keys_of(queue)
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        commands: list[tuple[Any, ...]] = []
+        for wid, _ in page:
+            commands.append(("ZSCORE", keys.dead, wid))
+            commands.append(("HMGET", keys.job(wid), *DEAD_FIELDS))
+        return commands
+
+    def parse(now: int, replies: list[Any]) -> list[DeadJob]:
+        jobs = []
+        for i, _ in enumerate(page):
+            score, values = replies[2 * i], replies[2 * i + 1]
+            if score is None:
+                continue
+            last_error, attempts, tries, retries, stalled = values
+            jobs.append(
+                DeadJob(
+                    id=text(page[i][0]),
+                    died_at=int(float(score)),
+                    last_error=_opt_text(last_error),
+                    attempts=_count(attempts),
+                    tries=_count(tries if tries is not None else attempts),
+                    retries=_count(retries),
+                    stalled=_count(stalled),
+                )
+            )
+        return jobs
+
+    return Read(keys.dead, build, parse)

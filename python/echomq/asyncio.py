@@ -29,7 +29,21 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, ReleaseOutcome, SweepResult
+from ._protocol import (
+    CancelOutcome,
+    DeadJob,
+    ExtendOutcome,
+    FailOutcome,
+    Job,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    QueueCounts,
+    ReleaseOutcome,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
 from ._runtime import Action, Finish, KeeperCore, ReaperCore, WorkerCore
 from .cancel import Cancellation, CancelToken
 from .errors import LeaseLost
@@ -123,6 +137,97 @@ class Client:
     async def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
         """Request a cancel (see ``echomq.Client.cancel``)."""
         return await self._run(proto.cancel(queue, job_id, reason))
+
+    # -- the operator's verbs ------------------------------------------------
+
+    def _node_of(self, key: str) -> dict[str, Any]:
+        if hasattr(self.redis, "get_node_from_key"):
+            return {"target_nodes": self.redis.get_node_from_key(key)}
+        return {}
+
+    async def _server_time(self, key: str) -> int:
+        return proto.server_ms(await self.redis.execute_command("TIME", **self._node_of(key)))
+
+    async def _read(self, read: proto.Read[T]) -> T:
+        now = await self._server_time(read.key)
+        pipe = self.redis.pipeline(transaction=True)
+        for args in read.build(now):
+            pipe.execute_command(*args)
+        return read.parse(now, await pipe.execute())
+
+    async def retention(
+        self,
+        queue: str,
+        *,
+        done_ms: int | None = None,
+        cancelled_ms: int | None = None,
+        dead_ms: int | None = None,
+    ) -> Retention:
+        """Read, or set, the queue's retention (see ``echomq.Client.retention``)."""
+        return await self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
+
+    async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
+        """The job's status, or None (see ``echomq.Client.job``)."""
+        return await self._read(proto.job_info(queue, job_id, payload))
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """The queue's numbers (see ``echomq.Client.counts``)."""
+        return await self._read(proto.counts(queue))
+
+    async def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
+        """A page of the dead set, oldest first (see ``echomq.Client.dead``)."""
+        page = await self._read(proto.dead_page(queue, offset, count))
+        return await self._read(proto.dead_rows(queue, page)) if page else []
+
+    async def retry(self, queue: str, job_id: JobId) -> None:
+        """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
+        await self._run(proto.retry(queue, job_id))
+
+    async def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
+        """Retry every job dead now, in bounded steps (see ``echomq.Client.retry_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        retried = dropped = 0
+        while True:
+            step = await self._run(proto.retry_dead(queue, limit, until))
+            retried, dropped = retried + step.retried, dropped + step.dropped
+            if step.retried + step.dropped < limit:
+                return RetryDeadResult(retried, dropped)
+
+    async def purge_dead(self, queue: str, *, limit: int = 100) -> int:
+        """Delete every job dead now, in bounded steps (see ``echomq.Client.purge_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        total = 0
+        while True:
+            step = await self._run(proto.purge_dead(queue, limit, until))
+            total += step
+            if step < limit:
+                return total
+
+    async def pause(self, queue: str) -> bool:
+        """Stop handing out the queue's jobs (see ``echomq.Client.pause``)."""
+        return await self._run(proto.pause(queue))
+
+    async def resume(self, queue: str) -> bool:
+        """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
+        return await self._run(proto.resume(queue))
+
+    async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
+        """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
+        removed = 0
+        while True:
+            step, remaining = await self._run(proto.obliterate(queue, limit, force))
+            removed += step
+            if remaining == 0:
+                break
+        forgotten, cursor = 0, 0
+        target = self._node_of(proto.keys_of(queue).pending)
+        while True:
+            reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
+            cursor, found = proto.scan_reply(reply)
+            if found:
+                forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            if cursor == 0:
+                return ObliterateResult(removed, forgotten)
 
     async def aclose(self) -> None:
         """Close the redis client's connections."""

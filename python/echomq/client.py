@@ -9,13 +9,39 @@ import redis
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, ReleaseOutcome, SweepResult
+from ._protocol import (
+    CancelOutcome,
+    DeadJob,
+    ExtendOutcome,
+    FailOutcome,
+    Job,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    QueueCounts,
+    ReleaseOutcome,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
 from .cancel import Cancellation
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
-__all__ = ["Client", "ExtendOutcome", "Job", "JobId", "SweepResult"]
+__all__ = [
+    "Client",
+    "DeadJob",
+    "ExtendOutcome",
+    "Job",
+    "JobId",
+    "JobInfo",
+    "ObliterateResult",
+    "QueueCounts",
+    "Retention",
+    "RetryDeadResult",
+    "SweepResult",
+]
 
 T = TypeVar("T")
 
@@ -159,6 +185,133 @@ class Client:
         ``JobGone`` for an unknown id.
         """
         return self._run(proto.cancel(queue, job_id, reason))
+
+    # -- the operator's verbs ------------------------------------------------
+
+    def _node_of(self, key: str) -> dict[str, Any]:
+        """For a keyless command (TIME, SCAN): in a cluster, the node that serves ``key``."""
+        if hasattr(self.redis, "get_node_from_key"):
+            return {"target_nodes": self.redis.get_node_from_key(key)}
+        return {}
+
+    def _server_time(self, key: str) -> int:
+        """The clock (ms) of the server that serves ``key``."""
+        return proto.server_ms(self.redis.execute_command("TIME", **self._node_of(key)))  # type: ignore[no-untyped-call]
+
+    def _read(self, read: proto.Read[T]) -> T:
+        now = self._server_time(read.key)
+        pipe = self.redis.pipeline(transaction=True)
+        for args in read.build(now):
+            pipe.execute_command(*args)
+        return read.parse(now, pipe.execute())
+
+    def retention(
+        self,
+        queue: str,
+        *,
+        done_ms: int | None = None,
+        cancelled_ms: int | None = None,
+        dead_ms: int | None = None,
+    ) -> Retention:
+        """Read, or set, how long ``queue`` keeps its finished rows (ms; -1 forever, 0 not at all).
+
+        Only the values given change; returns the policy in effect after the
+        call.  Defaults: done an hour, cancelled a day, dead until retried or
+        purged.  A row keeps the expiry it got when it finished; the dead
+        retention applies to every dead job at the next sweep.
+        """
+        return self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
+
+    def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
+        """The job's status (``JobInfo``), read in one transaction; None when it has no row.
+
+        With ``payload=True`` the payload bytes are included (``payload_size`` always is).
+        """
+        return self._read(proto.job_info(queue, job_id, payload))
+
+    def counts(self, queue: str) -> QueueCounts:
+        """Pending (claimable now), delayed, active (and lapsed), dead, paused, and the failed metric."""
+        return self._read(proto.counts(queue))
+
+    def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
+        """A page of the dead set, oldest death first: ``count`` jobs from position ``offset``.
+
+        Each with its last error and when it died.  A job retried or purged
+        while the page is read is left out.
+        """
+        page = self._read(proto.dead_page(queue, offset, count))
+        return self._read(proto.dead_rows(queue, page)) if page else []
+
+    def retry(self, queue: str, job_id: JobId) -> None:
+        """Send a dead or cancelled job back to pending with a fresh budget of attempts.
+
+        Its fencing token keeps counting (a holder from before the retry stays
+        stale).  Raises ``JobGone`` for an unknown id and ``NotRetryable`` for
+        a job that is pending, active or done.
+        """
+        self._run(proto.retry(queue, job_id))
+
+    def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
+        """Retry every job that is dead now, ``limit`` per command, oldest first.
+
+        Jobs that die again while this runs are not retried twice (only those
+        that died before it started are taken).
+        """
+        until = self._server_time(proto.keys_of(queue).dead)
+        retried = dropped = 0
+        while True:
+            step = self._run(proto.retry_dead(queue, limit, until))
+            retried, dropped = retried + step.retried, dropped + step.dropped
+            if step.retried + step.dropped < limit:
+                return RetryDeadResult(retried, dropped)
+
+    def purge_dead(self, queue: str, *, limit: int = 100) -> int:
+        """Delete every job that is dead now (rows and dead-set members), ``limit`` per command; how many."""
+        until = self._server_time(proto.keys_of(queue).dead)
+        total = 0
+        while True:
+            step = self._run(proto.purge_dead(queue, limit, until))
+            total += step
+            if step < limit:
+                return total
+
+    def pause(self, queue: str) -> bool:
+        """Stop handing out jobs of ``queue`` (claims get nothing); False if it was paused already.
+
+        Running jobs go on (extend, checkpoint, complete, fail); enqueue works;
+        sweeps recover lapsed jobs, which then wait.
+        """
+        return self._run(proto.pause(queue))
+
+    def resume(self, queue: str) -> bool:
+        """Hand out jobs of ``queue`` again; False if it was not paused."""
+        return self._run(proto.resume(queue))
+
+    def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
+        """Delete ``queue``: its jobs and rows, settings and metric, ``limit`` keys per command.
+
+        Raises ``QueueBusy`` (having deleted nothing) while jobs are active,
+        unless ``force``: then their holders find their jobs gone.  The queue
+        is paused from the first step on.  Finished rows kept for their
+        retention are found with SCAN and deleted only while still finished:
+        a job enqueued while this runs is either deleted whole or kept whole,
+        never half.
+        """
+        removed = 0
+        while True:
+            step, remaining = self._run(proto.obliterate(queue, limit, force))
+            removed += step
+            if remaining == 0:
+                break
+        forgotten, cursor = 0, 0
+        target = self._node_of(proto.keys_of(queue).pending)
+        while True:
+            reply = self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)  # type: ignore[no-untyped-call]
+            cursor, found = proto.scan_reply(reply)
+            if found:
+                forgotten += self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            if cursor == 0:
+                return ObliterateResult(removed, forgotten)
 
     def close(self) -> None:
         """Close the redis client's connections."""

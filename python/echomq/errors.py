@@ -7,6 +7,8 @@ Catch at the level you care about::
     │   ├── JobGone        the job row does not exist any more
     │   └── StaleToken     another attempt holds it, or it is no longer active
     ├── JobExists          enqueue with an id that is already taken
+    ├── NotRetryable       retry of a job that is not dead or cancelled
+    ├── QueueBusy          obliterate of a queue with active jobs, without force
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
@@ -55,3 +57,16 @@ class Cancelled(EchoMQError):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__("cancelled" if reason is None else f"cancelled: {reason}")
         self.reason = reason
+
+
+class NotRetryable(EchoMQError):
+    """Only a dead or cancelled job can be retried; ``state`` is the job's (None if unknown)."""
+
+    def __init__(self, message: str, job_id: str, state: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+
+
+class QueueBusy(EchoMQError):
+    """The queue has active jobs: obliterate refused (``force=True`` deletes them too)."""
