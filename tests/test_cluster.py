@@ -37,7 +37,7 @@ QUEUES = [f"queue-{i}" for i in range(24)]
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", "0"))
+        s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
