@@ -28,6 +28,7 @@ from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, engine_cli
 from .helpers import now_ms, sweep_args
+from .test_fuzz import Resp, ServerError
 
 pytestmark = pytest.mark.slow
 
@@ -330,3 +331,62 @@ def test_asyncio_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedS
             await client.aclose()
 
     asyncio.run(body())
+
+
+def node_id(node: EmbeddedServer) -> str:
+    c = node.client()
+    try:
+        value = c.execute_command("CLUSTER", "MYID")
+        return value.decode() if isinstance(value, bytes) else str(value)
+    finally:
+        c.close()
+
+
+TRYAGAIN = "TRYAGAIN a key of this queue is moving between cluster nodes; retry"
+
+
+def test_a_derived_key_on_a_moving_slot_answers_tryagain(cluster_nodes: list[EmbeddedServer]) -> None:
+    """While the queue's slot migrates, a derived key (here ENQUEUE's new row) that
+    is absent may live on the other node: the verb answers TRYAGAIN and writes
+    nothing, on the source (which would redirect it: ASK) and on the target
+    (reached with ASKING, where the row may still be on the source)."""
+    q = "moving"
+    keys = queue_keys(q)
+    slot = key_slot(keys.pending.encode())
+    source = owner(cluster_nodes, keys.pending)
+    target = next(n for n in cluster_nodes if n is not source)
+    src, dst = source.client(), target.client()
+    try:
+        src.delete(keys.pending, keys.job("new"))
+        src.zadd(keys.pending, {"waiting": 1})  # the declared key is here: the server lets the verb run
+        src.hset(keys.job("here"), mapping={"state": "pending"})
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        enqueue = ["EMQ.ENQUEUE", keys.pending, keys.base, "new", "p"]
+        before, target_before = src.execute_command("DEBUG", "DIGEST"), dst.execute_command("DEBUG", "DIGEST")
+        raw = Resp(source.port)  # raw RESP: the exact bytes (redis-py strips TRYAGAIN)
+        try:
+            with pytest.raises(ServerError) as refused:
+                raw.call(*enqueue)
+        finally:
+            raw.close()
+        assert refused.value.message == TRYAGAIN.encode()
+        assert src.execute_command("DEBUG", "DIGEST") == before
+        # On the importing node, after ASKING on the same connection (raw RESP: exact bytes).
+        raw = Resp(target.port)
+        try:
+            asking, reply = raw.pipeline([["ASKING"], enqueue])
+        finally:
+            raw.close()
+        assert asking == b"OK" and isinstance(reply, ServerError), reply
+        assert reply.message == TRYAGAIN.encode()
+        assert dst.execute_command("DEBUG", "DIGEST") == target_before
+        # A row that is here is final: the verb runs on the source.
+        with pytest.raises(redis.ResponseError, match=r"^EMQEXISTS"):
+            src.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "here", "p")
+    finally:
+        for c in (src, dst):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        src.delete(keys.pending, keys.job("here"))
+        src.close()
+        dst.close()

@@ -86,9 +86,10 @@ def test_acl_refuses_other_queues_and_derived_rows(acl_server: EmbeddedServer, v
     with pytest.raises(redis.exceptions.NoPermissionError):
         alice.execute_command(*verbs(B, token=token_b)[verb])
     job = "waiting" if verb == "cancel" else "j"
-    match = "derived from <base>" if verb in DERIVED_ROWS else "keys used as arguments"
-    with pytest.raises(redis.exceptions.NoPermissionError, match=match):
+    with pytest.raises(redis.exceptions.NoPermissionError) as refused:
         bob.execute_command(*verbs(B, job=job, token=token_b)[verb])
+    # The module's words for a derived key; the server's own (which differ between engines) else.
+    assert ("derived from <base>" in str(refused.value)) == (verb in DERIVED_ROWS), refused.value
     if verb in ("enqueue", "fail", "cancel"):
         # The row's ACL is checked before the row is read: an id that does not
         # exist is refused the same way (no :-1 telling bob it is absent).
