@@ -11,6 +11,7 @@ reason for a consumer to see anything different.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -172,3 +173,48 @@ def test_refused_commands_fire_nothing(nr: redis.Redis) -> None:
     assert replies[1] == -1
     assert "'stalled' field that is not an integer" in str(replies[2])
     assert nr.zscore(keys.active, "j") == now - 1000
+
+
+def test_commands_that_write_nothing_leave_other_clients_watch_intact(
+    nr: redis.Redis, notifying: EmbeddedServer
+) -> None:
+    """v2: a verb that changes nothing -- an error, a stale or gone holder, a sweep
+    or claim with nothing to take, a retry -- signals no key as modified, so a
+    WATCH on the queue survives it.  A real write still aborts the transaction."""
+    now = now_ms(nr)
+    keys = put_active(nr, "w", "j", attempts=2, deadline=now + 600_000)
+    nr.hset(keys.job("d"), mapping={"state": "done", "token": "1", "closed_by": "complete", "attempts": 1})
+    meta = keys.base + "meta"
+    watched = [keys.active, keys.pending, keys.dead, keys.job("j"), keys.job("d"), meta, keys.metrics_failed]
+    no_ops: list[list[object]] = [
+        extend_args(keys, "j", 1, 60_000),  # stale token
+        extend_args(keys, "gone", 1, 60_000),  # :-1
+        ["EMQ.CHECKPOINT", keys.active, keys.job("j"), "j", "2", 0],  # bad lease
+        sweep_args(keys, 1, 10),  # nothing lapsed
+        ["EMQ.CLAIM", keys.pending, keys.active, keys.base, 1000],  # nothing waiting: null
+        ["EMQ.COMPLETE", keys.active, keys.job("d"), "d", "1"],  # a retried complete: :1
+        ["EMQ.COMPLETE", keys.active, keys.job("j"), "j", "1"],  # stale
+        ["EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, "j", "2", 0, "e"],  # bad max-attempts
+        ["EMQ.ENQUEUE", keys.pending, keys.base, "j", "p"],  # EMQEXISTS
+        ["EMQ.CANCEL", keys.pending, keys.base, "d", "r"],  # +finished
+    ]
+    watcher = notifying.client()
+    try:
+        pipe = watcher.pipeline(transaction=True)
+        pipe.watch(*watched)
+        for args in no_ops:
+            with contextlib.suppress(redis.ResponseError):
+                nr.execute_command(*args)
+        pipe.multi()
+        pipe.hset(keys.base + "marker", "x", 1)
+        assert pipe.execute() == [1], "a command that wrote nothing aborted the WATCH"
+
+        pipe = watcher.pipeline(transaction=True)
+        pipe.watch(*watched)
+        assert nr.execute_command(*extend_args(keys, "j", 2, 90_000)) == 1  # a real write
+        pipe.multi()
+        pipe.hset(keys.base + "marker", "x", 2)
+        with pytest.raises(redis.WatchError):
+            pipe.execute()
+    finally:
+        watcher.close()
