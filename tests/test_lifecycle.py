@@ -605,3 +605,58 @@ def test_lifecycle_replicates_exactly(server_factory: ServerFactory) -> None:
     m.execute_command("WAIT", 1, 5000)
     wait_for_replica(m, s)
     assert digest(s) == digest(m)
+
+
+def test_client_claim_many_hands_out_payload_attempt_and_resume_state(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    for i in range(3):
+        client.enqueue(Q, f"p{i}".encode(), job_id=f"j{i}")
+    r.hset(K.job("j1"), "checkpoint", b"resume here")
+    r.config_resetstat()
+    jobs = client.claim_many(Q, lease_ms=5000, count=2)
+    stats = r.info("commandstats")
+    assert stats["cmdstat_emq.claim"]["calls"] == 1 and "cmdstat_hget" not in stats  # one round trip
+    assert [(j.queue, j.id, j.payload, j.attempt, j.resume_state) for j in jobs] == [
+        (Q, "j0", b"p0", 1, None),
+        (Q, "j1", b"p1", 1, b"resume here"),
+    ]
+    assert all(r.hget(K.job(j.id), "token") == assert_token(j.token, 1).encode() for j in jobs)
+    assert [j.id for j in client.claim_many(Q, lease_ms=5000, count=5)] == ["j2"]
+    assert client.claim_many(Q, lease_ms=5000, count=5) == []
+    with pytest.raises(ValueError):
+        client.claim_many(Q, lease_ms=5000, count=0)
+
+
+def test_client_claim_and_enqueue_are_safe_to_resend(r: redis.Redis) -> None:
+    """The client sends a fresh REQ with each claim and enqueue, so a resend of the
+    same command line (redis-py's retry after a lost reply) takes effect once."""
+    from echomq import _protocol as proto
+
+    add = proto.enqueue(Q, b"data", None)
+    assert r.execute_command(*add.args) == r.execute_command(*add.args) == 1
+    assert r.zcard(K.pending) == 1 and r.hget(K.job(add.job_id), "request") is not None
+    take = proto.claim(Q, 5000)
+    first = r.execute_command(*take.args)
+    assert r.execute_command(*take.args) == first  # the same job, the same token
+    [job] = take.read(first)
+    assert (job.id, job.payload) == (add.job_id, b"data") and r.zcard(K.active) == 1
+    assert proto.claim(Q, 5000).args[-1] != take.args[-1]  # every call its own request id
+
+
+def test_client_tokens_are_strings(client: echomq.Client) -> None:
+    for call in (
+        lambda: client.complete(Q, "j", 1),  # type: ignore[arg-type]
+        lambda: client.fail(Q, "j", 1, "e"),  # type: ignore[arg-type]
+        lambda: client.checkpoint(Q, "j", 1, 1000),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match="token"):
+            call()
+
+
+def test_client_sweep_result_counts_cancelled_jobs(r: redis.Redis, client: echomq.Client) -> None:
+    put_active(r, Q, "a", attempts=1, deadline=0)
+    put_active(r, Q, "c", attempts=1, deadline=1, cancel_requested="stop")
+    result = client.sweep(Q, max_stalled=5)
+    assert result == echomq.SweepResult(recovered=["a"], dead=[], cancelled=["c"], expired=0)
+    assert len(result) == 2
