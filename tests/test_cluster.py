@@ -28,6 +28,7 @@ from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, engine_cli
 from .helpers import now_ms, sweep_args
+from .test_fuzz import Resp, ServerError
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ QUEUES = [f"queue-{i}" for i in range(24)]
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", "0"))
+        s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
@@ -136,7 +137,7 @@ def test_client_over_redis_cluster_routes_each_queue_to_its_node(
             keys.active, keys.pending, keys.dead, keys.job("live"), keys.job("lapsed"), keys.metrics_failed
         )
         now = now_ms(rc.get_node_from_key(keys.active).redis_connection)
-        rc.hset(keys.job("live"), mapping={"attempts": 2, "state": "active"})
+        rc.hset(keys.job("live"), mapping={"attempts": 2, "token": "2", "state": "active"})
         rc.hset(keys.job("lapsed"), mapping={"attempts": 1, "state": "active", "stalled": 0})
         rc.zadd(keys.active, {"live": now + 1000, "lapsed": now - 1000})
 
@@ -234,11 +235,14 @@ def test_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedServer]) 
     assert isinstance(client.redis, RedisCluster)
     for q in QUEUES[:6]:
         keys = queue_keys(q)
+        direct = owner(cluster_nodes, keys.dead).client()
+        client.redis.delete(keys.active, keys.pending, keys.dead, keys.job("c"), keys.job("lapsed"))
         client.redis.hset(keys.job("c"), mapping={"attempts": 9})
         client.redis.zadd(keys.active, {"c": 0})
+        before = now_ms(direct)
         assert client.sweep(q, max_stalled=1).dead == ["c"]
-        direct = owner(cluster_nodes, keys.dead).client()
-        assert direct.zscore(keys.dead, "c") == 0
+        died = direct.zscore(keys.dead, "c")  # scored with the server time of death
+        assert died is not None and before <= died <= now_ms(direct)
         direct.close()
     client.redis.close()
 
@@ -327,3 +331,62 @@ def test_asyncio_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedS
             await client.aclose()
 
     asyncio.run(body())
+
+
+def node_id(node: EmbeddedServer) -> str:
+    c = node.client()
+    try:
+        value = c.execute_command("CLUSTER", "MYID")
+        return value.decode() if isinstance(value, bytes) else str(value)
+    finally:
+        c.close()
+
+
+TRYAGAIN = "TRYAGAIN a key of this queue is moving between cluster nodes; retry"
+
+
+def test_a_derived_key_on_a_moving_slot_answers_tryagain(cluster_nodes: list[EmbeddedServer]) -> None:
+    """While the queue's slot migrates, a derived key (here ENQUEUE's new row) that
+    is absent may live on the other node: the verb answers TRYAGAIN and writes
+    nothing, on the source (which would redirect it: ASK) and on the target
+    (reached with ASKING, where the row may still be on the source)."""
+    q = "moving"
+    keys = queue_keys(q)
+    slot = key_slot(keys.pending.encode())
+    source = owner(cluster_nodes, keys.pending)
+    target = next(n for n in cluster_nodes if n is not source)
+    src, dst = source.client(), target.client()
+    try:
+        src.delete(keys.pending, keys.job("new"))
+        src.zadd(keys.pending, {"waiting": 1})  # the declared key is here: the server lets the verb run
+        src.hset(keys.job("here"), mapping={"state": "pending"})
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        enqueue = ["EMQ.ENQUEUE", keys.pending, keys.base, "new", "p"]
+        before, target_before = src.execute_command("DEBUG", "DIGEST"), dst.execute_command("DEBUG", "DIGEST")
+        raw = Resp(source.port)  # raw RESP: the exact bytes (redis-py strips TRYAGAIN)
+        try:
+            with pytest.raises(ServerError) as refused:
+                raw.call(*enqueue)
+        finally:
+            raw.close()
+        assert refused.value.message == TRYAGAIN.encode()
+        assert src.execute_command("DEBUG", "DIGEST") == before
+        # On the importing node, after ASKING on the same connection (raw RESP: exact bytes).
+        raw = Resp(target.port)
+        try:
+            asking, reply = raw.pipeline([["ASKING"], enqueue])
+        finally:
+            raw.close()
+        assert asking == b"OK" and isinstance(reply, ServerError), reply
+        assert reply.message == TRYAGAIN.encode()
+        assert dst.execute_command("DEBUG", "DIGEST") == target_before
+        # A row that is here is final: the verb runs on the source.
+        with pytest.raises(redis.ResponseError, match=r"^EMQEXISTS"):
+            src.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "here", "p")
+    finally:
+        for c in (src, dst):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        src.delete(keys.pending, keys.job("here"))
+        src.close()
+        dst.close()

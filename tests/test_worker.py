@@ -137,13 +137,14 @@ def test_worker_fails_then_dead_letters(r: redis.Redis, client: echomq.Client) -
     client.enqueue(Q, job_id="bad")
 
     def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
-        raise ValueError(f"cannot handle attempt {job.token}")
+        raise ValueError(f"cannot handle attempt {job.attempt}")
 
     worker = echomq.Worker(client, Q, handler, lease_ms=5000, max_attempts=2, poll_interval=0.01).start()
     assert wait_until(lambda: worker.stats.failed == 2)
     worker.stop()
     row = r.hgetall(K.job("bad"))
-    assert row[b"state"] == b"dead" and row[b"attempts"] == b"2"
+    assert row[b"state"] == b"dead" and row[b"attempts"] == b"2" and row[b"tries"] == b"2"
+    assert row[b"closed_by"] == b"fail"
     assert row[b"last_error"] == b"ValueError: cannot handle attempt 2"
     assert r.hget(K.metrics_failed, "count") == b"1"
 
