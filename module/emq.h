@@ -59,8 +59,11 @@
     X(cancelled_ttl_ms, "cancelled_ttl_ms")   \
     X(dead_ttl_ms, "dead_ttl_ms")             \
     X(complete, "complete")                   \
-    X(fail, "fail")                           \
-    X(release, "release")                     \
+    X(fail_pending, "fail:pending")           \
+    X(fail_dead, "fail:dead")                 \
+    X(fail_cancelled, "fail:cancelled")       \
+    X(release_pending, "release:pending")     \
+    X(release_cancelled, "release:cancelled") \
     X(stalled, "stalled")                     \
     X(state, "state")                         \
     X(last_error, "last_error")               \

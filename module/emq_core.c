@@ -269,6 +269,8 @@ int emq_holder_error(int verb, int holder) {
     return EMQ_OK;
 }
 
+static int is(const char *s, size_t len, const char *word);
+
 const char *emq_verb_name(int verb) {
     static const char *const names[] = {
         [EMQ_VERB_EXTEND] = "extend",
@@ -282,7 +284,18 @@ const char *emq_verb_name(int verb) {
 int emq_is_retry_of(int verb, int holder, const char *closed_by, size_t len) {
     if (holder != EMQ_HOLDER_NOT_ACTIVE || closed_by == NULL) return 0;
     const char *name = emq_verb_name(verb);
-    return len == strlen(name) && memcmp(closed_by, name, len) == 0;
+    size_t n = strlen(name);
+    return len >= n && memcmp(closed_by, name, n) == 0 && (len == n || closed_by[n] == ':');
+}
+
+int emq_closed_route(const char *closed_by, size_t len) {
+    const char *colon = closed_by ? memchr(closed_by, ':', len) : NULL;
+    if (colon == NULL) return EMQ_FAIL_TO_PENDING;
+    const char *where = colon + 1;
+    size_t wlen = len - (size_t)(where - closed_by);
+    if (is(where, wlen, "dead")) return EMQ_FAIL_TO_DEAD;
+    if (is(where, wlen, "cancelled")) return EMQ_FAIL_TO_CANCELLED;
+    return EMQ_FAIL_TO_PENDING;
 }
 
 int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested) {

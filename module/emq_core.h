@@ -189,9 +189,16 @@ EMQ_EXPORT int emq_holder_error(int verb, int holder);
 
 /* A retried COMPLETE, FAIL or RELEASE: the holder's verb already ended its
  * hold (its reply was lost) when the row still carries the holder's token,
- * the job is no longer active, and the row's `closed_by` names this verb.
- * The retry then answers what the first call answered, writing nothing. */
+ * the job is no longer active, and the row's `closed_by` names this verb
+ * ("complete", or "fail:<where>" / "release:<where>" with where the job
+ * went).  The retry then answers what the first call answered, writing
+ * nothing -- also when the job has moved on since (a cancel of the pending
+ * job, say), which is why the first answer is kept, not read off `state`. */
 EMQ_EXPORT int emq_is_retry_of(int verb, int holder, const char *closed_by, size_t len);
+
+/* Where the first call sent the job, from `closed_by` ("fail:dead" ->
+ * EMQ_FAIL_TO_DEAD, ...); EMQ_FAIL_TO_PENDING when it does not say. */
+EMQ_EXPORT int emq_closed_route(const char *closed_by, size_t len);
 
 /* The name a verb leaves in `closed_by`. */
 EMQ_EXPORT const char *emq_verb_name(int verb);

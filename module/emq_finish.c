@@ -54,8 +54,8 @@ int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int 
     }
 
     /* read and decide */
-    int retry;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_COMPLETE, &retry);
+    int retry, first_route;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_COMPLETE, &retry, &first_route);
     if (holder == EMQ_HOLDER_GONE) reply = -1;
     else if (!retry) err = emq_holder_error(EMQ_VERB_COMPLETE, holder);
     if (holder != EMQ_HOLDER_OK || err) goto reply;
@@ -131,19 +131,12 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
 
     /* read and decide */
     int retry;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_FAIL, &retry);
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_FAIL, &retry, &route);
     if (holder == EMQ_HOLDER_GONE) {
         reply_gone = 1;
         goto reply;
     }
-    if (retry) { /* answer where the first call sent the job */
-        RedisModuleString *state = emq_hget(&row, emq_str.state);
-        route = state && emq_str_equal(state, emq_str.dead)        ? EMQ_FAIL_TO_DEAD
-                : state && emq_str_equal(state, emq_str.cancelled) ? EMQ_FAIL_TO_CANCELLED
-                                                                   : EMQ_FAIL_TO_PENDING;
-        if (state) RedisModule_FreeString(NULL, state);
-        goto reply;
-    }
+    if (retry) goto reply; /* answer where the first call sent the job */
     err = emq_holder_error(EMQ_VERB_FAIL, holder);
     if (err) goto reply;
     /* The budget is `tries`; a row written before tries existed counts its attempts. */
@@ -170,18 +163,18 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     switch (route) {
     case EMQ_FAIL_TO_PENDING:
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.pending, emq_str.last_error, error_text,
-                    emq_str.closed_by, emq_str.fail);
+                    emq_str.closed_by, emq_str.fail_pending);
         emq_fx_zadd(&fx, &pending, now, id, 0);
         break;
     case EMQ_FAIL_TO_DEAD:
         emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.dead, emq_str.last_error, error_text,
-                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail);
+                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail_dead);
         emq_fx_zadd(&fx, &dead, now, id, 0);
         emq_fx_hset(&fx, &metrics, "hincrby", 1, emq_str.count, emq_fx_number(&fx, failed));
         break;
     default:
         emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.cancelled, emq_str.last_error, error_text,
-                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail);
+                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail_cancelled);
         emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
         break;
     }
@@ -248,11 +241,12 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (err) goto reply;
 
     /* read and decide */
-    int retry;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_RELEASE, &retry);
+    int retry, first_route;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_RELEASE, &retry, &first_route);
     cancelled = emq_hexists(&row, emq_str.cancel_requested);
     if (holder == EMQ_HOLDER_GONE) reply_gone = 1;
-    else if (!retry) err = emq_holder_error(EMQ_VERB_RELEASE, holder);
+    else if (retry) cancelled = first_route == EMQ_FAIL_TO_CANCELLED; /* the first call's answer */
+    else err = emq_holder_error(EMQ_VERB_RELEASE, holder);
     if (holder != EMQ_HOLDER_OK || err) goto reply;
     long long tries = 0;
     err = emq_hash_incr(&row, emq_str.tries, 0, EMQ_ERR_TRIES_NOT_INTEGER, &tries);
@@ -264,11 +258,11 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_fx_zrem(&fx, &active, id);
     if (cancelled) {
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.cancelled, emq_str.finished_at,
-                    emq_fx_number(&fx, now), emq_str.closed_by, emq_str.release);
+                    emq_fx_number(&fx, now), emq_str.closed_by, emq_str.release_cancelled);
         emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
     } else {
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.tries, emq_fx_number(&fx, tries > 0 ? tries - 1 : 0),
-                    emq_str.state, emq_str.pending, emq_str.closed_by, emq_str.release);
+                    emq_str.state, emq_str.pending, emq_str.closed_by, emq_str.release_pending);
         emq_fx_zadd(&fx, &pending, 0, id, 0);
     }
 

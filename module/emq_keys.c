@@ -225,14 +225,16 @@ int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisMo
 }
 
 int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id,
-                              RedisModuleString *token, int verb, int *retry) {
+                              RedisModuleString *token, int verb, int *retry, int *route) {
     int holder = emq_check_holder(active, row, id, token);
     *retry = 0;
+    *route = EMQ_FAIL_TO_PENDING;
     if (holder == EMQ_HOLDER_NOT_ACTIVE) {
         RedisModuleString *closed_by = emq_hget(row, emq_str.closed_by);
         size_t len = 0;
         const char *p = closed_by ? RedisModule_StringPtrLen(closed_by, &len) : NULL;
         *retry = emq_is_retry_of(verb, holder, p, len);
+        if (*retry) *route = emq_closed_route(p, len);
         if (closed_by) RedisModule_FreeString(NULL, closed_by);
     }
     return holder;

@@ -116,9 +116,11 @@ int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString 
 int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisModuleString *token);
 
 /* The holder verdict, and whether the call is the retry of `verb` whose
- * reply was lost (emq_core's emq_is_retry_of, with the row's `closed_by`). */
+ * reply was lost (emq_core's emq_is_retry_of, with the row's `closed_by`);
+ * for a retry, *route is where the first call sent the job
+ * (emq_closed_route). */
 int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id,
-                              RedisModuleString *token, int verb, int *retry);
+                              RedisModuleString *token, int verb, int *retry, int *route);
 
 /* -- ACL on derived keys -------------------------------------------------- */
 

@@ -147,9 +147,12 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
     for job in draw(st.lists(st.sampled_from(IDS[:3]), max_size=2, unique=True)):  # a hold that ended
         row = base + b"job:" + job
         closed_by = draw(st.sampled_from([b"complete", b"fail", b"release", b"other"]))
-        state = {b"complete": b"done", b"fail": draw(st.sampled_from([b"pending", b"dead", b"cancelled"]))}
+        where = draw(st.sampled_from([b"pending", b"dead", b"cancelled"]))
+        state = {b"complete": b"done", b"fail": where, b"release": b"pending"}.get(closed_by, b"pending")
+        if closed_by in (b"fail", b"release"):
+            closed_by += b":" + state  # where the first call sent the job
         setup.append([b"HSET", row, b"attempts", b"1", b"token", b"1", b"closed_by", closed_by,
-                      b"state", state.get(closed_by, b"pending")])  # fmt: skip
+                      b"state", state])  # fmt: skip
         setup.append([b"ZREM", base + b"active", job])
     for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):
         setup.append([b"ZADD", base + b"pending", draw(st.sampled_from([b"0", b"5", b"-inf", b"+inf"])), job])
@@ -380,8 +383,8 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         ([*waiting, [b"HSET", b + b"meta", b"paused", b"1"]], claim),
         ([[b"ZADD", b + b"pending", b"+inf", b"later"]], claim),
         (ended(b"complete", b"done"), complete),
-        (ended(b"fail", b"dead"), fail),
-        (ended(b"fail", b"pending"), fail),
+        (ended(b"fail:dead", b"dead"), fail),
+        (ended(b"fail:pending", b"pending"), fail),
         ([*ended(b"complete", b"done"), *waiting], [*cancel[:3], b"h", b"r"]),
         # every error
         ([], [b"EMQ.COMPLETE", b + b"active"]),

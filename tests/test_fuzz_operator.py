@@ -115,7 +115,7 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
                 setup.append([b"HSET", row, b"retries", retries])
             if draw(st.booleans()):
                 setup.append(
-                    [b"HSET", row, b"closed_by", b"fail", b"finished_at", b"5", b"cancel_requested", b""]
+                    [b"HSET", row, b"closed_by", b"fail:dead", b"finished_at", b"5", b"cancel_requested", b""]
                 )
     if draw(st.booleans()):
         fields = [b"done_ttl_ms", b"cancelled_ttl_ms", b"dead_ttl_ms", b"paused"]

@@ -223,7 +223,7 @@ def test_claim_hands_out_the_checkpoint_and_clears_closed_by(r: redis.Redis) -> 
     _, token = claim_one(r)
     r.hset(K.job("j1"), "checkpoint", b"step-3\x00")
     assert fail(r, "j1", token, max_attempts=5) == b"pending"
-    assert r.hget(K.job("j1"), "closed_by") == b"fail"
+    assert r.hget(K.job("j1"), "closed_by") == b"fail:pending"
     reply = claim(r)
     assert isinstance(reply, list)
     assert [reply[0][0], reply[0][2:]] == [b"j1", [b"payload", 2, b"step-3\x00"]]
@@ -428,7 +428,7 @@ def test_fail_below_max_goes_back_to_pending_behind_waiting_work(r: redis.Redis)
     assert fail(r, "j1", token, max_attempts=2, error="ValueError: bad") == b"pending"
     row = r.hgetall(K.job("j1"))
     assert row[b"state"] == b"pending" and row[b"last_error"] == b"ValueError: bad"
-    assert row[b"closed_by"] == b"fail" and b"finished_at" not in row
+    assert row[b"closed_by"] == b"fail:pending" and b"finished_at" not in row
     assert r.pttl(K.job("j1")) == -1
     assert r.zrange(K.pending, 0, -1) == [b"j2", b"j1"]
     assert not r.exists(K.active) and not r.exists(K.metrics_failed)
@@ -443,7 +443,7 @@ def test_fail_at_max_dead_letters_and_counts(r: redis.Redis) -> None:
     [(member, died)] = r.zrange(K.dead, 0, -1, withscores=True)
     assert member == b"j1" and before <= died <= after  # scored with the time of death
     row = r.hgetall(K.job("j1"))
-    assert row[b"state"] == b"dead" and row[b"last_error"] == b"boom" and row[b"closed_by"] == b"fail"
+    assert row[b"state"] == b"dead" and row[b"last_error"] == b"boom" and row[b"closed_by"] == b"fail:dead"
     assert int(row[b"finished_at"]) == died
     assert r.pttl(K.job("j1")) == -1  # dead rows are kept by default
     assert r.hget(K.metrics_failed, "count") == b"1"
@@ -459,7 +459,7 @@ def test_fail_with_a_cancel_request_ends_cancelled(r: redis.Redis) -> None:
     after = now_ms(r)
     row = r.hgetall(K.job("j1"))
     assert row[b"state"] == b"cancelled" and row[b"last_error"] == b"Cancelled: stop"
-    assert row[b"closed_by"] == b"fail" and before <= int(row[b"finished_at"]) <= after
+    assert row[b"closed_by"] == b"fail:cancelled" and before <= int(row[b"finished_at"]) <= after
     assert 0 < r.pttl(K.job("j1")) <= CANCELLED_TTL_MS
     assert not r.exists(K.active, K.pending, K.dead, K.metrics_failed)  # not retried, not a failure
 
@@ -489,11 +489,6 @@ def test_fail_retried_answers_the_same_and_writes_nothing(r: redis.Redis, route:
     assert r.hget(K.metrics_failed, "count") == (b"1" if route == "dead" else None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="v2 bug: a retried FAIL answers the row's current state, not its first reply: after "
-    "FAIL -> +pending and a CANCEL of the now pending job, the retry answers +cancelled",
-)
 def test_fail_retried_after_the_job_moved_on_answers_its_first_reply(r: redis.Redis) -> None:
     enqueue(r, "j1")
     _, token = claim_one(r)

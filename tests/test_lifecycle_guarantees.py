@@ -209,7 +209,7 @@ def test_notifications_enqueue(nr: redis.Redis, req: list[str]) -> None:
 def pending_job(nr: redis.Redis, k: QueueKeys, closed_by: bool = False, more: bool = False) -> None:
     nr.hset(k.job("j"), mapping={"attempts": 1, "tries": 1, "token": "1", "state": "pending"})
     if closed_by:
-        nr.hset(k.job("j"), "closed_by", "fail")
+        nr.hset(k.job("j"), "closed_by", "fail:pending")
     nr.zadd(k.pending, {"j": 5, **({"k": 6} if more else {})})
 
 
@@ -294,7 +294,7 @@ def test_notifications_fail_to_dead(nr: redis.Redis) -> None:
         nr, lambda k: held(k, nr), ["EMQ.FAIL", n.active, n.pending, n.dead, n.base, "j", "1", 1, "e"],
         lambda k: [["ZREM", k.active, "j"],
                    ["HSET", k.job("j"), "state", "dead", "last_error", "e", "finished_at", 1,
-                    "closed_by", "fail"],
+                    "closed_by", "fail:dead"],
                    ["ZADD", k.dead, 1, "j"], ["HINCRBY", k.metrics_failed, "count", 1]],
         ["zrem active", "hset job:j", "new dead", "zadd dead",
          "new metrics:failed", "hincrby metrics:failed"],
@@ -306,7 +306,7 @@ def test_notifications_fail_to_pending_and_to_cancelled(nr: redis.Redis) -> None
     same_events(
         nr, lambda k: held(k, nr), ["EMQ.FAIL", n.active, n.pending, n.dead, n.base, "j", "1", 5, "e"],
         lambda k: [["ZREM", k.active, "j"],
-                   ["HSET", k.job("j"), "state", "pending", "last_error", "e", "closed_by", "fail"],
+                   ["HSET", k.job("j"), "state", "pending", "last_error", "e", "closed_by", "fail:pending"],
                    ["ZADD", k.pending, 1, "j"]],
         ["zrem active", "hset job:j", "new pending", "zadd pending"],
     )  # fmt: skip
@@ -316,7 +316,7 @@ def test_notifications_fail_to_pending_and_to_cancelled(nr: redis.Redis) -> None
         ["EMQ.FAIL", n.active, n.pending, n.dead, n.base, "j", "1", 5, "e"],
         lambda k: [["ZREM", k.active, "j"],
                    ["HSET", k.job("j"), "state", "cancelled", "last_error", "e", "finished_at", 1,
-                    "closed_by", "fail"],
+                    "closed_by", "fail:cancelled"],
                    ["PEXPIREAT", k.job("j"), LATER]],
         ["zrem active", "hset job:j", "expire job:j"],
     )  # fmt: skip

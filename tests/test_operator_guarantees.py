@@ -91,7 +91,7 @@ def seed(r: redis.Redis) -> None:
             "finished_at": 5,
         }
         if state == "dead":
-            fields |= {"closed_by": "fail", "last_error": "boom", "stalled": 1}
+            fields |= {"closed_by": "fail:dead", "last_error": "boom", "stalled": 1}
         if state == "cancelled":
             fields["cancel_requested"] = "why"
         r.hset(Q.job(f"j{i}"), mapping=fields)  # type: ignore[arg-type]
