@@ -1,0 +1,534 @@
+-- _prelude.lua -- what every verb script shares: the Lua twin of module/emq_core.c (the
+-- error texts, parsing, counters, tokens, transitions), module/emq_keys.c (key checks,
+-- derived keys, the queue's settings, the fence) and the parts of module/emq_effects.c a
+-- script needs (a finished row's retention).
+--
+-- The client (python/echomq/_scripts.py) sends each verb as
+--     EVALSHA <sha of shebang + this prelude + the verb's file> <numkeys> <KEYS...> <setting> <argv...>
+-- where <argv...> are the EMQ.* command's arguments exactly as the module gets them, so
+-- `argv[i]` in a verb script is `argv[i]` of its C handler, and <setting> is the one value
+-- the client supplies that the module has on the server: CLAIM's nonce (the random part of
+-- its tokens), SWEEP's max-limit, CHECKPOINT's max-state-bytes ('' for the other verbs).
+-- KEYS are the keys known before the call (python/echomq/_scripts.py, KEYS_OF): the declared
+-- keys of the module command, plus the row of a named id and a claim's request record.  The
+-- script addresses keys by the names in argv; KEYS are for cluster routing and the server's
+-- ACL check of the call.
+--
+-- The shape of every verb is the C handler's: parse -> open and type-check -> read ->
+-- decide -> apply -> reply, and nothing is written before everything is validated.  A
+-- refusal is `emq.refuse(text)`, which unwinds to `emq.run` and answers the error: it can
+-- only happen before the first write.
+--
+-- Numbers.  Lua numbers are doubles: exact up to 2^53.  Counters (attempts, tries, stalled,
+-- retries, the failed metric) may hold any 64-bit integer, so they are kept as canonical
+-- decimal strings and added exactly (emq.dec_add), as HINCRBY would; times and leases stay
+-- at or below 2^53 by the contract's own checks and are plain numbers, written with
+-- string.format('%d') (never tostring, which switches to exponents).
+
+local emq = {}
+
+-- ---------------------------------------------------------------------------
+-- Errors: the one table of module/emq_core.c, word for word.
+-- ---------------------------------------------------------------------------
+local E = {
+    LEASE_NOT_INTEGER = 'ERR lease-ms is not an integer',
+    LEASE_TOO_SMALL = 'ERR lease-ms must be at least 1',
+    LEASE_TOO_LARGE = 'ERR lease-ms is too large: the deadline would not be an exact score',
+    MAX_STALLED = 'ERR max-stalled must be an integer >= 1',
+    LIMIT = 'ERR limit must be an integer >= 1',
+    MAX_ATTEMPTS = 'ERR max-attempts must be an integer >= 1',
+    CLAIM_COUNT = 'ERR COUNT must be an integer >= 1',
+    LIMIT_TOO_LARGE = "ERR limit exceeds the server's emq.max-limit",
+    SAME_KEY = 'ERR <active> and <job> must be different keys',
+    THREE_SETS = 'ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead',
+    PENDING_KEY = 'ERR <pending> must be <base>pending',
+    PENDING_ACTIVE_KEYS = 'ERR <pending> and <active> must be <base>pending and <base>active',
+    PENDING_ACTIVE_ORDER = 'ERR <active> and <pending> must be <base>active and <base>pending',
+    NO_HASH_TAG = 'ERR in cluster mode <base> must contain a hash tag, e.g. emq:{queue}:',
+    WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value',
+    NOPERM_DERIVED = 'NOPERM this user has no permissions to access the job rows or metrics derived from <base>',
+    STALLED_NOT_INTEGER = "ERR a swept job row has a 'stalled' field that is not an integer",
+    ATTEMPTS_NOT_INTEGER = "ERR the job row's 'attempts' field is not an integer",
+    TRIES_NOT_INTEGER = "ERR the job row's 'tries' field is not an integer",
+    FAILED_NOT_INTEGER = "ERR the metrics:failed 'count' field is not an integer",
+    OVERFLOW = 'ERR increment or decrement would overflow',
+    STALE_EXTEND = 'EMQSTALE extend token mismatch',
+    STALE_COMPLETE = 'EMQSTALE complete token mismatch',
+    STALE_FAIL = 'EMQSTALE fail token mismatch',
+    STALE_RELEASE = 'EMQSTALE release token mismatch',
+    NOT_ACTIVE = 'EMQSTALE job is no longer active',
+    EXISTS = 'EMQEXISTS a job with this id already exists',
+    JOB_KEY = 'ERR <job> must be <base>job:<id>, where <active> is <base>active',
+    META_NOT_INTEGER = "ERR the queue's meta hash holds a setting that is not an integer",
+    TRYAGAIN = 'TRYAGAIN a key of this queue is moving between cluster nodes; retry',
+    SYNTAX = 'ERR syntax error',
+    REQ_EMPTY = 'ERR the REQ request id must not be empty',
+    STATE_TOO_LARGE = 'ERR the checkpoint state is larger than emq.max-state-bytes',
+    OOM = "OOM command not allowed when used memory > 'maxmemory'.",
+    RETENTION_VALUE = 'ERR a retention must be -1 (keep forever) or an integer from 0 to 9007199254740992 (ms)',
+    DEAD_PENDING_KEYS = 'ERR <dead> and <pending> must be <base>dead and <base>pending',
+    DEAD_KEY = 'ERR <dead> must be <base>dead',
+    UNTIL = 'ERR UNTIL must be an integer (server ms)',
+    RETRIES_NOT_INTEGER = "ERR the job row's 'retries' field is not an integer",
+    STATE_PENDING = 'EMQSTATE the job is pending: only a dead or cancelled job can be retried',
+    STATE_ACTIVE = 'EMQSTATE the job is active: only a dead or cancelled job can be retried',
+    STATE_DONE = 'EMQSTATE the job is done: only a dead or cancelled job can be retried',
+    STATE_UNKNOWN = 'EMQSTATE the job has no known state: only a dead or cancelled job can be retried',
+    BUSY = 'EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too',
+}
+emq.E = E
+
+-- Abort the verb with an error reply.  Only ever called before the first write.
+function emq.refuse(text)
+    error({ emq_refusal = text }, 0)
+end
+
+-- Run a verb's body: its reply, or the error it refused with.  Anything else (a bug, or
+-- an error the server raised) is raised again untouched.
+function emq.run(body)
+    local ok, reply = pcall(body)
+    if ok then
+        return reply
+    end
+    if type(reply) == 'table' and reply.emq_refusal then
+        return redis.error_reply(reply.emq_refusal)
+    end
+    error(reply, 0)
+end
+
+-- The server's own arity error, as it answers for the module's commands.
+function emq.wrong_arity(name)
+    emq.refuse("ERR wrong number of arguments for '" .. name .. "' command")
+end
+
+-- The command's arguments as the C handler sees them (argv[1] is the first one after the
+-- command's name; argc counts the name) and the client's setting (ARGV[1]).
+function emq.args()
+    local argv = {}
+    for i = 2, #ARGV do
+        argv[i - 1] = ARGV[i]
+    end
+    return argv, #ARGV, ARGV[1]
+end
+
+-- ---------------------------------------------------------------------------
+-- The server clock, read once per verb (RedisModule_Milliseconds in the module).
+-- ---------------------------------------------------------------------------
+function emq.now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An integer as the decimal the module writes (no exponent, no fraction).
+local function int(n)
+    return string.format('%d', n)
+end
+emq.int = int
+
+-- ---------------------------------------------------------------------------
+-- Numbers (emq_core.c: emq_parse_ll and friends).
+-- ---------------------------------------------------------------------------
+local MAX_EXACT_SCORE = 9007199254740992 -- 2^53: the latest exact sorted-set score
+emq.MAX_EXACT_SCORE = MAX_EXACT_SCORE
+local INT64_MAX = '9223372036854775807'
+local INT64_MIN_MAGNITUDE = '9223372036854775808'
+
+-- A canonical base-10 signed 64-bit integer: optional '-', digits, no leading zeros, no '+',
+-- no spaces, no overflow (the strings Redis itself takes as integers).  Returns the string
+-- (canonical, so it is also the exact value) or nil.
+local function canonical(s)
+    if s == nil or s == false then
+        return nil
+    end
+    local n = #s
+    if n == 0 or n > 20 then
+        return nil
+    end
+    if s == '0' then
+        return s
+    end
+    local digits = s
+    local negative = s:sub(1, 1) == '-'
+    if negative then
+        digits = s:sub(2)
+    end
+    if not digits:find('^[1-9][0-9]*$') then
+        return nil
+    end
+    if #digits == 19 and digits > (negative and INT64_MIN_MAGNITUDE or INT64_MAX) then
+        return nil
+    end
+    if #digits > 19 then
+        return nil
+    end
+    return s
+end
+emq.canonical = canonical
+
+-- emq_parse_ll: the value as a number (exact up to 2^53, which every check below is about),
+-- or nil.
+function emq.parse_ll(s)
+    local c = canonical(s)
+    return c and tonumber(c) or nil
+end
+
+-- Exact addition of two canonical decimal strings, for the 64-bit counters.  Returns the
+-- canonical sum, or nil when it leaves the signed 64-bit range (HINCRBY's overflow).
+local function mag_cmp(a, b)
+    if #a ~= #b then
+        return #a < #b and -1 or 1
+    end
+    if a == b then
+        return 0
+    end
+    return a < b and -1 or 1
+end
+
+local function mag_add(a, b)
+    local out, carry, i, j = {}, 0, #a, #b
+    while i > 0 or j > 0 or carry > 0 do
+        local d = carry
+        if i > 0 then d = d + a:byte(i) - 48 end
+        if j > 0 then d = d + b:byte(j) - 48 end
+        out[#out + 1] = string.char(48 + d % 10)
+        carry = math.floor(d / 10)
+        i, j = i - 1, j - 1
+    end
+    return string.reverse(table.concat(out))
+end
+
+local function mag_sub(a, b) -- a >= b
+    local out, borrow, i, j = {}, 0, #a, #b
+    while i > 0 do
+        local d = a:byte(i) - 48 - borrow
+        if j > 0 then d = d - (b:byte(j) - 48) end
+        if d < 0 then
+            d, borrow = d + 10, 1
+        else
+            borrow = 0
+        end
+        out[#out + 1] = string.char(48 + d)
+        i, j = i - 1, j - 1
+    end
+    local s = string.reverse(table.concat(out)):gsub('^0+', '')
+    return s == '' and '0' or s
+end
+
+function emq.dec_add(a, b)
+    if #a < 16 and #b < 16 then -- both below 10^15: doubles are exact
+        return int(tonumber(a) + tonumber(b))
+    end
+    local an, bn = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+    local am, bm = an and a:sub(2) or a, bn and b:sub(2) or b
+    local negative, m
+    if an == bn then
+        negative, m = an, mag_add(am, bm)
+    elseif mag_cmp(am, bm) >= 0 then
+        negative, m = an, mag_sub(am, bm)
+    else
+        negative, m = bn, mag_sub(bm, am)
+    end
+    if m == '0' then
+        return '0'
+    end
+    if mag_cmp(m, negative and INT64_MIN_MAGNITUDE or INT64_MAX) > 0 then
+        return nil
+    end
+    return negative and ('-' .. m) or m
+end
+
+-- Compare two canonical decimal strings: -1, 0 or 1.
+function emq.dec_cmp(a, b)
+    local an, bn = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+    if an ~= bn then
+        return an and -1 or 1
+    end
+    local c = mag_cmp(an and a:sub(2) or a, bn and b:sub(2) or b)
+    return an and -c or c
+end
+
+-- emq_lease_deadline: <lease-ms> an integer >= 1 whose deadline now + lease is still an
+-- exact score.  (A lease above 2^53 is a rounded double here, and still above 2^53 - now.)
+function emq.lease_deadline(now, s)
+    local lease = emq.parse_ll(s)
+    if lease == nil then emq.refuse(E.LEASE_NOT_INTEGER) end
+    if lease < 1 then emq.refuse(E.LEASE_TOO_SMALL) end
+    if now < 0 or now > MAX_EXACT_SCORE or lease > MAX_EXACT_SCORE - now then
+        emq.refuse(E.LEASE_TOO_LARGE)
+    end
+    return now + lease
+end
+
+-- emq_parse_count: an integer >= 1, or the refusal that names the argument.  The value is a
+-- number; above 2^53 it is rounded, which no bound below can tell apart.
+function emq.parse_count(s, refusal)
+    local v = emq.parse_ll(s)
+    if v == nil or v < 1 then emq.refuse(refusal) end
+    return v
+end
+
+-- A count as a LIMIT argument: more than any set can hold means "all".
+function emq.limit_arg(n)
+    return int(math.min(n, 2147483647))
+end
+
+-- emq_incr: the integer field `cur` (nil or false: absent, counts as 0) plus `add` (a
+-- canonical string), with HINCRBY's refusals.  Returns the canonical result.
+function emq.incr(cur, add, not_integer)
+    local v = '0'
+    if cur then
+        v = canonical(cur)
+        if v == nil then emq.refuse(not_integer) end
+    end
+    local next = emq.dec_add(v, add)
+    if next == nil then emq.refuse(E.OVERFLOW) end
+    return next
+end
+
+-- emq_parse_retention / emq_parse_retention_arg: -1 or 0 .. 2^53.
+function emq.parse_retention(s, refusal)
+    local v = emq.parse_ll(s)
+    if v == nil or v < -1 or v > MAX_EXACT_SCORE then emq.refuse(refusal) end
+    return v
+end
+
+-- emq_option_is: ASCII case-insensitive.
+function emq.option_is(arg, name)
+    return arg ~= nil and #arg == #name and arg:upper() == name
+end
+
+-- ---------------------------------------------------------------------------
+-- Keys (emq_core.c: emq_key_is, emq_base_has_hash_tag, emq_job_key_matches;
+-- emq_keys.c: emq_check_queue_keys, emq_check_cluster_base).
+-- ---------------------------------------------------------------------------
+function emq.base_has_hash_tag(base)
+    local open = base:find('{', 1, true)
+    if open == nil then return false end
+    local close = base:find('}', open + 1, true)
+    return close ~= nil and close > open + 1
+end
+
+-- Cluster mode is asked of the server only for a base without a hash tag (never for the
+-- client's own keys): INFO is the one way a script can tell.
+local function cluster_enabled()
+    return redis.call('INFO', 'cluster'):find('cluster_enabled:1', 1, true) ~= nil
+end
+
+-- keys[i] must be base .. suffix[i] (keys are argv positions).
+function emq.check_queue_keys(argv, first, suffixes, base, mismatch)
+    for i, suffix in ipairs(suffixes) do
+        if argv[first + i - 1] ~= base .. suffix then emq.refuse(mismatch) end
+    end
+end
+
+function emq.check_cluster_base(base)
+    if not emq.base_has_hash_tag(base) and cluster_enabled() then emq.refuse(E.NO_HASH_TAG) end
+end
+
+function emq.check_queue(argv, first, suffixes, base, mismatch)
+    emq.check_queue_keys(argv, first, suffixes, base, mismatch)
+    emq.check_cluster_base(base)
+end
+
+-- <job> is <base>job:<id> for the <base> of <active>.
+function emq.job_key_matches(active, job, id)
+    local suffix = 'active'
+    if #active < #suffix or active:sub(-#suffix) ~= suffix then return false end
+    return job == active:sub(1, #active - #suffix) .. 'job:' .. id
+end
+
+-- ---------------------------------------------------------------------------
+-- Opening keys.  A declared key was checked by the server before the script ran (ACL,
+-- cluster routing); its type is read with TYPE.  A key derived from <base> at run time is
+-- opened with emq.open_derived, which does what emq_open_derived does in C, in the only
+-- way a script can: its first touches are calls the server refuses for the caller's ACL
+-- or for the cluster's routing, caught with redis.pcall and answered with the module's
+-- words, before anything is read or written.
+-- ---------------------------------------------------------------------------
+function emq.type(key)
+    return redis.call('TYPE', key).ok
+end
+
+function emq.type_ok(t, want)
+    return t == 'none' or t == want
+end
+
+emq.READ, emq.READ_WRITE, emq.CREATE = 'r', 'rw', 'w'
+
+-- The error a refused first touch becomes: the module's NOPERM (Redis and Valkey word the
+-- script's ACL failure differently), or TRYAGAIN for a key this node does not serve as it
+-- stands (an absent key of a slot on the move).  Anything else is raised again.
+local function refusal_of(err)
+    if err:find('NOPERM', 1, true) or err:find("can't access", 1, true)
+        or err:find('ACL failure', 1, true) or err:find('No permissions', 1, true) then
+        return E.NOPERM_DERIVED
+    end
+    if err:find('non local key', 1, true) or err:find('TRYAGAIN', 1, true) then
+        return E.TRYAGAIN
+    end
+    error({ err = err }, 0)
+end
+
+-- The caller's write permission and the key's routing, without writing: PEXPIREAT to the
+-- epoch with GT never applies (a key without an expiry counts as never expiring, and any
+-- expiry is later than 0), but the server checks the key as for a write first.
+-- Returns nil, or the module's refusal text.
+function emq.probe_write(name)
+    local r = redis.pcall('PEXPIREAT', name, 0, 'GT')
+    if type(r) == 'table' and r.err then return refusal_of(r.err) end
+    return nil
+end
+
+-- Touch a derived key for `access` (emq.READ, emq.READ_WRITE or emq.CREATE) without raising:
+-- its type, or nil and the module's refusal.  An ACL refusal of either touch wins over a
+-- key on the move (the server checks the ACL of a call before its routing).
+function emq.touch(name, access)
+    local moving = nil
+    if access ~= emq.READ then
+        local refused = emq.probe_write(name)
+        if refused == E.NOPERM_DERIVED then return nil, refused end
+        moving = refused
+    end
+    local t = redis.pcall('TYPE', name)
+    if t.err then return nil, refusal_of(t.err) end
+    if moving then return nil, moving end
+    return t.ok, nil
+end
+
+-- Was `name` given in KEYS?  Then the server checked it before the script ran, for reading
+-- and writing (EVAL's keys are read-write), and routed the call by it.
+local declared = {}
+for _, key in ipairs(KEYS) do declared[key] = true end
+
+-- Open a derived key: its type, after the checks (emq_open_derived).
+function emq.open_derived(name, access)
+    if declared[name] then return emq.type(name) end
+    local t, refused = emq.touch(name, access)
+    if refused then emq.refuse(refused) end
+    return t
+end
+
+-- A field of a hash key, or nil when the key is not a hash or has no such field (emq_hget).
+function emq.hget(key, ktype, field)
+    if ktype ~= 'hash' then return nil end
+    local v = redis.call('HGET', key, field)
+    return v or nil
+end
+
+function emq.hexists(key, ktype, field)
+    return ktype == 'hash' and redis.call('HEXISTS', key, field) == 1
+end
+
+-- ---------------------------------------------------------------------------
+-- The queue's settings (emq_keys.c: emq_read_meta).
+-- ---------------------------------------------------------------------------
+emq.DEFAULT_DONE_TTL_MS = 3600000
+emq.DEFAULT_CANCELLED_TTL_MS = 86400000
+emq.DEFAULT_DEAD_TTL_MS = -1
+
+function emq.read_meta(base)
+    local meta = {
+        paused = false,
+        done_ttl = emq.DEFAULT_DONE_TTL_MS,
+        cancelled_ttl = emq.DEFAULT_CANCELLED_TTL_MS,
+        dead_ttl = emq.DEFAULT_DEAD_TTL_MS,
+    }
+    local name = base .. 'meta'
+    local t = emq.open_derived(name, emq.READ)
+    if not emq.type_ok(t, 'hash') then emq.refuse(E.WRONGTYPE) end
+    if t == 'hash' then
+        local v = redis.call('HMGET', name, 'paused', 'done_ttl_ms', 'cancelled_ttl_ms', 'dead_ttl_ms')
+        meta.paused = v[1] ~= false
+        if v[2] then meta.done_ttl = emq.parse_retention(v[2], E.META_NOT_INTEGER) end
+        if v[3] then meta.cancelled_ttl = emq.parse_retention(v[3], E.META_NOT_INTEGER) end
+        if v[4] then meta.dead_ttl = emq.parse_retention(v[4], E.META_NOT_INTEGER) end
+    end
+    return meta
+end
+
+-- A finished row's retention (emq_effects.c: emq_fx_retain): kept (-1), deleted at once
+-- (0), or expiring at now + ttl, absolute (PEXPIREAT), so a replica and the AOF expire it
+-- when the master does.  now + ttl may pass 2^53: added exactly.
+function emq.retain(row, now, ttl)
+    if ttl < 0 then return end
+    if ttl == 0 then
+        redis.call('DEL', row)
+        return
+    end
+    redis.call('PEXPIREAT', row, emq.dec_add(int(now), int(ttl)))
+end
+
+-- ---------------------------------------------------------------------------
+-- The fence (emq_core.c: emq_holder, emq_holder_error, emq_is_retry_of,
+-- emq_closed_route; emq_keys.c: emq_check_holder_or_retry).
+-- ---------------------------------------------------------------------------
+emq.HOLDER_OK, emq.HOLDER_GONE, emq.HOLDER_STALE_TOKEN, emq.HOLDER_NOT_ACTIVE = 'ok', 'gone', 'stale', 'inactive'
+emq.TO_PENDING, emq.TO_DEAD, emq.TO_CANCELLED = 'pending', 'dead', 'cancelled'
+
+local STALE = { extend = E.STALE_EXTEND, complete = E.STALE_COMPLETE, fail = E.STALE_FAIL, release = E.STALE_RELEASE }
+
+-- The error for a holder verdict that is neither OK nor GONE; nil for those two.
+function emq.holder_error(verb, holder)
+    if holder == emq.HOLDER_STALE_TOKEN then return STALE[verb] end
+    if holder == emq.HOLDER_NOT_ACTIVE then return E.NOT_ACTIVE end
+    return nil
+end
+
+-- The holder verdict for <id> and <token> (the row's token byte for byte, and membership of
+-- <active>), and for NOT_ACTIVE whether this is the retry of `verb` whose reply was lost:
+-- returns holder, retry, route (where the first call sent the job).
+function emq.check_holder_or_retry(active, row, rtype, id, token, verb)
+    local current = emq.hget(row, rtype, 'token')
+    local holder
+    if current == nil then
+        holder = emq.HOLDER_GONE
+    elseif current ~= token then
+        holder = emq.HOLDER_STALE_TOKEN
+    elseif redis.call('ZSCORE', active, id) then
+        holder = emq.HOLDER_OK
+    else
+        holder = emq.HOLDER_NOT_ACTIVE
+    end
+    local retry, route = false, emq.TO_PENDING
+    if holder == emq.HOLDER_NOT_ACTIVE then
+        local closed_by = emq.hget(row, rtype, 'closed_by')
+        if closed_by and (closed_by == verb or closed_by:sub(1, #verb + 1) == verb .. ':') then
+            retry = true
+            local where = closed_by:match('^[^:]*:(.*)$')
+            if where == 'dead' then
+                route = emq.TO_DEAD
+            elseif where == 'cancelled' then
+                route = emq.TO_CANCELLED
+            end
+        end
+    end
+    return holder, retry, route
+end
+
+-- 1 when a row's state says the job is over (emq_state_is_finished).
+function emq.state_is_finished(state)
+    return state == 'done' or state == 'dead' or state == 'cancelled'
+end
+
+-- May RETRY move a row in this state back to pending?  nil, or the EMQSTATE refusal.
+function emq.retry_check(state)
+    if state == nil then return E.STATE_UNKNOWN end
+    if state == 'dead' or state == 'cancelled' then return nil end
+    if state == 'pending' then return E.STATE_PENDING end
+    if state == 'active' then return E.STATE_ACTIVE end
+    if state == 'done' then return E.STATE_DONE end
+    return E.STATE_UNKNOWN
+end
+
+-- ---------------------------------------------------------------------------
+-- Sorted sets.
+-- ---------------------------------------------------------------------------
+
+-- Up to `limit` members scored at or below `max` (a score argument: a number's decimal or
+-- '+inf'), lowest first (emq_zset_head).
+function emq.zset_head(set, max, limit)
+    if limit < 1 then return {} end
+    return redis.call('ZRANGE', set, '-inf', max, 'BYSCORE', 'LIMIT', 0, emq.limit_arg(limit))
+end
+
+return emq

@@ -1,0 +1,31 @@
+#!lua flags=allow-oom
+-- EMQ.FORGET <pending> <base> <id> [<id> ...]                          (module/emq_admin.c)
+--
+-- DELetes each row <base>job:<id> whose state is done or cancelled (a finished job in no
+-- set); other rows and absent ones are left alone.  Reply :<n>, the rows deleted.  Not
+-- deny-oom (allow-oom): it frees memory.
+return emq.run(function()
+    -- parse
+    local argv, argc = emq.args()
+    if argc < 4 then emq.wrong_arity('emq.forget') end
+    local base = argv[2]
+    emq.check_queue(argv, 1, { 'pending' }, base, emq.E.PENDING_KEY)
+
+    -- open, type-check, read and decide, one row at a time (an id may be named twice)
+    local rows, forget = {}, {}
+    for i = 3, argc - 1 do
+        local row = base .. 'job:' .. argv[i]
+        local rtype = emq.open_derived(row, emq.READ_WRITE)
+        if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+        local state = emq.hget(row, rtype, 'state')
+        rows[#rows + 1] = row
+        forget[#rows] = state == 'done' or state == 'cancelled'
+    end
+
+    -- apply
+    local deleted = 0
+    for i, row in ipairs(rows) do
+        if forget[i] then deleted = deleted + redis.call('DEL', row) end
+    end
+    return deleted
+end)

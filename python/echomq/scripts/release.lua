@@ -1,0 +1,50 @@
+#!lua flags=allow-oom
+-- EMQ.RELEASE <active> <pending> <base> <id> <token>                  (module/emq_finish.c)
+--
+-- The holder gives the job back without using an attempt: it leaves <active>, its row's
+-- `tries` goes back down by one (never below 0), no stall is counted, and it waits at the
+-- head of <pending> (score 0).  A job whose cancel was requested ends cancelled.  Reply:
+-- +pending or +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers as the first
+-- call did.  Not deny-oom (allow-oom): a shutdown must give jobs back under memory pressure.
+return emq.run(function()
+    -- parse
+    local argv, argc = emq.args()
+    if argc ~= 6 then emq.wrong_arity('emq.release') end
+    local active, pending, base = argv[1], argv[2], argv[3]
+    emq.check_queue(argv, 1, { 'active', 'pending' }, base, emq.E.PENDING_ACTIVE_ORDER)
+    local id, token = argv[4], argv[5]
+    local now = emq.now_ms()
+
+    -- open and type-check: the derived row's ACL before it is read
+    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'zset') then
+        emq.refuse(emq.E.WRONGTYPE)
+    end
+    local row = base .. 'job:' .. id
+    local rtype = emq.open_derived(row, emq.READ_WRITE)
+    if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+
+    -- read and decide
+    local holder, retry, first_route = emq.check_holder_or_retry(active, row, rtype, id, token, 'release')
+    local cancelled = emq.hexists(row, rtype, 'cancel_requested')
+    if holder == emq.HOLDER_GONE then return -1 end
+    if retry then -- the first call's answer
+        return redis.status_reply(first_route == emq.TO_CANCELLED and 'cancelled' or 'pending')
+    end
+    local refusal = emq.holder_error('release', holder)
+    if refusal then emq.refuse(refusal) end
+    local tries = emq.incr(emq.hget(row, rtype, 'tries'), '0', emq.E.TRIES_NOT_INTEGER)
+    local meta
+    if cancelled then meta = emq.read_meta(base) end
+
+    -- apply
+    redis.call('ZREM', active, id)
+    if cancelled then
+        redis.call('HSET', row, 'state', 'cancelled', 'finished_at', emq.int(now), 'closed_by', 'release:cancelled')
+        emq.retain(row, now, meta.cancelled_ttl)
+        return redis.status_reply('cancelled')
+    end
+    local back = emq.dec_cmp(tries, '0') > 0 and emq.dec_add(tries, '-1') or '0'
+    redis.call('HSET', row, 'tries', back, 'state', 'pending', 'closed_by', 'release:pending')
+    redis.call('ZADD', pending, 0, id)
+    return redis.status_reply('pending')
+end)

@@ -1,0 +1,6 @@
+#!lua flags=allow-oom
+-- include: _pause.lua
+-- EMQ.RESUME <pending> <base>                                          (module/emq_admin.c)
+--
+-- Claims hand out jobs again.  Not deny-oom (allow-oom), as PAUSE.
+return emq.run(function() return pause_or_resume(false, 'emq.resume') end)

@@ -1,0 +1,110 @@
+#!lua
+-- EMQ.SWEEP <active> <pending> <dead> <base> <max-stalled> <limit>      (module/emq_sweep.c)
+--
+-- Reply: [recovered ids, dead ids, cancelled ids, dead rows expired], the lists in
+-- processing order.  Takes the members of <active> whose lease lapsed (score <= server-now),
+-- oldest first, at most <limit>: each counts a stall and goes back to <pending> (score 0) or,
+-- at <max-stalled> stalls, to <dead> (scored with the time it died, counted in the metric);
+-- one whose cancel was requested ends cancelled.  With a dead retention (<base>meta
+-- dead_ttl_ms >= 0), up to <limit> dead jobs that died that long ago leave <dead> with their
+-- rows.  Every row and the metric are read and checked before the first write.
+--
+-- <limit> may not exceed the server's emq.max-limit, which a script cannot read: the
+-- client's max_limit (<setting>) stands in for it.
+local RECOVERED, DEAD, CANCELLED, EXPIRED = 1, 2, 3, 4
+
+return emq.run(function()
+    -- parse
+    local argv, argc, max_limit = emq.args()
+    if argc ~= 7 then emq.wrong_arity('emq.sweep') end
+    local active, pending, dead, base = argv[1], argv[2], argv[3], argv[4]
+    emq.check_queue_keys(argv, 1, { 'active', 'pending', 'dead' }, base, emq.E.THREE_SETS)
+    local max_stalled = emq.parse_count(argv[5], emq.E.MAX_STALLED)
+    local limit = emq.parse_count(argv[6], emq.E.LIMIT)
+    if limit > (tonumber(max_limit) or 10000) then emq.refuse(emq.E.LIMIT_TOO_LARGE) end
+    emq.check_cluster_base(base)
+    local now = emq.now_ms()
+
+    -- open and type-check
+    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'zset')
+        or not emq.type_ok(emq.type(dead), 'zset') then
+        emq.refuse(emq.E.WRONGTYPE)
+    end
+
+    -- read: the settings, the lapsed jobs, and the dead past their retention
+    local meta = emq.read_meta(base)
+    local jobs = {}
+    for _, id in ipairs(emq.zset_head(active, emq.int(now), limit)) do
+        jobs[#jobs + 1] = { id = id, row = base .. 'job:' .. id, fate = RECOVERED }
+    end
+    local lapsed = #jobs
+    if meta.dead_ttl >= 0 and now - meta.dead_ttl >= 0 then
+        for _, id in ipairs(emq.zset_head(dead, emq.int(now - meta.dead_ttl), limit)) do
+            jobs[#jobs + 1] = { id = id, row = base .. 'job:' .. id, fate = EXPIRED }
+        end
+    end
+
+    -- decide: every row's ACL before any row is read (a refusal reveals nothing); then row
+    -- by row, as the module opens them: a row of a slot on the move, its type, its count
+    local refusals = {}
+    for i, j in ipairs(jobs) do
+        local rtype, refused = emq.touch(j.row, emq.READ_WRITE)
+        if refused == emq.E.NOPERM_DERIVED then emq.refuse(refused) end
+        j.rtype, refusals[i] = rtype, refused
+    end
+    local deaths = 0
+    for i, j in ipairs(jobs) do
+        if refusals[i] then emq.refuse(refusals[i]) end
+        local rtype = j.rtype
+        if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+        if j.fate ~= EXPIRED then
+            if emq.hexists(j.row, rtype, 'cancel_requested') then
+                j.fate = CANCELLED
+            else
+                -- a row that vanished while its id stayed active is re-created by the stall
+                -- count, as HINCRBY would: the id is not silently dropped
+                local stalled = emq.incr(emq.hget(j.row, rtype, 'stalled'), '1', emq.E.STALLED_NOT_INTEGER)
+                if emq.dec_cmp(stalled, emq.canonical(argv[5])) >= 0 then
+                    j.fate = DEAD
+                    deaths = deaths + 1
+                end
+            end
+        end
+    end
+    local metrics = base .. 'metrics:failed'
+    if deaths > 0 then
+        local mtype = emq.open_derived(metrics, emq.READ_WRITE)
+        if not emq.type_ok(mtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+        emq.incr(emq.hget(metrics, mtype, 'count'), emq.int(deaths), emq.E.FAILED_NOT_INTEGER)
+    end
+
+    -- apply, job by job, in the order of the seed's Lua (and so of its keyspace events)
+    local at = emq.int(now)
+    local lists = { {}, {}, {} }
+    for _, j in ipairs(jobs) do
+        if j.fate == EXPIRED then
+            redis.call('ZREM', dead, j.id)
+            redis.call('DEL', j.row)
+        else
+            redis.call('ZREM', active, j.id)
+            if j.fate == CANCELLED then
+                redis.call('HSET', j.row, 'state', 'cancelled', 'finished_at', at)
+                emq.retain(j.row, now, meta.cancelled_ttl)
+            else
+                redis.call('HINCRBY', j.row, 'stalled', 1)
+                if j.fate == DEAD then
+                    redis.call('HSET', j.row, 'state', 'dead')
+                    redis.call('HSET', j.row, 'last_error', 'stalled', 'finished_at', at)
+                    redis.call('ZADD', dead, at, j.id)
+                    redis.call('HINCRBY', metrics, 'count', 1)
+                else
+                    redis.call('ZADD', pending, 0, j.id)
+                    redis.call('HSET', j.row, 'state', 'pending')
+                end
+            end
+            local list = lists[j.fate]
+            list[#list + 1] = j.id
+        end
+    end
+    return { lists[RECOVERED], lists[DEAD], lists[CANCELLED], #jobs - lapsed }
+end)
