@@ -74,11 +74,22 @@ def test_same_contract_as_the_sync_client(r: redis.Redis, server: EmbeddedServer
 def test_module_not_loaded(server_factory: ServerFactory) -> None:
     bare = server_factory(load_module=False)
 
-    async def body(client: emq.Client) -> None:
-        with pytest.raises(echomq.ModuleNotLoaded):
-            await client.sweep(Q)
+    async def main() -> None:
+        forced = emq.Client.from_url(bare.url, backend="module")
+        auto = emq.Client.from_url(bare.url)
+        try:
+            assert forced.backend == "module"
+            with pytest.raises(echomq.ModuleNotLoaded):
+                await forced.sweep(Q)
+            with pytest.raises(RuntimeError, match="detect_backend"):
+                auto.backend  # noqa: B018  (not asked yet: a property cannot await)
+            assert await auto.sweep(Q) == echomq.SweepResult()  # auto: the scripts
+            assert auto.backend == "scripts" and await auto.detect_backend() == "scripts"
+        finally:
+            await forced.aclose()
+            await auto.aclose()
 
-    run(bare, body)
+    asyncio.run(main())
 
 
 def test_cancel_token_can_be_awaited_and_cancelled_from_a_thread() -> None:

@@ -40,6 +40,7 @@ def test_inspect_shows_counts_and_leases(
     code, out, _ = run(server, capsys, "inspect", Q)
     assert code == 0
     assert "pending 2   active 1   dead 0   failed 4" in out
+    assert "backend module (the emq module's EMQ.* commands)" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("j0"))
     assert " ms" in line and "stop please" in line
     left = int(line.split()[2])
@@ -134,8 +135,18 @@ def test_clear_errors_and_exit_codes(capsys: pytest.CaptureFixture[str], server_
 
 def test_module_not_loaded_is_explained(server_factory: object, capsys: pytest.CaptureFixture[str]) -> None:
     bare = server_factory(load_module=False)  # type: ignore[operator]
-    assert main(["--url", bare.url, "sweep", Q]) == 1
+    assert main(["--url", bare.url, "--backend", "module", "sweep", Q]) == 1
     assert "--loadmodule" in capsys.readouterr().err
+
+
+def test_without_the_module_the_cli_runs_the_scripts_and_says_so(
+    server_factory: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = server_factory(load_module=False)  # type: ignore[operator]
+    assert main(["--url", bare.url, "enqueue", Q, "x", "--id", "j"]) == 0
+    assert main(["--url", bare.url, "inspect", Q]) == 0
+    out = capsys.readouterr().out
+    assert "backend scripts" in out and "pending 1" in out
 
 
 def test_module_path_command(capsys: pytest.CaptureFixture[str]) -> None:

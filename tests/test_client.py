@@ -35,13 +35,39 @@ def test_client_refuses_bad_queue_before_sending(client: echomq.Client) -> None:
 
 
 def test_module_not_loaded(server_factory: ServerFactory) -> None:
+    """backend="module" insists on the module: a server without it is explained."""
     bare = server_factory(load_module=False)
-    client = echomq.Client(bare.client())
+    client = echomq.Client(bare.client(), backend="module")
+    assert client.backend == "module"
     with pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule"):
         client.sweep("mail")
     with pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule") as info:
         client.extend("mail", "j", token="1", lease_ms=10)
     assert isinstance(info.value, echomq.EchoMQError)
+
+
+def test_auto_picks_the_module_when_the_server_has_it_else_the_scripts(
+    server: EmbeddedServer, server_factory: ServerFactory
+) -> None:
+    bare = server_factory(load_module=False)
+    assert echomq.Client(server.client()).backend == "module"
+    scripts = echomq.Client(bare.client())
+    assert scripts.detect_backend() == "scripts" and scripts.backend == "scripts"
+    assert scripts.sweep("mail") == echomq.SweepResult()
+    job_id = scripts.enqueue("mail", b"x")
+    job = scripts.claim("mail", lease_ms=1000)
+    assert job is not None and job.id == job_id
+    scripts.complete("mail", job.id, job.token)
+    # Forced scripts on a server that has the module: they run beside it.
+    forced = echomq.Client(server.client(), backend="scripts")
+    assert forced.backend == "scripts" and forced.sweep("mail") == echomq.SweepResult()
+
+
+def test_backend_is_checked(server: EmbeddedServer) -> None:
+    with pytest.raises(ValueError, match="backend"):
+        echomq.Client(server.client(), backend="lua")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_limit"):
+        echomq.ScriptLimits(max_limit=0)
 
 
 def test_from_url(server: EmbeddedServer) -> None:

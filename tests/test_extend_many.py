@@ -135,4 +135,4 @@ def test_other_server_errors_are_raised(r: redis.Redis, client: echomq.Client) -
 def test_module_not_loaded(server_factory: ServerFactory) -> None:
     bare = server_factory(load_module=False)
     with bare.client() as conn, pytest.raises(echomq.ModuleNotLoaded, match="--loadmodule"):
-        echomq.Client(conn).extend_many(Q, [("a", "1")], 1_000)
+        echomq.Client(conn, backend="module").extend_many(Q, [("a", "1")], 1_000)

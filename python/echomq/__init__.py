@@ -27,6 +27,7 @@ from .client import (
     QueueCounts,
     Retention,
     RetryDeadResult,
+    ScriptLimits,
     SweepResult,
 )
 from .errors import (
@@ -67,6 +68,7 @@ __all__ = [
     "Reaper",
     "Retention",
     "RetryDeadResult",
+    "ScriptLimits",
     "StaleToken",
     "SweepResult",
     "Worker",

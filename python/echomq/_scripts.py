@@ -71,7 +71,7 @@ class ScriptLimits:
 def check_backend(backend: object) -> BackendChoice:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    return backend  # type: ignore[return-value]
+    return backend
 
 
 # -- the scripts ---------------------------------------------------------------------
@@ -85,7 +85,7 @@ _INCLUDE = re.compile(r"^-- include: (\S+)$", re.MULTILINE)
 
 
 def _file(name: str) -> str:
-    return resources.files("echomq").joinpath("scripts", name).read_text(encoding="utf-8")
+    return resources.files("echomq").joinpath("scripts").joinpath(name).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
@@ -45,6 +45,15 @@ from ._protocol import (
     SweepResult,
 )
 from ._runtime import Action, Finish, KeeperCore, ReaperCore, WorkerCore
+from ._scripts import (
+    PROBE,
+    BackendChoice,
+    BackendName,
+    Rendering,
+    ScriptLimits,
+    backend_from_probe,
+    check_backend,
+)
 from .cancel import Cancellation, CancelToken
 from .errors import LeaseLost
 
@@ -56,29 +65,105 @@ AsyncHandler = Callable[[Job, CancelToken], Awaitable[object]]
 
 
 class Client:
-    """``echomq.Client`` for asyncio; every method is a coroutine with the same contract."""
+    """``echomq.Client`` for asyncio; every method is a coroutine with the same contract.
 
-    def __init__(self, redis_client: aioredis.Redis | aioredis.RedisCluster) -> None:
+    ``backend`` and ``script_limits`` as for ``echomq.Client``.  With ``"auto"``
+    the server is asked at the first command (or ``await
+    client.detect_backend()``); ``client.backend`` is known from then on.
+    """
+
+    def __init__(
+        self,
+        redis_client: aioredis.Redis | aioredis.RedisCluster,
+        backend: BackendChoice = "auto",
+        *,
+        script_limits: ScriptLimits | None = None,
+    ) -> None:
         self.redis = redis_client
+        self._limits = script_limits if script_limits is not None else ScriptLimits()
+        choice = check_backend(backend)
+        self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
 
     @classmethod
-    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        backend: BackendChoice = "auto",
+        script_limits: ScriptLimits | None = None,
+        **kwargs: Any,
+    ) -> Client:
         """Connect with ``redis.asyncio.Redis.from_url(url, **kwargs)``.
 
         With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
         client is ``redis.asyncio.RedisCluster``: each command goes to the node
-        that owns its queue's slot.
+        that owns its queue's slot.  ``backend`` and ``script_limits`` as for
+        ``Client``.
         """
         if cluster:
-            return cls(aioredis.RedisCluster.from_url(url, **kwargs))
-        return cls(aioredis.Redis.from_url(url, **kwargs))
+            return cls(aioredis.RedisCluster.from_url(url, **kwargs), backend, script_limits=script_limits)
+        return cls(aioredis.Redis.from_url(url, **kwargs), backend, script_limits=script_limits)
+
+    @property
+    def backend(self) -> BackendName:
+        """``"module"`` or ``"scripts"``; with "auto", known once a command ran (or ``detect_backend``).
+
+        Raises RuntimeError before that: a property cannot await the server.
+        """
+        if self._rendering is None:
+            raise RuntimeError("the backend is not known yet: await client.detect_backend() first")
+        return self._rendering.name
+
+    async def detect_backend(self) -> BackendName:
+        """The backend in use, asking the server once if it is "auto"."""
+        return (await self._render()).name
+
+    async def _render(self) -> Rendering:
+        rendering = self._rendering
+        if rendering is None:
+            try:
+                reply = await self.redis.execute_command(*PROBE, **self._any_node())
+            except ResponseError:  # COMMAND refused (an ACL): the scripts run anywhere
+                reply = None
+            rendering = self._rendering = Rendering(backend_from_probe(reply), self._limits)
+        return rendering
+
+    def _any_node(self) -> dict[str, Any]:
+        if hasattr(self.redis, "get_random_node"):
+            return {"target_nodes": self.redis.get_random_node()}
+        return {}
+
+    async def _send(self, rendering: Rendering, command: tuple[Any, ...]) -> Any:
+        try:
+            return await self.redis.execute_command(*command)
+        except NoScriptError:  # nothing ran: send it as EVAL, which caches the script on that node
+            return await self.redis.execute_command(*rendering.on_noscript(command))
 
     async def _run(self, call: proto.Call[T]) -> T:
+        rendering = await self._render()
         try:
-            reply = await self.redis.execute_command(*call.args)
+            reply = await self._send(rendering, rendering.command(call.args))
         except ResponseError as exc:
             proto.raise_mapped(exc, call)
         return call.read(reply)
+
+    async def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
+        rendering = await self._render()
+        commands = [rendering.command(call.args) for call in calls]
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if again:
+            pipe = self.redis.pipeline(transaction=False)
+            for i in again:
+                pipe.execute_command(*rendering.on_noscript(commands[i]))
+            for i, reply in zip(again, await pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        return replies
 
     async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""
@@ -91,10 +176,7 @@ class Client:
         calls = proto.extend_batch(queue, jobs, lease_ms)
         if not calls:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for call in calls:
-            pipe.execute_command(*call.args)
-        replies = await pipe.execute(raise_on_error=False)
+        replies = await self._pipeline_run(calls)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
     async def checkpoint(

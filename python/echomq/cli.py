@@ -18,7 +18,9 @@
 
 The server is --url (or $ECHOMQ_URL, default redis://localhost:6379/0);
 --cluster (or ECHOMQ_CLUSTER=1) connects to Redis Cluster through that
-URL's node.
+URL's node.  --backend (or $ECHOMQ_BACKEND) is auto (the default: the
+module when the server has it, else the scripts), module or scripts;
+`echomq inspect` says which one is in use.
 """
 
 from __future__ import annotations
@@ -46,7 +48,13 @@ class CliError(Exception):
 
 
 def _connect(args: argparse.Namespace) -> Client:
-    return Client.from_url(args.url, cluster=args.cluster)
+    return Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
+
+
+BACKEND_NOTE = {
+    "module": "the emq module's EMQ.* commands",
+    "scripts": "Lua scripts (EVALSHA): the server has no emq module",
+}
 
 
 def _table(rows: list[list[str]], out: Any) -> None:
@@ -68,6 +76,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out = sys.stdout
     paused = "  PAUSED (claims get nothing until 'echomq resume')" if counts.paused else ""
     out.write(f"queue {args.queue}  (server time {now} ms){paused}\n")
+    out.write(f"  backend {client.backend} ({BACKEND_NOTE[client.backend]})\n")
     out.write(f"  pending {counts.pending}   active {active}   dead {counts.dead}   failed {counts.failed}\n")
     out.write(
         f"  delayed {counts.delayed}   lapsed {counts.lapsed}   paused {'yes' if counts.paused else 'no'}\n"
@@ -344,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=os.environ.get("ECHOMQ_CLUSTER", "") not in ("", "0"),
         help="the URL is a Redis Cluster node (default: $ECHOMQ_CLUSTER)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "module", "scripts"],
+        default=os.environ.get("ECHOMQ_BACKEND", "auto"),
+        help="module (EMQ.* commands), scripts (Lua, any Redis 7 / Valkey 8) or auto (default: "
+        "$ECHOMQ_BACKEND or auto: the module when the server has it)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
@@ -24,6 +24,15 @@ from ._protocol import (
     RetryDeadResult,
     SweepResult,
 )
+from ._scripts import (
+    PROBE,
+    BackendChoice,
+    BackendName,
+    Rendering,
+    ScriptLimits,
+    backend_from_probe,
+    check_backend,
+)
 from .cancel import Cancellation
 
 if TYPE_CHECKING:
@@ -40,6 +49,7 @@ __all__ = [
     "QueueCounts",
     "Retention",
     "RetryDeadResult",
+    "ScriptLimits",
     "SweepResult",
 ]
 
@@ -49,33 +59,107 @@ T = TypeVar("T")
 class Client:
     """EchoMQ's lifecycle commands on one Redis (or Redis Cluster) connection.
 
+    ``backend`` says how the commands run: ``"module"`` (the EMQ.* commands of
+    the emq module), ``"scripts"`` (the same verbs as Lua scripts, for a server
+    without the module: any Redis 7 or Valkey 8) or ``"auto"`` (the default:
+    the module when the server has it, else the scripts; asked once, at the
+    first command).  ``client.backend`` says which one is in use.
+    ``script_limits`` are the server-side settings the scripts cannot read
+    (``ScriptLimits``: the module's defaults unless given).
+
     >>> client = Client.from_url("redis://localhost:6379/0")   # doctest: +SKIP
-    >>> client.extend("emails", "job-42", token=3, lease_ms=30_000)  # doctest: +SKIP
+    >>> client.extend("emails", "job-42", token="3-...", lease_ms=30_000)  # doctest: +SKIP
     """
 
-    def __init__(self, redis_client: redis.Redis | RedisCluster) -> None:
+    def __init__(
+        self,
+        redis_client: redis.Redis | RedisCluster,
+        backend: BackendChoice = "auto",
+        *,
+        script_limits: ScriptLimits | None = None,
+    ) -> None:
         self.redis = redis_client
+        self._limits = script_limits if script_limits is not None else ScriptLimits()
+        choice = check_backend(backend)
+        self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
 
     @classmethod
-    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        backend: BackendChoice = "auto",
+        script_limits: ScriptLimits | None = None,
+        **kwargs: Any,
+    ) -> Client:
         """Connect with ``redis.Redis.from_url(url, **kwargs)``.
 
         With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
         client is redis-py's ``RedisCluster``: each command goes to the node
-        that owns its queue's slot.
+        that owns its queue's slot.  ``backend`` and ``script_limits`` as for
+        ``Client``.
         """
         if cluster:
             from redis.cluster import RedisCluster
 
-            return cls(RedisCluster.from_url(url, **kwargs))
-        return cls(redis.Redis.from_url(url, **kwargs))
+            return cls(RedisCluster.from_url(url, **kwargs), backend, script_limits=script_limits)
+        return cls(redis.Redis.from_url(url, **kwargs), backend, script_limits=script_limits)
+
+    @property
+    def backend(self) -> BackendName:
+        """``"module"`` or ``"scripts"``: how this client's commands run (asks the server once)."""
+        return self._render().name
+
+    def detect_backend(self) -> BackendName:
+        """The backend in use, asking the server once if it is "auto" (``client.backend`` does too)."""
+        return self._render().name
+
+    def _render(self) -> Rendering:
+        rendering = self._rendering
+        if rendering is None:
+            try:
+                reply = self.redis.execute_command(*PROBE, **self._any_node())  # type: ignore[no-untyped-call]
+            except ResponseError:  # COMMAND refused (an ACL): the scripts run anywhere
+                reply = None
+            rendering = self._rendering = Rendering(backend_from_probe(reply), self._limits)
+        return rendering
+
+    def _any_node(self) -> dict[str, Any]:
+        if hasattr(self.redis, "get_random_node"):
+            return {"target_nodes": self.redis.get_random_node()}
+        return {}
+
+    def _send(self, rendering: Rendering, command: tuple[Any, ...]) -> Any:
+        try:
+            return self.redis.execute_command(*command)  # type: ignore[no-untyped-call]
+        except NoScriptError:  # nothing ran: send it as EVAL, which caches the script on that node
+            return self.redis.execute_command(*rendering.on_noscript(command))  # type: ignore[no-untyped-call]
 
     def _run(self, call: proto.Call[T]) -> T:
+        rendering = self._render()
         try:
-            reply = self.redis.execute_command(*call.args)  # type: ignore[no-untyped-call]
+            reply = self._send(rendering, rendering.command(call.args))
         except ResponseError as exc:
             proto.raise_mapped(exc, call)
         return call.read(reply)
+
+    def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
+        rendering = self._render()
+        commands = [rendering.command(call.args) for call in calls]
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if again:
+            pipe = self.redis.pipeline(transaction=False)
+            for i in again:
+                pipe.execute_command(*rendering.on_noscript(commands[i]))
+            for i, reply in zip(again, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        return replies
 
     def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease: the job's deadline becomes server-now + ``lease_ms``.
@@ -103,10 +187,7 @@ class Client:
         calls = proto.extend_batch(queue, jobs, lease_ms)
         if not calls:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for call in calls:
-            pipe.execute_command(*call.args)
-        replies = pipe.execute(raise_on_error=False)
+        replies = self._pipeline_run(calls)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
     def checkpoint(
