@@ -142,6 +142,9 @@ FEATURES = {
     # ACLCheckKeyPermissions and the user functions: derived keys ACL-checked;
     # also ACL DRYRUN, %R~/%W~ key permissions and COMMAND GETKEYSANDFLAGS (7.0)
     "acl_keys": {"redis": (7, 0), "valkey": (7, 2)},
+    # Not the module's: script flags (#!lua shebangs, allow-oom) and EXPIRE's GT, which
+    # the scripts backend needs (Redis 7.0)
+    "script_flags": {"redis": (7, 0), "valkey": (7, 2)},
 }
 # The optional module API functions (module/emq_rm.h) behind each feature.
 FEATURE_FUNCTIONS = {
@@ -150,6 +153,7 @@ FEATURE_FUNCTIONS = {
     "own_category": {"AddACLCategory"},
     "module_configs": {"RegisterNumericConfig", "LoadConfigs"},
     "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckKeyPermissions"},
+    "script_flags": set(),
 }
 
 

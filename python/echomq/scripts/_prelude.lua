@@ -85,7 +85,25 @@ end
 
 -- Run a verb's body: its reply, or the error it refused with.  Anything else (a bug, or
 -- an error the server raised) is raised again untouched.
-function emq.run(body)
+--
+-- `commands` are the core commands the body may call once it has written something.  A
+-- user allowed EVALSHA may still be refused one of them (an ACL that names commands), and
+-- a refusal after a write would leave the verb half applied: each is checked first
+-- (redis.acl_check_cmd checks without running), before anything is read or written.
+-- The arguments after the key of each command checked: a well-formed call on KEYS[1],
+-- which the server already let the caller read and write.
+local CHECK_ARGS = {
+    ZREM = { 'm' }, ZADD = { '0', 'm' }, HSET = { 'f', 'v' }, HINCRBY = { 'f', '1' }, HDEL = { 'f' },
+    HGET = { 'f' }, HMGET = { 'f' }, SET = { 'v' }, PEXPIREAT = { '0' }, DEL = {}, PERSIST = {},
+}
+
+function emq.run(commands, body)
+    for _, command in ipairs(commands) do
+        if KEYS[1] and not redis.acl_check_cmd(command, KEYS[1], unpack(CHECK_ARGS[command])) then
+            return redis.error_reply('NOPERM this user has no permissions to run the \'' .. command:lower()
+                .. "' command, which the scripts backend calls")
+        end
+    end
     local ok, reply = pcall(body)
     if ok then
         return reply
@@ -250,13 +268,13 @@ end
 -- emq_lease_deadline: <lease-ms> an integer >= 1 whose deadline now + lease is still an
 -- exact score.  (A lease above 2^53 is a rounded double here, and still above 2^53 - now.)
 function emq.lease_deadline(now, s)
-    local lease = emq.parse_ll(s)
-    if lease == nil then emq.refuse(E.LEASE_NOT_INTEGER) end
-    if lease < 1 then emq.refuse(E.LEASE_TOO_SMALL) end
-    if now < 0 or now > MAX_EXACT_SCORE or lease > MAX_EXACT_SCORE - now then
+    local c = canonical(s)
+    if c == nil then emq.refuse(E.LEASE_NOT_INTEGER) end
+    if emq.dec_cmp(c, '1') < 0 then emq.refuse(E.LEASE_TOO_SMALL) end
+    if now < 0 or now > MAX_EXACT_SCORE or emq.dec_cmp(c, int(MAX_EXACT_SCORE - now)) > 0 then
         emq.refuse(E.LEASE_TOO_LARGE)
     end
-    return now + lease
+    return now + tonumber(c)
 end
 
 -- emq_parse_count: an integer >= 1, or the refusal that names the argument.  The value is a
@@ -285,11 +303,14 @@ function emq.incr(cur, add, not_integer)
     return next
 end
 
--- emq_parse_retention / emq_parse_retention_arg: -1 or 0 .. 2^53.
+-- emq_parse_retention / emq_parse_retention_arg: -1 or 0 .. 2^53 (compared exactly: the
+-- double nearest 2^53 + 1 is 2^53).
 function emq.parse_retention(s, refusal)
-    local v = emq.parse_ll(s)
-    if v == nil or v < -1 or v > MAX_EXACT_SCORE then emq.refuse(refusal) end
-    return v
+    local c = canonical(s)
+    if c == nil or emq.dec_cmp(c, '-1') < 0 or emq.dec_cmp(c, int(MAX_EXACT_SCORE)) > 0 then
+        emq.refuse(refusal)
+    end
+    return tonumber(c)
 end
 
 -- emq_option_is: ASCII case-insensitive.
@@ -355,43 +376,46 @@ end
 
 emq.READ, emq.READ_WRITE, emq.CREATE = 'r', 'rw', 'w'
 
--- The error a refused first touch becomes: the module's NOPERM (Redis and Valkey word the
--- script's ACL failure differently), or TRYAGAIN for a key this node does not serve as it
--- stands (an absent key of a slot on the move).  Anything else is raised again.
+-- The error a refused touch becomes: TRYAGAIN for a key this node does not serve as it
+-- stands (an absent key of a slot on the move), the module's NOPERM for an ACL refusal
+-- (Redis and Valkey word a script's ACL failure differently).  Anything else is raised
+-- again.
 local function refusal_of(err)
+    if err:find('non local key', 1, true) or err:find('TRYAGAIN', 1, true) then
+        return E.TRYAGAIN
+    end
     if err:find('NOPERM', 1, true) or err:find("can't access", 1, true)
         or err:find('ACL failure', 1, true) or err:find('No permissions', 1, true) then
         return E.NOPERM_DERIVED
     end
-    if err:find('non local key', 1, true) or err:find('TRYAGAIN', 1, true) then
-        return E.TRYAGAIN
-    end
     error({ err = err }, 0)
 end
 
--- The caller's write permission and the key's routing, without writing: PEXPIREAT to the
--- epoch with GT never applies (a key without an expiry counts as never expiring, and any
--- expiry is later than 0), but the server checks the key as for a write first.
--- Returns nil, or the module's refusal text.
-function emq.probe_write(name)
-    local r = redis.pcall('PEXPIREAT', name, 0, 'GT')
-    if type(r) == 'table' and r.err then return refusal_of(r.err) end
-    return nil
+-- May the caller do `access` to the key?  Asked as the module asks it (emq_acl_may), for the
+-- permissions a core command doing the same would need, before the key is touched at all:
+-- read (HGET's), write (HSET's), or both.
+local function may(name, access)
+    if access ~= emq.CREATE and not redis.acl_check_cmd('HGET', name, 'f') then return false end
+    if access ~= emq.READ and not redis.acl_check_cmd('HSET', name, 'f', 'v') then return false end
+    return true
 end
+emq.may = may
 
 -- Touch a derived key for `access` (emq.READ, emq.READ_WRITE or emq.CREATE) without raising:
--- its type, or nil and the module's refusal.  An ACL refusal of either touch wins over a
--- key on the move (the server checks the ACL of a call before its routing).
+-- its type, or nil and the module's refusal.
 function emq.touch(name, access)
-    local moving = nil
-    if access ~= emq.READ then
-        local refused = emq.probe_write(name)
-        if refused == E.NOPERM_DERIVED then return nil, refused end
-        moving = refused
-    end
+    if not may(name, access) then return nil, E.NOPERM_DERIVED end
     local t = redis.pcall('TYPE', name)
     if t.err then return nil, refusal_of(t.err) end
-    if moving then return nil, moving end
+    -- An absent key may be absent only from this node: its slot may be on the move, and on
+    -- the importing node (a call redirected there with ASKING) a single-key call is served
+    -- whether or not the key already arrived.  A call naming it beside another key of the
+    -- slot is refused (TRYAGAIN) while any of them is missing there, as the module answers.
+    -- Asked only for an absent key, so the common path costs nothing (emq_absent_key_is_final).
+    if t.ok == 'none' and KEYS[1] and KEYS[1] ~= name then
+        local e = redis.pcall('EXISTS', KEYS[1], name)
+        if type(e) == 'table' and e.err then return nil, refusal_of(e.err) end
+    end
     return t.ok, nil
 end
 

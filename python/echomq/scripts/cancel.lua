@@ -7,7 +7,7 @@
 -- +finished   the job is done, dead or cancelled already: nothing written
 -- :-1         no such job
 -- Token-free and idempotent: asking again keeps the first reason.
-return emq.run(function()
+return emq.run({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 5 then emq.wrong_arity('emq.cancel') end
@@ -32,7 +32,11 @@ return emq.run(function()
         -- listen on <base>cancel and checkpoint at once, which delivers the reason
         if first then
             redis.call('HSET', row, 'cancel_requested', reason)
-            redis.call('PUBLISH', base .. 'cancel', id)
+            -- The module publishes whatever the caller's channel permissions; a script
+            -- publishes as the caller, so a caller who may not publish there stores the
+            -- request unannounced: the holder's next checkpoint delivers it anyway.
+            local channel = base .. 'cancel'
+            if redis.acl_check_cmd('PUBLISH', channel, id) then redis.call('PUBLISH', channel, id) end
         end
         return redis.status_reply('requested')
     end

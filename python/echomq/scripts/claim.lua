@@ -7,13 +7,16 @@
 -- retry of the same request answers the jobs that request claimed and still holds.
 --
 -- The token is "<attempts>-<16 hex>", as the module makes it.  The module draws 8 random
--- bytes per job; a script cannot (math.random is reseeded identically before every script
--- call, so it would hand out the same "random" part every time).  The client sends a fresh
--- 64-bit random nonce with every call instead (<setting>), and job i of the call gets the
--- first 16 hex digits of SHA1(nonce ":" i): unpredictable without the nonce, different for
--- every job of the call, and, as the nonce is fresh per call, different from the token of
--- any other claim of the same job -- also from one a failover made the server forget, whose
--- counter part may repeat.
+-- bytes per job; a script cannot: math.random is one fixed sequence, started from the same
+-- seed by every server (Redis 7, Valkey 8; older servers even reseeded it before every
+-- call), so its "random" parts are predictable, and a replica promoted after a failover
+-- would hand out again the very parts the old master did -- with the same counters, for
+-- the claims the failover lost.  The client sends 8 fresh random bytes with every call
+-- instead (the nonce, <setting>, from os.urandom), and job i of the call gets the first 16
+-- hex digits of SHA1(nonce ":" i).  The counter says which claim of the job it is; the
+-- random part differs from that of every other claim of the job (each call has its own
+-- nonce; the jobs of one call differ by i), also from a claim a failover made the server
+-- forget, whose counter repeats; and it cannot be guessed without the nonce.
 local MAX_CLAIM_COUNT = 1000
 
 -- emq_core.c: emq_record_item_size / emq_record_put / emq_record_next.  A claim's request
@@ -71,7 +74,7 @@ local function reanswer(active, base, rec)
     return #jobs > 0 and jobs or false
 end
 
-return emq.run(function()
+return emq.run({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, nonce = emq.args()
     if argc < 5 then emq.wrong_arity('emq.claim') end

@@ -5,7 +5,7 @@
 -- enqueued_at) and <id> waits in <pending>, scored with server-now.  -EMQEXISTS when the row
 -- exists -- unless it was created by this very request (same REQ): a retry whose first reply
 -- was lost answers :1 again and writes nothing.
-return emq.run(function()
+return emq.run({ 'HSET', 'ZADD' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 5 then emq.wrong_arity('emq.enqueue') end

@@ -13,7 +13,7 @@
 -- client's max_limit (<setting>) stands in for it.
 local RECOVERED, DEAD, CANCELLED, EXPIRED = 1, 2, 3, 4
 
-return emq.run(function()
+return emq.run({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc ~= 7 then emq.wrong_arity('emq.sweep') end
@@ -46,16 +46,12 @@ return emq.run(function()
 
     -- decide: every row's ACL before any row is read (a refusal reveals nothing); then row
     -- by row, as the module opens them: a row of a slot on the move, its type, its count
-    local refusals = {}
-    for i, j in ipairs(jobs) do
-        local rtype, refused = emq.touch(j.row, emq.READ_WRITE)
-        if refused == emq.E.NOPERM_DERIVED then emq.refuse(refused) end
-        j.rtype, refusals[i] = rtype, refused
+    for _, j in ipairs(jobs) do
+        if not emq.may(j.row, emq.READ_WRITE) then emq.refuse(emq.E.NOPERM_DERIVED) end
     end
     local deaths = 0
-    for i, j in ipairs(jobs) do
-        if refusals[i] then emq.refuse(refusals[i]) end
-        local rtype = j.rtype
+    for _, j in ipairs(jobs) do
+        local rtype = emq.open_derived(j.row, emq.READ_WRITE)
         if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
         if j.fate ~= EXPIRED then
             if emq.hexists(j.row, rtype, 'cancel_requested') then
