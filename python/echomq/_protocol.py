@@ -419,7 +419,7 @@ class BlockingClaim:
             wait = 0 if self.limit_ms is None else self.limit_ms
         else:
             # The first command waits the whole block_ms (capped); later ones what is left.
-            remaining = self.block_ms if self.waits == 0 else int((self.deadline - now) * 1000)
+            remaining = self.block_ms if self.waits == 0 else round((self.deadline - now) * 1000)
             if remaining < 1:
                 return None
             wait = remaining if self.limit_ms is None else min(remaining, self.limit_ms)
