@@ -14,6 +14,7 @@ Python clients, and how late a delayed job is claimed.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 import time
@@ -37,6 +38,11 @@ from .helpers import digest, now_ms
 from .test_notifications import captured
 
 Q = queue_keys("q")
+# Under the memory checker (tests/memcheck.py) every server is many times
+# slower: time bounds stretch, and the tests that measure time are skipped.
+CHECKED = bool(os.environ.get("ECHOMQ_SERVER_WRAPPER"))
+SLACK = 20.0 if CHECKED else 1.0
+timing = pytest.mark.skipif(CHECKED, reason="measures time: meaningless under the memory checker")
 FAST_SYNC = ["--repl-diskless-sync-delay", "0"]
 
 
@@ -119,7 +125,7 @@ def test_block_answers_at_once_when_a_job_is_claimable(srv: EmbeddedServer, r: r
     enqueue(r, "j")
     t0 = time.monotonic()
     (job,) = r.execute_command(*claim_args("BLOCK", 5000))
-    assert job[0] == b"j" and job[2] == b"payload-j" and time.monotonic() - t0 < 1
+    assert job[0] == b"j" and job[2] == b"payload-j" and time.monotonic() - t0 < 1 * SLACK
 
 
 def test_block_times_out_with_null_and_writes_nothing(srv: EmbeddedServer, r: redis.Redis) -> None:
@@ -127,7 +133,7 @@ def test_block_times_out_with_null_and_writes_nothing(srv: EmbeddedServer, r: re
     before = digest(r)
     t0 = time.monotonic()
     assert r.execute_command(*claim_args("BLOCK", 200)) is None
-    assert 0.2 <= time.monotonic() - t0 < 2
+    assert 0.2 <= time.monotonic() - t0 < 2 * SLACK
     assert digest(r) == before and blocked_clients(r) == 0
 
 
@@ -155,7 +161,7 @@ def test_enqueue_wakes_a_waiting_claim(srv: EmbeddedServer, r: redis.Redis) -> N
     enqueue(r, "j")
     (job,) = w.result()
     assert job[0] == b"j" and job[2] == b"payload-j" and job[3] == 1 and job[4] is None
-    assert w.at - t0 < 0.5
+    assert w.at - t0 < 0.5 * SLACK
     row = r.hgetall(Q.job("j"))
     assert row[b"state"] == b"active" and row[b"token"] == job[1]
     # The lease started when the claim was served, not when it blocked.
@@ -191,7 +197,7 @@ def test_a_delayed_job_falling_due_wakes_a_waiting_claim(srv: EmbeddedServer, r:
     w = block(srv, r, "BLOCK", 5000)
     (job,) = w.result()
     served = int(r.hget(Q.job("later"), "claimed_at"))  # type: ignore[arg-type]
-    assert job[0] == b"later" and due <= served < due + 100  # type: ignore[operator]
+    assert job[0] == b"later" and due <= served < due + 100 * SLACK  # type: ignore[operator]
 
 
 def test_an_earlier_delayed_job_brings_the_timer_forward(srv: EmbeddedServer, r: redis.Redis) -> None:
@@ -200,7 +206,7 @@ def test_an_earlier_delayed_job_brings_the_timer_forward(srv: EmbeddedServer, r:
     enqueue(r, "early", "DELAY", 150)  # the key's timer was armed for "late": now for "early"
     t0 = time.monotonic()
     (job,) = w.result()
-    assert job[0] == b"early" and w.at - t0 < 1.0
+    assert job[0] == b"early" and w.at - t0 < 1.0 * SLACK
     # FAIL with a delay does the same.
     w = block(srv, r, "BLOCK", 5000)
     r.execute_command("EMQ.FAIL", Q.active, Q.pending, Q.dead, Q.base, "early", job[1], 3, "x", "DELAY", 100)
@@ -242,7 +248,7 @@ def test_multi_and_lua_answer_as_without_block(srv: EmbeddedServer, r: redis.Red
     pipe = r.pipeline(transaction=True)
     pipe.execute_command(*claim_args("BLOCK", 0))
     t0 = time.monotonic()
-    assert pipe.execute() == [None] and time.monotonic() - t0 < 1
+    assert pipe.execute() == [None] and time.monotonic() - t0 < 1 * SLACK
     script = "return redis.call('EMQ.CLAIM', KEYS[1], KEYS[2], ARGV[1], 60000, 'BLOCK', '0')"
     assert r.eval(script, 2, Q.pending, Q.active, Q.base) is None
     enqueue(r, "j")
@@ -512,7 +518,7 @@ def test_client_claim_with_block_ms(srv: EmbeddedServer, r: redis.Redis) -> None
     client = echomq.Client(srv.client(socket_timeout=None))
     t0 = time.monotonic()
     assert client.claim("q", 60_000, block_ms=200) is None
-    assert 0.2 <= time.monotonic() - t0 < 2
+    assert 0.2 <= time.monotonic() - t0 < 2 * SLACK
     timer = threading.Timer(0.2, lambda: echomq.Client(r).enqueue("q", b"x", job_id="j"))
     timer.start()
     job = client.claim("q", 60_000, block_ms=5_000)
@@ -527,6 +533,7 @@ def test_client_claim_with_block_ms(srv: EmbeddedServer, r: redis.Redis) -> None
     client.close()
 
 
+@timing
 def test_a_wait_longer_than_the_socket_timeout_is_cut_into_commands(
     srv: EmbeddedServer, r: redis.Redis
 ) -> None:
@@ -556,6 +563,7 @@ def test_a_wait_longer_than_the_socket_timeout_is_cut_into_commands(
     client.close()
 
 
+@timing
 def test_asyncio_claim_with_block_ms(srv: EmbeddedServer, r: redis.Redis) -> None:
     async def main() -> None:
         client = aemq.Client(aioredis.Redis(host=srv.host, port=srv.port, socket_timeout=None))
@@ -579,6 +587,7 @@ def test_asyncio_claim_with_block_ms(srv: EmbeddedServer, r: redis.Redis) -> Non
 # -- how late a delayed job is claimed -------------------------------------------------------
 
 
+@timing
 def test_delayed_jobs_are_claimed_close_to_their_due_time(srv: EmbeddedServer, r: redis.Redis) -> None:
     """Four claimers wait; 40 jobs fall due over two seconds; each is claimed within a few ms."""
     jobs = 40
