@@ -661,3 +661,7 @@ def test_socket_timeout_of_each_client_kind(server: EmbeddedServer) -> None:
     assert proto.socket_timeout_of(redis.Redis(port=server.port, socket_timeout=None)) is None
     assert proto.socket_timeout_of(redis.Redis(port=server.port, socket_timeout=2.5)) == 2.5
     assert proto.socket_timeout_of(aioredis.Redis(port=server.port, socket_timeout=3)) == 3.0
+    # A cluster client keeps only the arguments it was given: without one, redis-py's default.
+    from redis.cluster import RedisCluster
+
+    assert proto._default_socket_timeout(RedisCluster) == proto._default_socket_timeout(redis.Redis)
