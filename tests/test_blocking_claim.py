@@ -610,3 +610,23 @@ def test_delayed_jobs_are_claimed_close_to_their_due_time(srv: EmbeddedServer, r
         lateness.append(int(r.hget(Q.job(job_id), "claimed_at")) - due)  # type: ignore[arg-type]
     assert min(lateness) >= 0, lateness  # never before its due time
     assert statistics.median(lateness) <= 20 and max(lateness) <= 100, lateness
+
+
+def test_cancelling_an_asyncio_claim_ends_its_wait_on_the_server(srv: EmbeddedServer, r: redis.Redis) -> None:
+    """A worker's shutdown cancels its waiting tasks: the server must not keep them blocked."""
+
+    async def main() -> None:
+        client = aemq.Client(aioredis.Redis(host=srv.host, port=srv.port, socket_timeout=None))
+        task = asyncio.create_task(client.claim("q", 60_000, block_ms=0))
+        while blocked_clients(r) != 1:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.aclose()
+
+    asyncio.run(main())
+    wait_blocked(r, 0)
+    enqueue(r, "j")
+    time.sleep(0.05)
+    assert r.zrange(Q.pending, 0, -1) == [b"j"]  # nobody claimed it for the cancelled task
