@@ -647,10 +647,10 @@ def test_blocking_plan_cuts_waits_below_the_socket_timeout() -> None:
     # A null long before the wait was up: the server ended it (CLIENT UNBLOCK).
     assert plan.ended(4_000, 0.0, 0.5)
     forever = proto.BlockingClaim(0, 1.0, now=0.0)
-    assert forever.limit_ms == 800 and forever.next_wait(50.0) == 800
+    assert forever.limit_ms == 750 and forever.next_wait(50.0) == 750  # at least 250 ms early
     assert proto.BlockingClaim(1, 5.0, now=0.0).next_wait(1.0) == 1  # the first wait is always sent
     with pytest.raises(ValueError, match="socket_timeout"):
-        proto.BlockingClaim(1_000, 0.1, now=0.0)
+        proto.BlockingClaim(1_000, 0.25, now=0.0)
     with pytest.raises(ValueError, match="block_ms"):
         proto.BlockingClaim(-1, None, now=0.0)
 

@@ -409,8 +409,9 @@ class BlockingClaim:
     """The BLOCK of each command of one blocking claim (sans I/O: the clients send them).
 
     ``block_ms`` (0: no limit) is cut into waits that each end well before the
-    connection's socket timeout (20% of it, at least 100 ms, earlier), so
-    redis-py never times out a claim the server is still holding: with
+    connection's socket timeout (20% of it, at least 250 ms, earlier: a server
+    notices an ended wait up to 1/hz late, 100 ms by default), so redis-py
+    never times out a claim the server is still holding: with
     ``socket_timeout=None`` one command waits the whole time; with redis-py's
     default of 5 s, one command per 4 s.  A wait the server ends early with
     null (``CLIENT UNBLOCK``) ends the claim: the caller gets nothing.
@@ -422,11 +423,11 @@ class BlockingClaim:
         ms_int("block_ms", block_ms)
         self.limit_ms: int | None = None
         if socket_timeout is not None:
-            self.limit_ms = int((socket_timeout - max(0.1, 0.2 * socket_timeout)) * 1000)
+            self.limit_ms = int((socket_timeout - max(0.25, 0.2 * socket_timeout)) * 1000)
             if self.limit_ms < 1:
                 raise ValueError(
                     f"the connection's socket_timeout ({socket_timeout} s) is too short for a blocking "
-                    "claim: use more than 0.2 s, or None"
+                    "claim: use more than 0.25 s, or None"
                 )
         self.block_ms = block_ms
         self.deadline = None if block_ms == 0 else now + block_ms / 1000
