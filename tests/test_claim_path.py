@@ -643,6 +643,7 @@ def test_blocking_plan_cuts_waits_below_the_socket_timeout() -> None:
     assert not plan.ended(4_000, 0.0, 4.001)
     assert plan.next_wait(4.001) == 4_000
     assert plan.next_wait(8.002) == 1_998
+    assert plan.next_wait(9.9996) == 1  # never ends early: what is left is rounded up
     assert plan.next_wait(10.0) is None
     # A null long before the wait was up: the server ended it (CLIENT UNBLOCK).
     assert plan.ended(4_000, 0.0, 0.5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 import os
 import time
 import uuid
@@ -439,7 +440,9 @@ class BlockingClaim:
             wait = 0 if self.limit_ms is None else self.limit_ms
         else:
             # The first command waits the whole block_ms (capped); later ones what is left.
-            remaining = self.block_ms if self.waits == 0 else round((self.deadline - now) * 1000)
+            # Rounded up: the claim never ends before block_ms has passed.
+            left = round((self.deadline - now) * 1000, 6)
+            remaining = self.block_ms if self.waits == 0 else math.ceil(left)
             if remaining < 1:
                 return None
             wait = remaining if self.limit_ms is None else min(remaining, self.limit_ms)
