@@ -636,3 +636,25 @@ def test_cancelling_an_asyncio_claim_ends_its_wait_on_the_server(srv: EmbeddedSe
     enqueue(r, "j")
     time.sleep(0.05)
     assert r.zrange(Q.pending, 0, -1) == [b"j"]  # nobody claimed it for the cancelled task
+
+
+def test_the_operators_verbs_wake_waiting_claims(srv: EmbeddedServer, r: redis.Redis) -> None:
+    """RESUME, RETRY and RETRYDEAD put jobs within reach: the waiting claims are served at once."""
+    enqueue(r, "a")
+    enqueue(r, "b")
+    for job_id in ("a", "b"):
+        (job,) = r.execute_command(*claim_args())
+        r.execute_command("EMQ.FAIL", Q.active, Q.pending, Q.dead, Q.base, job_id, job[1], 1, "x")
+    assert r.zcard(Q.dead) == 2
+    w = block(srv, r, "BLOCK", 5000)
+    assert r.execute_command("EMQ.RETRY", Q.dead, Q.pending, Q.base, "a") == b"pending"
+    assert w.result()[0][0] == b"a"
+    w = block(srv, r, "BLOCK", 5000)
+    assert r.execute_command("EMQ.RETRYDEAD", Q.dead, Q.pending, Q.base, 10) == [1, 0]
+    assert w.result()[0][0] == b"b"
+    assert r.execute_command("EMQ.PAUSE", Q.pending, Q.base) == 1
+    enqueue(r, "c")
+    w = block(srv, r, "BLOCK", 5000)
+    t0 = time.monotonic()
+    assert r.execute_command("EMQ.RESUME", Q.pending, Q.base) == 1
+    assert w.result()[0][0] == b"c" and w.at - t0 < 1 * SLACK

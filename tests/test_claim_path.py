@@ -38,7 +38,7 @@ AT_BIG = "ERR AT is too large: the due time would not be an exact score"
 BOTH = "ERR DELAY and AT cannot be used together"
 SYNTAX = "ERR syntax error"
 COUNT_ERR = "ERR count must be an integer >= 1"
-COUNT_BIG = "ERR count is too large: at most 10000 jobs per EMQ.ENQUEUEMANY"
+COUNT_BIG = "ERR count exceeds the server's emq.max-limit"
 DUPLICATE = "ERR the same id appears twice in one EMQ.ENQUEUEMANY"
 EXISTS = "EMQEXISTS a job with this id already exists"
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
@@ -587,7 +587,7 @@ def test_core_many_count(core: Core) -> None:
     cases += [(b"0", (COUNT_ERR, -7)), (b"x", (COUNT_ERR, -7)), (b"", (COUNT_ERR, -7))]
     for text, expected in cases:
         out[0] = -7
-        err = _err(core, core.lib.emq_parse_many_count(core._buf(text, b"0"), len(text), out))
+        err = _err(core, core.lib.emq_parse_many_count(core._buf(text, b"0"), len(text), 10_000, out))
         assert (err, int(out[0])) == expected, text
 
 

@@ -58,7 +58,7 @@ ERRORS = [
     rb"ERR BLOCK must be an integer >= 0 \(0 waits forever\)",
     rb"ERR BLOCK is too large: the wait would not end at an exact time",
     rb"ERR count must be an integer >= 1",
-    rb"ERR count is too large: at most 10000 jobs per EMQ\.ENQUEUEMANY",
+    rb"ERR count exceeds the server's emq\.max-limit",
     rb"ERR the same id appears twice in one EMQ\.ENQUEUEMANY",
     rb"ERR the REQ request id must not be empty",
     rb"ERR syntax error",
