@@ -107,8 +107,7 @@ static const EmqCommand commands[] = {
                       EMQ_REPEATED("job", EMQ_ARG("id", EMQ_STRING), EMQ_ARG("payload", EMQ_STRING)), EMQ_WHEN,
                       EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
     {"emq.claim", EmqClaim_RedisCommand, "write deny-oom fast",
-     .summary = "Leases the oldest claimable jobs to the caller (waiting for one with BLOCK): ids, fresh "
-                "fencing tokens, payloads, states",
+     .summary = "Leases the oldest claimable jobs (waiting for one with BLOCK): ids, fresh tokens, payloads, states",
      .complexity = "O(log N + M) where N is the number of pending jobs and M the number claimed",
      .since = EMQ_SINCE, .tips = "nondeterministic_output", .categories = "blocking",
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
