@@ -666,3 +666,31 @@ def test_socket_timeout_of_each_client_kind(server: EmbeddedServer) -> None:
     from redis.cluster import RedisCluster
 
     assert proto._default_socket_timeout(RedisCluster) == proto._default_socket_timeout(redis.Redis)
+
+
+def test_enqueue_many_halves_its_calls_below_the_servers_max_limit(server_factory: ServerFactory) -> None:
+    srv = server_factory()
+    r = srv.client()
+    try:
+        r.config_set("emq.max-limit", 3)
+    except redis.ResponseError:
+        pytest.skip("this server has no module configs (emq.max-limit is fixed at load)")
+    with pytest.raises(redis.ResponseError, match=r"count exceeds the server's emq\.max-limit"):
+        many(r, ("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"))
+    client = echomq.Client(r)
+    r.config_resetstat()
+    ids = client.enqueue_many("q", [(f"j{i}", b"") for i in range(10)], delay_ms=0)
+    assert ids == [f"j{i}" for i in range(10)] and r.zcard(Q.pending) == 10
+    # 10 refused -> 5 refused -> 2 + 3, then 5 refused -> 2 + 3: seven calls, three refused
+    assert r.info("commandstats")["cmdstat_emq.enqueuemany"]["calls"] == 7
+    import asyncio
+
+    async def main() -> None:
+        c = aemq.Client(_aio(srv))
+        assert len(await c.enqueue_many("q2", [b""] * 7)) == 7
+        await c.aclose()
+
+    asyncio.run(main())
+    assert r.zcard(queue_keys("q2").pending) == 7
+    r.close()
+    srv.stop()

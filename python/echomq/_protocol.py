@@ -356,13 +356,38 @@ def enqueue_many(
         else:
             wid, data = new_id(), payload_bytes(item)
         jobs.append((wid, data))
-    calls: list[Call[list[str]]] = []
-    for start in range(0, len(jobs), min(chunk, MAX_ENQUEUE_MANY)):
-        part = jobs[start : start + min(chunk, MAX_ENQUEUE_MANY)]
-        flat = [x for job in part for x in job]
-        args = ("EMQ.ENQUEUEMANY", keys.pending, keys.base, len(part), *flat, *when, "REQ", new_request_id())
-        calls.append(Call(args, _enqueued_ids, queue))
-    return calls
+    size = min(chunk, MAX_ENQUEUE_MANY)
+    return [_many_call(queue, keys, jobs[k : k + size], when) for k in range(0, len(jobs), size)]
+
+
+def _many_call(
+    queue: str, keys: QueueKeys, jobs: list[tuple[bytes, bytes]], when: tuple[Any, ...]
+) -> Call[list[str]]:
+    flat = [x for job in jobs for x in job]
+    args = ("EMQ.ENQUEUEMANY", keys.pending, keys.base, len(jobs), *flat, *when, "REQ", new_request_id())
+    return Call(args, _enqueued_ids, queue)
+
+
+def over_max_limit(exc: ResponseError) -> bool:
+    """ENQUEUEMANY's refusal of a count above the server's emq.max-limit (nothing was written)."""
+    return "exceeds the server's emq.max-limit" in str(exc)
+
+
+def enqueue_many_halves(call: Call[list[str]]) -> list[Call[list[str]]]:
+    """A refused ENQUEUEMANY (``over_max_limit``) as two calls of half its jobs, each with a new REQ.
+
+    The server's ``emq.max-limit`` may be set below the 10,000 the client
+    sends: it refuses the call whole, so halving until it fits loses nothing
+    (each half is all or nothing on its own).
+    """
+    count = int(call.args[3])
+    if count < 2:
+        raise ValueError("a one-job ENQUEUEMANY cannot be split")
+    jobs = [(call.args[4 + 2 * i], call.args[5 + 2 * i]) for i in range(count)]
+    when = tuple(call.args[4 + 2 * count : -2])  # the options but REQ
+    keys = keys_of(call.queue)
+    half = count // 2
+    return [_many_call(call.queue, keys, jobs[:half], when), _many_call(call.queue, keys, jobs[half:], when)]
 
 
 def claim(queue: str, lease_ms: int, count: int = 1, block_ms: int | None = None) -> Call[list[Job]]:

@@ -125,8 +125,16 @@ class Client:
     ) -> list[str]:
         """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
         ids: list[str] = []
-        for call in proto.enqueue_many(queue, items, delay_ms):
-            added: list[str] = await self._run(call)
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = await self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
             ids += added
         return ids
 

@@ -155,14 +155,23 @@ class Client:
         """Add many jobs in few round trips; returns their ids, in order.
 
         Each item is a payload (the job gets a new id) or a ``(job_id,
-        payload)`` pair.  One EMQ.ENQUEUEMANY per 10,000 jobs, each all or
-        nothing: ``JobExists`` when an id of that chunk exists (the chunks
-        before it were added).  Ids must be distinct (``ValueError`` before
-        anything is sent).  ``delay_ms`` delays every job alike.
+        payload)`` pair.  One EMQ.ENQUEUEMANY per 10,000 jobs (fewer when the
+        server's ``emq.max-limit`` is lower: a refused call is halved), each
+        all or nothing: ``JobExists`` when an id of that chunk exists (the
+        chunks before it were added).  Ids must be distinct (``ValueError``
+        before anything is sent).  ``delay_ms`` delays every job alike.
         """
         ids: list[str] = []
-        for call in proto.enqueue_many(queue, items, delay_ms):
-            added: list[str] = self._run(call)
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
             ids += added
         return ids
 
