@@ -110,7 +110,7 @@ POPULATE_LIVE = """
 local n, base, deadline = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 for i = 0, n - 1 do
   local id = string.format('%012d', i)
-  redis.call('HSET', base .. 'job:' .. id, 'attempts', '1', 'state', 'active')
+  redis.call('HSET', base .. 'job:' .. id, 'attempts', '1', 'token', '1', 'state', 'active')
   redis.call('ZADD', KEYS[1], deadline + (i * 7919) % n, id)
 end
 """
@@ -138,7 +138,7 @@ for i = 0, n - 1 do
   local id = string.format('%012d', i)
   local row = base .. 'job:' .. id
   redis.call('DEL', row)
-  redis.call('HSET', row, 'attempts', '1', 'state', 'active', 'stalled', tostring(i % 3))
+  redis.call('HSET', row, 'attempts', '1', 'token', '1', 'state', 'active', 'stalled', tostring(i % 3))
   redis.call('ZADD', KEYS[1], i + 1, id)
 end
 """
@@ -430,9 +430,9 @@ def bench_python(r: redis.Redis, sizes: Sizes) -> dict[str, Any]:
 
     def wrapped() -> None:
         for i in order:
-            client.extend("py", ids[i], 1, LEASE_MS)
+            client.extend("py", ids[i], "1", LEASE_MS)
 
-    batch = [(ids[i], 1) for i in range(sizes.py_batch)]
+    batch = [(ids[i], "1") for i in range(sizes.py_batch)]
     batches = max(1, sizes.py_calls // sizes.py_batch)
 
     def one_by_one() -> None:
