@@ -40,9 +40,11 @@ from .errors import (
     NotRetryable,
     QueueBusy,
     StaleToken,
+    Unblocked,
 )
 from .lease import LeaseKeeper
 from .reaper import Reaper
+from .retry import RetryPolicy
 from .worker import Worker, WorkerStats
 
 __all__ = [
@@ -68,9 +70,11 @@ __all__ = [
     "Reaper",
     "Retention",
     "RetryDeadResult",
+    "RetryPolicy",
     "ScriptLimits",
     "StaleToken",
     "SweepResult",
+    "Unblocked",
     "Worker",
     "WorkerStats",
     "keyspace",
