@@ -82,6 +82,8 @@ BAD_NUMBERS = [
     b"", b" 1", b"+1", b"1.5", b"1e3", b"0x10", b"-0", b"01", b"0", b"-1", b"nan", b"\xff",
     b"9223372036854775807", b"9223372036854775808", b"-9223372036854775809", b"9007199254740993",
 ]  # fmt: skip
+FAR_DELAY = b"3600000000"  # due in 41 days: never during a trace
+FAR_AT = b"99999999999999"  # due in the year 5138
 RETENTIONS = [b"-1", b"0", b"60000", b"3600000", b"86400000", b"9007199254740992"]
 # Corrupt and odd field values; counters stay below 2^53 where a claim would
 # answer them (see the README: the scripts answer integers above 2^53 rounded).
@@ -213,13 +215,36 @@ class Gen:
 
     # -- the verbs --
 
+    def when(self) -> list[bytes]:
+        """ENQUEUE's and ENQUEUEMANY's options: a due time now, long past or far ahead (never one
+        that falls due during a trace, which would be a race between the two queues), and bad ones."""
+        opts: list[bytes] = []
+        if self.chance(0.25):
+            opts += self.pick([[b"DELAY", b"0"], [b"delay", FAR_DELAY], [b"AT", b"0"], [b"AT", b"1000"],
+                               [b"at", FAR_AT]])  # fmt: skip
+        if self.chance(0.4):
+            opts += [self.pick([b"REQ", b"req"]), self.pick(REQS)]
+        if self.chance(0.2):
+            self.rng.shuffle(opts)
+        bad = [[b"REQ"], [b"REQ", b""], [b"NOPE", b"1"], [b"REQ", b"r1", b"REQ", b"r2"], [b"DELAY", b"-1"],
+               [b"DELAY", b"x"], [b"DELAY", b"9007199254740992"], [b"AT", b"-5"], [b"AT", b"1.5"],
+               [b"AT", b"9007199254740993"], [b"DELAY", b"0", b"AT", b"0"], [b"AT", b"0", b"DELAY", b"0"],
+               [b"DELAY", b"0", b"DELAY", b"0"]]  # fmt: skip
+        return self.options(bad, [opts], 0.1)
+
     def enqueue(self) -> Step:
         job, payload = self.pick(IDS), self.pick(PAYLOADS)
-        opts = self.options(
-            [[b"REQ"], [b"REQ", b""], [b"NOPE", b"1"], [b"REQ", b"r1", b"REQ", b"r2"]],
-            [[], [], [b"REQ", self.pick(REQS)], [b"req", self.pick(REQS)]],
-        )
-        return self.line("EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *opts])
+        return self.line("EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *self.when()])
+
+    def enqueuemany(self) -> Step:
+        n = self.rng.randint(1, 4)
+        pairs: list[bytes] = []
+        for _ in range(n):
+            pairs += [self.pick(IDS), self.pick(PAYLOADS)]
+        count = str(n).encode()
+        if self.chance(0.1):
+            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()])
+        return self.line("EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when()])
 
     def claim(self) -> Step:
         opts: list[bytes] = []
@@ -227,9 +252,12 @@ class Gen:
             opts += [self.pick([b"COUNT", b"count"]), self.number([b"1", b"2", b"3", b"4", b"1001"])]
         if self.chance(0.4):
             opts += [b"REQ", self.pick(REQS)]
+        if self.chance(0.15):  # the module waits a few ms for nothing; the script answers at once
+            opts += [self.pick([b"BLOCK", b"block"]), self.number([b"1", b"3"], 0.3)]
         if self.chance(0.5):
             self.rng.shuffle(opts)  # pairs may split: a syntax error, as it should be
-        bad = [[b"COUNT"], [b"REQ", b""], [b"LIMIT", b"1"], [b"COUNT", b"1", b"COUNT", b"2"]]
+        bad = [[b"COUNT"], [b"REQ", b""], [b"LIMIT", b"1"], [b"COUNT", b"1", b"COUNT", b"2"],
+               [b"BLOCK", b"-1"], [b"BLOCK", b"9007199254740992"], [b"BLOCK", b"1", b"BLOCK", b"1"]]
         opts = self.options(bad, [opts])
         return self.line(
             "EMQ.CLAIM", [self.key("pending"), self.key("active"), self.base(), self.number(LEASES), *opts]
@@ -253,9 +281,12 @@ class Gen:
 
     def fail(self) -> Step:
         job = self.job()
+        delay = self.options([[b"DELAY"], [b"DELAY", b"-1"], [b"NOPE", b"1"], [b"DELAY", b"1", b"x", b"y"],
+                              [b"DELAY", b"9007199254740992"]],
+                             [[], [], [], [b"DELAY", b"0"], [b"delay", FAR_DELAY]], 0.1)  # fmt: skip
         return self.line("EMQ.FAIL", [
             self.key("active"), self.key("pending"), self.key("dead"), self.base(), job, self.tokenize(job),
-            self.number([b"1", b"2", b"3", b"5"]), self.pick([b"boom", b"", b"\x00err"]),
+            self.number([b"1", b"2", b"3", b"5"]), self.pick([b"boom", b"", b"\x00err"]), *delay,
         ])  # fmt: skip
 
     def release(self) -> Step:
@@ -353,7 +384,7 @@ class Gen:
 
     def step(self) -> Step:
         verbs: list[tuple[Callable[[], Step], int]] = [
-            (self.enqueue, 14), (self.claim, 12), (self.extend, 7),
+            (self.enqueue, 12), (self.enqueuemany, 4), (self.claim, 12), (self.extend, 7),
             (lambda: self.extend("EMQ.CHECKPOINT"), 6),
             (self.complete, 7), (self.fail, 7), (self.release, 4), (self.cancel, 5), (self.sweep, 6),
             (self.retention, 3), (self.retry, 4), (self.retrydead, 2), (self.purge, 2), (self.pause, 3),
@@ -463,8 +494,9 @@ def compare(m: Snapshot, s: Snapshot, tol: int) -> Diff:
     return diff
 
 
-def times_written(before: Snapshot, after: Snapshot) -> Iterator[tuple[str, int]]:
-    """(where, ms) of every server time this step wrote (fields and time scores that changed)."""
+def times_written(before: Snapshot, after: Snapshot, now: int) -> Iterator[tuple[str, int]]:
+    """(where, ms) of every server time this step wrote (fields and time scores that changed;
+    ``now``: the step's end, after which a pending score is a due time, not a time written)."""
     for key, (kind, value, _) in after.items():
         old = before.get(key, ("", {}, -1))[1] if before.get(key, ("",))[0] == kind else {}
         if kind == "hash":
@@ -473,8 +505,11 @@ def times_written(before: Snapshot, after: Snapshot) -> Iterator[tuple[str, int]
                     yield f"{key!r}.{f.decode()}", int(value[f])
         elif kind == "zset" and key.endswith((b"pending", b"dead")):
             for member, score in value.items():
-                if old.get(member) != score and score > A_TIME:
-                    yield f"{key!r}[{member!r}]", int(score)
+                if old.get(member) == score or score < A_TIME:
+                    continue
+                if key.endswith(b"pending") and score > now:  # a due time, given with DELAY or AT
+                    continue
+                yield f"{key!r}[{member!r}]", int(score)
 
 
 # -- running a trace ------------------------------------------------------------------
@@ -596,7 +631,7 @@ class Differential:
             diff = compare(after_m, after_s, max(t1 - t0, 1))
             assert not diff.mismatches, f"{where}: " + "; ".join(diff.mismatches)
             for snap_before, snap_after in ((before_m, after_m), (before_s, after_s)):
-                for what, ms in times_written(snap_before, snap_after):
+                for what, ms in times_written(snap_before, snap_after, t1):
                     assert t0 <= ms <= t1, f"{where}: {what} = {ms}, outside the step [{t0}, {t1}]"
             if step.verb == "EMQ.CLAIM":
                 for side, reply, snap in ((self.m, m_reply, after_m), (self.s, s_reply, after_s)):

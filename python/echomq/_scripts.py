@@ -47,7 +47,8 @@ DEFAULT_MAX_STATE_BYTES = 65_536
 class ScriptLimits:
     """The server-side settings a script cannot read, given to the scripts by the client.
 
-    With the module, ``emq.max-limit`` (the largest SWEEP ``limit``) and
+    With the module, ``emq.max-limit`` (the largest SWEEP ``limit`` and
+    ENQUEUEMANY ``count``) and
     ``emq.max-state-bytes`` (the largest checkpoint state) are the
     operator's, on the server; the scripts take them from here instead.  Keep
     them equal to the server's if a module is also in use; the defaults are
@@ -77,8 +78,8 @@ def check_backend(backend: object) -> BackendChoice:
 # -- the scripts ---------------------------------------------------------------------
 
 VERBS = (
-    "enqueue", "claim", "extend", "checkpoint", "complete", "fail", "release", "cancel", "sweep",
-    "retention", "retry", "retrydead", "purge", "pause", "resume", "obliterate", "forget",
+    "enqueue", "enqueuemany", "claim", "extend", "checkpoint", "complete", "fail", "release", "cancel",
+    "sweep", "retention", "retry", "retrydead", "purge", "pause", "resume", "obliterate", "forget",
 )  # fmt: skip
 
 _INCLUDE = re.compile(r"^-- include: (\S+)$", re.MULTILINE)
@@ -176,6 +177,18 @@ def _claim_keys(argv: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _enqueuemany_keys(argv: Sequence[Any]) -> list[Any]:
+    out = list(argv[:1])
+    try:
+        count = int(argv[2])
+    except (IndexError, TypeError, ValueError):
+        return out
+    if len(argv) >= 2:
+        ids = [argv[3 + 2 * i] for i in range(max(count, 0)) if 3 + 2 * i < len(argv)]
+        out += [_cat(_cat(argv[1], "job:"), i) for i in ids]
+    return out
+
+
 def _forget_keys(argv: Sequence[Any]) -> list[Any]:
     out = argv[:1]
     if len(argv) >= 2:
@@ -185,6 +198,7 @@ def _forget_keys(argv: Sequence[Any]) -> list[Any]:
 
 KEYS_OF: dict[str, KeyFn] = {
     "EMQ.ENQUEUE": _keys((1,), ((2, "job:", 3),)),
+    "EMQ.ENQUEUEMANY": _enqueuemany_keys,
     "EMQ.CLAIM": _claim_keys,
     "EMQ.EXTEND": _keys((1, 2)),
     "EMQ.CHECKPOINT": _keys((1, 2)),
@@ -216,7 +230,7 @@ def setting(verb: str, limits: ScriptLimits) -> Any:
     """The one value the script of ``verb`` needs from the client (ARGV[1])."""
     if verb == "EMQ.CLAIM":
         return new_nonce()
-    if verb == "EMQ.SWEEP":
+    if verb in ("EMQ.SWEEP", "EMQ.ENQUEUEMANY"):
         return limits.max_limit
     if verb == "EMQ.CHECKPOINT":
         return limits.max_state_bytes
@@ -269,6 +283,37 @@ def backend_from_probe(reply: Any) -> BackendName:
     if isinstance(reply, list | tuple) and reply and reply[0]:
         return "module"
     return "scripts"
+
+
+class ClaimPoll:
+    """A blocking claim on the scripts backend: claims polled with backoff, on the client.
+
+    A script may not block, so ``claim(..., block_ms=...)`` becomes a claim
+    now, then again after 1 ms, 2, 4, ... up to ``MAX_PAUSE_MS`` between tries,
+    until a job comes or ``block_ms`` has passed (0: no limit); the last try
+    is at the deadline, so the claim never ends before ``block_ms``.  While
+    the queue stays empty a waiting claimer costs the server one claim per
+    ``MAX_PAUSE_MS`` (20 a second), and a job enqueued meanwhile waits at
+    most that long for it (half, on average) -- the module's BLOCK costs no
+    command and hands the job over at once (bench/backends.py measures both).
+    """
+
+    FIRST_PAUSE_MS = 1
+    MAX_PAUSE_MS = 50
+
+    def __init__(self, block_ms: int, now: float) -> None:
+        if isinstance(block_ms, bool) or not isinstance(block_ms, int) or not 0 <= block_ms <= 2**53:
+            raise ValueError(f"block_ms must be an int between 0 and 2**53 ms, got {block_ms!r}")
+        self.deadline = None if block_ms == 0 else now + block_ms / 1000
+        self.pause_ms = self.FIRST_PAUSE_MS
+
+    def next_pause(self, now: float) -> float | None:
+        """Seconds to wait before the next try, or None when the time is up."""
+        if self.deadline is not None and now >= self.deadline:
+            return None
+        pause = self.pause_ms / 1000
+        self.pause_ms = min(self.pause_ms * 2, self.MAX_PAUSE_MS)
+        return pause if self.deadline is None else min(pause, self.deadline - now)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ._scripts import (
     PROBE,
     BackendChoice,
     BackendName,
+    ClaimPoll,
     Rendering,
     ScriptLimits,
     backend_from_probe,
@@ -259,6 +260,14 @@ class Client:
     def _claim(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
         if block_ms is None:
             return self._run(proto.claim(queue, lease_ms, count))
+        if (self._render()).name == "scripts":  # a script cannot wait: poll, with backoff
+            poll = ClaimPoll(block_ms, time.monotonic())
+            proto.claim(queue, lease_ms, count, block_ms)  # the arguments, checked before anything is sent
+            while not (jobs := self._run(proto.claim(queue, lease_ms, count))):
+                if (pause := poll.next_pause(time.monotonic())) is None:
+                    break
+                time.sleep(pause)
+            return jobs
         plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
         proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
         while (wait := plan.next_wait(time.monotonic())) is not None:

@@ -39,6 +39,16 @@ local E = {
     MAX_ATTEMPTS = 'ERR max-attempts must be an integer >= 1',
     CLAIM_COUNT = 'ERR COUNT must be an integer >= 1',
     LIMIT_TOO_LARGE = "ERR limit exceeds the server's emq.max-limit",
+    DELAY = 'ERR DELAY must be an integer >= 0',
+    DELAY_TOO_LARGE = 'ERR DELAY is too large: the due time would not be an exact score',
+    AT = 'ERR AT must be an integer >= 0 (unix time in milliseconds)',
+    AT_TOO_LARGE = 'ERR AT is too large: the due time would not be an exact score',
+    DELAY_AND_AT = 'ERR DELAY and AT cannot be used together',
+    BLOCK = 'ERR BLOCK must be an integer >= 0 (0 waits forever)',
+    BLOCK_TOO_LARGE = 'ERR BLOCK is too large: the wait would not end at an exact time',
+    MANY_COUNT = 'ERR count must be an integer >= 1',
+    MANY_TOO_MANY = "ERR count exceeds the server's emq.max-limit",
+    MANY_DUPLICATE = 'ERR the same id appears twice in one EMQ.ENQUEUEMANY',
     SAME_KEY = 'ERR <active> and <job> must be different keys',
     THREE_SETS = 'ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead',
     PENDING_KEY = 'ERR <pending> must be <base>pending',
@@ -275,6 +285,41 @@ function emq.lease_deadline(now, s)
         emq.refuse(E.LEASE_TOO_LARGE)
     end
     return now + tonumber(c)
+end
+
+-- now + add, when add is a canonical integer >= 0 and the sum lies in [0, 2^53]; else nil
+-- (emq_core.c: exact_sum).
+local function exact_sum(now, c)
+    if now < 0 or now > MAX_EXACT_SCORE or emq.dec_cmp(c, '0') < 0
+        or emq.dec_cmp(c, int(MAX_EXACT_SCORE - now)) > 0 then
+        return nil
+    end
+    return now + tonumber(c)
+end
+
+-- emq_due_after_delay: DELAY <ms>, an integer >= 0; due at now + ms, an exact score.
+function emq.due_after_delay(now, s)
+    local c = canonical(s)
+    if c == nil or emq.dec_cmp(c, '0') < 0 then emq.refuse(E.DELAY) end
+    return exact_sum(now, c) or emq.refuse(E.DELAY_TOO_LARGE)
+end
+
+-- emq_due_at: AT <unix-ms>, an integer >= 0 and at most 2^53; due then, or now when past.
+function emq.due_at(now, s)
+    local c = canonical(s)
+    if c == nil or emq.dec_cmp(c, '0') < 0 then emq.refuse(E.AT) end
+    if emq.dec_cmp(c, int(MAX_EXACT_SCORE)) > 0 or now < 0 or now > MAX_EXACT_SCORE then
+        emq.refuse(E.AT_TOO_LARGE)
+    end
+    return math.max(tonumber(c), now)
+end
+
+-- emq_parse_block: BLOCK <ms>, an integer >= 0 with now + ms an exact time.
+function emq.parse_block(now, s)
+    local c = canonical(s)
+    if c == nil or emq.dec_cmp(c, '0') < 0 then emq.refuse(E.BLOCK) end
+    if exact_sum(now, c) == nil then emq.refuse(E.BLOCK_TOO_LARGE) end
+    return tonumber(c)
 end
 
 -- emq_parse_count: an integer >= 1, or the refusal that names the argument.  The value is a

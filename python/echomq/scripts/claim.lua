@@ -1,5 +1,6 @@
 #!lua
--- EMQ.CLAIM <pending> <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>]   (module/emq_claim.c)
+-- EMQ.CLAIM <pending> <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>] [BLOCK <ms>]
+--                                                                      (module/emq_claim.c)
 --
 -- Reply: an array of up to <n> (default 1, at most 1000) jobs, each [id, token, payload,
 -- attempt, state], oldest first; null when nothing is claimable (the queue is empty, every
@@ -78,7 +79,8 @@ return emq.run({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEX
     -- parse
     local argv, argc, nonce = emq.args()
     if argc < 5 then emq.wrong_arity('emq.claim') end
-    local count, req, seen_count = 1, nil, false
+    local now = emq.now_ms()
+    local count, req, seen_count, block = 1, nil, false, nil
     for i = 5, argc - 1, 2 do
         if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
         local opt, val = argv[i], argv[i + 1]
@@ -88,6 +90,11 @@ return emq.run({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEX
         elseif emq.option_is(opt, 'REQ') and not req then
             if #val == 0 then emq.refuse(emq.E.REQ_EMPTY) end
             req = val
+        elseif emq.option_is(opt, 'BLOCK') and not block then
+            -- checked as the module checks it; a script never waits (no script may block):
+            -- it answers at once, as the module does inside MULTI or a script, and the
+            -- client waits by polling (python/echomq/_scripts.py, ClaimPoll)
+            block = emq.parse_block(now, val)
         else
             emq.refuse(emq.E.SYNTAX)
         end
@@ -95,7 +102,6 @@ return emq.run({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEX
     local pending, active, base = argv[1], argv[2], argv[3]
     emq.check_queue(argv, 1, { 'pending', 'active' }, base, emq.E.PENDING_ACTIVE_KEYS)
     if count > MAX_CLAIM_COUNT then count = MAX_CLAIM_COUNT end
-    local now = emq.now_ms()
     local deadline = emq.lease_deadline(now, argv[4])
 
     -- open and type-check

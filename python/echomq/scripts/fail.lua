@@ -1,8 +1,10 @@
 #!lua
--- EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error>   (module/emq_finish.c)
+-- EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error> [DELAY <ms>]
+--                                                                     (module/emq_finish.c)
 --
 -- The holder's handler failed.  Below <max-attempts> tries (claims since the job was
--- enqueued or last retried) the job goes back to <pending> at server-now; at it, the job is
+-- enqueued or last retried) the job goes back to <pending> at server-now (+ DELAY ms: the
+-- worker's backoff; it is claimable again only then); at it, the job is
 -- dead-lettered (into <dead>, scored with the time it died) and counted in
 -- <base>metrics:failed.  The row keeps the error text in last_error either way.  A job with
 -- a cancel request ends as state=cancelled instead.  Reply: +pending, +dead or +cancelled;
@@ -10,12 +12,17 @@
 return emq.run({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
-    if argc ~= 9 then emq.wrong_arity('emq.fail') end
+    if argc < 9 then emq.wrong_arity('emq.fail') end
     local active, pending, dead, base = argv[1], argv[2], argv[3], argv[4]
     emq.check_queue(argv, 1, { 'active', 'pending', 'dead' }, base, emq.E.THREE_SETS)
-    local max_attempts = emq.parse_count(argv[7], emq.E.MAX_ATTEMPTS)
+    emq.parse_count(argv[7], emq.E.MAX_ATTEMPTS)
     local id, token, error_text = argv[5], argv[6], argv[8]
     local now = emq.now_ms()
+    local due = now
+    if argc > 9 then -- [DELAY <ms>]: the worker's backoff
+        if argc ~= 11 or not emq.option_is(argv[9], 'DELAY') then emq.refuse(emq.E.SYNTAX) end
+        due = emq.due_after_delay(now, argv[10])
+    end
 
     -- open and type-check: the derived row's ACL before it is read
     if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'zset')
@@ -59,7 +66,7 @@ return emq.run({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, functi
     redis.call('ZREM', active, id)
     if route == emq.TO_PENDING then
         redis.call('HSET', row, 'state', 'pending', 'last_error', error_text, 'closed_by', 'fail:pending')
-        redis.call('ZADD', pending, at, id)
+        redis.call('ZADD', pending, emq.int(due), id)
     elseif route == emq.TO_DEAD then
         redis.call('HSET', row, 'state', 'dead', 'last_error', error_text, 'finished_at', at,
             'closed_by', 'fail:dead')
