@@ -1,4 +1,4 @@
-"""A worker process for the chaos test: ``python chaos_worker.py URL QUEUE LEASE_MS``.
+"""A worker process for the chaos test: ``python chaos_worker.py URL QUEUE LEASE_MS BACKEND``.
 
 Poison jobs (payload b"poison") kill their whole process with SIGKILL, as a
 segfaulting native library would.  Other jobs take a few milliseconds and
@@ -17,8 +17,9 @@ import echomq
 
 
 def main() -> None:
-    url, queue, lease_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    url, queue, lease_ms, backend = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     client = echomq.Client.from_url(url, socket_timeout=5)
+    assert client.backend == backend  # picked by the client itself
 
     def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
         if job.payload == b"poison":

@@ -231,9 +231,34 @@ def server_factory(module_so: Path) -> Iterator[ServerFactory]:
         srv.stop()
 
 
+# --- the client backend: the module, or the scripts on a server without it -------------
+# A test module marked `pytestmark = pytest.mark.backends` runs each of its tests that
+# use the `server` (so `r`, `client`) once per backend: "module" on the shared server
+# with emq.so, "scripts" on a server without it (the client must pick the scripts by
+# itself).  Other tests run on the module only.
+
+BACKENDS = ("module", "scripts")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("backends") and "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def server(server_factory: ServerFactory) -> Iterator[EmbeddedServer]:
-    """The shared server: a local redis-server, or the Docker image when ECHOMQ_TESTCONTAINERS=1."""
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend the test's `server` and `client` run: "module" unless marked `backends`."""
+    return str(getattr(request, "param", "module"))
+
+
+@pytest.fixture(scope="session")
+def server(server_factory: ServerFactory, backend: str) -> Iterator[EmbeddedServer]:
+    """The shared server: a local redis-server, or the Docker image when ECHOMQ_TESTCONTAINERS=1.
+
+    For the scripts backend, a redis-server without the module."""
+    if backend == "scripts":
+        yield server_factory(load_module=False)
+        return
     if containers.selected():  # see tests/containers.py; skips every user of `server` without Docker
         with containers.suite_server() as srv:
             yield srv
@@ -250,8 +275,11 @@ def r(server: EmbeddedServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def client(r: redis.Redis) -> echomq.Client:
-    return echomq.Client(r)
+def client(r: redis.Redis, backend: str) -> echomq.Client:
+    """A client that picks its backend itself (auto): the one the test runs on."""
+    chosen = echomq.Client(r)
+    assert chosen.backend == backend
+    return chosen
 
 
 def server_now_ms(r: redis.Redis) -> int:

@@ -18,6 +18,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import ServerFactory
 from .helpers import assert_token, forged_token, now_ms, put_active
 
+pytestmark = pytest.mark.backends  # tests on the shared server: once per backend
+
 Q = "aio"
 K = queue_keys(Q)
 
@@ -138,8 +140,8 @@ def test_async_keeper_checkpoints_and_detects_loss(r: redis.Redis, server: Embed
     run(server, body)
 
 
-def test_async_keeper_deadline_when_the_server_dies(server_factory: ServerFactory) -> None:
-    server = server_factory()
+def test_async_keeper_deadline_when_the_server_dies(server_factory: ServerFactory, backend: str) -> None:
+    server = server_factory(load_module=backend == "module")
 
     async def body(client: emq.Client) -> None:
         await client.enqueue(Q, job_id="j")

@@ -15,6 +15,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import ServerFactory
 from .helpers import now_ms
 
+pytestmark = pytest.mark.backends  # every test once with the module, once with the scripts
+
 Q = "jobs"
 K = queue_keys(Q)
 
@@ -71,8 +73,10 @@ def test_keeper_cancels_when_the_row_is_gone(r: redis.Redis, client: echomq.Clie
     assert c is not None and "gone" in str(c.reason)
 
 
-def test_keeper_cancels_at_the_deadline_when_the_server_is_unreachable(server_factory: ServerFactory) -> None:
-    server = server_factory()
+def test_keeper_cancels_at_the_deadline_when_the_server_is_unreachable(
+    server_factory: ServerFactory, backend: str
+) -> None:
+    server = server_factory(load_module=backend == "module")
     client = echomq.Client(server.client(socket_timeout=0.2, socket_connect_timeout=0.2))
     client.enqueue(Q, job_id="j")
     claimed_at = time.monotonic()
