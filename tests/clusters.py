@@ -35,7 +35,7 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) ->
     raise TimeoutError(f"cluster: {what}")
 
 
-def start_node(server_factory: ServerFactory) -> EmbeddedServer:
+def start_node(server_factory: ServerFactory, load_module: bool = True) -> EmbeddedServer:
     # The bus port is given, not port + 10000, which does not exist for a high
     # ephemeral port; if someone takes it first, try again with another.
     for attempt in range(3):
@@ -46,7 +46,8 @@ def start_node(server_factory: ServerFactory) -> EmbeddedServer:
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-port", str(free_port()),
                     "--cluster-node-timeout", "5000",
-                ]
+                ],
+                load_module=load_module,
             )  # fmt: skip
         except RuntimeError:
             if attempt == 2:
@@ -61,10 +62,13 @@ def cluster_cli() -> str:
     return cli
 
 
-def start_cluster(server_factory: ServerFactory, nodes: int = 3) -> list[EmbeddedServer]:
-    """N masters, every slot served, every node agreeing that the cluster is ok."""
+def start_cluster(
+    server_factory: ServerFactory, nodes: int = 3, load_module: bool = True
+) -> list[EmbeddedServer]:
+    """N masters, every slot served, every node agreeing that the cluster is ok (with the module,
+    or without it: a cluster for the scripts backend)."""
     cli = cluster_cli()
-    started = [start_node(server_factory) for _ in range(nodes)]
+    started = [start_node(server_factory, load_module) for _ in range(nodes)]
     addresses = [f"{n.host}:{n.port}" for n in started]
     done = subprocess.run(
         [cli, "--cluster", "create", *addresses, "--cluster-yes"], capture_output=True, text=True, timeout=120

@@ -125,16 +125,18 @@ class Client:
         rendering = self._rendering
         if rendering is None:
             try:
-                reply = await self.redis.execute_command(*PROBE, **self._any_node())
+                reply = await self.redis.execute_command(*PROBE, **(await self._any_node()))
             except ResponseError:  # COMMAND refused (an ACL): the scripts run anywhere
                 reply = None
             rendering = self._rendering = Rendering(backend_from_probe(reply), self._limits)
         return rendering
 
-    def _any_node(self) -> dict[str, Any]:
-        if hasattr(self.redis, "get_random_node"):
-            return {"target_nodes": self.redis.get_random_node()}
-        return {}
+    async def _any_node(self) -> dict[str, Any]:
+        """For the backend probe: in a cluster, any node (known once the client has initialized)."""
+        if not isinstance(self.redis, aioredis.RedisCluster):
+            return {}
+        await self.redis.initialize()
+        return {"target_nodes": self.redis.get_random_node()}
 
     async def _send(self, rendering: Rendering, command: tuple[Any, ...]) -> Any:
         try:

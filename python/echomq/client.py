@@ -129,9 +129,9 @@ class Client:
         return rendering
 
     def _any_node(self) -> dict[str, Any]:
-        if hasattr(self.redis, "get_random_node"):
-            return {"target_nodes": self.redis.get_random_node()}
-        return {}
+        """For the backend probe: in a cluster, any node."""
+        get = getattr(self.redis, "get_random_node", None)
+        return {} if get is None else {"target_nodes": get()}
 
     def _send(self, rendering: Rendering, command: tuple[Any, ...]) -> Any:
         try:
