@@ -422,11 +422,12 @@ end
 emq.READ, emq.READ_WRITE, emq.CREATE = 'r', 'rw', 'w'
 
 -- The error a refused touch becomes: TRYAGAIN for a key this node does not serve as it
--- stands (an absent key of a slot on the move), the module's NOPERM for an ACL refusal
--- (Redis and Valkey word a script's ACL failure differently).  Anything else is raised
--- again.
+-- stands (an absent key of a slot on the move: Redis says "non local key", Valkey
+-- "undeclared keys were accessed during rehashing"), the module's NOPERM for an ACL
+-- refusal (Redis and Valkey word it differently too).  Anything else is raised again.
 local function refusal_of(err)
-    if err:find('non local key', 1, true) or err:find('TRYAGAIN', 1, true) then
+    if err:find('non local key', 1, true) or err:find('TRYAGAIN', 1, true)
+        or err:find('during rehashing', 1, true) then
         return E.TRYAGAIN
     end
     if err:find('NOPERM', 1, true) or err:find("can't access", 1, true)
