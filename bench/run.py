@@ -21,7 +21,12 @@ machine's drift:
    second of 8 waiting claim loops (polling vs claim(block_ms=...)),
    enqueue-to-claim latency, delayed-job lateness, batch enqueue rate.
    `--only claimpath` runs only it.
-5. Peers (bench/peers/harness.py, after the server above has stopped): the
+5. Backends (bench/backends.py, a server of its own): every verb through EMQ.* and
+   through its script (the scripts backend, for servers without the module): server
+   usec per call (the EVALSHA line of commandstats) and calls per second; a waiting
+   claim's idle commands and enqueue-to-claim latency, module BLOCK against the
+   scripts' polling.  `--only backends` runs only it.
+6. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
    `--no-peers` skips it; `--only peers` runs only it.
@@ -52,7 +57,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import claim_path  # noqa: E402
+from bench import backends, claim_path  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -584,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=["extend", "sweep", "python", "claimpath", "peers"],
+        choices=["extend", "sweep", "python", "claimpath", "backends", "peers"],
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
@@ -599,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_peers(args.quick, command)
     if args.only == "claimpath":
         return claim_path.main_section(args.quick, command)
+    if args.only == "backends":
+        return backends.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -637,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "latest.md").write_text(text)
     print(text, flush=True)
     claim_path.main_section(args.quick, command)
+    backends.main_section(args.quick, command)
     if args.no_peers:
         return 0
     return run_peers(args.quick, command)

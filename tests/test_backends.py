@@ -280,10 +280,11 @@ def test_replica_and_aof_hold_exactly_what_the_scripts_wrote(server_factory: Ser
     client = echomq.Client(m)
     assert client.backend == "scripts"
     scripts_workload(client)
-    pipe = m.pipeline(transaction=True)  # EVALSHA inside MULTI/EXEC
+    pipe = m.pipeline(transaction=True)  # FCALL inside MULTI/EXEC
+    limits = _scripts.ScriptLimits()
     for command in (
-        _scripts.render(("EMQ.ENQUEUE", K.pending, K.base, "m1", "x"), _scripts.ScriptLimits()),
-        _scripts.render(("EMQ.CLAIM", K.pending, K.active, K.base, 60_000), _scripts.ScriptLimits()),
+        _scripts.render(("EMQ.ENQUEUE", K.pending, K.base, "m1", "x"), limits, mode="functions"),
+        _scripts.render(("EMQ.CLAIM", K.pending, K.active, K.base, 60_000), limits, mode="functions"),
     ):
         pipe.execute_command(*command)
     enqueued, claimed = pipe.execute()
@@ -301,18 +302,55 @@ def test_replica_and_aof_hold_exactly_what_the_scripts_wrote(server_factory: Ser
     assert digest(m) == before
 
 
-def test_a_flushed_script_cache_is_refilled_by_the_client(server: EmbeddedServer) -> None:
-    """NOSCRIPT (a restart, a failover, SCRIPT FLUSH): the call goes again as EVAL, once."""
-    r = server.client()
-    r.flushall()
-    client = echomq.Client(r, backend="scripts")
+def libraries(r: redis.Redis) -> list[str]:
+    """FUNCTION LIST's library names (RESP2: each library a flat list of names and values)."""
+    names = []
+    for lib in r.function_list():
+        fields = dict(zip(lib[::2], lib[1::2], strict=True)) if isinstance(lib, list) else lib
+        names.append(fields[b"library_name"].decode())
+    return names
+
+
+def test_the_library_is_loaded_where_missing_and_kept_by_replicas(server_factory: ServerFactory) -> None:
+    """FCALL of a function the node lacks: FUNCTION LOAD there, the call again (nothing ran)."""
+    master = server_factory(load_module=False)
+    replica = server_factory(
+        ["--replicaof", master.host, str(master.port), "--repl-diskless-sync-delay", "0"], load_module=False
+    )
+    m, s = master.client(), replica.client()
+    wait_for_replica(m, s)
+    library = _scripts.library()
+    assert libraries(m) == []
+    client = echomq.Client(m)
     client.enqueue(Q, b"x", job_id="a")
-    r.script_flush()
-    sha = _scripts.scripts()["EMQ.ENQUEUE"].sha
-    assert r.script_exists(sha) == [False]
-    client.enqueue(Q, b"y", job_id="b")
-    assert r.script_exists(sha) == [True]
-    r.script_flush()
+    assert libraries(m) == [library.name]
+    wait_for_replica(m, s)
+    assert libraries(s) == [library.name]  # a failover keeps it
+    m.function_flush()
     assert client.extend_many(Q, [("a", "1-0000000000000000"), ("b", "x")], 1000) == [
         echomq.ExtendOutcome.GONE, echomq.ExtendOutcome.GONE,
     ]  # fmt: skip
+    m.function_flush()
+    client.enqueue(Q, b"y", job_id="b")
+    assert m.zcard(K.pending) == 2 and libraries(m) == [library.name]
+
+
+def test_where_the_library_may_not_be_loaded_the_client_runs_one_script_per_verb(
+    server_factory: ServerFactory,
+) -> None:
+    """FUNCTION LOAD refused (an ACL, a managed service): EVALSHA, and EVAL on NOSCRIPT."""
+    srv = server_factory(load_module=False)
+    admin = srv.client()
+    admin.execute_command("ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all", "-function")
+    client = echomq.Client(srv.client(username="worker", password="pw"))
+    assert client.backend == "scripts"
+    client.enqueue(Q, b"x", job_id="a")
+    assert libraries(admin) == []
+    sha = _scripts.scripts()["EMQ.ENQUEUE"].sha
+    assert admin.script_exists(sha) == [True]
+    admin.script_flush()
+    client.enqueue(Q, b"y", job_id="b")
+    assert admin.script_exists(sha) == [True]
+    job = client.claim(Q, lease_ms=1000)
+    assert job is not None
+    client.complete(Q, job.id, job.token)

@@ -2,13 +2,14 @@
 
 One server with the module loaded holds two queues: ``m`` gets each command as
 the module's EMQ.* command, ``s`` gets the same command line (its keys named
-for ``s``) as the scripts backend sends it (``echomq._scripts.render``:
-EVALSHA, and EVAL on NOSCRIPT).  A trace mixes every verb with bad input:
-wrong key types, corrupt row fields and settings, malformed and out-of-range
-numbers, unknown, repeated and value-less options, wrong arities, mismatched
-keys (another queue's, a wrong suffix, another id's row), stale, forged and
-junk tokens -- and harness writes that lapse leases and damage the data the
-same way on both queues.  After every step:
+for ``s``) as the scripts backend sends it (``echomq._scripts.render``: FCALL
+of the library, FUNCTION LOAD where it is missing; in every fourth trace
+EVALSHA of one script per verb, EVAL on NOSCRIPT, the client's fallback).
+A trace mixes every verb with bad input: wrong key types, corrupt row fields
+and settings, malformed and out-of-range numbers, unknown, repeated and
+value-less options, wrong arities, mismatched keys (another queue's, a wrong
+suffix, another id's row), stale, forged and junk tokens -- and harness
+writes that lapse leases and damage the data the same way on both queues.  After every step:
 
 - the two replies must be the same bytes (RESP2 in even traces, RESP3 in odd
   ones), once the random part of each fencing token is masked;
@@ -573,6 +574,9 @@ class Differential:
     ) -> None:
         self.r = server.client()
         self.table = table or _scripts.scripts()
+        # The library (FCALL) in most traces, one script per verb (EVALSHA) in every fourth, and
+        # always for a swapped-in script.
+        self.mode: _scripts.Mode = "eval" if table is not None or seed % 4 == 3 else "functions"
         self.protocol = 3 if seed % 2 else 2
         self.conn = RawConnection(server.host, server.port, self.protocol)
         self.gen = Gen(random.Random(seed))
@@ -580,8 +584,9 @@ class Differential:
         self.events = Events(self.r)
         self.m = Side("m", queue_keys("m"), queue_keys("m2"), self.conn_send)
         self.s = Side("s", queue_keys("s"), queue_keys("s2"), self.script_send)
-        if seed % 3 == 0:
-            self.r.script_flush()  # the first call of each script meets NOSCRIPT: the EVAL path
+        if seed % 3 == 0:  # the first call meets NOSCRIPT or "Function not found": the loading path
+            self.r.script_flush()
+            self.r.function_flush()
 
     def close(self) -> None:
         self.events.close()
@@ -596,10 +601,13 @@ class Differential:
         return self.conn.call(*argv)
 
     def script_send(self, argv: list[bytes]) -> bytes:
-        command = _scripts.render(argv, LIMITS, self.table)
+        command = _scripts.render(argv, LIMITS, self.table, self.mode)
         reply = self.conn.call(*command)
         if reply.startswith(b"-NOSCRIPT"):
             reply = self.conn.call(*_scripts.eval_form(command, self.table))
+        elif reply.startswith(b"-ERR Function not found"):
+            assert self.conn.call("FUNCTION", "LOAD", _scripts.library().source).startswith(b"$")
+            reply = self.conn.call(*command)
         return reply
 
     def harness(self, side: Side, argv: list[bytes]) -> bytes:

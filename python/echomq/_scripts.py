@@ -1,26 +1,36 @@
-"""The scripts backend: every EMQ.* verb as a Lua script, for servers without the module.
+"""The scripts backend: every EMQ.* verb in Lua, for servers without the module.
 
 Sans-I/O, like ``_protocol``: this file turns the command line a ``_protocol``
-builder made for the module (``Call.args``) into the EVALSHA that runs the same
-verb as a script, and says how to run it when the server does not have the
-script yet.  So there is one builder per verb and two renderings of its
-result, and the two backends cannot drift: the script receives the very
+builder made for the module (``Call.args``) into the FCALL (or EVALSHA) that
+runs the same verb in Lua, and says what to send when the server does not
+have the code yet.  So there is one builder per verb and two renderings of
+its result, and the two backends cannot drift: the Lua receives the very
 arguments the module would, parses them as the C handler does (same checks,
 same order, same error texts), and answers the same bytes.
 
-The scripts live in ``echomq/scripts/`` (package data), one file per verb
-beside the C file it mirrors; ``_prelude.lua`` is what they share, and a verb
-file may include a file its C twin shares with another verb (``-- include:
-_lease.lua``).  A script as loaded is: the verb file's shebang line (its
-flags: ``allow-oom`` exactly where the module command is not ``deny-oom``),
-the prelude, the includes, the verb's body.
+The Lua lives in ``echomq/scripts/`` (package data), one file per verb beside
+the C file it mirrors; ``_prelude.lua`` is what they share, and a verb file
+may include a file its C twin shares with another verb (``-- include:
+_lease.lua``).  A verb file's shebang line carries its flags: ``allow-oom``
+exactly where the module command is not ``deny-oom``.
 
-Loading: EVALSHA, and on NOSCRIPT (a fresh, restarted or failed-over node, or
-one whose cache was flushed) the same call as EVAL once, which runs the script
-and caches it on that node.  Nothing is loaded ahead and nothing has to be
-cleaned up; clients of different versions coexist (a script is named by its
-SHA1); it works the same on a single server, a replica set and every node of
-a cluster (EVAL is routed by its keys like EVALSHA).
+Loading.  The verbs are one Redis Functions library, ``echomq_<version>``
+(the version is a hash of its code), one function per verb,
+``emq_<verb>_<version>``.  The client calls them with FCALL; a node that
+answers "Function not found" (a fresh, restarted or flushed server, a node
+of a cluster the library has not reached yet) gets FUNCTION LOAD once, and
+the call is sent again.  Why a library rather than EVALSHA: the shared code
+(the prelude and the verbs' helpers) is built once, when the library loads;
+a script runs all of it again on every call, which costs about 12 us per call
+-- more than most verbs' own work (bench/backends.py measures both).  A
+library is also kept in the RDB and the AOF and sent to replicas, so a
+failover does not lose it.  Where the caller may not load a library (FUNCTION
+LOAD refused: an ACL, a managed service), the client falls back, for good, to
+the same code as one script per verb: EVALSHA, and on NOSCRIPT the same call
+as EVAL once, which runs it and caches it on that node.  Both modes are the
+same Lua, composed two ways (``library()``, ``scripts()``).  Clients of
+different versions coexist (each loads its own library); an old library
+stays until an operator removes it (FUNCTION DELETE).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
+
+from redis.exceptions import NoScriptError
 
 BackendName = Literal["module", "scripts"]
 BackendChoice = Literal["module", "scripts", "auto"]
@@ -89,9 +101,22 @@ def _file(name: str) -> str:
     return resources.files("echomq").joinpath("scripts").joinpath(name).read_text(encoding="utf-8")
 
 
+def _parts(verb: str, body: str | None) -> tuple[str, list[str], str]:
+    """A verb file's shebang line, its includes and its body (after the shebang)."""
+    text = body if body is not None else _file(f"{verb}.lua")
+    shebang, _, rest = text.partition("\n")
+    if not shebang.startswith("#!lua"):
+        raise ValueError(f"{verb}.lua must start with a #!lua shebang line")
+    return shebang, _INCLUDE.findall(rest), rest
+
+
+def _flags(shebang: str) -> list[str]:
+    return [f for f in shebang.partition("flags=")[2].split(",") if f]
+
+
 @dataclass(frozen=True)
 class Script:
-    """One verb's script as the server runs it."""
+    """One verb's script as EVALSHA runs it."""
 
     verb: str
     source: bytes
@@ -100,23 +125,19 @@ class Script:
     @property
     def flags(self) -> str:
         """The shebang's flags (``allow-oom`` where the module command is not deny-oom)."""
-        first = self.source.split(b"\n", 1)[0].decode()
-        return first.partition("flags=")[2]
+        return ",".join(_flags(self.source.split(b"\n", 1)[0].decode()))
 
 
 def compose(verb: str, body: str | None = None) -> Script:
-    """The script of ``verb`` (``"claim"``): shebang, prelude, includes, body.
+    """The script of ``verb`` (``"claim"``): shebang, prelude, includes, the verb called at once.
 
     ``body`` replaces the verb file's text (the differential test swaps in a
     deliberately wrong script this way).
     """
-    text = body if body is not None else _file(f"{verb}.lua")
-    shebang, _, rest = text.partition("\n")
-    if not shebang.startswith("#!lua"):
-        raise ValueError(f"{verb}.lua must start with a #!lua shebang line")
+    shebang, includes, rest = _parts(verb, body)
     parts = [shebang, "local emq = (function()", _file("_prelude.lua"), "end)()"]
-    parts += [_file(name) for name in _INCLUDE.findall(rest)]
-    parts.append(rest)
+    parts += [_file(name) for name in includes]
+    parts += ["return (function()", rest, "end)()()"]
     source = "\n".join(parts).encode()
     return Script(f"EMQ.{verb.upper()}", source, hashlib.sha1(source).hexdigest())
 
@@ -125,6 +146,56 @@ def compose(verb: str, body: str | None = None) -> Script:
 def scripts() -> dict[str, Script]:
     """Every verb's script, by the module command's name in upper case (``"EMQ.CLAIM"``)."""
     return {s.verb: s for s in (compose(v) for v in VERBS)}
+
+
+@dataclass(frozen=True)
+class Library:
+    """Every verb as one Redis Functions library: its name, its code, each verb's function."""
+
+    name: str
+    source: bytes
+    functions: dict[str, str]  # "EMQ.CLAIM" -> "emq_claim_<version>"
+
+
+@cache
+def library() -> Library:
+    """The library: the prelude, each shared file once, each verb made once at load.
+
+    The verbs' code reads KEYS and ARGV; in a library they are the callback's
+    arguments, handed over in two locals of the library before each verb runs.
+    """
+    includes: list[str] = []
+    verbs = []
+    for verb in VERBS:
+        shebang, incl, rest = _parts(verb, None)
+        includes += [name for name in incl if name not in includes]
+        verbs.append((verb, _flags(shebang), rest))
+    parts = [
+        "#!lua name=echomq_{version}",
+        "local KEYS, ARGV",
+        "local emq = (function()",
+        _file("_prelude.lua"),
+        "end)()",
+        *(_file(name) for name in includes),
+    ]
+    for verb, flags, rest in verbs:
+        listed = ", ".join(repr(f) for f in flags)
+        parts += [
+            f"local verb_{verb} = (function()",
+            rest,
+            "end)()",
+            "redis.register_function{",
+            f"    function_name = 'emq_{verb}_{{version}}',",
+            f"    callback = function(keys, args) KEYS, ARGV = keys, args return verb_{verb}() end,",
+            f"    flags = {{ {listed} }},",
+            "}",
+        ]
+    template = "\n".join(parts)
+    version = hashlib.sha1(template.encode()).hexdigest()[:12]
+    source = template.replace("{version}", version).encode()
+    return Library(
+        f"echomq_{version}", source, {f"EMQ.{verb.upper()}": f"emq_{verb}_{version}" for verb in VERBS}
+    )
 
 
 # -- the keys each call declares ----------------------------------------------------
@@ -242,15 +313,19 @@ def verb_of(args: Sequence[Any]) -> str:
     return (name.decode() if isinstance(name, bytes) else str(name)).upper()
 
 
+Mode = Literal["functions", "eval"]
+
+
 def render(
-    args: Sequence[Any], limits: ScriptLimits, table: dict[str, Script] | None = None
+    args: Sequence[Any], limits: ScriptLimits, table: dict[str, Script] | None = None, mode: Mode = "eval"
 ) -> tuple[Any, ...]:
-    """The EVALSHA that runs the module command line ``args`` as its script."""
+    """The FCALL (``mode="functions"``) or EVALSHA that runs the module command line ``args``."""
     verb = verb_of(args)
-    script = (table or scripts())[verb]
     argv = args[1:]
     keys = KEYS_OF[verb](argv)
-    return ("EVALSHA", script.sha, len(keys), *keys, setting(verb, limits), *argv)
+    name = library().functions[verb] if mode == "functions" else (table or scripts())[verb].sha
+    command = "FCALL" if mode == "functions" else "EVALSHA"
+    return (command, name, len(keys), *keys, setting(verb, limits), *argv)
 
 
 def eval_form(command: Sequence[Any], table: dict[str, Script] | None = None) -> tuple[Any, ...]:
@@ -265,6 +340,19 @@ def eval_form(command: Sequence[Any], table: dict[str, Script] | None = None) ->
         if script.sha == sha:
             return ("EVAL", script.source, *command[2:])
     raise KeyError(f"no script with SHA1 {sha}")
+
+
+def missing_code(error: Exception) -> bool:
+    """Does the node lack the code (the library's function, or the script), so that nothing ran?
+
+    (redis-py answers NOSCRIPT as a NoScriptError without the word.)"""
+    text = str(error)
+    return isinstance(error, NoScriptError) or text.startswith("NOSCRIPT") or "Function not found" in text
+
+
+def load_refused(error: Exception) -> bool:
+    """Is FUNCTION LOAD refused for good (an ACL, a server without Functions), not a race?"""
+    return "already exists" not in str(error)
 
 
 # -- choosing the backend ----------------------------------------------------------
@@ -318,15 +406,26 @@ class ClaimPoll:
 
 @dataclass(frozen=True)
 class Rendering:
-    """How a client sends a ``Call``: as the EMQ.* command, or as its script."""
+    """How a client sends a ``Call``: as the EMQ.* command, or as its Lua (FCALL or EVALSHA)."""
 
     name: BackendName
     limits: ScriptLimits = ScriptLimits()
+    mode: Mode = "functions"
 
     def command(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         if self.name == "module":
             return args
-        return render(args, self.limits)
+        return render(args, self.limits, mode=self.mode)
 
-    def on_noscript(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
-        return eval_form(command)
+    def load(self) -> tuple[Any, ...] | None:
+        """What to send to a node that lacks the code, before the call again: FUNCTION LOAD
+        (functions), or nothing (eval: the call itself goes as EVAL, ``again``)."""
+        return ("FUNCTION", "LOAD", library().source) if self.mode == "functions" else None
+
+    def again(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The call to send again once the node has the code (or as EVAL, which loads it)."""
+        return command if self.mode == "functions" else eval_form(command)
+
+    def as_eval(self) -> Rendering:
+        """The fallback where FUNCTION LOAD is refused: one script per verb."""
+        return Rendering(self.name, self.limits, "eval")

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
@@ -55,6 +55,8 @@ from ._scripts import (
     ScriptLimits,
     backend_from_probe,
     check_backend,
+    load_refused,
+    missing_code,
 )
 from .cancel import Cancellation, CancelToken
 from .errors import LeaseLost
@@ -138,16 +140,36 @@ class Client:
         await self.redis.initialize()
         return {"target_nodes": self.redis.get_random_node()}
 
-    async def _send(self, rendering: Rendering, command: tuple[Any, ...]) -> Any:
+    async def _send(self, args: tuple[Any, ...]) -> Any:
+        """Send a module command line as the backend has it; load the Lua where a node lacks it."""
+        rendering = await self._render()
+        command = rendering.command(args)
         try:
             return await self.redis.execute_command(*command)
-        except NoScriptError:  # nothing ran: send it as EVAL, which caches the script on that node
-            return await self.redis.execute_command(*rendering.on_noscript(command))
+        except ResponseError as exc:
+            if not missing_code(exc):
+                raise
+        # Nothing ran: the node lacks the library (or the script).  Load it there, send again.
+        load = rendering.load()
+        if load is not None:
+            try:
+                await self.redis.execute_command(*load, **self._node_of_call(command))
+            except ResponseError as exc:
+                if load_refused(exc):  # the caller may not load a library: one script per verb
+                    self._rendering = rendering.as_eval()
+                    return await self._send(args)
+        return await self.redis.execute_command(*rendering.again(command))
+
+    def _node_of_call(self, command: tuple[Any, ...]) -> dict[str, Any]:
+        """In a cluster, the node that serves the call's first key (FUNCTION LOAD goes there)."""
+        get = getattr(self.redis, "get_node_from_key", None)
+        if get is None or not command[2]:
+            return {}
+        return {"target_nodes": get(command[3])}
 
     async def _run(self, call: proto.Call[T]) -> T:
-        rendering = await self._render()
         try:
-            reply = await self._send(rendering, rendering.command(call.args))
+            reply = await self._send(call.args)
         except ResponseError as exc:
             proto.raise_mapped(exc, call)
         return call.read(reply)
@@ -155,18 +177,16 @@ class Client:
     async def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
         """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
         rendering = await self._render()
-        commands = [rendering.command(call.args) for call in calls]
         pipe = self.redis.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
+        for call in calls:
+            pipe.execute_command(*rendering.command(call.args))
         replies: list[Any] = await pipe.execute(raise_on_error=False)
-        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if again:
-            pipe = self.redis.pipeline(transaction=False)
-            for i in again:
-                pipe.execute_command(*rendering.on_noscript(commands[i]))
-            for i, reply in zip(again, await pipe.execute(raise_on_error=False), strict=True):
-                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, ResponseError) and missing_code(reply):  # nothing ran: again, loading
+                try:
+                    replies[i] = await self._send(calls[i].args)
+                except ResponseError as exc:
+                    replies[i] = exc
         return replies
 
     async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
@@ -35,6 +35,8 @@ from ._scripts import (
     ScriptLimits,
     backend_from_probe,
     check_backend,
+    load_refused,
+    missing_code,
 )
 from .cancel import Cancellation
 
@@ -133,16 +135,36 @@ class Client:
         get = getattr(self.redis, "get_random_node", None)
         return {} if get is None else {"target_nodes": get()}
 
-    def _send(self, rendering: Rendering, command: tuple[Any, ...]) -> Any:
+    def _send(self, args: tuple[Any, ...]) -> Any:
+        """Send a module command line as the backend has it; load the Lua where a node lacks it."""
+        rendering = self._render()
+        command = rendering.command(args)
         try:
             return self.redis.execute_command(*command)  # type: ignore[no-untyped-call]
-        except NoScriptError:  # nothing ran: send it as EVAL, which caches the script on that node
-            return self.redis.execute_command(*rendering.on_noscript(command))  # type: ignore[no-untyped-call]
+        except ResponseError as exc:
+            if not missing_code(exc):
+                raise
+        # Nothing ran: the node lacks the library (or the script).  Load it there, send again.
+        load = rendering.load()
+        if load is not None:
+            try:
+                self.redis.execute_command(*load, **self._node_of_call(command))  # type: ignore[no-untyped-call]
+            except ResponseError as exc:
+                if load_refused(exc):  # the caller may not load a library: one script per verb
+                    self._rendering = rendering.as_eval()
+                    return self._send(args)
+        return self.redis.execute_command(*rendering.again(command))  # type: ignore[no-untyped-call]
+
+    def _node_of_call(self, command: tuple[Any, ...]) -> dict[str, Any]:
+        """In a cluster, the node that serves the call's first key (FUNCTION LOAD goes there)."""
+        get = getattr(self.redis, "get_node_from_key", None)
+        if get is None or not command[2]:
+            return {}
+        return {"target_nodes": get(command[3])}
 
     def _run(self, call: proto.Call[T]) -> T:
-        rendering = self._render()
         try:
-            reply = self._send(rendering, rendering.command(call.args))
+            reply = self._send(call.args)
         except ResponseError as exc:
             proto.raise_mapped(exc, call)
         return call.read(reply)
@@ -150,18 +172,16 @@ class Client:
     def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
         """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
         rendering = self._render()
-        commands = [rendering.command(call.args) for call in calls]
         pipe = self.redis.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
+        for call in calls:
+            pipe.execute_command(*rendering.command(call.args))
         replies: list[Any] = pipe.execute(raise_on_error=False)
-        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if again:
-            pipe = self.redis.pipeline(transaction=False)
-            for i in again:
-                pipe.execute_command(*rendering.on_noscript(commands[i]))
-            for i, reply in zip(again, pipe.execute(raise_on_error=False), strict=True):
-                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, ResponseError) and missing_code(reply):  # nothing ran: again, loading
+                try:
+                    replies[i] = self._send(calls[i].args)
+                except ResponseError as exc:
+                    replies[i] = exc
         return replies
 
     def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:

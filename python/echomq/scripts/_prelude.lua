@@ -4,6 +4,9 @@
 -- script needs (a finished row's retention).
 --
 -- The client (python/echomq/_scripts.py) sends each verb as
+--     FCALL emq_<verb>_<version> <numkeys> <KEYS...> <setting> <argv...>
+-- (the library: this prelude, the shared files and every verb, loaded once per server with
+-- FUNCTION LOAD), or, where the caller may not load a library, as
 --     EVALSHA <sha of shebang + this prelude + the verb's file> <numkeys> <KEYS...> <setting> <argv...>
 -- where <argv...> are the EMQ.* command's arguments exactly as the module gets them, so
 -- `argv[i]` in a verb script is `argv[i]` of its C handler, and <setting> is the one value
@@ -107,7 +110,11 @@ local CHECK_ARGS = {
     HGET = { 'f' }, HMGET = { 'f' }, SET = { 'v' }, PEXPIREAT = { '0' }, DEL = {}, PERSIST = {},
 }
 
+local declared = {} -- the names in KEYS, for emq.open_derived; made anew by every call
+
 function emq.run(commands, body)
+    declared = {}
+    for _, key in ipairs(KEYS) do declared[key] = true end
     for _, command in ipairs(commands) do
         if KEYS[1] and not redis.acl_check_cmd(command, KEYS[1], unpack(CHECK_ARGS[command])) then
             return redis.error_reply('NOPERM this user has no permissions to run the \'' .. command:lower()
@@ -122,6 +129,13 @@ function emq.run(commands, body)
         return redis.error_reply(reply.emq_refusal)
     end
     error(reply, 0)
+end
+
+-- A verb: `body` run by emq.run when the verb is called.  Its file ends with
+-- `return emq.verb(...)`: loaded as a script it is called at once; in the library
+-- (Redis Functions) it is made once, at FUNCTION LOAD, and called by every FCALL.
+function emq.verb(commands, body)
+    return function() return emq.run(commands, body) end
 end
 
 -- The server's own arity error, as it answers for the module's commands.
@@ -465,11 +479,9 @@ function emq.touch(name, access)
     return t.ok, nil
 end
 
--- Was `name` given in KEYS?  Then the server checked it before the script ran, for reading
--- and writing (EVAL's keys are read-write), and routed the call by it.
-local declared = {}
-for _, key in ipairs(KEYS) do declared[key] = true end
-
+-- Was `name` given in KEYS (`declared`, made by emq.run)?  Then the server checked it before
+-- the script ran, for reading and writing (EVAL's and FCALL's keys are read-write), and
+-- routed the call by it.
 -- Open a derived key: its type, after the checks (emq_open_derived).
 function emq.open_derived(name, access)
     if declared[name] then return emq.type(name) end

@@ -7,7 +7,7 @@
 -- +finished   the job is done, dead or cancelled already: nothing written
 -- :-1         no such job
 -- Token-free and idempotent: asking again keeps the first reason.
-return emq.run({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 5 then emq.wrong_arity('emq.cancel') end

@@ -8,4 +8,4 @@
 -- maxmemory a checkpoint WITH state is refused (-OOM, nothing written); one without state
 -- still extends the lease.  The state's size cap is the client's max_state_bytes (<setting>),
 -- which the client keeps equal to the server's emq.max-state-bytes.
-return emq.run({ 'ZADD', 'HGET', 'HSET' }, function() return extend_lease(true, 'emq.checkpoint') end)
+return emq.verb({ 'ZADD', 'HGET', 'HSET' }, function() return extend_lease(true, 'emq.checkpoint') end)

@@ -75,7 +75,7 @@ local function reanswer(active, base, rec)
     return #jobs > 0 and jobs or false
 end
 
-return emq.run({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, nonce = emq.args()
     if argc < 5 then emq.wrong_arity('emq.claim') end

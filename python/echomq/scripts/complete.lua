@@ -5,7 +5,7 @@
 -- queue's done retention.  :-1 gone; -EMQSTALE wrong token or no longer active (nothing
 -- written).  A retry of a COMPLETE whose reply was lost (closed_by=complete) answers :1 and
 -- writes nothing.  Not deny-oom (allow-oom): finishing a job must work under memory pressure.
-return emq.run({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 5 then emq.wrong_arity('emq.complete') end

@@ -8,7 +8,7 @@
 -- AT; an AT in the past is now).  -EMQEXISTS when the row exists -- unless it was created
 -- by this very request (same REQ): a retry whose first reply was lost answers :1 again and
 -- writes nothing.
-return emq.run({ 'HSET', 'ZADD' }, function()
+return emq.verb({ 'HSET', 'ZADD' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 5 then emq.wrong_arity('emq.enqueue') end

@@ -15,7 +15,7 @@
 -- by one ZADD per 3,999 (one "zadd" event each), the only difference.
 local ZADD_MEMBERS = 3999
 
-return emq.run({ 'HSET', 'ZADD' }, function()
+return emq.verb({ 'HSET', 'ZADD' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc < 6 then emq.wrong_arity('emq.enqueuemany') end

@@ -9,7 +9,7 @@
 -- <base>metrics:failed.  The row keeps the error text in last_error either way.  A job with
 -- a cancel request ends as state=cancelled instead.  Reply: +pending, +dead or +cancelled;
 -- :-1 gone; -EMQSTALE as COMPLETE; a retry answers where the first call sent the job.
-return emq.run({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 9 then emq.wrong_arity('emq.fail') end

@@ -4,7 +4,7 @@
 -- DELetes each row <base>job:<id> whose state is done or cancelled (a finished job in no
 -- set); other rows and absent ones are left alone.  Reply :<n>, the rows deleted.  Not
 -- deny-oom (allow-oom): it frees memory.
-return emq.run({ 'DEL' }, function()
+return emq.verb({ 'DEL' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 4 then emq.wrong_arity('emq.forget') end

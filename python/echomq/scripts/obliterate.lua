@@ -7,7 +7,7 @@
 -- <base>meta and <base>metrics:failed.  Reply [removed, remaining].  -EMQBUSY when <active>
 -- is not empty and FORCE is not given: nothing written.  Not deny-oom (allow-oom): it frees
 -- memory.
-return emq.run({ 'ZREM', 'DEL', 'HSET' }, function()
+return emq.verb({ 'ZREM', 'DEL', 'HSET' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 6 and argc ~= 7 then emq.wrong_arity('emq.obliterate') end

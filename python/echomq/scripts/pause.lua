@@ -4,4 +4,4 @@
 --
 -- Claims get nothing until EMQ.RESUME; everything else goes on.  Not deny-oom (allow-oom):
 -- pausing must work in an incident, memory pressure included.
-return emq.run({ 'HSET' }, function() return pause_or_resume(true, 'emq.pause') end)
+return emq.verb({ 'HSET' }, function() return pause_or_resume(true, 'emq.pause') end)

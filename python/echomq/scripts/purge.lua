@@ -6,7 +6,7 @@
 -- is given) and their rows.  Reply :<n>, the members removed.  A member whose row is in
 -- another state than dead leaves <dead> but its row is kept.  Not deny-oom (allow-oom): it
 -- frees memory.
-return emq.run({ 'ZREM', 'DEL' }, function()
+return emq.verb({ 'ZREM', 'DEL' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 4 then emq.wrong_arity('emq.purge') end

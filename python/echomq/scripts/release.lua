@@ -6,7 +6,7 @@
 -- head of <pending> (score 0).  A job whose cancel was requested ends cancelled.  Reply:
 -- +pending or +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers as the first
 -- call did.  Not deny-oom (allow-oom): a shutdown must give jobs back under memory pressure.
-return emq.run({ 'ZREM', 'HSET', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 6 then emq.wrong_arity('emq.release') end

@@ -3,4 +3,4 @@
 -- EMQ.RESUME <pending> <base>                                          (module/emq_admin.c)
 --
 -- Claims hand out jobs again.  Not deny-oom (allow-oom), as PAUSE.
-return emq.run({ 'HDEL' }, function() return pause_or_resume(false, 'emq.resume') end)
+return emq.verb({ 'HDEL' }, function() return pause_or_resume(false, 'emq.resume') end)

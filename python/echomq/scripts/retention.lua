@@ -8,7 +8,7 @@
 local OPTIONS = { 'DONE', 'CANCELLED', 'DEAD' }
 local FIELDS = { 'done_ttl_ms', 'cancelled_ttl_ms', 'dead_ttl_ms' }
 
-return emq.run({ 'HSET' }, function()
+return emq.verb({ 'HSET' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 3 then emq.wrong_arity('emq.retention') end

@@ -7,7 +7,7 @@
 --           finished_at are gone and the row expires no more.
 -- :-1       no such row.
 -- -EMQSTATE the job is pending, active, done or in no known state.
-return emq.run({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 5 then emq.wrong_arity('emq.retry') end

@@ -6,7 +6,7 @@
 -- is given).  Reply [retried, dropped]: dropped members left <dead> without a retry because
 -- their row is gone or is not dead or cancelled.  Every row is checked before the first
 -- write: the batch is applied whole or not at all.
-return emq.run({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 5 then emq.wrong_arity('emq.retrydead') end

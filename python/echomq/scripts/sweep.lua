@@ -13,7 +13,7 @@
 -- client's max_limit (<setting>) stands in for it.
 local RECOVERED, DEAD, CANCELLED, EXPIRED = 1, 2, 3, 4
 
-return emq.run({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc ~= 7 then emq.wrong_arity('emq.sweep') end
