@@ -8,7 +8,7 @@ import echomq
 from echomq import keyspace
 from echomq.testing import EmbeddedServer
 
-from .conftest import ServerFactory
+from .conftest import ServerFactory, needs
 
 
 def test_keyspace_names() -> None:
@@ -46,6 +46,7 @@ def test_module_not_loaded(server_factory: ServerFactory) -> None:
     assert isinstance(info.value, echomq.EchoMQError)
 
 
+@needs("script_flags", "the scripts backend needs Redis 7.0+ (script flags, Functions)")
 def test_auto_picks_the_module_when_the_server_has_it_else_the_scripts(
     server: EmbeddedServer, server_factory: ServerFactory
 ) -> None:
