@@ -92,6 +92,9 @@ def test_wheel_is_platform_specific_and_carries_the_module(dist: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert {"echomq/emq.so", "echomq/__init__.py", "echomq/py.typed"} <= names
+        # The scripts backend's Lua, every file of it.
+        lua = {f"echomq/scripts/{p.name}" for p in (ROOT / "python" / "echomq" / "scripts").glob("*.lua")}
+        assert len(lua) > 18 and lua <= names
         assert zf.read("echomq/emq.so")[:4] == b"\x7fELF"
         (wheel_meta,) = (n for n in names if n.endswith(".dist-info/WHEEL"))
         meta = zf.read(wheel_meta).decode()
@@ -139,6 +142,17 @@ def test_installed_wheel_serves_the_module_outside_the_source_tree(installed: tu
     assert out["stale"] == "refused"
     assert (out["recovered"], out["dead"]) == (["7"], [])
     assert (out["state"], out["pending"]) == ("pending", ["7"])
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_the_scripts_without_the_module(installed: tuple[Path, Path]) -> None:
+    python, home = installed
+    with EmbeddedServer(load_module=False) as server:
+        code = (
+            "import echomq, sys; c = echomq.Client.from_url(sys.argv[1]); c.enqueue('q', b'x', job_id='a'); "
+            "j = c.claim('q', lease_ms=1000); c.complete('q', j.id, j.token); print(c.backend, j.id)"
+        )
+        assert _run([str(python), "-c", code, server.url], cwd=home).split() == ["scripts", "a"]
 
 
 # module_path()'s order, on copies of the package laid out as a checkout and as an install.

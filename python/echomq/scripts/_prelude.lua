@@ -11,11 +11,11 @@
 -- where <argv...> are the EMQ.* command's arguments exactly as the module gets them, so
 -- `argv[i]` in a verb script is `argv[i]` of its C handler, and <setting> is the one value
 -- the client supplies that the module has on the server: CLAIM's nonce (the random part of
--- its tokens), SWEEP's max-limit, CHECKPOINT's max-state-bytes ('' for the other verbs).
--- KEYS are the keys known before the call (python/echomq/_scripts.py, KEYS_OF): the declared
--- keys of the module command, plus the row of a named id and a claim's request record.  The
--- script addresses keys by the names in argv; KEYS are for cluster routing and the server's
--- ACL check of the call.
+-- its tokens), SWEEP's and ENQUEUEMANY's max-limit, CHECKPOINT's max-state-bytes ('' for
+-- the other verbs).  KEYS are the keys known before the call (python/echomq/_scripts.py,
+-- KEYS_OF): the declared keys of the module command, plus the row of a named id, a claim's
+-- request record and the settings of the verbs that always read them.  The Lua addresses
+-- keys by the names in argv; KEYS are for cluster routing and the server's ACL check.
 --
 -- The shape of every verb is the C handler's: parse -> open and type-check -> read ->
 -- decide -> apply -> reply, and nothing is written before everything is validated.  A
@@ -420,10 +420,10 @@ end
 -- ---------------------------------------------------------------------------
 -- Opening keys.  A declared key was checked by the server before the script ran (ACL,
 -- cluster routing); its type is read with TYPE.  A key derived from <base> at run time is
--- opened with emq.open_derived, which does what emq_open_derived does in C, in the only
--- way a script can: its first touches are calls the server refuses for the caller's ACL
--- or for the cluster's routing, caught with redis.pcall and answered with the module's
--- words, before anything is read or written.
+-- opened with emq.open_derived, which does what emq_open_derived does in C: the caller's
+-- ACL first (redis.acl_check_cmd, which asks without running anything), then the first
+-- touch, a call the server refuses for a key of a slot on the move, caught with
+-- redis.pcall and answered with the module's words -- before anything is read or written.
 -- ---------------------------------------------------------------------------
 function emq.type(key)
     return redis.call('TYPE', key).ok
@@ -479,10 +479,9 @@ function emq.touch(name, access)
     return t.ok, nil
 end
 
--- Was `name` given in KEYS (`declared`, made by emq.run)?  Then the server checked it before
--- the script ran, for reading and writing (EVAL's and FCALL's keys are read-write), and
--- routed the call by it.
--- Open a derived key: its type, after the checks (emq_open_derived).
+-- Open a derived key: its type, after the checks (emq_open_derived).  A key given in KEYS
+-- (`declared`, made by emq.run) was checked by the server before the Lua ran, for reading
+-- and writing (EVAL's and FCALL's keys are read-write), and routed the call.
 function emq.open_derived(name, access)
     if declared[name] then return emq.type(name) end
     local t, refused = emq.touch(name, access)
