@@ -236,9 +236,10 @@ def bench_extend(server: EmbeddedServer, r: redis.Redis, sizes: Sizes) -> dict[s
     r.flushall()
     r.eval(POPULATE_LIVE, 1, keys.active, sizes.extend_jobs, keys.base, server_ms(r) + LEASE_MS)
     sha = r.script_load(EXTEND_LUA_ORIGINAL)
-    # Each __rand_int__ is drawn on its own: the row and the member are two
-    # random live jobs, which costs the command exactly what one job would.
-    row, member = keys.base + "job:__rand_int__", "__rand_int__"
+    # __rand_1st__ is one draw per command: the row and the member are one random
+    # live job (v2 refuses a <job> that is not <id>'s row; each __rand_int__ is a
+    # draw of its own).
+    row, member = keys.base + "job:__rand_1st__", "__rand_1st__"
     contenders: dict[str, tuple[list[str], list[str]]] = {
         "native": (["EMQ.EXTEND", keys.active, row, member, "1", str(LEASE_MS)], ["emq.extend"]),
         "lua": (["EVALSHA", sha, "2", keys.active, row, member, "1", str(LEASE_MS)], ["evalsha"]),
