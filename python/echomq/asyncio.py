@@ -30,6 +30,7 @@ from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
+    ActiveJob,
     CancelOutcome,
     DeadJob,
     ExtendOutcome,
@@ -38,6 +39,8 @@ from ._protocol import (
     JobId,
     JobInfo,
     ObliterateResult,
+    PendingJob,
+    QueueCounters,
     QueueCounts,
     ReleaseOutcome,
     Retention,
@@ -179,6 +182,39 @@ class Client:
         page = await self._read(proto.dead_page(queue, offset, count))
         return await self._read(proto.dead_rows(queue, page)) if page else []
 
+    async def active(self, queue: str, *, offset: int = 0, count: int = 100) -> list[ActiveJob]:
+        """A page of the active set, soonest deadline first (see ``echomq.Client.active``)."""
+        page = await self._read(proto.active_page(queue, offset, count))
+        return await self._read(proto.active_rows(queue, page)) if page else []
+
+    async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
+        """A page of the pending set, in claim order (see ``echomq.Client.pending``)."""
+        page = await self._read(proto.pending_page(queue, offset, count))
+        return await self._read(proto.pending_rows(queue, page)) if page else []
+
+    async def counters(self, queue: str) -> QueueCounters:
+        """The queue's shared counters (see ``echomq.Client.counters``)."""
+        return await self._read(proto.counters(queue))
+
+    async def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
+        """The queues that have jobs, by a bounded SCAN (see ``echomq.Client.queues``)."""
+        proto.positive_int("limit", limit)
+        proto.positive_int("scan_budget", scan_budget)
+        found: set[str] = set()
+        step = min(1000, scan_budget)
+        nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
+        for node in nodes:
+            target = {} if node is None else {"target_nodes": node}
+            cursor, examined = 0, 0
+            while True:
+                reply = await self.redis.execute_command(*proto.scan_queues(cursor, step), **target)
+                cursor, keys = proto.scan_reply(reply)
+                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+                examined += step
+                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
+                    break
+        return sorted(found)[:limit]
+
     async def retry(self, queue: str, job_id: JobId) -> None:
         """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
         await self._run(proto.retry(queue, job_id))
@@ -227,6 +263,7 @@ class Client:
             if found:
                 forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
             if cursor == 0:
+                await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)
 
     async def aclose(self) -> None:
