@@ -424,6 +424,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         """Stop claiming and cancel running handlers with reason "shutdown"."""
         self._request_stop()
         self._stopping.set()
+        if self.metrics is not None:
+            self.metrics.flush()
 
     async def __aenter__(self) -> Worker:
         return self.start()
@@ -455,6 +457,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         job = await self.client.claim(self.queue, self.lease_ms)
         if job is None:
             return False
+        if self.metrics is not None:
+            await self.metrics.aclaimed_with_wait(self.client, job)
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
