@@ -324,6 +324,37 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    try:
+        from .dashboard import Dashboard, DashboardServer
+    except ImportError as exc:
+        raise CliError(str(exc)) from exc
+    _log_to_stderr()
+    token = args.token or os.environ.get("ECHOMQ_DASHBOARD_TOKEN") or None
+    dashboard = Dashboard.from_url(
+        args.url,
+        cluster=args.cluster,
+        queues=args.queues or None,
+        read_only=args.read_only,
+        token=token,
+        show_payloads=args.show_payloads,
+        interval=args.interval,
+    )
+    server = DashboardServer(dashboard, args.host, args.port)  # refuses a non-loopback host without a token
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    server.start()
+    login = "?token=<token>" if token else ""
+    print(f"dashboard at {server.url}{login}  (Ctrl-C or SIGTERM stops it)", flush=True)
+    try:
+        stopping.wait(args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from .testing import EmbeddedServer
 
@@ -478,6 +509,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cancel-latency", action="store_true", help="do not follow cancels (no PSUBSCRIBE)")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.set_defaults(func=cmd_exporter)
+
+    p = sub.add_parser("dashboard", help="serve the web dashboard (echomq[dashboard])")
+    p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to show (default: discover them)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)"
+    )
+    p.add_argument("--port", type=int, default=8640, help="HTTP port (default 8640; 0: a free one)")
+    p.add_argument("--token", default=None, help="asked of every request (default: $ECHOMQ_DASHBOARD_TOKEN)")
+    p.add_argument("--read-only", action="store_true", help="no actions: no pause, cancel, retry or purge")
+    p.add_argument("--show-payloads", action="store_true", help="show job payloads (hidden by default)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("server", help="start a local redis-server with the module loaded")
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
