@@ -92,6 +92,8 @@ def test_wheel_is_platform_specific_and_carries_the_module(dist: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert {"echomq/emq.so", "echomq/__init__.py", "echomq/py.typed"} <= names
+        dashboard = {f"echomq/dashboard/static/{name}" for name in ("index.html", "app.js", "app.css")}
+        assert dashboard <= names, "the dashboard's page must ship inside the wheel"
         assert zf.read("echomq/emq.so")[:4] == b"\x7fELF"
         (wheel_meta,) = (n for n in names if n.endswith(".dist-info/WHEEL"))
         meta = zf.read(wheel_meta).decode()

@@ -17,6 +17,7 @@
   if (READ_ONLY) {
     document.body.classList.add("read-only");
     document.getElementById("mode").textContent = "read-only";
+    for (const node of document.querySelectorAll("button.action")) node.remove();
   }
 
   // -- building the page from text -------------------------------------------------
@@ -123,10 +124,12 @@
   }
   document.getElementById("job-close").addEventListener("click", () => { document.getElementById("job").hidden = true; });
 
-  document.getElementById("retry-all").addEventListener("click", () =>
-    act("retry-dead", { queue: selected }, { confirm: `Retry every dead job of ${selected}?` }));
-  document.getElementById("purge-all").addEventListener("click", () =>
-    act("purge-dead", { queue: selected }, { confirm: `Delete every dead job of ${selected}? This cannot be undone.` }));
+  if (!READ_ONLY) {
+    document.getElementById("retry-all").addEventListener("click", () =>
+      act("retry-dead", { queue: selected }, { confirm: `Retry every dead job of ${selected}?` }));
+    document.getElementById("purge-all").addEventListener("click", () =>
+      act("purge-dead", { queue: selected }, { confirm: `Delete every dead job of ${selected}? This cannot be undone.` }));
+  }
 
   // -- drawing ---------------------------------------------------------------------------
 
