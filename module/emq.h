@@ -15,8 +15,8 @@
  *                  ACL categories
  *   emq_config.c/.h  the operator's ceilings (emq.max-limit, ...): module
  *                  configs, load arguments, the accessors the verbs call
- *   emq_enqueue.c  ENQUEUE                 (a job enters the queue)
- *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens)
+ *   emq_enqueue.c  ENQUEUE, ENQUEUEMANY    (jobs enter the queue, now or at a due time)
+ *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens; BLOCK waits)
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
  *   emq_finish.c   COMPLETE, FAIL, RELEASE (a holder ends its hold)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
@@ -26,6 +26,7 @@
  *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
  *   emq_effects.c  every write: the change, its keyspace event, its replication
  *   emq_keys.c     a queue's keys: checks, derived names, ACL, opening, the fence
+ *   emq_wake.c     claims that wait on <pending>, and what wakes them
  *   emq_rm.c/.h    our own declaration of the module API we call
  *
  * Every handler runs in the same order: parse -> open and type-check ->
@@ -38,6 +39,7 @@
 #include "emq_effects.h"
 #include "emq_keys.h"
 #include "emq_rm.h"
+#include "emq_wake.h"
 
 /* Field names, state values and small numbers, made once at load (a
  * C-string field costs an allocation per use, and in a 100,000-job sweep
@@ -95,6 +97,7 @@ int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
 int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);

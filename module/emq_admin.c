@@ -129,7 +129,7 @@ reply:
  * EMQ.PAUSE <pending> <base>   /   EMQ.RESUME <pending> <base>
  *
  * PAUSE sets <base>meta `paused` (HSET paused 1): CLAIM hands out nothing
- * until RESUME deletes it (HDEL).  Everything else goes on: holders extend,
+ * until RESUME deletes it (HDEL) and wakes the claims waiting on the queue.  Everything else goes on: holders extend,
  * checkpoint, complete, fail and release; ENQUEUE adds; SWEEP recovers
  * (the recovered wait).  Reply :1 when the call changed the setting, :0
  * when the queue was already paused (or running): nothing written then.
@@ -154,7 +154,6 @@ static int pause_or_resume(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     int changed = emq_hexists(&meta, emq_str.paused) != pause;
     if (changed && pause) emq_fx_hset(&fx, &meta, "hset", 1, emq_str.paused, emq_small_int[1]);
     if (changed && !pause) emq_fx_hdel(&fx, &meta, emq_str.paused);
-    /* TODO(claim path): on RESUME, emq_signal_claimable(ctx, argv[1]) once it exists. */
 
 reply:
     if (err) emq_reply_error(ctx, err);
@@ -162,6 +161,8 @@ reply:
     emq_fx_commit(&fx);
     emq_key_close(&meta);
     RedisModule_FreeString(ctx, meta_name);
+    /* Claims waiting on the queue (CLAIM ... BLOCK) may claim again. */
+    if (!err && changed && !pause) emq_signal_claimable(ctx, argv[1]);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
 }

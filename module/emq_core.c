@@ -14,6 +14,16 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_MAX_ATTEMPTS] = "ERR max-attempts must be an integer >= 1",
     [EMQ_ERR_CLAIM_COUNT] = "ERR COUNT must be an integer >= 1",
     [EMQ_ERR_LIMIT_TOO_LARGE] = "ERR limit exceeds the server's emq.max-limit",
+    [EMQ_ERR_DELAY] = "ERR DELAY must be an integer >= 0",
+    [EMQ_ERR_DELAY_TOO_LARGE] = "ERR DELAY is too large: the due time would not be an exact score",
+    [EMQ_ERR_AT] = "ERR AT must be an integer >= 0 (unix time in milliseconds)",
+    [EMQ_ERR_AT_TOO_LARGE] = "ERR AT is too large: the due time would not be an exact score",
+    [EMQ_ERR_DELAY_AND_AT] = "ERR DELAY and AT cannot be used together",
+    [EMQ_ERR_BLOCK] = "ERR BLOCK must be an integer >= 0 (0 waits forever)",
+    [EMQ_ERR_BLOCK_TOO_LARGE] = "ERR BLOCK is too large: the wait would not end at an exact time",
+    [EMQ_ERR_MANY_COUNT] = "ERR count must be an integer >= 1",
+    [EMQ_ERR_MANY_TOO_MANY] = "ERR count exceeds the server's emq.max-limit",
+    [EMQ_ERR_MANY_DUPLICATE] = "ERR the same id appears twice in one EMQ.ENQUEUEMANY",
     [EMQ_ERR_SAME_KEY] = "ERR <active> and <job> must be different keys",
     [EMQ_ERR_THREE_SETS] =
         "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
@@ -121,6 +131,83 @@ int emq_parse_count(int which, const char *s, size_t len, long long *out) {
     if (emq_parse_ll(s, len, &v) != 0 || v < 1) return refusal[which];
     *out = v;
     return EMQ_OK;
+}
+
+/* now_ms + add, when both and the sum lie in [0, 2^53]. */
+static int exact_sum(long long now_ms, long long add, long long *out) {
+    if (now_ms < 0 || now_ms > EMQ_MAX_EXACT_SCORE || add < 0 || add > EMQ_MAX_EXACT_SCORE - now_ms) return -1;
+    *out = now_ms + add;
+    return 0;
+}
+
+int emq_due_after_delay(long long now_ms, const char *s, size_t len, long long *due_ms) {
+    long long delay;
+    if (emq_parse_ll(s, len, &delay) != 0 || delay < 0) return EMQ_ERR_DELAY;
+    return exact_sum(now_ms, delay, due_ms) == 0 ? EMQ_OK : EMQ_ERR_DELAY_TOO_LARGE;
+}
+
+int emq_due_at(long long now_ms, const char *s, size_t len, long long *due_ms) {
+    long long at;
+    if (emq_parse_ll(s, len, &at) != 0 || at < 0) return EMQ_ERR_AT;
+    if (at > EMQ_MAX_EXACT_SCORE || now_ms < 0 || now_ms > EMQ_MAX_EXACT_SCORE) return EMQ_ERR_AT_TOO_LARGE;
+    *due_ms = at > now_ms ? at : now_ms;
+    return EMQ_OK;
+}
+
+int emq_parse_block(long long now_ms, const char *s, size_t len, long long *block_ms) {
+    long long block, end;
+    if (emq_parse_ll(s, len, &block) != 0 || block < 0) return EMQ_ERR_BLOCK;
+    if (exact_sum(now_ms, block, &end) != 0) return EMQ_ERR_BLOCK_TOO_LARGE;
+    *block_ms = block;
+    return EMQ_OK;
+}
+
+int emq_parse_many_count(const char *s, size_t len, long long max, long long *out) {
+    long long v;
+    if (emq_parse_ll(s, len, &v) != 0 || v < 1) return EMQ_ERR_MANY_COUNT;
+    if (v > max) return EMQ_ERR_MANY_TOO_MANY;
+    *out = v;
+    return EMQ_OK;
+}
+
+/* Byte order, shorter first on a common prefix. */
+static int bytes_cmp(const char *a, size_t alen, const char *b, size_t blen) {
+    size_t n = alen < blen ? alen : blen;
+    int c = n ? memcmp(a, b, n) : 0;
+    if (c) return c;
+    return alen < blen ? -1 : alen > blen;
+}
+
+static void sift_down(const char *const *items, const size_t *lens, long *order, long root, long n) {
+    for (;;) {
+        long child = 2 * root + 1;
+        if (child >= n) return;
+        if (child + 1 < n && bytes_cmp(items[order[child]], lens[order[child]], items[order[child + 1]],
+                                       lens[order[child + 1]]) < 0)
+            child++;
+        if (bytes_cmp(items[order[root]], lens[order[root]], items[order[child]], lens[order[child]]) >= 0) return;
+        long t = order[root];
+        order[root] = order[child];
+        order[child] = t;
+        root = child;
+    }
+}
+
+long emq_first_duplicate(const char *const *items, const size_t *lens, long n, long *order) {
+    /* Heap sort of the indices (no allocation, no comparison context),
+     * then equal neighbours. */
+    for (long i = 0; i < n; i++) order[i] = i;
+    for (long i = n / 2 - 1; i >= 0; i--) sift_down(items, lens, order, i, n);
+    for (long end = n - 1; end > 0; end--) {
+        long t = order[0];
+        order[0] = order[end];
+        order[end] = t;
+        sift_down(items, lens, order, 0, end);
+    }
+    for (long i = 1; i < n; i++)
+        if (bytes_cmp(items[order[i - 1]], lens[order[i - 1]], items[order[i]], lens[order[i]]) == 0)
+            return order[i];
+    return -1;
 }
 
 int emq_incr(const char *cur, size_t len, int present, long long add, int not_integer,

@@ -41,6 +41,16 @@ typedef enum {
     EMQ_ERR_MAX_ATTEMPTS,
     EMQ_ERR_CLAIM_COUNT,
     EMQ_ERR_LIMIT_TOO_LARGE, /* above the server's emq.max-limit (emq_config.h) */
+    EMQ_ERR_DELAY,
+    EMQ_ERR_DELAY_TOO_LARGE,
+    EMQ_ERR_AT,
+    EMQ_ERR_AT_TOO_LARGE,
+    EMQ_ERR_DELAY_AND_AT,
+    EMQ_ERR_BLOCK,
+    EMQ_ERR_BLOCK_TOO_LARGE,
+    EMQ_ERR_MANY_COUNT,
+    EMQ_ERR_MANY_TOO_MANY,
+    EMQ_ERR_MANY_DUPLICATE,
     /* keys */
     EMQ_ERR_SAME_KEY,
     EMQ_ERR_THREE_SETS,
@@ -104,6 +114,27 @@ typedef enum { EMQ_COUNT_MAX_STALLED, EMQ_COUNT_LIMIT, EMQ_COUNT_MAX_ATTEMPTS, E
 
 /* A count argument: an integer >= 1.  `which` is an EmqCountArg. */
 EMQ_EXPORT int emq_parse_count(int which, const char *s, size_t len, long long *out);
+
+/* When a job becomes claimable, on the server clock: its <pending> score.
+ * DELAY <ms>: an integer >= 0, due at now_ms + ms; AT <unix-ms>: an integer
+ * >= 0, due then, or now_ms when that is already past.  Either way the due
+ * time must be an exact score (at most 2^53).  Sets *due_ms on EMQ_OK. */
+EMQ_EXPORT int emq_due_after_delay(long long now_ms, const char *s, size_t len, long long *due_ms);
+EMQ_EXPORT int emq_due_at(long long now_ms, const char *s, size_t len, long long *due_ms);
+
+/* BLOCK <ms> of a claim: an integer >= 0 (0 waits forever) with now_ms + ms
+ * at most 2^53.  Sets *block_ms on EMQ_OK. */
+EMQ_EXPORT int emq_parse_block(long long now_ms, const char *s, size_t len, long long *block_ms);
+
+/* <count> of ENQUEUEMANY: an integer from 1 to `max` (the server's
+ * emq.max-limit; a larger count is refused, not clamped: it says where the
+ * options start). */
+EMQ_EXPORT int emq_parse_many_count(const char *s, size_t len, long long max, long long *out);
+
+/* -1 when the n byte strings (items[i], lens[i]) are all different, else
+ * the index of one that equals another.  `order` is scratch room for n
+ * longs; O(n log n), no allocation. */
+EMQ_EXPORT long emq_first_duplicate(const char *const *items, const size_t *lens, long n, long *order);
 
 /* The value of an integer row field or counter after adding `add`, as
  * HINCRBY computes it: a missing field counts as 0; a field that is not an

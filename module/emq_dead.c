@@ -130,7 +130,9 @@ reply:
     emq_fx_commit(&fx);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
+    int requeued = pending.modified;
     emq_key_close(&pending);
+    if (requeued) emq_signal_claimable(ctx, argv[2]); /* claims waiting on the queue */
     emq_key_close(&dead);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
@@ -251,7 +253,9 @@ reply:
     }
     emq_fx_commit(&fx);
     batch_release(&b);
+    int requeued = pending.modified;
     emq_key_close(&pending);
+    if (requeued) emq_signal_claimable(ctx, argv[2]); /* claims waiting on the queue */
     emq_key_close(&dead);
     return REDISMODULE_OK;
 }

@@ -84,10 +84,12 @@ reply:
 
 /* ------------------------------------------------------------------------
  * EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error>
+ *          [DELAY <ms>]
  *
  * The holder's handler failed.  Below <max-attempts> tries (claims since
  * the job was enqueued or last retried) the job goes back to <pending> at
- * server-now, behind the work already waiting; at it, the job is
+ * server-now (+ DELAY ms: the worker's backoff; it is claimable again only
+ * then), behind the work already waiting; at it, the job is
  * dead-lettered (into <dead>, scored with the time it died) and counted in
  * <base>metrics:failed.  The row keeps the error text in last_error either
  * way.  A job with a cancel request (EMQ.CANCEL) ends as state=cancelled
@@ -96,7 +98,7 @@ reply:
  * ------------------------------------------------------------------------ */
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
-    if (argc != 9) return RedisModule_WrongArity(ctx);
+    if (argc < 9) return RedisModule_WrongArity(ctx);
     int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 3, argv[4], EMQ_ERR_THREE_SETS);
     long long max_attempts = 0;
     if (!err) {
@@ -104,9 +106,19 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         const char *s = RedisModule_StringPtrLen(argv[7], &len);
         err = emq_parse_count(EMQ_COUNT_MAX_ATTEMPTS, s, len, &max_attempts);
     }
-    if (err) return emq_reply_error(ctx, err);
     RedisModuleString *id = argv[5], *token = argv[6], *error_text = argv[8];
-    long long now = RedisModule_Milliseconds();
+    long long now = RedisModule_Milliseconds(), due = now;
+    if (!err && argc > 9) { /* [DELAY <ms>] */
+        size_t len, vlen;
+        const char *opt = RedisModule_StringPtrLen(argv[9], &len);
+        if (argc != 11 || !emq_option_is(opt, len, "DELAY")) {
+            err = EMQ_ERR_SYNTAX;
+        } else {
+            const char *val = RedisModule_StringPtrLen(argv[10], &vlen);
+            err = emq_due_after_delay(now, val, vlen, &due);
+        }
+    }
+    if (err) return emq_reply_error(ctx, err);
 
     /* open and type-check: the derived row's ACL before it is read */
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
@@ -164,7 +176,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     case EMQ_FAIL_TO_PENDING:
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.pending, emq_str.last_error, error_text,
                     emq_str.closed_by, emq_str.fail_pending);
-        emq_fx_zadd(&fx, &pending, now, id, 0);
+        emq_fx_zadd(&fx, &pending, due, id, 0);
         break;
     case EMQ_FAIL_TO_DEAD:
         emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.dead, emq_str.last_error, error_text,
@@ -198,7 +210,9 @@ reply:
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&dead);
+    int requeued = pending.modified;
     emq_key_close(&pending);
+    if (requeued) emq_signal_due(ctx, argv[2], due, now);
     emq_key_close(&active);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
@@ -273,7 +287,9 @@ reply:
     emq_fx_commit(&fx);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
+    int requeued = pending.modified;
     emq_key_close(&pending);
+    if (requeued) emq_signal_claimable(ctx, argv[2]);
     emq_key_close(&active);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;

@@ -36,7 +36,10 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  *     finish their jobs and give them back under memory pressure -- they
  *     only re-score or overwrite.
  *   - `fast` where the work is O(log N) per call; SWEEP moves up to <limit>
- *     jobs and is not.
+ *     jobs and ENQUEUEMANY writes up to emq.max-limit rows: they are not.
+ *   - CLAIM may wait (BLOCK <ms>): it is in @blocking through its row's
+ *     categories, not through the `blocking` flag, which Redis 6.2 does not
+ *     know (it would refuse to create the command).
  *   - The operator verbs (emq_dead.c, emq_admin.c): RETRY and RETRYDEAD
  *     put work back (deny-oom); RETENTION writes a setting (deny-oom);
  *     PAUSE and RESUME are not deny-oom (an incident may be memory pressure,
@@ -62,6 +65,10 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  * and `<id> <payload> [<id> <payload> ...]` is
  *     EMQ_REPEATED("job", EMQ_ARG("id", EMQ_STRING), EMQ_ARG("payload", EMQ_STRING)). */
 #define EMQ_SINCE "0.1.0"
+/* ENQUEUE's and ENQUEUEMANY's `[DELAY ms | AT unix-time-ms]`. */
+#define EMQ_WHEN                                                           \
+    EMQ_ONE_OF("when", EMQ_CHOICE("DELAY", "ms", EMQ_INTEGER),             \
+               EMQ_CHOICE("AT", "unix-time-ms", EMQ_UNIX_TIME))
 #define LOG_ACTIVE "O(log N) where N is the number of active jobs"
 #define LOG_PENDING "O(log N) where N is the number of pending jobs"
 
@@ -88,18 +95,25 @@ static const EmqCommand commands[] = {
                       EMQ_ARG_KEY("dead", EMQ_RW | EMQ_ACCESS | EMQ_UPDATE), EMQ_ARG_BASE,
                       EMQ_ARG("max-stalled", EMQ_INTEGER), EMQ_ARG("limit", EMQ_INTEGER))},
     {"emq.enqueue", EmqEnqueue_RedisCommand, "write deny-oom fast",
-     .summary = "Adds a job: creates its row and queues its id in pending",
+     .summary = "Adds a job: creates its row and queues its id in pending, claimable now or at a due time",
      .complexity = LOG_PENDING, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
-                      EMQ_ARG("payload", EMQ_STRING), EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+                      EMQ_ARG("payload", EMQ_STRING), EMQ_WHEN, EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+    {"emq.enqueuemany", EmqEnqueueMany_RedisCommand, "write deny-oom",
+     .summary = "Adds count jobs in one call, all or none: a row each and one pending entry each",
+     .complexity = "O(M log N) where N is the number of pending jobs and M the number added",
+     .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("count", EMQ_INTEGER),
+                      EMQ_REPEATED("job", EMQ_ARG("id", EMQ_STRING), EMQ_ARG("payload", EMQ_STRING)), EMQ_WHEN,
+                      EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
     {"emq.claim", EmqClaim_RedisCommand, "write deny-oom fast",
-     .summary = "Leases the oldest claimable jobs to the caller: ids, fresh fencing tokens, payloads, states",
+     .summary = "Leases the oldest claimable jobs (waiting for one with BLOCK): ids, fresh tokens, payloads, states",
      .complexity = "O(log N + M) where N is the number of pending jobs and M the number claimed",
-     .since = EMQ_SINCE, .tips = "nondeterministic_output",
+     .since = EMQ_SINCE, .tips = "nondeterministic_output", .categories = "blocking",
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
                       EMQ_ARG_KEY("active", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE,
                       EMQ_ARG("lease-ms", EMQ_INTEGER), EMQ_OPTION("COUNT", "count", EMQ_INTEGER),
-                      EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+                      EMQ_OPTION("REQ", "request-id", EMQ_STRING), EMQ_OPTION("BLOCK", "ms", EMQ_INTEGER))},
     {"emq.complete", EmqComplete_RedisCommand, "write fast",
      .summary = "Marks a held job done and removes it from active, if the token still holds the job",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
@@ -112,7 +126,7 @@ static const EmqCommand commands[] = {
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
                       EMQ_ARG_KEY("dead", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("token", EMQ_STRING), EMQ_ARG("max-attempts", EMQ_INTEGER),
-                      EMQ_ARG("error", EMQ_STRING))},
+                      EMQ_ARG("error", EMQ_STRING), EMQ_OPTION("DELAY", "ms", EMQ_INTEGER))},
     {"emq.release", EmqRelease_RedisCommand, "write fast",
      .summary = "Gives a held job back to pending without using an attempt, if the token still holds it",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
@@ -262,7 +276,7 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
 }
 
 EMQ_EXPORT int RedisModule_OnUnload(RedisModuleCtx *ctx) {
-    (void)ctx;
+    emq_wake_unload(ctx);
     emq_keys_unload();
     free_strings();
     return REDISMODULE_OK;

@@ -54,6 +54,7 @@
 #define REDISMODULE_CTX_FLAGS_MULTI (1 << 1)
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
 #define REDISMODULE_CTX_FLAGS_OOM (1 << 10)
+#define REDISMODULE_CTX_FLAGS_DENY_BLOCKING (1 << 21)
 
 /* NotifyKeyspaceEvent() classes. */
 #define REDISMODULE_NOTIFY_GENERIC (1 << 2)
@@ -125,7 +126,12 @@ typedef struct RedisModuleString RedisModuleString;
 typedef struct RedisModuleUser RedisModuleUser;
 typedef struct RedisModuleCallReply RedisModuleCallReply;
 typedef struct RedisModuleCommand RedisModuleCommand;
+typedef struct RedisModuleBlockedClient RedisModuleBlockedClient;
+typedef struct RedisModuleDict RedisModuleDict;
+typedef uint64_t RedisModuleTimerID;
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+typedef void (*RedisModuleTimerProc)(RedisModuleCtx *ctx, void *data);
+typedef void (*RedisModuleFreePrivdataFunc)(RedisModuleCtx *ctx, void *privdata);
 
 /* -- command metadata (SetCommandInfo, Redis 7.0+) ------------------------
  * The server reads these arrays with the element sizes given in the
@@ -263,7 +269,22 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(int, GetSelectedDb, (RedisModuleCtx * ctx))                                             \
     X(int, SelectDb, (RedisModuleCtx * ctx, int newid))                                       \
     X(RedisModuleCallReply *, Call, (RedisModuleCtx * ctx, const char *cmd, const char *fmt, ...)) \
-    X(void, FreeCallReply, (RedisModuleCallReply * reply))
+    X(void, FreeCallReply, (RedisModuleCallReply * reply))                                   \
+    X(RedisModuleBlockedClient *, BlockClientOnKeys,                                          \
+      (RedisModuleCtx * ctx, RedisModuleCmdFunc reply_callback, RedisModuleCmdFunc timeout_callback, \
+       RedisModuleFreePrivdataFunc free_privdata, long long timeout_ms, RedisModuleString **keys,   \
+       int numkeys, void *privdata))                                                          \
+    X(void, SignalKeyAsReady, (RedisModuleCtx * ctx, RedisModuleString * key))               \
+    X(void *, GetBlockedClientPrivateData, (RedisModuleCtx * ctx))                          \
+    X(RedisModuleTimerID, CreateTimer,                                                        \
+      (RedisModuleCtx * ctx, long long period, RedisModuleTimerProc callback, void *data))   \
+    X(int, StopTimer, (RedisModuleCtx * ctx, RedisModuleTimerID id, void **data))            \
+    X(RedisModuleDict *, CreateDict, (RedisModuleCtx * ctx))                                 \
+    X(void, FreeDict, (RedisModuleCtx * ctx, RedisModuleDict * d))                           \
+    X(uint64_t, DictSize, (RedisModuleDict * d))                                             \
+    X(int, DictSetC, (RedisModuleDict * d, void *key, size_t keylen, void *ptr))            \
+    X(void *, DictGetC, (RedisModuleDict * d, void *key, size_t keylen, int *nokey))        \
+    X(int, DictDelC, (RedisModuleDict * d, void *key, size_t keylen, void *oldval))
 
 /* NULL where the server does not have them (each checked at use; what falls
  * back without one is logged at load, emq_module.c).  Redis 6.2 has

@@ -213,6 +213,7 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
 
 done:
     emq_fx_commit(&fx);
+    if (s.pending.modified) emq_signal_claimable(ctx, argv[2]);
     sweep_release(&s);
     return REDISMODULE_OK;
 }

@@ -12,9 +12,6 @@ when the two queues happen to share a slot, by SWEEP's own key check.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -26,7 +23,8 @@ from echomq import Client, ExtendOutcome
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from .conftest import ServerFactory, engine_cli
+from .clusters import node_id, owner, start_cluster
+from .conftest import ServerFactory
 from .helpers import now_ms, sweep_args
 from .test_fuzz import Resp, ServerError
 
@@ -36,68 +34,10 @@ NODES = 3
 QUEUES = [f"queue-{i}" for i in range(24)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(predicate: object, what: str, timeout: float = 30.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"cluster: {what}")
-
-
-def start_node(server_factory: ServerFactory) -> EmbeddedServer:
-    # The bus port is given, not port + 10000, which does not exist for a high
-    # ephemeral port; if someone takes it first, try again with another.
-    for attempt in range(3):
-        try:
-            return server_factory(
-                [
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", "nodes.conf",
-                    "--cluster-port", str(_free_port()),
-                    "--cluster-node-timeout", "5000",
-                ]
-            )  # fmt: skip
-        except RuntimeError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture(scope="module")
 def cluster_nodes(server_factory: ServerFactory) -> Iterator[list[EmbeddedServer]]:
-    cli = engine_cli()
-    if cli is None:
-        pytest.skip("no redis-cli/valkey-cli beside the server binary: cannot run --cluster create")
-    nodes: list[EmbeddedServer] = []
+    nodes = start_cluster(server_factory, NODES)
     try:
-        for _ in range(NODES):
-            nodes.append(start_node(server_factory))
-        addresses = [f"{n.host}:{n.port}" for n in nodes]
-        done = subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-yes"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        conns = [n.client() for n in nodes]
-
-        def all_ok() -> bool:
-            infos = [c.execute_command("CLUSTER", "INFO") for c in conns]
-            texts = [i.decode() if isinstance(i, bytes) else str(i) for i in infos]
-            return all("cluster_state:ok" in t and f"cluster_known_nodes:{NODES}" in t for t in texts)
-
-        _wait(all_ok, "state ok on every node")
-        for c in conns:
-            c.close()
         yield nodes
     finally:
         for n in nodes:  # stopped here even on failure (and again, harmlessly, by server_factory)
@@ -110,20 +50,6 @@ def rc(cluster_nodes: list[EmbeddedServer]) -> Iterator[RedisCluster]:
     conn = RedisCluster(host=first.host, port=first.port)
     yield conn
     conn.close()
-
-
-def owner(nodes: list[EmbeddedServer], key: str) -> EmbeddedServer:
-    """The node that serves `key`, asked of the nodes themselves."""
-    slot = key_slot(key.encode())
-    probe = nodes[0].client()
-    try:
-        for start, end, master, *_ in probe.execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end:
-                port = int(master[1])
-                return next(n for n in nodes if n.port == port)
-    finally:
-        probe.close()
-    raise AssertionError(f"no node serves slot {slot}")
 
 
 def test_client_over_redis_cluster_routes_each_queue_to_its_node(
@@ -331,15 +257,6 @@ def test_asyncio_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedS
             await client.aclose()
 
     asyncio.run(body())
-
-
-def node_id(node: EmbeddedServer) -> str:
-    c = node.client()
-    try:
-        value = c.execute_command("CLUSTER", "MYID")
-        return value.decode() if isinstance(value, bytes) else str(value)
-    finally:
-        c.close()
 
 
 # The module's words, or the server's own where it routes by <base> too (its

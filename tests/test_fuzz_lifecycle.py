@@ -54,7 +54,7 @@ PROVOKED: Counter[bytes] = Counter()  # how often each documented error was answ
 # The arguments before the options; ENQUEUE and CLAIM take options after them.
 ARITY = {b"emq.enqueue": 4, b"emq.claim": 4, b"emq.complete": 4, b"emq.fail": 8, b"emq.cancel": 4,
          b"emq.checkpoint": 5}  # fmt: skip
-WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint")
+WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail")  # FAIL: [DELAY ms]
 # Every error the verbs may answer here, with the words README.md's tables
 # document it by (None: "-" and the error itself).
 ERRORS: list[tuple[bytes, str | None]] = [

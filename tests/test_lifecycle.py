@@ -557,11 +557,11 @@ def test_a_bad_meta_setting_refuses_and_writes_nothing(r: redis.Redis, verb: str
         (["EMQ.ENQUEUE", K.pending, K.base, "j"], True),
         (["EMQ.CLAIM", K.pending, K.active, K.base], True),
         (["EMQ.COMPLETE", K.active, K.job("j"), "j"], False),
-        (["EMQ.FAIL", K.active, K.pending, K.dead, K.base, "j", "1", "3"], False),
+        (["EMQ.FAIL", K.active, K.pending, K.dead, K.base, "j", "1", "3"], True),
     ],
 )
 def test_wrong_arity(r: redis.Redis, args: list[str], options: bool) -> None:
-    """`args` is one argument short.  ENQUEUE and CLAIM take options after their
+    """`args` is one argument short.  ENQUEUE, CLAIM and FAIL take options after their
     arguments: more arguments than that are a syntax error, not an arity one."""
     for n in (1, len(args) - 1, len(args), len(args) + 2):
         if n == len(args) + 2 and options:

@@ -49,17 +49,32 @@ class Optional:
 
 @dataclass(frozen=True)
 class Repeated:
-    """One or more arguments of `type` (e.g. <id> [<id> ...])."""
+    """One or more groups of arguments of `types` (e.g. <id> [<id> ...], or <id> <payload> [...])."""
 
-    type: str
+    types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """At most one of TOKEN value choices (e.g. [DELAY ms | AT unix-time-ms]): (token, name, type)."""
+
+    choices: tuple[tuple[str, str, str], ...]
 
 
 def required(verb: str) -> list[tuple[str, Any]]:
-    return [(name, kind) for name, kind in SPEC[verb][1] if not isinstance(kind, Optional)]
+    return [(name, kind) for name, kind in SPEC[verb][1] if not isinstance(kind, Optional | OneOf)]
+
+
+def required_words(verb: str) -> int:
+    """The fewest arguments a call takes (a repeated group counts once, with all its words)."""
+    return sum(len(kind.types) if isinstance(kind, Repeated) else 1 for _, kind in required(verb))
 
 
 def variadic(verb: str) -> bool:
-    return any(isinstance(kind, Optional | Repeated) for _, kind in SPEC[verb][1])
+    return any(isinstance(kind, Optional | Repeated | OneOf) for _, kind in SPEC[verb][1])
+
+
+WHEN = ("when", OneOf((("DELAY", "ms", "integer"), ("AT", "unix-time-ms", "unix-time"))))
 
 # verb: (flags, [(argument, type or key flags or Optional)], a valid call's arguments)
 SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
@@ -83,14 +98,21 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.enqueue": (
         {"write", "denyoom", "fast"},
-        [("pending", RW_INSERT), BASE, ("id", "string"), ("payload", "string"),
+        [("pending", RW_INSERT), BASE, ("id", "string"), ("payload", "string"), WHEN,
          ("request-id", Optional("REQ", "string"))],
         [Q + "pending", Q, "j", "x"],
+    ),
+    "emq.enqueuemany": (
+        {"write", "denyoom"},
+        [("pending", RW_INSERT), BASE, ("count", "integer"), ("job", Repeated(("string", "string"))), WHEN,
+         ("request-id", Optional("REQ", "string"))],
+        [Q + "pending", Q, "1", "j", "x"],
     ),
     "emq.claim": (
         {"write", "denyoom", "fast"},
         [("pending", RW_ACCESS_DELETE), ("active", RW_INSERT), BASE, ("lease-ms", "integer"),
-         ("count", Optional("COUNT", "integer")), ("request-id", Optional("REQ", "string"))],
+         ("count", Optional("COUNT", "integer")), ("request-id", Optional("REQ", "string")),
+         ("ms", Optional("BLOCK", "integer"))],
         [Q + "pending", Q + "active", Q, "1000"],
     ),
     "emq.complete": (
@@ -101,7 +123,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     "emq.fail": (
         {"write", "denyoom", "fast"},
         [("active", RW_DELETE), ("pending", RW_INSERT), ("dead", RW_INSERT), BASE, ("id", "string"),
-         ("token", "string"), ("max-attempts", "integer"), ("error", "string")],
+         ("token", "string"), ("max-attempts", "integer"), ("error", "string"),
+         ("ms", Optional("DELAY", "integer"))],
         [Q + "active", Q + "pending", Q + "dead", Q, "j", "1", "3", "boom"],
     ),
     "emq.release": (
@@ -147,11 +170,13 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.forget": (
         {"write"},
-        [("pending", ["RO"]), BASE, ("ids", Repeated("string"))],
+        [("pending", ["RO"]), BASE, ("ids", Repeated(("string",)))],
         [Q + "pending", Q, "j"],
     ),
 }  # fmt: skip
-SLOW = {"emq.sweep", "emq.retrydead", "emq.purge", "emq.obliterate", "emq.forget"}
+SLOW = {"emq.sweep", "emq.retrydead", "emq.purge", "emq.obliterate", "emq.forget", "emq.enqueuemany"}
+# Categories a row adds to the derived ones: CLAIM may wait (BLOCK).
+EXTRA_CATEGORIES = {"emq.claim": {"@blocking"}}
 
 
 def keys_of(verb: str) -> list[tuple[str, list[str]]]:
@@ -222,7 +247,7 @@ def test_command_info_on_engines_without_metadata(conn: redis.Redis, verb: str) 
 def test_command_info(conn: redis.Redis, verb: str) -> None:
     info = command_info(conn, verb)
     flags, args, _ = SPEC[verb]
-    fixed = len(required(verb)) + 1
+    fixed = required_words(verb) + 1
     assert info["arity"] == (-fixed if variadic(verb) else fixed)
     assert info["flags"] - {"module"} == flags
     # The legacy range spans the keys and <base> (a NOT_KEY spec routes like a key).
@@ -242,7 +267,7 @@ def test_command_info(conn: redis.Redis, verb: str) -> None:
 @needs("acl_categories", "the commands are in no ACL category (test_acl_readonly.py: the recipe)")
 @pytest.mark.parametrize("verb", sorted(SPEC))
 def test_acl_categories(conn: redis.Redis, verb: str) -> None:
-    expected = {"@write", "@slow" if verb in SLOW else "@fast"}
+    expected = {"@write", "@slow" if verb in SLOW else "@fast", *EXTRA_CATEGORIES.get(verb, set())}
     if supports("own_category"):
         expected.add("@emq")
     assert command_info(conn, verb)["categories"] == expected
@@ -268,7 +293,12 @@ def test_command_docs(conn: redis.Redis, verb: str) -> None:
             continue
         if isinstance(kind, Repeated):
             assert (arg["type"], arg["flags"]) == ("block", ["multiple"])
-            assert [pairs(a)["type"] for a in arg["arguments"]] == [kind.type]
+            assert [pairs(a)["type"] for a in arg["arguments"]] == list(kind.types)
+            continue
+        if isinstance(kind, OneOf):
+            assert (arg["type"], arg["flags"]) == ("oneof", ["optional"])
+            choices = [pairs(a) for a in arg["arguments"]]
+            assert [(c["token"], c["name"], c["type"]) for c in choices] == list(kind.choices)
             continue
         assert "flags" not in arg
         if name == "base":

@@ -144,7 +144,7 @@ def test_worker_fails_then_dead_letters(r: redis.Redis, client: echomq.Client) -
     worker.stop()
     row = r.hgetall(K.job("bad"))
     assert row[b"state"] == b"dead" and row[b"attempts"] == b"2" and row[b"tries"] == b"2"
-    assert row[b"closed_by"] == b"fail"
+    assert row[b"closed_by"] == b"fail:dead"
     assert row[b"last_error"] == b"ValueError: cannot handle attempt 2"
     assert r.hget(K.metrics_failed, "count") == b"1"
 

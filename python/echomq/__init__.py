@@ -42,9 +42,11 @@ from .errors import (
     NotRetryable,
     QueueBusy,
     StaleToken,
+    Unblocked,
 )
 from .lease import LeaseKeeper
 from .reaper import Reaper
+from .retry import RetryPolicy
 from .worker import Worker, WorkerStats
 
 __all__ = [
@@ -73,8 +75,10 @@ __all__ = [
     "Reaper",
     "Retention",
     "RetryDeadResult",
+    "RetryPolicy",
     "StaleToken",
     "SweepResult",
+    "Unblocked",
     "Worker",
     "WorkerStats",
     "keyspace",

@@ -33,6 +33,7 @@ from ._protocol import (
     ActiveJob,
     CancelOutcome,
     DeadJob,
+    EnqueueItem,
     ExtendOutcome,
     FailOutcome,
     Job,
@@ -110,28 +111,75 @@ class Client:
         """Recover lapsed jobs (see ``echomq.Client.sweep``)."""
         return await self._run(proto.sweep(queue, max_stalled, limit))
 
-    async def enqueue(self, queue: str, payload: bytes | str = b"", job_id: JobId | None = None) -> str:
-        """Add a job; returns its id (see ``echomq.Client.enqueue``)."""
-        return await self._run(proto.enqueue(queue, payload, job_id))
+    async def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str = b"",
+        job_id: JobId | None = None,
+        *,
+        delay_ms: int | None = None,
+        run_at_ms: int | None = None,
+    ) -> str:
+        """Add a job, now or delayed; returns its id (see ``echomq.Client.enqueue``)."""
+        return await self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
-    async def claim(self, queue: str, lease_ms: int) -> Job | None:
-        """Take the next pending job (see ``echomq.Client.claim``)."""
-        jobs = await self._run(proto.claim(queue, lease_ms))
+    async def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+    ) -> list[str]:
+        """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
+        ids: list[str] = []
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = await self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
+            ids += added
+        return ids
+
+    async def _claim(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+        if block_ms is None:
+            return await self._run(proto.claim(queue, lease_ms, count))
+        plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
+        proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
+        while (wait := plan.next_wait(time.monotonic())) is not None:
+            sent = time.monotonic()
+            jobs = await self._run(proto.claim(queue, lease_ms, count, wait))
+            if jobs or plan.ended(wait, sent, time.monotonic()):
+                return jobs
+        return []
+
+    async def claim(self, queue: str, lease_ms: int, *, block_ms: int | None = None) -> Job | None:
+        """Take the next pending job, waiting up to ``block_ms`` for one (see ``echomq.Client.claim``)."""
+        jobs = await self._claim(queue, lease_ms, 1, block_ms)
         return jobs[0] if jobs else None
 
-    async def claim_many(self, queue: str, lease_ms: int, count: int) -> list[Job]:
+    async def claim_many(
+        self, queue: str, lease_ms: int, count: int, *, block_ms: int | None = None
+    ) -> list[Job]:
         """Take up to ``count`` jobs in one round trip (see ``echomq.Client.claim_many``)."""
-        return await self._run(proto.claim(queue, lease_ms, count))
+        return await self._claim(queue, lease_ms, count, block_ms)
 
     async def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done (see ``echomq.Client.complete``)."""
         await self._run(proto.complete(queue, job_id, token))
 
     async def fail(
-        self, queue: str, job_id: JobId, token: str, error: str, max_attempts: int = 3
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        error: str,
+        max_attempts: int = 3,
+        *,
+        delay_ms: int | None = None,
     ) -> FailOutcome:
-        """Report a failure (see ``echomq.Client.fail``)."""
-        return await self._run(proto.fail(queue, job_id, token, error, max_attempts))
+        """Report a failure, with an optional retry delay (see ``echomq.Client.fail``)."""
+        return await self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
 
     async def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
         """Give a held job back without using an attempt (see ``echomq.Client.release``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -13,6 +14,7 @@ from ._protocol import (
     ActiveJob,
     CancelOutcome,
     DeadJob,
+    EnqueueItem,
     ExtendOutcome,
     FailOutcome,
     Job,
@@ -134,41 +136,111 @@ class Client:
         """
         return self._run(proto.sweep(queue, max_stalled, limit))
 
-    def enqueue(self, queue: str, payload: bytes | str = b"", job_id: JobId | None = None) -> str:
+    def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str = b"",
+        job_id: JobId | None = None,
+        *,
+        delay_ms: int | None = None,
+        run_at_ms: int | None = None,
+    ) -> str:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
         The row and the pending entry are written by one EMQ.ENQUEUE, atomically.
-        Raises ``JobExists`` if a job with that id already exists.
+        The job is claimable at once, or ``delay_ms`` after now, or from
+        ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
+        the server's clock.  Raises ``JobExists`` if a job with that id already
+        exists.  Safe to retry (a fresh REQ per call).
         """
-        return self._run(proto.enqueue(queue, payload, job_id))
+        return self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
-    def claim(self, queue: str, lease_ms: int) -> Job | None:
+    def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+    ) -> list[str]:
+        """Add many jobs in few round trips; returns their ids, in order.
+
+        Each item is a payload (the job gets a new id) or a ``(job_id,
+        payload)`` pair.  One EMQ.ENQUEUEMANY per 10,000 jobs (fewer when the
+        server's ``emq.max-limit`` is lower: a refused call is halved), each
+        all or nothing: ``JobExists`` when an id of that chunk exists (the
+        chunks before it were added).  Ids must be distinct (``ValueError``
+        before anything is sent).  ``delay_ms`` delays every job alike.
+        """
+        ids: list[str] = []
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
+            ids += added
+        return ids
+
+    def _claim(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+        if block_ms is None:
+            return self._run(proto.claim(queue, lease_ms, count))
+        plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
+        proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
+        while (wait := plan.next_wait(time.monotonic())) is not None:
+            sent = time.monotonic()
+            jobs = self._run(proto.claim(queue, lease_ms, count, wait))
+            if jobs or plan.ended(wait, sent, time.monotonic()):
+                return jobs
+        return []
+
+    def claim(self, queue: str, lease_ms: int, *, block_ms: int | None = None) -> Job | None:
         """Take the next pending job and lease it for ``lease_ms``; None when none is claimable.
 
-        Recovered jobs come first, then first in, first out.  The Job carries
-        its payload: one round trip.  Safe to retry: a claim whose reply was
-        lost is answered again with the same job, not another.
+        Recovered jobs come first, then by due time, first in, first out.  The
+        Job carries its payload: one round trip.  With ``block_ms``, waits up to
+        that long (0: no limit) for a job, on the server (EMQ.CLAIM ... BLOCK):
+        waiting claims are served first come, first served, and cost no
+        commands while they wait.  A wait is cut into commands that each end
+        before the connection's ``socket_timeout`` (redis-py 8's default is
+        5 s: one command per 4 s; with ``socket_timeout=None``, one for the
+        whole wait).  Safe to retry: a claim whose reply was lost is answered
+        again with the same job, not another.  ``Unblocked`` when the server
+        ends the wait (``CLIENT UNBLOCK ... ERROR``, a failover).
         """
-        jobs = self._run(proto.claim(queue, lease_ms))
+        jobs = self._claim(queue, lease_ms, 1, block_ms)
         return jobs[0] if jobs else None
 
-    def claim_many(self, queue: str, lease_ms: int, count: int) -> list[Job]:
-        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable."""
-        return self._run(proto.claim(queue, lease_ms, count))
+    def claim_many(self, queue: str, lease_ms: int, count: int, *, block_ms: int | None = None) -> list[Job]:
+        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable.
+
+        ``block_ms`` waits as in ``claim``, and returns as soon as at least one job is claimable.
+        """
+        return self._claim(queue, lease_ms, count, block_ms)
 
     def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise)."""
         self._run(proto.complete(queue, job_id, token))
 
-    def fail(self, queue: str, job_id: JobId, token: str, error: str, max_attempts: int = 3) -> FailOutcome:
+    def fail(
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        error: str,
+        max_attempts: int = 3,
+        *,
+        delay_ms: int | None = None,
+    ) -> FailOutcome:
         """Report the handler's failure; returns where the job went.
 
         Below ``max_attempts`` attempts it goes back to pending (behind waiting
-        work), else it is dead-lettered; a job with a cancel request ends
-        ``"cancelled"`` (not retried, not counted as failed).  ``error`` is kept
-        in the row's ``last_error``.  Same fencing as ``complete``.
+        work), claimable again ``delay_ms`` after now when given (the retry's
+        backoff, e.g. ``RetryPolicy.delay_ms(job.attempt)``); else it is
+        dead-lettered; a job with a cancel request ends ``"cancelled"`` (not
+        retried, not counted as failed).  ``error`` is kept in the row's
+        ``last_error``.  Same fencing as ``complete``.
         """
-        return self._run(proto.fail(queue, job_id, token, error, max_attempts))
+        return self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
 
     def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
         """Give a held job back without using an attempt: ``"pending"``, or ``"cancelled"``.

@@ -9,6 +9,7 @@ Catch at the level you care about::
     ├── JobExists          enqueue with an id that is already taken
     ├── NotRetryable       retry of a job that is not dead or cancelled
     ├── QueueBusy          obliterate of a queue with active jobs, without force
+    ├── Unblocked          the server ended a waiting claim without a job
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
@@ -45,6 +46,15 @@ class JobExists(EchoMQError):
     def __init__(self, message: str, job_id: str) -> None:
         super().__init__(message)
         self.job_id = job_id
+
+
+class Unblocked(EchoMQError):
+    """The server ended a waiting claim (``block_ms``) before a job came: nothing was claimed.
+
+    ``CLIENT UNBLOCK <id> ERROR``, or the server stopped being a master
+    (``REPLICAOF``, a failover): it answers ``-UNBLOCKED ...`` and, in the
+    second case, closes the connection.  Claim again (from the new master).
+    """
 
 
 class ModuleNotLoaded(EchoMQError):
