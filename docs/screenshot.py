@@ -38,7 +38,7 @@ def mail(job: echomq.Job, cancel: echomq.CancelToken) -> None:
 
 
 def thumbnails(job: echomq.Job, cancel: echomq.CancelToken) -> None:
-    cancel.sleep(random.uniform(0.1, 0.4))
+    cancel.sleep(random.uniform(0.05, 0.25))
     if job.payload.startswith(b"corrupt"):
         raise ValueError(f"cannot decode image {job.payload.decode()!r}: truncated JPEG (SOS marker missing)")
     cancel.raise_if_cancelled()
@@ -85,7 +85,7 @@ def main() -> None:
         stop = threading.Event()
         workers = [
             echomq.Worker(client, "mail", mail, concurrency=3, lease_ms=5_000, metrics=metrics),
-            echomq.Worker(client, "thumbnails", thumbnails, lease_ms=3_000, max_attempts=2, metrics=metrics),
+            echomq.Worker(client, "thumbnails", thumbnails, concurrency=3, max_attempts=2, metrics=metrics),
             echomq.Worker(client, "reports", reports, concurrency=2, lease_ms=20_000, metrics=metrics),
         ]
         reapers = [

@@ -133,9 +133,7 @@ def test_the_exporter_serves_the_queue_as_the_server_holds_it(
 ) -> None:
     for i in range(5):
         client.enqueue(Q, b"p", job_id=f"p{i}")
-    client.enqueue(Q, b"p", job_id="later", delay_ms=60_000) if _has_delay(client) else r.zadd(
-        f"emq:{{{Q}}}:pending", {"later": 2**52}
-    )
+    client.enqueue(Q, b"p", job_id="later", delay_ms=60_000)
     held = client.claim(Q, lease_ms=60_000)
     assert held is not None
     client.enqueue(Q, b"p", job_id="doomed")
@@ -164,12 +162,6 @@ def test_the_exporter_serves_the_queue_as_the_server_holds_it(
     assert 0 <= age <= head.waiting_ms / 1000 + 1
     # No label per job id, ever.
     assert not any(dict(labels).get("job") for (_, labels) in samples)
-
-
-def _has_delay(client: echomq.Client) -> bool:
-    import inspect
-
-    return "delay_ms" in inspect.signature(client.enqueue).parameters
 
 
 def test_the_exporter_discovers_queues_and_tracks_a_working_fleet(

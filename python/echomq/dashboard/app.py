@@ -355,7 +355,8 @@ class Dashboard:
     async def _details(self, queue: str) -> dict[str, Any]:
         n = self.page_size
         active = await self.client.active(queue, count=n)
-        pending = await self.client.pending(queue, count=n)
+        pending_n = max(1, n // 4)
+        pending = await self.client.pending(queue, count=pending_n)  # the head of the line
         dead = await self.client.dead(queue, count=n)
         sample = self._samples.get(queue)
         return {
@@ -366,6 +367,8 @@ class Dashboard:
             "chart": _rates(sample.history) if sample is not None else _rates(deque()),
             "interval": self.interval,
             "window": self.history_seconds,
+            "page_size": n,
+            "pending_page_size": pending_n,
         }
 
     async def _job(self, request: Request) -> Response:

@@ -160,13 +160,22 @@
     }));
   }
 
-  function drawActive(queue, jobs) {
-    document.getElementById("active-count").textContent = `(${jobs.length}${jobs.length >= 50 ? "+" : ""})`;
+  function heading(id, shown, total, limit) {
+    // The total is the sampler's (a moment older than the list): trust the list when it is not cut.
+    document.getElementById(id).textContent = shown >= limit && total > shown ? `(${total}; the first ${shown} shown)` : `(${shown})`;
+  }
+
+  function drawActive(queue, jobs, total) {
+    heading("active-count", jobs.length, total, lastState.selected.page_size);
     const body = document.querySelector("#active tbody");
     const live = new Set();
     body.replaceChildren(...jobs.map((j) => {
       live.add(j.id);
-      const longest = Math.max(leaseSeen.get(j.id) || 0, j.lease_left_ms);
+      // The bar's full length is the lease: on first sight, deadline - claim (exact until the first
+      // extension, longer after it: the bar then errs short, never full for a nearly lapsed job);
+      // then the longest time left seen since (each extension sets it back to the whole lease).
+      const first = j.claimed_at ? j.lease_deadline - j.claimed_at : j.lease_left_ms;
+      const longest = Math.max(leaseSeen.has(j.id) ? leaseSeen.get(j.id) : first, j.lease_left_ms);
       leaseSeen.set(j.id, longest);
       const share = j.lease_left_ms <= 0 ? 1 : Math.max(0.02, j.lease_left_ms / (longest || 1));
       const bar = el("div", { class: "bar" + (j.lease_left_ms <= 0 ? " lapsed" : share < 0.34 ? " low" : "") },
@@ -184,8 +193,8 @@
     for (const id of leaseSeen.keys()) if (!live.has(id)) leaseSeen.delete(id);
   }
 
-  function drawPending(queue, jobs) {
-    document.getElementById("pending-count").textContent = `(${jobs.length}${jobs.length >= 50 ? "+" : ""})`;
+  function drawPending(queue, jobs, total) {
+    heading("pending-count", jobs.length, total, lastState.selected.pending_page_size);
     if (!changed("pending", [queue, jobs.map((j) => [j.id, j.delayed, Math.round(j.waiting_ms / 1000)])])) return;
     document.querySelector("#pending tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
@@ -196,8 +205,8 @@
       el("td", { class: "act" }, button("Cancel", "cancel", { queue, id: j.id })))));
   }
 
-  function drawDead(queue, jobs, now) {
-    document.getElementById("dead-count").textContent = `(${jobs.length}${jobs.length >= 50 ? "+" : ""})`;
+  function drawDead(queue, jobs, now, total) {
+    heading("dead-count", jobs.length, total, lastState.selected.page_size);
     if (!changed("dead", [queue, jobs, Math.round(now / 5000)])) return;
     document.querySelector("#dead tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
@@ -245,14 +254,14 @@
     box.replaceChildren(...nodes);
   }
 
-  function niceTop(v) {
+  function niceTop(v) { // a top that 4 gridlines divide into round numbers
     const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+    for (const m of [1, 2, 4, 6, 8, 10]) if (v <= m * p) return m * p;
     return 10 * p;
   }
 
   function fmtRate(v) {
-    return v >= 10 || Number.isInteger(v) ? String(Math.round(v)) : v.toFixed(1);
+    return Number.isInteger(v) || v >= 10 ? String(Math.round(v)) : String(Number(v.toFixed(2)));
   }
 
   let lastState = { server_time: 0 };
@@ -276,9 +285,10 @@
     if (!d) return;
     document.getElementById("detail-title").textContent = `queue ${d.name}`;
     drawChart(d.chart, d.window);
-    drawActive(d.name, d.active);
-    drawPending(d.name, d.pending);
-    drawDead(d.name, d.dead, state.server_time);
+    const counts = (state.queues.find((q) => q.name === d.name) || {}).counts || {};
+    drawActive(d.name, d.active, Math.max(d.active.length, counts.active || 0));
+    drawPending(d.name, d.pending, Math.max(d.pending.length, (counts.pending || 0) + (counts.delayed || 0)));
+    drawDead(d.name, d.dead, state.server_time, Math.max(d.dead.length, counts.dead || 0));
   }
 
   function select(name, quiet) {
