@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 try:
     import uvicorn
@@ -279,7 +280,8 @@ class Dashboard:
         if site is not None and site != "same-origin":
             return JSONResponse({"error": "cross-site request refused"}, 403)
         origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+        # The host only: behind a TLS proxy the page's origin is https and this request's scheme http.
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
             return JSONResponse({"error": "cross-origin request refused"}, 403)
         cookie = request.cookies.get(CSRF_COOKIE, "")
         header = request.headers.get(CSRF_HEADER, "")
