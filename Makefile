@@ -13,7 +13,8 @@
 #               queue with a short retention; memory before and after, the invariant at
 #               the end (minutes; not part of `make bench`)
 #
-# Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
+# Set-up is idempotent: Debian's redis-server, valgrind and chromium (apt-get, only when
+# missing; chromium is the real browser of the dashboard's test, driven by Playwright),
 # a virtual environment in .venv with the package and its test tools, and
 # module/emq.so built from source.
 
@@ -22,7 +23,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke bench soak lint setup server-binary memchecker module clean
+.PHONY: demo test smoke bench soak lint setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -37,7 +38,7 @@ SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tes
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
 	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py
 
-test: setup lint memchecker
+test: setup lint memchecker browser
 	$(BIN)/python -m pytest --engine redis
 	$(BIN)/python -m pytest --engine valkey
 	$(BIN)/python -m pytest --engine redis62 $(SMOKE_TESTS)
@@ -56,7 +57,7 @@ soak: setup
 	$(BIN)/python bench/soak.py
 
 lint: setup
-	$(BIN)/ruff check python tests bench
+	$(BIN)/ruff check python tests bench docs
 	$(BIN)/mypy
 
 setup: server-binary module $(VENV)/.installed
@@ -72,6 +73,14 @@ memchecker:
 	  echo "installing valgrind from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
+
+# Debian's chromium for tests/test_dashboard_browser.py (Playwright drives it through
+# executable_path; no browser is ever downloaded). About 15 s where it is missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium; }
 
 module:
 	$(MAKE) -C module

@@ -95,6 +95,8 @@ def test_wheel_is_platform_specific_and_carries_the_module(dist: Path) -> None:
         # The scripts backend's Lua, every file of it.
         lua = {f"echomq/scripts/{p.name}" for p in (ROOT / "python" / "echomq" / "scripts").glob("*.lua")}
         assert len(lua) > 18 and lua <= names
+        dashboard = {f"echomq/dashboard/static/{name}" for name in ("index.html", "app.js", "app.css")}
+        assert dashboard <= names, "the dashboard's page must ship inside the wheel"
         assert zf.read("echomq/emq.so")[:4] == b"\x7fELF"
         (wheel_meta,) = (n for n in names if n.endswith(".dist-info/WHEEL"))
         meta = zf.read(wheel_meta).decode()

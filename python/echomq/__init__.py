@@ -18,12 +18,15 @@ from ._module_so import module_path
 from ._protocol import KEEP_FOREVER
 from .cancel import Cancellation, CancelToken
 from .client import (
+    ActiveJob,
     Client,
     DeadJob,
     ExtendOutcome,
     Job,
     JobInfo,
     ObliterateResult,
+    PendingJob,
+    QueueCounters,
     QueueCounts,
     Retention,
     RetryDeadResult,
@@ -49,6 +52,7 @@ from .worker import Worker, WorkerStats
 
 __all__ = [
     "KEEP_FOREVER",
+    "ActiveJob",
     "CancelToken",
     "Cancellation",
     "Cancelled",
@@ -65,7 +69,9 @@ __all__ = [
     "ModuleNotLoaded",
     "NotRetryable",
     "ObliterateResult",
+    "PendingJob",
     "QueueBusy",
+    "QueueCounters",
     "QueueCounts",
     "Reaper",
     "Retention",

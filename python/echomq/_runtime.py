@@ -29,11 +29,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._protocol import FailOutcome, Job, SweepResult
 from .cancel import Cancellation, CancelToken
 from .errors import Cancelled, JobGone, LeaseLost, StaleToken
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 lease_log = logging.getLogger("echomq.lease")
 reaper_log = logging.getLogger("echomq.reaper")
@@ -109,6 +112,7 @@ class HeldJob:
     extends: int = 0
     lost: str | None = None
     stopped: bool = False
+    metrics: Metrics | None = None  # told of delivered cancels and lost leases
 
     @classmethod
     def claimed(
@@ -165,6 +169,8 @@ class HeldJob:
         self.next_checkpoint = now + self.interval
         if requested is None:
             return LeaseEvent.CONFIRMED
+        if self.metrics is not None:
+            self.metrics.cancel_delivered(self.job)
         # The lease keeps running while the handler winds down; just tell it.
         self.cancel.cancel(requested.reason)
         return LeaseEvent.CANCEL_REQUESTED
@@ -186,6 +192,8 @@ class HeldJob:
             return LeaseEvent.IGNORED
         self.lost = reason
         lease_log.warning("job %s of %s: %s", self.job.id, self.job.queue, reason)
+        if self.metrics is not None:
+            self.metrics.lease_lost(self.job, reason)
         self.cancel.cancel(reason)
         return LeaseEvent.LOST
 
@@ -311,10 +319,14 @@ class ReaperCore(Generic[ClientT]):
         max_stalled: int = 1,
         limit: int = 100,
         on_sweep: Callable[[SweepResult], None] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be > 0")
         self.client, self.queue = client, queue
+        self.metrics = metrics  # echomq.metrics.Metrics: told what each tick did
+        if metrics is not None:
+            metrics.bind(client)
         self.interval, self.max_stalled, self.limit = interval, max_stalled, limit
         self.on_sweep = on_sweep
         self.recovered = 0
@@ -333,6 +345,8 @@ class ReaperCore(Generic[ClientT]):
         total = tick.total
         self.recovered += len(total.recovered)
         self.dead += len(total.dead)
+        if self.metrics is not None:
+            self.metrics.swept(self.queue, total)
         if total and self.on_sweep is not None:
             self.on_sweep(total)
         return total
@@ -400,10 +414,14 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         concurrency: int = 1,
         poll_interval: float = 0.2,
         extend_interval: float | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.client, self.queue, self.handler = client, queue, handler
+        self.metrics = metrics  # echomq.metrics.Metrics: told of every claim, lease and end
+        if metrics is not None:
+            metrics.bind(client)
         self.lease_ms, self.max_attempts = lease_ms, max_attempts
         self.concurrency, self.poll_interval = concurrency, poll_interval
         self.extend_interval = extend_interval
@@ -425,6 +443,7 @@ class WorkerCore(Generic[ClientT, HandlerT]):
 
     def _took(self, held: HeldJob) -> None:
         """A job was claimed and its keeper made; a claim that raced ``stop()`` is cancelled at once."""
+        held.metrics = self.metrics
         self._held.add(held)
         if self._stop_requested:
             held.cancel.cancel(SHUTDOWN)
@@ -437,6 +456,7 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         """Complete, fail with the error's text, or (the lease was lost) send nothing."""
         if held.lost is not None:
             self.stats.leases_lost += 1
+            self._ended(held.job, "lost")
             return Finish(held, Action.DROP)
         if error is None:
             return Finish(held, Action.COMPLETE)
@@ -446,15 +466,22 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         """COMPLETE or FAIL was accepted; ``where`` is FAIL's answer."""
         if finish.action is Action.COMPLETE:
             self.stats.completed += 1
+            self._ended(finish.job, "completed")
             return
         assert where is not None
         self.stats.record_fail(where)
+        self._ended(finish.job, "retried" if where == "pending" else where)
         worker_log.info("job %s failed (%s), now %s", finish.job.id, finish.error, where)
 
     def _refused(self, finish: Finish, exc: LeaseLost) -> None:
         """COMPLETE or FAIL was refused: the lease lapsed between the keeper's last check and now."""
         self.stats.rejected += 1
+        self._ended(finish.job, "refused")
         worker_log.warning("job %s: %s refused: %s", finish.job.id, finish.action.value, exc)
+
+    def _ended(self, job: Job, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(job, outcome)
 
     def _loop_failed(self) -> None:
         """Log an error of the claim loop itself (call from the ``except`` block); it goes on."""

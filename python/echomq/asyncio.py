@@ -30,6 +30,7 @@ from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
+    ActiveJob,
     CancelOutcome,
     DeadJob,
     EnqueueItem,
@@ -39,6 +40,8 @@ from ._protocol import (
     JobId,
     JobInfo,
     ObliterateResult,
+    PendingJob,
+    QueueCounters,
     QueueCounts,
     ReleaseOutcome,
     Retention,
@@ -340,6 +343,39 @@ class Client:
         page = await self._read(proto.dead_page(queue, offset, count))
         return await self._read(proto.dead_rows(queue, page)) if page else []
 
+    async def active(self, queue: str, *, offset: int = 0, count: int = 100) -> list[ActiveJob]:
+        """A page of the active set, soonest deadline first (see ``echomq.Client.active``)."""
+        page = await self._read(proto.active_page(queue, offset, count))
+        return await self._read(proto.active_rows(queue, page)) if page else []
+
+    async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
+        """A page of the pending set, in claim order (see ``echomq.Client.pending``)."""
+        page = await self._read(proto.pending_page(queue, offset, count))
+        return await self._read(proto.pending_rows(queue, page)) if page else []
+
+    async def counters(self, queue: str) -> QueueCounters:
+        """The queue's shared counters (see ``echomq.Client.counters``)."""
+        return await self._read(proto.counters(queue))
+
+    async def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
+        """The queues that have jobs, by a bounded SCAN (see ``echomq.Client.queues``)."""
+        proto.positive_int("limit", limit)
+        proto.positive_int("scan_budget", scan_budget)
+        found: set[str] = set()
+        step = min(1000, scan_budget)
+        nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
+        for node in nodes:
+            target = {} if node is None else {"target_nodes": node}
+            cursor, examined = 0, 0
+            while True:
+                reply = await self.redis.execute_command(*proto.scan_queues(cursor, step), **target)
+                cursor, keys = proto.scan_reply(reply)
+                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+                examined += step
+                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
+                    break
+        return sorted(found)[:limit]
+
     async def retry(self, queue: str, job_id: JobId) -> None:
         """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
         await self._run(proto.retry(queue, job_id))
@@ -388,6 +424,7 @@ class Client:
             if found:
                 forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
             if cursor == 0:
+                await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)
 
     async def aclose(self) -> None:
@@ -548,6 +585,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         """Stop claiming and cancel running handlers with reason "shutdown"."""
         self._request_stop()
         self._stopping.set()
+        if self.metrics is not None:
+            self.metrics.flush()
 
     async def __aenter__(self) -> Worker:
         return self.start()
@@ -579,6 +618,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         job = await self.client.claim(self.queue, self.lease_ms)
         if job is None:
             return False
+        if self.metrics is not None:
+            await self.metrics.aclaimed_with_wait(self.client, job)
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at

@@ -12,6 +12,8 @@
     echomq pause mail / resume mail     stop / restart handing out jobs
     echomq retention mail --done 60000  how long finished rows are kept (ms; -1 forever)
     echomq obliterate mail              delete the queue and all its jobs (asks first)
+    echomq exporter --port 9640         Prometheus metrics of every queue (or the queues named)
+    echomq dashboard                    the web dashboard on http://127.0.0.1:8640/
     echomq server                       a local redis-server with the module loaded
     echomq module-path                  the emq.so for --loadmodule
     echomq demo                         the lifecycle demo on a server of its own
@@ -29,6 +31,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -291,6 +294,76 @@ def cmd_obliterate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_to_stderr() -> None:
+    # Until the CLI's one logging setup lands (issue 19's point 3), the long-running
+    # commands print echomq's INFO lines; a setup made by the caller wins.
+    import logging
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    try:
+        from .metrics import exporter_registry, serve
+    except ImportError as exc:
+        raise CliError(str(exc)) from exc
+    _log_to_stderr()
+    registry, _collector, watch = exporter_registry(
+        _connect(args),
+        args.queues or None,
+        max_queues=args.max_queues,
+        scan_budget=args.scan_budget,
+        discover_every=args.discover_every,
+        cancel_latency=not args.no_cancel_latency,
+    )
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    server = serve(args.port, args.addr, registry)
+    host, port = server.server_address[:2]
+    print(f"metrics of {' '.join(args.queues) or 'every queue'} at http://{host}:{port}/metrics", flush=True)
+    try:
+        stopping.wait(args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        if watch is not None:
+            watch.stop()
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    try:
+        from .dashboard import Dashboard, DashboardServer
+    except ImportError as exc:
+        raise CliError(str(exc)) from exc
+    _log_to_stderr()
+    token = args.token or os.environ.get("ECHOMQ_DASHBOARD_TOKEN") or None
+    dashboard = Dashboard.from_url(
+        args.url,
+        cluster=args.cluster,
+        queues=args.queues or None,
+        read_only=args.read_only,
+        token=token,
+        show_payloads=args.show_payloads,
+        interval=args.interval,
+    )
+    server = DashboardServer(dashboard, args.host, args.port)  # refuses a non-loopback host without a token
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    server.start()
+    login = "?token=<token>" if token else ""
+    print(f"dashboard at {server.url}{login}  (Ctrl-C or SIGTERM stops it)", flush=True)
+    try:
+        stopping.wait(args.duration)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from .testing import EmbeddedServer
 
@@ -439,6 +512,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--limit", type=_positive, default=100, help="keys per command (default 100)")
     p.set_defaults(func=cmd_obliterate)
+
+    p = sub.add_parser("exporter", help="serve the queues' Prometheus metrics (echomq[metrics])")
+    p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to export (default: discover them)")
+    p.add_argument("--port", type=int, default=9640, help="HTTP port (default 9640; 0: a free one)")
+    p.add_argument("--addr", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--max-queues", type=_positive, default=100, help="queues discovered, at most (100)")
+    p.add_argument(
+        "--scan-budget", type=_positive, default=100_000, help="keys one discovery SCAN examines at most"
+    )
+    p.add_argument("--discover-every", type=float, default=30.0, help="seconds between discoveries")
+    p.add_argument("--no-cancel-latency", action="store_true", help="do not follow cancels (no PSUBSCRIBE)")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.set_defaults(func=cmd_exporter)
+
+    p = sub.add_parser("dashboard", help="serve the web dashboard (echomq[dashboard])")
+    p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to show (default: discover them)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)"
+    )
+    p.add_argument("--port", type=int, default=8640, help="HTTP port (default 8640; 0: a free one)")
+    p.add_argument("--token", default=None, help="asked of every request (default: $ECHOMQ_DASHBOARD_TOKEN)")
+    p.add_argument("--read-only", action="store_true", help="no actions: no pause, cancel, retry or purge")
+    p.add_argument("--show-payloads", action="store_true", help="show job payloads (hidden by default)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("server", help="start a local redis-server with the module loaded")
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")

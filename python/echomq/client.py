@@ -11,6 +11,7 @@ from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._protocol import (
+    ActiveJob,
     CancelOutcome,
     DeadJob,
     EnqueueItem,
@@ -20,6 +21,8 @@ from ._protocol import (
     JobId,
     JobInfo,
     ObliterateResult,
+    PendingJob,
+    QueueCounters,
     QueueCounts,
     ReleaseOutcome,
     Retention,
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
 __all__ = [
+    "ActiveJob",
     "Client",
     "DeadJob",
     "ExtendOutcome",
@@ -51,6 +55,8 @@ __all__ = [
     "JobId",
     "JobInfo",
     "ObliterateResult",
+    "PendingJob",
+    "QueueCounters",
     "QueueCounts",
     "Retention",
     "RetryDeadResult",
@@ -424,6 +430,57 @@ class Client:
         page = self._read(proto.dead_page(queue, offset, count))
         return self._read(proto.dead_rows(queue, page)) if page else []
 
+    def active(self, queue: str, *, offset: int = 0, count: int = 100) -> list[ActiveJob]:
+        """A page of the active set, soonest lease deadline first: ``count`` jobs from ``offset``.
+
+        Each with its lease left, attempts, stalls and cancel request.  A job
+        that finished while the page is read is left out.
+        """
+        page = self._read(proto.active_page(queue, offset, count))
+        return self._read(proto.active_rows(queue, page)) if page else []
+
+    def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
+        """A page of the pending set, in claim order (delayed jobs last): ``count`` jobs from ``offset``.
+
+        The first one's ``waiting_ms`` is the age of the oldest claimable job.
+        A job claimed or cancelled while the page is read is left out.
+        """
+        page = self._read(proto.pending_page(queue, offset, count))
+        return self._read(proto.pending_rows(queue, page)) if page else []
+
+    def counters(self, queue: str) -> QueueCounters:
+        """The queue's shared counters: what workers and reapers with ``echomq.metrics.Metrics`` counted.
+
+        Totals since first written (``dead_lettered`` is the module's own
+        count); a dashboard or an exporter turns them into rates.
+        """
+        return self._read(proto.counters(queue))
+
+    def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
+        """The names of the queues that have jobs (a pending, active or dead set), sorted.
+
+        A bounded SCAN (``TYPE zset``, on every primary of a cluster): it
+        stops after about ``scan_budget`` keys examined or ``limit`` queues
+        found, so a huge keyspace costs a bounded number of round trips; a
+        queue beyond the bound is missed (name it instead).
+        """
+        proto.positive_int("limit", limit)
+        proto.positive_int("scan_budget", scan_budget)
+        found: set[str] = set()
+        step = min(1000, scan_budget)
+        nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
+        for node in nodes:
+            target = {} if node is None else {"target_nodes": node}
+            cursor, examined = 0, 0
+            while True:
+                reply = self.redis.execute_command(*proto.scan_queues(cursor, step), **target)  # type: ignore[no-untyped-call]
+                cursor, keys = proto.scan_reply(reply)
+                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+                examined += step
+                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
+                    break
+        return sorted(found)[:limit]
+
     def retry(self, queue: str, job_id: JobId) -> None:
         """Send a dead or cancelled job back to pending with a fresh budget of attempts.
 
@@ -493,6 +550,7 @@ class Client:
             if found:
                 forgotten += self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
             if cursor == 0:
+                self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)
 
     def close(self) -> None:

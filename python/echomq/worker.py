@@ -44,6 +44,8 @@ class Worker(WorkerCore[Client, Handler]):
       until the job has been claimed this many times, then to the dead set.
     - ``concurrency``: threads, each handling one job at a time; a thread
       that found no job waits ``poll_interval`` seconds before claiming again.
+    - ``metrics``: an ``echomq.metrics.Metrics`` to count into (claims,
+      ends and run times, lost leases, delivered cancels), or None.
     - ``stats``: a ``WorkerStats``.
     """
 
@@ -79,6 +81,8 @@ class Worker(WorkerCore[Client, Handler]):
         self._stopping.set()
         for t in self._threads:
             t.join(timeout)
+        if self.metrics is not None:
+            self.metrics.flush()
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -111,6 +115,8 @@ class Worker(WorkerCore[Client, Handler]):
         job = self.client.claim(self.queue, self.lease_ms)
         if job is None:
             return False
+        if self.metrics is not None:
+            self.metrics.claimed_with_wait(self.client, job)
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
