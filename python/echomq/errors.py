@@ -8,10 +8,15 @@ Catch at the level you care about::
     │   └── StaleToken     another attempt holds it, or it is no longer active
     ├── JobExists          enqueue with an id that is already taken
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
+    ├── BadArgument        the server refused an argument (also a ValueError)
+    ├── CorruptQueue       a key or field of the queue is not what the module expects
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
-Errors from the connection or from the server that are not ours (a wrong key
-type, an ACL refusal) stay redis-py's own exceptions.
+The clients check argument types and ranges before sending anything and raise
+``TypeError``/``ValueError`` naming the argument; ``BadArgument`` is for what
+only the server can tell (a lease whose deadline would be too large).
+Connection errors and the server's own typed refusals (``NoPermissionError``,
+``ReadOnlyError``, ``OutOfMemoryError``, ``TryAgainError``) stay redis-py's.
 """
 
 from __future__ import annotations
@@ -47,6 +52,18 @@ class JobExists(EchoMQError):
 
 class ModuleNotLoaded(EchoMQError):
     """The server does not know the EMQ.* commands."""
+
+
+class BadArgument(EchoMQError, ValueError):
+    """The server refused an argument of an EMQ.* command (the message names it)."""
+
+
+class CorruptQueue(EchoMQError):
+    """A key of the queue holds the wrong type, or a field the module counts with is not an integer.
+
+    Retrying does not help: an operator must repair the key (the message
+    is the server's, word for word).
+    """
 
 
 class Cancelled(EchoMQError):
