@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import redis
@@ -13,6 +14,29 @@ def now_ms(r: redis.Redis) -> int:
     """The server's clock, as the module reads it."""
     seconds, micros = r.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+# A fencing token as CLAIM hands it out: the row's new `attempts`, a dash,
+# and 16 lowercase hex digits of fresh randomness.
+TOKEN_RE = re.compile(r"(0|[1-9][0-9]*)-[0-9a-f]{16}")
+
+
+def assert_token(token: bytes | str, attempts: int | None = None) -> str:
+    """``token`` is a claim's token (for claim number ``attempts``, when given); returns it as str."""
+    text = token.decode() if isinstance(token, bytes) else token
+    match = TOKEN_RE.fullmatch(text)
+    assert match, f"{text!r} is not a fencing token <attempts>-<16 hex>"
+    if attempts is not None:
+        assert int(match.group(1)) == attempts, f"{text!r} is not the token of claim {attempts}"
+    return text
+
+
+def forged_token(token: str) -> str:
+    """The same claim number with another random part: what a holder the server forgot
+    (a failover lost its claim) could hold.  The fence must refuse it."""
+    counter, random_part = token.split("-", 1)
+    flipped = "".join("0123456789abcdef"[(int(c, 16) + 1) % 16] for c in random_part)
+    return f"{counter}-{flipped}"
 
 
 def digest(r: redis.Redis) -> str:

@@ -16,7 +16,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
-from .helpers import now_ms, put_active
+from .helpers import assert_token, forged_token, now_ms, put_active
 
 Q = "aio"
 K = queue_keys(Q)
@@ -37,20 +37,32 @@ def test_same_contract_as_the_sync_client(r: redis.Redis, server: EmbeddedServer
     async def body(client: emq.Client) -> None:
         await client.enqueue(Q, b"data", job_id="a")
         job = await client.claim(Q, lease_ms=5000)
-        assert job == echomq.Job(Q, "a", 1, b"data")
-        await client.extend(Q, "a", 1, 10_000)
-        assert await client.checkpoint(Q, "a", 1, 10_000) is None
-        with pytest.raises(echomq.StaleToken):
-            await client.extend(Q, "a", 2, 10_000)
+        assert job is not None
+        token = assert_token(job.token, attempts=1)
+        assert job == echomq.Job(Q, "a", token, b"data", attempt=1, resume_state=None)
+        await client.extend(Q, "a", token, 10_000)
+        assert await client.checkpoint(Q, "a", token, 10_000) is None
+        with pytest.raises(echomq.StaleToken):  # the same claim number, another random part
+            await client.extend(Q, "a", forged_token(token), 10_000)
+        with pytest.raises(TypeError):  # tokens are the strings claims hand out
+            await client.extend(Q, "a", 1, 10_000)  # type: ignore[arg-type]
         with pytest.raises(echomq.JobGone):
-            await client.complete(Q, "nope", 1)
+            await client.complete(Q, "nope", token)
         assert await client.cancel(Q, "a", "why") == "requested"
-        c = await client.checkpoint(Q, "a", 1, 10_000)
+        c = await client.checkpoint(Q, "a", token, 10_000)
         assert c is not None and c.reason == "why"
-        assert await client.fail(Q, "a", 1, "Cancelled: why") == "cancelled"
+        assert await client.fail(Q, "a", token, "Cancelled: why") == "cancelled"
         put_active(r, Q, "lapsed", attempts=1, deadline=0)
-        assert await client.sweep(Q, max_stalled=2) == echomq.SweepResult(["lapsed"], [])
-        assert await client.claim(Q, lease_ms=100) is not None
+        assert await client.sweep(Q, max_stalled=2) == echomq.SweepResult(["lapsed"], [], [], 0)
+        again = await client.claim(Q, lease_ms=100)
+        assert again is not None and again.id == "lapsed"
+        assert_token(again.token, attempts=2)
+        await client.enqueue(Q, b"x", job_id="b")
+        await client.enqueue(Q, b"y", job_id="c")
+        many = await client.claim_many(Q, lease_ms=100, count=5)
+        assert [(j.id, j.payload, j.attempt) for j in many] == [("b", b"x", 1), ("c", b"y", 1)]
+        assert await client.claim_many(Q, lease_ms=100, count=5) == []
+        assert await client.claim(Q, lease_ms=100) is None
         with pytest.raises(echomq.JobExists):
             await client.enqueue(Q, job_id="a")
         with pytest.raises(ValueError):
@@ -189,10 +201,11 @@ def test_async_worker_remote_cancel_and_shutdown(r: redis.Redis, server: Embedde
         while worker.stats.cancelled < 1:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
-        worker.stop()
+        worker.stop(grace=0)
         await task
         assert reasons == {"remote": "not wanted", "shutdown": "shutdown"}
         assert r.hget(K.job("remote"), "state") == b"cancelled"
-        assert r.hget(K.job("shutdown"), "state") == b"pending"  # shutdown: retried later
+        assert r.hget(K.job("shutdown"), "state") == b"pending"  # shutdown: given back, retried later
+        assert r.hget(K.job("shutdown"), "tries") == b"0"  # without using an attempt
 
     run(server, body)

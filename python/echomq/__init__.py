@@ -1,9 +1,9 @@
 """EchoMQ native: lifecycle controls for a Redis-backed job queue.
 
 The emq Redis module gives a queue native, atomic, server-clocked commands
-(EMQ.ENQUEUE, CLAIM, EXTEND, CHECKPOINT, COMPLETE, FAIL, CANCEL, SWEEP);
+(EMQ.ENQUEUE, CLAIM, EXTEND, CHECKPOINT, COMPLETE, FAIL, RELEASE, CANCEL, SWEEP);
 this package wraps them, and adds a cooperative cancel token and a worker
-runtime (Worker, LeaseKeeper, Reaper).  ``echomq.asyncio`` has the same over
+runtime (Worker, LeaseKeeper, Reaper; a handler gets a JobContext).  ``echomq.asyncio`` has the same over
 ``redis.asyncio``; ``echomq.testing`` starts a throwaway server for tests.
 
     client = echomq.Client.from_url("redis://localhost:6379")
@@ -14,11 +14,15 @@ runtime (Worker, LeaseKeeper, Reaper).  ``echomq.asyncio`` has the same over
 from __future__ import annotations
 
 from . import keyspace
+from ._log import configure_logging
 from ._module_so import module_path
 from .cancel import Cancellation, CancelToken
 from .client import Client, ExtendOutcome, Job, SweepResult
+from .context import JobContext
 from .errors import (
+    BadArgument,
     Cancelled,
+    CorruptQueue,
     EchoMQError,
     JobExists,
     JobGone,
@@ -31,13 +35,16 @@ from .reaper import Reaper
 from .worker import Worker, WorkerStats
 
 __all__ = [
+    "BadArgument",
     "CancelToken",
     "Cancellation",
     "Cancelled",
     "Client",
+    "CorruptQueue",
     "EchoMQError",
     "ExtendOutcome",
     "Job",
+    "JobContext",
     "JobExists",
     "JobGone",
     "LeaseKeeper",
@@ -48,6 +55,7 @@ __all__ = [
     "SweepResult",
     "Worker",
     "WorkerStats",
+    "configure_logging",
     "keyspace",
     "module_path",
 ]
