@@ -24,6 +24,13 @@ from echomq.testing import EmbeddedServer
 AOF = ["--appendonly", "yes", "--appendfsync", "always"]
 
 
+def pythonpath(*dirs: str | os.PathLike[str]) -> str:
+    """PYTHONPATH for a child process: the caller's own first (a test run against another copy of the
+    package sets it), then ``dirs``."""
+    parts = [os.environ.get("PYTHONPATH", ""), *map(str, dirs)]
+    return os.pathsep.join(p for p in parts if p)
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.01) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
