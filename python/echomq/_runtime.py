@@ -46,7 +46,7 @@ from typing import Generic, TypeVar
 
 from redis import exceptions as rx
 
-from ._protocol import MAX_MS, FailOutcome, Job, ReleaseOutcome, SweepResult, keys_of
+from ._protocol import MAX_MS, FailOutcome, Job, ReleaseOutcome, SweepResult, check_token, keys_of
 from .cancel import Cancellation, CancelToken
 from .errors import (
     BadArgument,
@@ -516,6 +516,7 @@ class KeeperCore(Generic[ClientT]):
         check_client("client", client, self._client_type)
         if not isinstance(job, Job):
             raise TypeError(f"job must be an echomq.Job, not {type(job).__name__}")
+        check_token(job.token)  # an int token (v1) would be refused by every checkpoint
         if not isinstance(cancel, CancelToken):
             raise TypeError(f"cancel must be an echomq.CancelToken, not {type(cancel).__name__}")
         if not isinstance(deliver_cancel, bool):
