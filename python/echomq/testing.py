@@ -182,7 +182,8 @@ class EmbeddedServer:
                     self.stop()
                     if other is not None:
                         raise _PortTaken(f"another server (pid {other}) answers on port {port}")
-                    raise RuntimeError(f"{self.binary} did not answer PING on port {port}: {_server_says(log)}")
+                    said = _server_says(log)
+                    raise RuntimeError(f"{self.binary} did not answer PING on port {port}: {said}")
                 time.sleep(0.02)
         finally:
             probe.close()
