@@ -85,7 +85,8 @@ class Worker(WorkerCore[Client, Handler]):
       take to finish before their tokens are cancelled with "shutdown".
     - ``stats``: a ``WorkerStats``.
 
-    Every argument is checked here: TypeError or ValueError naming it.
+    Every argument is checked here: TypeError or ValueError naming it.  A
+    worker runs once (``run()`` or ``start()``); make a new one to run again.
     """
 
     _client_type = Client
