@@ -82,7 +82,7 @@ def test_same_methods_and_signatures(name: str) -> None:
 
 
 def test_same_instance_attributes() -> None:
-    job = echomq.Job(Q, "j", 1, b"")
+    job = echomq.Job(Q, "j", "1-00000000000000aa", b"")
     sync_client, aio_client = echomq.Client(redis.Redis()), emq.Client(aioredis.Redis())
     assert instance_attributes(sync_client) == instance_attributes(aio_client)
     pairs = [

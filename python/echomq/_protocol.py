@@ -203,7 +203,7 @@ def message(name: str, value: object, *, optional: bool = False) -> bytes:
 def keys_of(queue: object) -> QueueKeys:
     """queue_keys, memoized: the hot path (extend) should not rebuild key names."""
     if not isinstance(queue, str):
-        raise TypeError(f"queue must be a str, not {type(queue).__name__}")
+        return queue_keys(queue)  # type: ignore[arg-type]  # raises its TypeError, naming the queue name
     return _keys_of(queue)
 
 
