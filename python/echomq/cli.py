@@ -62,7 +62,12 @@ def _require_module(client: Client) -> None:
     """Refuse a server without the emq module (reading commands alone would show an empty queue)."""
     # "COMMAND INFO" as one name: redis-py splits it on the wire, and skips
     # the COMMAND reply parser, which fails on an unknown command's null.
-    info = client.redis.execute_command("COMMAND INFO", "EMQ.SWEEP")  # type: ignore[no-untyped-call]
+    # A cluster client is told which node to ask (the command has no key).
+    r: Any = client.redis
+    options = {"target_nodes": r.get_random_node()} if hasattr(r, "get_random_node") else {}
+    info = r.execute_command("COMMAND INFO", "EMQ.SWEEP", **options)
+    if isinstance(info, dict):  # a cluster client answers per node
+        info = next(iter(info.values()), None)
     if not info or info[0] is None:
         raise ModuleNotLoaded(MODULE_MISSING)
 
@@ -228,7 +233,11 @@ async def _run_async_worker(args: argparse.Namespace, handler: Any, settings: di
 
     client = emq.Client.from_url(args.url, cluster=args.cluster)
     try:
-        info = await client.redis.execute_command("COMMAND INFO", "EMQ.SWEEP")
+        r: Any = client.redis
+        options = {"target_nodes": r.get_random_node()} if hasattr(r, "get_random_node") else {}
+        info = await r.execute_command("COMMAND INFO", "EMQ.SWEEP", **options)
+        if isinstance(info, dict):
+            info = next(iter(info.values()), None)
         if not info or info[0] is None:
             raise ModuleNotLoaded(MODULE_MISSING)
         worker = emq.Worker(client, args.queue, handler, **settings)
