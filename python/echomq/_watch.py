@@ -18,6 +18,7 @@ it reaches is noticed.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,10 @@ class DeadlineWatch:
         self._cond = threading.Condition()
         self._watched: dict[int, tuple[HeldJob, _Lock, Callable[[], float]]] = {}
         self._retained = 0
+        # While the thread sleeps: when it wakes next (time.monotonic; inf: only when notified).
+        # While it is awake: -inf, and additions are seen through _changes instead.
+        self._wakes_at = -math.inf
+        self._changes = 0
         self._thread: threading.Thread | None = None  # the live one (None once it decided to end)
         self._last: threading.Thread | None = None  # the latest started, to join when idle
 
@@ -49,14 +54,21 @@ class DeadlineWatch:
         with self._cond:
             self._watched[id(held)] = (held, lock, clock)
             self._ensure_thread()
-            self._cond.notify()
+            # Wake the thread only if it would otherwise sleep past this deadline:
+            # a busy worker adds and removes jobs all the time.
+            self._changes += 1
+            if clock is not time.monotonic or held.confirmed_until < self._wakes_at:
+                self._cond.notify()
 
     def remove(self, held: HeldJob) -> None:
         """Stop watching ``held``; the thread ends (and is joined) when nothing is left to watch."""
         with self._cond:
             self._watched.pop(id(held), None)
-            self._cond.notify()
-        self._join_if_idle()
+            idle = self._idle()
+            if idle:
+                self._cond.notify()
+        if idle:
+            self._join_if_idle()
 
     def retain(self) -> None:
         """Keep the thread for a worker's whole run, instead of one per job."""
@@ -101,10 +113,14 @@ class DeadlineWatch:
                         self._thread = None
                     return
                 entries = list(self._watched.values())
+                seen = self._changes
             wait = self._expire(entries)
             with self._cond:
-                if not self._idle():
-                    self._cond.wait(wait)
+                if self._changes != seen or self._idle():
+                    continue  # added while we looked: look again before sleeping
+                self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+                self._cond.wait(wait)
+                self._wakes_at = -math.inf
 
     @staticmethod
     def _expire(entries: list[tuple[HeldJob, _Lock, Callable[[], float]]]) -> float | None:

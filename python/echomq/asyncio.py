@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -114,6 +115,9 @@ class Client:
         was on (it may be half-open); the next attempt uses a fresh one.
         """
         try:
+            if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
+                async with asyncio.timeout(max(timeout, 0.001)):
+                    return await self._run(call)
             return await asyncio.wait_for(self._run(call), timeout=max(timeout, 0.001))
         except asyncio.TimeoutError:
             raise redis.TimeoutError(f"no reply to {call.args[0]} within {timeout:.3f} s") from None
@@ -184,7 +188,11 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     if event.is_set():
         return True
     try:
-        await asyncio.wait_for(event.wait(), timeout=timeout)
+        if sys.version_info >= (3, 11):  # no task per wait, unlike wait_for before 3.12
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        else:
+            await asyncio.wait_for(event.wait(), timeout=timeout)
     except asyncio.TimeoutError:
         return False
     return True
