@@ -46,7 +46,8 @@ from typing import Generic, TypeVar
 
 from redis import exceptions as rx
 
-from ._protocol import MAX_MS, FailOutcome, Job, ReleaseOutcome, SweepResult, check_token, keys_of
+from . import _protocol as proto
+from ._protocol import MAX_MS, Call, FailOutcome, Job, ReleaseOutcome, SweepResult, check_token, keys_of
 from .cancel import Cancellation, CancelToken
 from .errors import (
     BadArgument,
@@ -965,6 +966,29 @@ class WorkerCore(Generic[ClientT, HandlerT]):
             finish.action.value,
             extra=job_fields(finish.job),
         )
+
+    # -- what is sent: one small function each, for both drivers ----------------
+
+    def _claim_call(self) -> Call[list[Job]]:
+        """The claim step's command (one REQ, sent again until answered).
+
+        When the client learns ``claim_many`` / ``block_ms``, this is the
+        line that changes (``proto.claim(..., count, block_ms=...)``).
+        """
+        return proto.claim(self.queue, self.lease_ms)
+
+    def _fail_call(self, job: Job, error: str) -> Call[FailOutcome]:
+        """Where a failed job goes: FAIL with its error (a retry policy's delay goes here)."""
+        return proto.fail(job.queue, job.id, job.token, error, self.max_attempts)
+
+    def _end_call(self, finish: Finish) -> Call[object]:
+        """The command that ends a job's hold: COMPLETE, FAIL (``_fail_call``) or RELEASE."""
+        job = finish.job
+        if finish.action is Action.COMPLETE:
+            return proto.complete(job.queue, job.id, job.token)  # type: ignore[return-value]
+        if finish.action is Action.FAIL:
+            return self._fail_call(job, finish.error)  # type: ignore[return-value]
+        return proto.release(job.queue, job.id, job.token)  # type: ignore[return-value]
 
     def _trouble(self, exc: BaseException, doing: str, job: Job | None = None) -> Trouble:
         """Count and log (once per kind) an error met while ``doing``; the caller retries."""

@@ -607,7 +607,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
 
     async def _claim(self) -> tuple[list[Job], float]:
         """One claim step (see ``echomq.Worker._claim``: the same REQ until answered; the line to change)."""
-        call = proto.claim(self.queue, self.lease_ms)
+        call = self._claim_call()
         claimed_at = time.monotonic()
         jobs = await self._send_until(call, None, "claim")
         return jobs, claimed_at
@@ -705,12 +705,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         job = finish.job
         if finish.action is Action.DROP:
             return
-        if finish.action is Action.COMPLETE:
-            call: proto.Call[object] = proto.complete(job.queue, job.id, job.token)  # type: ignore[assignment]
-        elif finish.action is Action.FAIL:
-            call = proto.fail(job.queue, job.id, job.token, finish.error, self.max_attempts)  # type: ignore[assignment]
-        else:
-            call = proto.release(job.queue, job.id, job.token)  # type: ignore[assignment]
+        call = self._end_call(finish)
         try:
             where = await self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
         except LeaseLost as exc:

@@ -311,11 +311,10 @@ class Worker(WorkerCore[Client, Handler]):
         The same call (so the same REQ) is sent again after a lost reply
         until it is answered (or a forced stop): a job the server handed to
         a reply we did not get comes back to us, and one answered late has
-        its lease confirmed before it runs (``_process``).  (When the
-        client learns ``claim_many``/``block_ms``, the ``proto.claim`` line
-        is the one to change.)
+        its lease confirmed before it runs (``_process``).  The command is
+        ``_claim_call()``'s, shared with the asyncio worker.
         """
-        call = proto.claim(self.queue, self.lease_ms)
+        call = self._claim_call()
         claimed_at = time.monotonic()
         jobs = self._send_until(call, None, "claim")
         return jobs, claimed_at
@@ -392,12 +391,7 @@ class Worker(WorkerCore[Client, Handler]):
         job = finish.job
         if finish.action is Action.DROP:
             return
-        if finish.action is Action.COMPLETE:
-            call: proto.Call[object] = proto.complete(job.queue, job.id, job.token)  # type: ignore[assignment]
-        elif finish.action is Action.FAIL:
-            call = proto.fail(job.queue, job.id, job.token, finish.error, self.max_attempts)  # type: ignore[assignment]
-        else:
-            call = proto.release(job.queue, job.id, job.token)  # type: ignore[assignment]
+        call = self._end_call(finish)
         try:
             where = self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
         except LeaseLost as exc:
