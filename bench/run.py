@@ -17,7 +17,11 @@ machine's drift:
    (SLOWLOG at 0 us) for the limit calls, at 1,000,000 and 10,000 members.
 3. Python: client.extend() against a raw execute_command("EMQ.EXTEND", ...),
    and extend_many() (one round trip) against one extend() per job.
-4. Peers (bench/peers/harness.py, after the server above has stopped): the
+4. Claim path (bench/claim_path.py, servers of its own): idle commands per
+   second of 8 waiting claim loops (polling vs claim(block_ms=...)),
+   enqueue-to-claim latency, delayed-job lateness, batch enqueue rate.
+   `--only claimpath` runs only it.
+5. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
    `--no-peers` skips it; `--only peers` runs only it.
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
+from bench import claim_path  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -105,7 +110,7 @@ POPULATE_LIVE = """
 local n, base, deadline = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 for i = 0, n - 1 do
   local id = string.format('%012d', i)
-  redis.call('HSET', base .. 'job:' .. id, 'attempts', '1', 'state', 'active')
+  redis.call('HSET', base .. 'job:' .. id, 'attempts', '1', 'token', '1', 'state', 'active')
   redis.call('ZADD', KEYS[1], deadline + (i * 7919) % n, id)
 end
 """
@@ -133,7 +138,7 @@ for i = 0, n - 1 do
   local id = string.format('%012d', i)
   local row = base .. 'job:' .. id
   redis.call('DEL', row)
-  redis.call('HSET', row, 'attempts', '1', 'state', 'active', 'stalled', tostring(i % 3))
+  redis.call('HSET', row, 'attempts', '1', 'token', '1', 'state', 'active', 'stalled', tostring(i % 3))
   redis.call('ZADD', KEYS[1], i + 1, id)
 end
 """
@@ -425,9 +430,9 @@ def bench_python(r: redis.Redis, sizes: Sizes) -> dict[str, Any]:
 
     def wrapped() -> None:
         for i in order:
-            client.extend("py", ids[i], 1, LEASE_MS)
+            client.extend("py", ids[i], "1", LEASE_MS)
 
-    batch = [(ids[i], 1) for i in range(sizes.py_batch)]
+    batch = [(ids[i], "1") for i in range(sizes.py_batch)]
     batches = max(1, sizes.py_calls // sizes.py_batch)
 
     def one_by_one() -> None:
@@ -578,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
-        "--only", choices=["extend", "sweep", "python", "peers"], help="run one part (no verdict)"
+        "--only",
+        choices=["extend", "sweep", "python", "claimpath", "peers"],
+        help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
     args = parser.parse_args(argv)
@@ -590,8 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.only == "peers":
         return run_peers(args.quick, command)
+    if args.only == "claimpath":
+        return claim_path.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
+        # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
+        r.config_set("emq.max-limit", 1_000_000)
         version = r.info("server")["redis_version"]
         res: dict[str, Any] = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -625,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / f"{stamp}.md").write_text(text)
     (RESULTS / "latest.md").write_text(text)
     print(text, flush=True)
+    claim_path.main_section(args.quick, command)
     if args.no_peers:
         return 0
     return run_peers(args.quick, command)

@@ -9,16 +9,24 @@
  * forget -- can never touch the job again.
  *
  * Files, by concept:
- *   emq_module.c   loading, the one command table, the strings made at load
- *   emq_enqueue.c  ENQUEUE                 (a job enters the queue)
- *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens)
+ *   emq_module.c   loading, the one command table (with each command's
+ *                  metadata), the strings made at load
+ *   emq_meta.c/.h  a table row told to the server: arity, key specs, docs,
+ *                  ACL categories
+ *   emq_config.c/.h  the operator's ceilings (emq.max-limit, ...): module
+ *                  configs, load arguments, the accessors the verbs call
+ *   emq_enqueue.c  ENQUEUE, ENQUEUEMANY    (jobs enter the queue, now or at a due time)
+ *   emq_claim.c    CLAIM                   (a worker takes jobs, with fresh tokens; BLOCK waits)
  *   emq_lease.c    EXTEND, CHECKPOINT      (a holder keeps its lease)
  *   emq_finish.c   COMPLETE, FAIL, RELEASE (a holder ends its hold)
  *   emq_sweep.c    SWEEP                   (lapsed leases: recover or dead-letter)
  *   emq_cancel.c   CANCEL                  (a cancel request, delivered by CHECKPOINT)
+ *   emq_dead.c     RETRY, RETRYDEAD, PURGE (the operator and the dead letters)
+ *   emq_admin.c    RETENTION, PAUSE, RESUME, OBLITERATE, FORGET (a queue's settings and end)
  *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
  *   emq_effects.c  every write: the change, its keyspace event, its replication
  *   emq_keys.c     a queue's keys: checks, derived names, ACL, opening, the fence
+ *   emq_wake.c     claims that wait on <pending>, and what wakes them
  *   emq_rm.c/.h    our own declaration of the module API we call
  *
  * Every handler runs in the same order: parse -> open and type-check ->
@@ -26,10 +34,12 @@
 #ifndef EMQ_H
 #define EMQ_H
 
+#include "emq_config.h"
 #include "emq_core.h"
 #include "emq_effects.h"
 #include "emq_keys.h"
 #include "emq_rm.h"
+#include "emq_wake.h"
 
 /* Field names, state values and small numbers, made once at load (a
  * C-string field costs an allocation per use, and in a 100,000-job sweep
@@ -42,14 +52,20 @@
     X(claimed_at, "claimed_at")               \
     X(finished_at, "finished_at")             \
     X(request, "request")                     \
+    X(retries, "retries")                     \
     X(checkpoint, "checkpoint")               \
+    X(checkpoint_at, "checkpoint_at")         \
+    X(checkpoint_attempt, "checkpoint_attempt") \
     X(paused, "paused")                       \
     X(done_ttl_ms, "done_ttl_ms")             \
     X(cancelled_ttl_ms, "cancelled_ttl_ms")   \
     X(dead_ttl_ms, "dead_ttl_ms")             \
     X(complete, "complete")                   \
-    X(fail, "fail")                           \
-    X(release, "release")                     \
+    X(fail_pending, "fail:pending")           \
+    X(fail_dead, "fail:dead")                 \
+    X(fail_cancelled, "fail:cancelled")       \
+    X(release_pending, "release:pending")     \
+    X(release_cancelled, "release:cancelled") \
     X(stalled, "stalled")                     \
     X(state, "state")                         \
     X(last_error, "last_error")               \
@@ -81,11 +97,20 @@ int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
 int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRetry_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqRetention_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqPause_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqResume_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* Answer an error from the core's table. */
 int emq_reply_error(RedisModuleCtx *ctx, int err);

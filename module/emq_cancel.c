@@ -46,7 +46,7 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     int decision = EMQ_CANCEL_GONE;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
         err = EMQ_ERR_WRONGTYPE;
     if (err) goto reply;
 

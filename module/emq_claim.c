@@ -120,7 +120,7 @@ static int reanswer(Claim *c, const char *rec, size_t reclen) {
         emq_record_next(rec, reclen, &pos, &tok, &toklen);
         if (toklen >= EMQ_TOKEN_MAX) continue;
         Claimed *j = add_job(c, cap / 2, RedisModule_CreateString(c->ctx, id, idlen));
-        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, 0);
+        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ);
         if (err) return err;
         memcpy(j->token, tok, toklen);
         j->tokenlen = (int)toklen;
@@ -157,7 +157,7 @@ static int collect(Claim *c, long long now, long count) {
     unsigned char random8[8];
     for (long i = 0; i < c->n; i++) {
         Claimed *j = &c->jobs[i];
-        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, 1);
+        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
         if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
         /* A row that vanished while its id waited starts at attempt 1. */
         if (!err) err = emq_hash_incr(&j->row, emq_str.attempts, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, &j->attempts);
@@ -204,6 +204,7 @@ static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
 
 /* ------------------------------------------------------------------------
  * EMQ.CLAIM <pending> <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>]
+ *           [BLOCK <ms>]
  *
  * Reply: an array of up to <n> (default 1) jobs, each [id, token, payload,
  * attempt, state], oldest first (recovered jobs sit at score 0, ahead of
@@ -211,59 +212,111 @@ static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
  * empty, every waiting job is delayed, or the queue is paused): nothing
  * was written then.  With REQ, a retry of the same request answers the
  * jobs that request claimed and still holds.
+ *
+ * With BLOCK, a claim that finds nothing claimable waits up to <ms> (0: no
+ * limit) for a job to become claimable and is then answered as a claim made
+ * at that moment (its lease starts then; its REQ record is written then);
+ * null when the time runs out.  Waiting claims are served first come, first
+ * served.  Inside MULTI, a script, or wherever the server denies blocking,
+ * it answers at once, as without BLOCK.  While it waits, a <pending> that is
+ * deleted or replaced by another type keeps it waiting (as BZPOPMIN), until
+ * <pending> has a claimable job again or the time runs out.
  * ------------------------------------------------------------------------ */
-int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    /* parse */
-    if (argc < 5) return RedisModule_WrongArity(ctx);
-    long long count = 1;
-    RedisModuleString *req = NULL;
+
+typedef struct {
+    long long count;
+    RedisModuleString *req;
+    long long block; /* -1: no BLOCK */
+    long long deadline;
+} ClaimArgs;
+
+/* Everything but the arity, in the order the errors are answered. */
+static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, long long now, ClaimArgs *a) {
+    a->count = 1;
+    a->req = NULL;
+    a->block = -1;
     int seen_count = 0;
     for (int i = 5; i < argc; i += 2) {
         size_t len;
         const char *opt = RedisModule_StringPtrLen(argv[i], &len);
-        if (i + 1 >= argc) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
+        if (i + 1 >= argc) return EMQ_ERR_SYNTAX;
         size_t vlen;
         const char *val = RedisModule_StringPtrLen(argv[i + 1], &vlen);
         if (emq_option_is(opt, len, "COUNT") && !seen_count) {
             seen_count = 1;
-            int err = emq_parse_count(EMQ_COUNT_CLAIM, val, vlen, &count);
-            if (err) return emq_reply_error(ctx, err);
-        } else if (emq_option_is(opt, len, "REQ") && !req) {
-            if (vlen == 0) return emq_reply_error(ctx, EMQ_ERR_REQ_EMPTY);
-            req = argv[i + 1];
+            int err = emq_parse_count(EMQ_COUNT_CLAIM, val, vlen, &a->count);
+            if (err) return err;
+        } else if (emq_option_is(opt, len, "REQ") && !a->req) {
+            if (vlen == 0) return EMQ_ERR_REQ_EMPTY;
+            a->req = argv[i + 1];
+        } else if (emq_option_is(opt, len, "BLOCK") && a->block < 0) {
+            int err = emq_parse_block(now, val, vlen, &a->block);
+            if (err) return err;
         } else {
-            return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
+            return EMQ_ERR_SYNTAX;
         }
     }
     int err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_KEYS);
-    if (err) return emq_reply_error(ctx, err);
-    if (count > EMQ_MAX_CLAIM_COUNT) count = EMQ_MAX_CLAIM_COUNT;
-    long long now = RedisModule_Milliseconds(), deadline;
+    if (err) return err;
+    if (a->count > EMQ_MAX_CLAIM_COUNT) a->count = EMQ_MAX_CLAIM_COUNT;
     size_t lease_len;
     const char *lease = RedisModule_StringPtrLen(argv[4], &lease_len);
-    err = emq_lease_deadline(now, lease, lease_len, &deadline);
-    if (err) return emq_reply_error(ctx, err);
+    return emq_lease_deadline(now, lease, lease_len, &a->deadline);
+}
 
-    /* open and type-check */
+/* The earliest due time in <pending> after now (a delayed job), or -1. */
+static long long next_due(EmqKey *pending, long long now) {
+    if (RedisModule_KeyType(pending->key) != REDISMODULE_KEYTYPE_ZSET) return -1;
+    long long due = -1;
+    if (RedisModule_ZsetFirstInScoreRange(pending->key, (double)now, HUGE_VAL, 1, 0) == REDISMODULE_OK &&
+        !RedisModule_ZsetRangeEndReached(pending->key)) {
+        double score;
+        RedisModuleString *id = RedisModule_ZsetRangeCurrentElement(pending->key, &score);
+        RedisModule_FreeString(NULL, id);
+        due = (long long)score;
+        if ((double)due < score) due++; /* a fractional score written by hand: the next whole ms */
+    }
+    RedisModule_ZsetRangeStop(pending->key);
+    return due;
+}
+
+enum { CLAIM_ANSWERED, CLAIM_NOTHING };
+
+/* Open, read, decide, apply and answer -- unless nothing is claimable:
+ * then CLAIM_NOTHING, nothing written, nothing answered, and *due the
+ * earliest future due time in <pending> (or -1).  `waiting`: the call of a
+ * blocked claim, which keeps waiting (is not answered WRONGTYPE) when
+ * <pending> holds another type. */
+static int claim_run(RedisModuleCtx *ctx, RedisModuleString **argv, const ClaimArgs *a, long long now,
+                     int waiting, long long *due) {
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
     Claim c = {.ctx = ctx, .base = argv[3]};
+    int outcome = CLAIM_ANSWERED, err = EMQ_OK;
+    *due = -1;
     emq_key_open(ctx, &c.pending, argv[1], rw);
     emq_key_open(ctx, &c.active, argv[2], rw);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    if (!emq_type_ok(&c.pending, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&c.active, REDISMODULE_KEYTYPE_ZSET))
+
+    /* open and type-check */
+    if (!emq_type_ok(&c.pending, REDISMODULE_KEYTYPE_ZSET)) {
+        if (waiting) outcome = CLAIM_NOTHING;
+        else err = EMQ_ERR_WRONGTYPE;
+        goto reply;
+    }
+    if (!emq_type_ok(&c.active, REDISMODULE_KEYTYPE_ZSET))
         err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &c.user))
         err = EMQ_ERR_NOPERM_DERIVED;
-    if (!err && req) {
-        c.record_name = emq_derived_key(ctx, argv[3], "req:", req);
-        err = emq_open_derived(ctx, c.user, &c.record, c.record_name, 1);
+    if (!err && a->req) {
+        c.record_name = emq_derived_key(ctx, argv[3], "req:", a->req);
+        err = emq_open_derived(ctx, c.user, &c.record, c.record_name, EMQ_DERIVED_READ_WRITE);
         if (!err && !emq_type_ok(&c.record, REDISMODULE_KEYTYPE_STRING)) err = EMQ_ERR_WRONGTYPE;
     }
     if (err) goto reply;
 
     /* read and decide */
-    if (req && !emq_key_empty(&c.record)) {
+    if (a->req && !emq_key_empty(&c.record)) { /* a retry: answered from the record, never waits */
         RedisModuleString *rec = emq_get_string(&c.record);
         size_t reclen;
         const char *p = RedisModule_StringPtrLen(rec, &reclen);
@@ -273,17 +326,64 @@ int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     }
     EmqMeta meta;
     err = emq_read_meta(ctx, c.user, c.base, &meta);
-    if (err || meta.paused) goto reply;
-    err = collect(&c, now, (long)count);
+    if (!err && meta.paused) {
+        outcome = CLAIM_NOTHING; /* RESUME wakes the waiting claims */
+        goto reply;
+    }
+    if (!err) err = collect(&c, now, (long)a->count);
     if (err) goto reply;
+    if (c.n == 0) {
+        outcome = CLAIM_NOTHING;
+        *due = next_due(&c.pending, now);
+        goto reply;
+    }
 
     /* apply */
-    apply(&c, &fx, now, deadline);
+    apply(&c, &fx, now, a->deadline);
 
 reply:
     if (err) emq_reply_error(ctx, err);
-    else reply_jobs(&c);
+    else if (outcome == CLAIM_ANSWERED) reply_jobs(&c);
     emq_fx_commit(&fx);
     claim_release(&c);
+    return err ? CLAIM_ANSWERED : outcome;
+}
+
+/* The server calls this for a waiting claim when <pending> is signalled:
+ * REDISMODULE_OK when it answered, REDISMODULE_ERR to keep waiting. */
+static int claim_when_ready(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    long long now = RedisModule_Milliseconds(), due;
+    ClaimArgs a;
+    int err = parse_args(ctx, argv, argc, now, &a);
+    if (err) { /* the arguments passed when it blocked; only the lease can be too large now */
+        emq_reply_error(ctx, err);
+        return REDISMODULE_OK;
+    }
+    if (claim_run(ctx, argv, &a, now, 1, &due) == CLAIM_ANSWERED) return REDISMODULE_OK;
+    emq_wait_again(ctx, due, now);
+    return REDISMODULE_ERR;
+}
+
+/* The time ran out (or CLIENT UNBLOCK): null, as a claim that found nothing. */
+static int claim_timed_out(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    (void)argv;
+    (void)argc;
+    return RedisModule_ReplyWithNull(ctx);
+}
+
+int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    /* parse */
+    if (argc < 5) return RedisModule_WrongArity(ctx);
+    long long now = RedisModule_Milliseconds(), due;
+    ClaimArgs a;
+    int err = parse_args(ctx, argv, argc, now, &a);
+    if (err) return emq_reply_error(ctx, err);
+
+    /* open, read, decide, apply, reply */
+    if (claim_run(ctx, argv, &a, now, 0, &due) == CLAIM_ANSWERED) return REDISMODULE_OK;
+
+    /* nothing claimable: answer null, or wait */
+    if (a.block < 0 || !emq_may_block(ctx)) return RedisModule_ReplyWithNull(ctx);
+    emq_wait(ctx, argv[1], a.block, due, now, claim_when_ready, claim_timed_out);
     return REDISMODULE_OK;
 }

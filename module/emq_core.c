@@ -13,6 +13,17 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_LIMIT] = "ERR limit must be an integer >= 1",
     [EMQ_ERR_MAX_ATTEMPTS] = "ERR max-attempts must be an integer >= 1",
     [EMQ_ERR_CLAIM_COUNT] = "ERR COUNT must be an integer >= 1",
+    [EMQ_ERR_LIMIT_TOO_LARGE] = "ERR limit exceeds the server's emq.max-limit",
+    [EMQ_ERR_DELAY] = "ERR DELAY must be an integer >= 0",
+    [EMQ_ERR_DELAY_TOO_LARGE] = "ERR DELAY is too large: the due time would not be an exact score",
+    [EMQ_ERR_AT] = "ERR AT must be an integer >= 0 (unix time in milliseconds)",
+    [EMQ_ERR_AT_TOO_LARGE] = "ERR AT is too large: the due time would not be an exact score",
+    [EMQ_ERR_DELAY_AND_AT] = "ERR DELAY and AT cannot be used together",
+    [EMQ_ERR_BLOCK] = "ERR BLOCK must be an integer >= 0 (0 waits forever)",
+    [EMQ_ERR_BLOCK_TOO_LARGE] = "ERR BLOCK is too large: the wait would not end at an exact time",
+    [EMQ_ERR_MANY_COUNT] = "ERR count must be an integer >= 1",
+    [EMQ_ERR_MANY_TOO_MANY] = "ERR count exceeds the server's emq.max-limit",
+    [EMQ_ERR_MANY_DUPLICATE] = "ERR the same id appears twice in one EMQ.ENQUEUEMANY",
     [EMQ_ERR_SAME_KEY] = "ERR <active> and <job> must be different keys",
     [EMQ_ERR_THREE_SETS] =
         "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
@@ -39,6 +50,20 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_TRYAGAIN] = "TRYAGAIN a key of this queue is moving between cluster nodes; retry",
     [EMQ_ERR_SYNTAX] = "ERR syntax error",
     [EMQ_ERR_REQ_EMPTY] = "ERR the REQ request id must not be empty",
+    [EMQ_ERR_STATE_TOO_LARGE] = "ERR the checkpoint state is larger than emq.max-state-bytes",
+    [EMQ_ERR_OOM] = "OOM command not allowed when used memory > 'maxmemory'.",
+    [EMQ_ERR_RETENTION_VALUE] =
+        "ERR a retention must be -1 (keep forever) or an integer from 0 to 9007199254740992 (ms)",
+    [EMQ_ERR_DEAD_PENDING_KEYS] = "ERR <dead> and <pending> must be <base>dead and <base>pending",
+    [EMQ_ERR_DEAD_KEY] = "ERR <dead> must be <base>dead",
+    [EMQ_ERR_UNTIL] = "ERR UNTIL must be an integer (server ms)",
+    [EMQ_ERR_RETRIES_NOT_INTEGER] = "ERR the job row's 'retries' field is not an integer",
+    [EMQ_ERR_STATE_PENDING] = "EMQSTATE the job is pending: only a dead or cancelled job can be retried",
+    [EMQ_ERR_STATE_ACTIVE] = "EMQSTATE the job is active: only a dead or cancelled job can be retried",
+    [EMQ_ERR_STATE_DONE] = "EMQSTATE the job is done: only a dead or cancelled job can be retried",
+    [EMQ_ERR_STATE_UNKNOWN] =
+        "EMQSTATE the job has no known state: only a dead or cancelled job can be retried",
+    [EMQ_ERR_BUSY] = "EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too",
 };
 
 const char *emq_error_text(int err) {
@@ -106,6 +131,83 @@ int emq_parse_count(int which, const char *s, size_t len, long long *out) {
     if (emq_parse_ll(s, len, &v) != 0 || v < 1) return refusal[which];
     *out = v;
     return EMQ_OK;
+}
+
+/* now_ms + add, when both and the sum lie in [0, 2^53]. */
+static int exact_sum(long long now_ms, long long add, long long *out) {
+    if (now_ms < 0 || now_ms > EMQ_MAX_EXACT_SCORE || add < 0 || add > EMQ_MAX_EXACT_SCORE - now_ms) return -1;
+    *out = now_ms + add;
+    return 0;
+}
+
+int emq_due_after_delay(long long now_ms, const char *s, size_t len, long long *due_ms) {
+    long long delay;
+    if (emq_parse_ll(s, len, &delay) != 0 || delay < 0) return EMQ_ERR_DELAY;
+    return exact_sum(now_ms, delay, due_ms) == 0 ? EMQ_OK : EMQ_ERR_DELAY_TOO_LARGE;
+}
+
+int emq_due_at(long long now_ms, const char *s, size_t len, long long *due_ms) {
+    long long at;
+    if (emq_parse_ll(s, len, &at) != 0 || at < 0) return EMQ_ERR_AT;
+    if (at > EMQ_MAX_EXACT_SCORE || now_ms < 0 || now_ms > EMQ_MAX_EXACT_SCORE) return EMQ_ERR_AT_TOO_LARGE;
+    *due_ms = at > now_ms ? at : now_ms;
+    return EMQ_OK;
+}
+
+int emq_parse_block(long long now_ms, const char *s, size_t len, long long *block_ms) {
+    long long block, end;
+    if (emq_parse_ll(s, len, &block) != 0 || block < 0) return EMQ_ERR_BLOCK;
+    if (exact_sum(now_ms, block, &end) != 0) return EMQ_ERR_BLOCK_TOO_LARGE;
+    *block_ms = block;
+    return EMQ_OK;
+}
+
+int emq_parse_many_count(const char *s, size_t len, long long max, long long *out) {
+    long long v;
+    if (emq_parse_ll(s, len, &v) != 0 || v < 1) return EMQ_ERR_MANY_COUNT;
+    if (v > max) return EMQ_ERR_MANY_TOO_MANY;
+    *out = v;
+    return EMQ_OK;
+}
+
+/* Byte order, shorter first on a common prefix. */
+static int bytes_cmp(const char *a, size_t alen, const char *b, size_t blen) {
+    size_t n = alen < blen ? alen : blen;
+    int c = n ? memcmp(a, b, n) : 0;
+    if (c) return c;
+    return alen < blen ? -1 : alen > blen;
+}
+
+static void sift_down(const char *const *items, const size_t *lens, long *order, long root, long n) {
+    for (;;) {
+        long child = 2 * root + 1;
+        if (child >= n) return;
+        if (child + 1 < n && bytes_cmp(items[order[child]], lens[order[child]], items[order[child + 1]],
+                                       lens[order[child + 1]]) < 0)
+            child++;
+        if (bytes_cmp(items[order[root]], lens[order[root]], items[order[child]], lens[order[child]]) >= 0) return;
+        long t = order[root];
+        order[root] = order[child];
+        order[child] = t;
+        root = child;
+    }
+}
+
+long emq_first_duplicate(const char *const *items, const size_t *lens, long n, long *order) {
+    /* Heap sort of the indices (no allocation, no comparison context),
+     * then equal neighbours. */
+    for (long i = 0; i < n; i++) order[i] = i;
+    for (long i = n / 2 - 1; i >= 0; i--) sift_down(items, lens, order, i, n);
+    for (long end = n - 1; end > 0; end--) {
+        long t = order[0];
+        order[0] = order[end];
+        order[end] = t;
+        sift_down(items, lens, order, 0, end);
+    }
+    for (long i = 1; i < n; i++)
+        if (bytes_cmp(items[order[i - 1]], lens[order[i - 1]], items[order[i]], lens[order[i]]) == 0)
+            return order[i];
+    return -1;
 }
 
 int emq_incr(const char *cur, size_t len, int present, long long add, int not_integer,
@@ -254,6 +356,8 @@ int emq_holder_error(int verb, int holder) {
     return EMQ_OK;
 }
 
+static int is(const char *s, size_t len, const char *word);
+
 const char *emq_verb_name(int verb) {
     static const char *const names[] = {
         [EMQ_VERB_EXTEND] = "extend",
@@ -267,7 +371,18 @@ const char *emq_verb_name(int verb) {
 int emq_is_retry_of(int verb, int holder, const char *closed_by, size_t len) {
     if (holder != EMQ_HOLDER_NOT_ACTIVE || closed_by == NULL) return 0;
     const char *name = emq_verb_name(verb);
-    return len == strlen(name) && memcmp(closed_by, name, len) == 0;
+    size_t n = strlen(name);
+    return len >= n && memcmp(closed_by, name, n) == 0 && (len == n || closed_by[n] == ':');
+}
+
+int emq_closed_route(const char *closed_by, size_t len) {
+    const char *colon = closed_by ? memchr(closed_by, ':', len) : NULL;
+    if (colon == NULL) return EMQ_FAIL_TO_PENDING;
+    const char *where = colon + 1;
+    size_t wlen = len - (size_t)(where - closed_by);
+    if (is(where, wlen, "dead")) return EMQ_FAIL_TO_DEAD;
+    if (is(where, wlen, "cancelled")) return EMQ_FAIL_TO_CANCELLED;
+    return EMQ_FAIL_TO_PENDING;
 }
 
 int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested) {
@@ -298,10 +413,40 @@ int emq_retain(long long now_ms, long long ttl_ms, long long *at_ms) {
     return EMQ_RETAIN_EXPIRE;
 }
 
-int emq_parse_retention(const char *s, size_t len, long long *out) {
+static int parse_retention_as(const char *s, size_t len, long long *out, int refusal) {
     long long v;
-    if (emq_parse_ll(s, len, &v) != 0 || v < EMQ_KEEP_FOREVER || v > EMQ_MAX_EXACT_SCORE)
-        return EMQ_ERR_META_NOT_INTEGER;
+    if (emq_parse_ll(s, len, &v) != 0 || v < EMQ_KEEP_FOREVER || v > EMQ_MAX_EXACT_SCORE) return refusal;
     *out = v;
     return EMQ_OK;
+}
+
+int emq_parse_retention(const char *s, size_t len, long long *out) {
+    return parse_retention_as(s, len, out, EMQ_ERR_META_NOT_INTEGER);
+}
+
+/* -- the operator verbs ------------------------------------------------- */
+
+int emq_parse_retention_arg(const char *s, size_t len, long long *out) {
+    return parse_retention_as(s, len, out, EMQ_ERR_RETENTION_VALUE);
+}
+
+int emq_parse_until(const char *s, size_t len, long long *out) {
+    return emq_parse_ll(s, len, out) == 0 ? EMQ_OK : EMQ_ERR_UNTIL;
+}
+
+int emq_retry_check(const char *state, size_t len) {
+    if (state == NULL) return EMQ_ERR_STATE_UNKNOWN;
+    if (is(state, len, "dead") || is(state, len, "cancelled")) return EMQ_OK;
+    if (is(state, len, "pending")) return EMQ_ERR_STATE_PENDING;
+    if (is(state, len, "active")) return EMQ_ERR_STATE_ACTIVE;
+    if (is(state, len, "done")) return EMQ_ERR_STATE_DONE;
+    return EMQ_ERR_STATE_UNKNOWN;
+}
+
+int emq_purge_deletes_row(int row_exists, const char *state, size_t len) {
+    return !row_exists || (state != NULL && is(state, len, "dead"));
+}
+
+int emq_forget_deletes_row(const char *state, size_t len) {
+    return state != NULL && (is(state, len, "done") || is(state, len, "cancelled"));
 }

@@ -23,6 +23,9 @@
  * sorted-set score can carry without rounding: 2^53 ms is year 287396. */
 #define EMQ_MAX_EXACT_SCORE 9007199254740992LL
 
+/* The largest checkpoint state stored by default (emq.max-state-bytes). */
+#define EMQ_DEFAULT_MAX_STATE_BYTES 65536
+
 /* The most jobs one CLAIM hands out (COUNT above it claims this many). */
 #define EMQ_MAX_CLAIM_COUNT 1000
 
@@ -37,6 +40,17 @@ typedef enum {
     EMQ_ERR_LIMIT,
     EMQ_ERR_MAX_ATTEMPTS,
     EMQ_ERR_CLAIM_COUNT,
+    EMQ_ERR_LIMIT_TOO_LARGE, /* above the server's emq.max-limit (emq_config.h) */
+    EMQ_ERR_DELAY,
+    EMQ_ERR_DELAY_TOO_LARGE,
+    EMQ_ERR_AT,
+    EMQ_ERR_AT_TOO_LARGE,
+    EMQ_ERR_DELAY_AND_AT,
+    EMQ_ERR_BLOCK,
+    EMQ_ERR_BLOCK_TOO_LARGE,
+    EMQ_ERR_MANY_COUNT,
+    EMQ_ERR_MANY_TOO_MANY,
+    EMQ_ERR_MANY_DUPLICATE,
     /* keys */
     EMQ_ERR_SAME_KEY,
     EMQ_ERR_THREE_SETS,
@@ -65,6 +79,19 @@ typedef enum {
     EMQ_ERR_TRYAGAIN,
     EMQ_ERR_SYNTAX,
     EMQ_ERR_REQ_EMPTY,
+    EMQ_ERR_STATE_TOO_LARGE,
+    EMQ_ERR_OOM,
+    /* the operator verbs (emq_dead.c, emq_admin.c) */
+    EMQ_ERR_RETENTION_VALUE,
+    EMQ_ERR_DEAD_PENDING_KEYS,
+    EMQ_ERR_DEAD_KEY,
+    EMQ_ERR_UNTIL,
+    EMQ_ERR_RETRIES_NOT_INTEGER,
+    EMQ_ERR_STATE_PENDING,
+    EMQ_ERR_STATE_ACTIVE,
+    EMQ_ERR_STATE_DONE,
+    EMQ_ERR_STATE_UNKNOWN,
+    EMQ_ERR_BUSY,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -87,6 +114,27 @@ typedef enum { EMQ_COUNT_MAX_STALLED, EMQ_COUNT_LIMIT, EMQ_COUNT_MAX_ATTEMPTS, E
 
 /* A count argument: an integer >= 1.  `which` is an EmqCountArg. */
 EMQ_EXPORT int emq_parse_count(int which, const char *s, size_t len, long long *out);
+
+/* When a job becomes claimable, on the server clock: its <pending> score.
+ * DELAY <ms>: an integer >= 0, due at now_ms + ms; AT <unix-ms>: an integer
+ * >= 0, due then, or now_ms when that is already past.  Either way the due
+ * time must be an exact score (at most 2^53).  Sets *due_ms on EMQ_OK. */
+EMQ_EXPORT int emq_due_after_delay(long long now_ms, const char *s, size_t len, long long *due_ms);
+EMQ_EXPORT int emq_due_at(long long now_ms, const char *s, size_t len, long long *due_ms);
+
+/* BLOCK <ms> of a claim: an integer >= 0 (0 waits forever) with now_ms + ms
+ * at most 2^53.  Sets *block_ms on EMQ_OK. */
+EMQ_EXPORT int emq_parse_block(long long now_ms, const char *s, size_t len, long long *block_ms);
+
+/* <count> of ENQUEUEMANY: an integer from 1 to `max` (the server's
+ * emq.max-limit; a larger count is refused, not clamped: it says where the
+ * options start). */
+EMQ_EXPORT int emq_parse_many_count(const char *s, size_t len, long long max, long long *out);
+
+/* -1 when the n byte strings (items[i], lens[i]) are all different, else
+ * the index of one that equals another.  `order` is scratch room for n
+ * longs; O(n log n), no allocation. */
+EMQ_EXPORT long emq_first_duplicate(const char *const *items, const size_t *lens, long n, long *order);
 
 /* The value of an integer row field or counter after adding `add`, as
  * HINCRBY computes it: a missing field counts as 0; a field that is not an
@@ -172,9 +220,16 @@ EMQ_EXPORT int emq_holder_error(int verb, int holder);
 
 /* A retried COMPLETE, FAIL or RELEASE: the holder's verb already ended its
  * hold (its reply was lost) when the row still carries the holder's token,
- * the job is no longer active, and the row's `closed_by` names this verb.
- * The retry then answers what the first call answered, writing nothing. */
+ * the job is no longer active, and the row's `closed_by` names this verb
+ * ("complete", or "fail:<where>" / "release:<where>" with where the job
+ * went).  The retry then answers what the first call answered, writing
+ * nothing -- also when the job has moved on since (a cancel of the pending
+ * job, say), which is why the first answer is kept, not read off `state`. */
 EMQ_EXPORT int emq_is_retry_of(int verb, int holder, const char *closed_by, size_t len);
+
+/* Where the first call sent the job, from `closed_by` ("fail:dead" ->
+ * EMQ_FAIL_TO_DEAD, ...); EMQ_FAIL_TO_PENDING when it does not say. */
+EMQ_EXPORT int emq_closed_route(const char *closed_by, size_t len);
 
 /* The name a verb leaves in `closed_by`. */
 EMQ_EXPORT const char *emq_verb_name(int verb);
@@ -216,5 +271,29 @@ EMQ_EXPORT int emq_retain(long long now_ms, long long ttl_ms, long long *at_ms);
 /* A retention value read from the queue's meta hash: -1 or a non-negative
  * integer whose expiry time stays an exact integer. */
 EMQ_EXPORT int emq_parse_retention(const char *s, size_t len, long long *out);
+
+/* -- the operator verbs (emq_dead.c, emq_admin.c) ----------------------- */
+
+/* A retention given to EMQ.RETENTION: the same range as the meta hash's
+ * (-1 = forever, 0 = delete at once, at most 2^53 ms), refused with
+ * EMQ_ERR_RETENTION_VALUE. */
+EMQ_EXPORT int emq_parse_retention_arg(const char *s, size_t len, long long *out);
+
+/* The UNTIL <ms> option of RETRYDEAD and PURGE: any integer (server ms). */
+EMQ_EXPORT int emq_parse_until(const char *s, size_t len, long long *out);
+
+/* May RETRY move a row in this `state` (NULL: the row has none) back to
+ * pending?  EMQ_OK for dead and cancelled, else the EMQSTATE error naming
+ * the state. */
+EMQ_EXPORT int emq_retry_check(const char *state, size_t len);
+
+/* PURGE takes a member of <dead>: is its row deleted with it?  Yes when the
+ * row says dead (or is already gone); a row in any other state is not the
+ * dead job's (<dead> was wrong about it) and is kept. */
+EMQ_EXPORT int emq_purge_deletes_row(int row_exists, const char *state, size_t len);
+
+/* FORGET deletes a row only when it is finished and in no set: done or
+ * cancelled (a dead row belongs to <dead>, which PURGE empties). */
+EMQ_EXPORT int emq_forget_deletes_row(const char *state, size_t len);
 
 #endif

@@ -84,6 +84,29 @@ int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *memb
     return flags;
 }
 
+long emq_fx_zadd_many(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *const *members, long n) {
+    long changed = 0;
+    EmqFxEntry *e = NULL;
+    RedisModuleString *at = NULL;
+    for (long i = 0; i < n; i++) {
+        int flags = 0;
+        if (RedisModule_ZsetAdd(set->key, (double)score, members[i], &flags) != REDISMODULE_OK) continue;
+        if (!(flags & (REDISMODULE_ZADD_ADDED | REDISMODULE_ZADD_UPDATED))) continue;
+        if (e == NULL) {
+            e = entry_for(fx, set, ZADD, 0);
+            at = emq_fx_number(fx, score);
+        }
+        push_arg(e, at);
+        push_arg(e, members[i]);
+        changed++;
+    }
+    if (changed) {
+        set->modified = 1;
+        RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set->name);
+    }
+    return changed;
+}
+
 int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member) {
     int deleted = 0;
     RedisModule_ZsetRem(set->key, member, &deleted);

@@ -55,6 +55,11 @@ void emq_fx_commit(EmqFx *fx);
  * returned flags carry REDISMODULE_ZADD_NOP. */
 int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *member, int xx);
 
+/* ZADD <set> <score> <m1> <score> <m2> ...: n members at one score, as ONE
+ * core ZADD would: one "zadd" event when any member was added or re-scored,
+ * and those members propagated in one ZADD.  Returns how many changed. */
+long emq_fx_zadd_many(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *const *members, long n);
+
 /* ZREM <set> <member>.  Fires "zrem" (and "del" when that emptied the set)
  * when the member was there.  Returns 1 when it was removed. */
 int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member);

@@ -1,36 +1,88 @@
-/* emq_enqueue.c -- a job enters the queue: EMQ.ENQUEUE.
+/* emq_enqueue.c -- jobs enter the queue: EMQ.ENQUEUE and EMQ.ENQUEUEMANY.
  *
  * ENQUEUE writes the job's row and puts its id in <pending>, scored with
- * the time it may be claimed (server-now), so claims take jobs first in,
- * first out.  An id names one job for its whole life: re-enqueueing a live
- * id would reset the fencing state of whoever holds it. */
+ * the time it may be claimed: server-now, or later with DELAY or AT (a
+ * delayed job is a member of <pending> scored in the future: CLAIM takes
+ * only scores <= now).  Claims take jobs in due-time order, first in,
+ * first out among equals.  An id names one job for its whole life:
+ * re-enqueueing a live id would reset the fencing state of whoever holds
+ * it.  ENQUEUEMANY does the same for many jobs in one call, all or none. */
+#include <string.h>
+
 #include "emq.h"
+#include "emq_config.h"
 
 static const char *const PENDING[] = {"pending"};
 
+/* [DELAY <ms> | AT <unix-ms>] [REQ <request-id>], from argv[from]: the
+ * request id (or NULL) and the due time (now when neither DELAY nor AT). */
+static int parse_options(RedisModuleString **argv, int from, int argc, long long now, RedisModuleString **req,
+                         long long *due) {
+    int seen_when = 0;
+    *req = NULL;
+    *due = now;
+    for (int i = from; i < argc; i += 2) {
+        size_t len, vlen;
+        const char *opt = RedisModule_StringPtrLen(argv[i], &len);
+        if (i + 1 >= argc) return EMQ_ERR_SYNTAX;
+        const char *val = RedisModule_StringPtrLen(argv[i + 1], &vlen);
+        int delay = emq_option_is(opt, len, "DELAY"), at = emq_option_is(opt, len, "AT");
+        if (emq_option_is(opt, len, "REQ") && !*req) {
+            if (vlen == 0) return EMQ_ERR_REQ_EMPTY;
+            *req = argv[i + 1];
+        } else if (delay || at) {
+            if (seen_when) return seen_when == (delay ? 1 : 2) ? EMQ_ERR_SYNTAX : EMQ_ERR_DELAY_AND_AT;
+            seen_when = delay ? 1 : 2;
+            int err = delay ? emq_due_after_delay(now, val, vlen, due) : emq_due_at(now, val, vlen, due);
+            if (err) return err;
+        } else {
+            return EMQ_ERR_SYNTAX;
+        }
+    }
+    return EMQ_OK;
+}
+
+/* The new row: one HSET, as the core command would be; the request id only
+ * when given. */
+static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at,
+                      RedisModuleString *req) {
+    RedisModuleString *zero = emq_small_int[0];
+    if (req)
+        emq_fx_hset(fx, row, "hset", 6, emq_str.state, emq_str.pending, emq_str.attempts, zero, emq_str.tries,
+                    zero, emq_str.payload, payload, emq_str.enqueued_at, at, emq_str.request, req);
+    else
+        emq_fx_hset(fx, row, "hset", 5, emq_str.state, emq_str.pending, emq_str.attempts, zero, emq_str.tries,
+                    zero, emq_str.payload, payload, emq_str.enqueued_at, at);
+}
+
+/* 1 when an existing row was created by request `req`. */
+static int made_by(EmqKey *row, RedisModuleString *req) {
+    if (req == NULL) return 0;
+    RedisModuleString *first = emq_hget(row, emq_str.request);
+    int same = first && emq_str_equal(first, req);
+    if (first) RedisModule_FreeString(NULL, first);
+    return same;
+}
+
 /* ------------------------------------------------------------------------
- * EMQ.ENQUEUE <pending> <base> <id> <payload> [REQ <request-id>]
+ * EMQ.ENQUEUE <pending> <base> <id> <payload> [DELAY <ms> | AT <unix-ms>]
+ *             [REQ <request-id>]
  *
  * :1 the row <base>job:<id> is created (state=pending, attempts=0, tries=0,
- * payload, enqueued_at) and <id> waits in <pending>.  -EMQEXISTS when the
- * row exists -- unless it was created by this very request (same REQ): a
- * retry whose first reply was lost answers :1 again and writes nothing.
+ * payload, enqueued_at) and <id> waits in <pending>, claimable from
+ * server-now (+ DELAY ms, or from AT; an AT in the past is now).
+ * -EMQEXISTS when the row exists -- unless it was created by this very
+ * request (same REQ): a retry whose first reply was lost answers :1 again
+ * and writes nothing.
  * ------------------------------------------------------------------------ */
 int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
     if (argc < 5) return RedisModule_WrongArity(ctx);
-    RedisModuleString *id = argv[3], *payload = argv[4], *req = NULL;
-    for (int i = 5; i < argc; i += 2) {
-        size_t len;
-        const char *opt = RedisModule_StringPtrLen(argv[i], &len);
-        if (i + 1 >= argc || req || !emq_option_is(opt, len, "REQ")) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
-        req = argv[i + 1];
-        RedisModule_StringPtrLen(req, &len);
-        if (len == 0) return emq_reply_error(ctx, EMQ_ERR_REQ_EMPTY);
-    }
-    int err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
+    RedisModuleString *id = argv[3], *payload = argv[4], *req;
+    long long now = RedisModule_Milliseconds(), due;
+    int err = parse_options(argv, 5, argc, now, &req, &due);
+    if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
-    long long now = RedisModule_Milliseconds();
 
     /* open and type-check: the row's ACL before it is read */
     RedisModuleUser *user = NULL;
@@ -39,31 +91,22 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     RedisModuleString *row_name = emq_derived_key(ctx, argv[2], "job:", id);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
+    int wrote = 0;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
-    else err = emq_open_derived(ctx, user, &row, row_name, 1);
+    else err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_CREATE);
     if (err) goto reply;
 
     /* read and decide */
     if (!emq_key_empty(&row)) {
-        RedisModuleString *first = req ? emq_hget(&row, emq_str.request) : NULL;
-        int same_request = first && emq_str_equal(first, req);
-        if (first) RedisModule_FreeString(NULL, first);
-        if (!same_request) err = EMQ_ERR_EXISTS;
+        if (!made_by(&row, req)) err = EMQ_ERR_EXISTS;
         goto reply;
     }
 
     /* apply */
-    /* One HSET, as the core command would be; the request id only when given. */
-    RedisModuleString *at = emq_fx_number(&fx, now), *zero = emq_small_int[0];
-    if (req)
-        emq_fx_hset(&fx, &row, "hset", 6, emq_str.state, emq_str.pending, emq_str.attempts, zero,
-                    emq_str.tries, zero, emq_str.payload, payload, emq_str.enqueued_at, at,
-                    emq_str.request, req);
-    else
-        emq_fx_hset(&fx, &row, "hset", 5, emq_str.state, emq_str.pending, emq_str.attempts, zero,
-                    emq_str.tries, zero, emq_str.payload, payload, emq_str.enqueued_at, at);
-    emq_fx_zadd(&fx, &pending, now, id, 0);
+    write_row(&fx, &row, payload, emq_fx_number(&fx, now), req);
+    emq_fx_zadd(&fx, &pending, due, id, 0);
+    wrote = 1;
 
 reply:
     if (err) emq_reply_error(ctx, err);
@@ -72,6 +115,118 @@ reply:
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&pending);
+    if (wrote) emq_signal_due(ctx, argv[1], due, now);
+    if (user) RedisModule_FreeModuleUser(user);
+    return REDISMODULE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.ENQUEUEMANY <pending> <base> <count> <id> <payload> [<id> <payload> ...]
+ *                 [DELAY <ms> | AT <unix-ms>] [REQ <request-id>]
+ *
+ * :<count> every job is created as by ENQUEUE (one row each, the same due
+ * time for all), or none is: -EMQEXISTS when any of the rows exists --
+ * unless every one of them was created by this very request (same REQ): a
+ * retry whose first reply was lost answers :<count> again and writes
+ * nothing.  Two equal ids in one call are refused.  At most emq.max-limit
+ * jobs (10,000 by default).
+ * Propagated as one HSET per row and one ZADD with every id.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+    RedisModuleCtx *ctx;
+    long n;
+    RedisModuleString **ids, **names;
+    EmqKey *rows;
+    const char **items;
+    size_t *lens;
+    long *order;
+} Many;
+
+static void many_release(Many *m) {
+    for (long i = 0; i < m->n; i++) {
+        emq_key_close(&m->rows[i]);
+        if (m->names[i]) RedisModule_FreeString(m->ctx, m->names[i]);
+    }
+    RedisModule_Free(m->rows);
+    RedisModule_Free(m->names);
+    RedisModule_Free(m->ids);
+    RedisModule_Free(m->items);
+    RedisModule_Free(m->lens);
+    RedisModule_Free(m->order);
+}
+
+int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    /* parse */
+    if (argc < 6) return RedisModule_WrongArity(ctx);
+    size_t len;
+    const char *count_arg = RedisModule_StringPtrLen(argv[3], &len);
+    long long count;
+    int err = emq_parse_many_count(count_arg, len, emq_config_max_limit(), &count);
+    if (err) return emq_reply_error(ctx, err);
+    if ((long long)argc < 4 + 2 * count) return RedisModule_WrongArity(ctx);
+    RedisModuleString *req;
+    long long now = RedisModule_Milliseconds(), due;
+    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due);
+    if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
+    if (err) return emq_reply_error(ctx, err);
+    Many m = {.ctx = ctx, .n = (long)count};
+    m.ids = RedisModule_Alloc((size_t)m.n * sizeof *m.ids);
+    m.items = RedisModule_Alloc((size_t)m.n * sizeof *m.items);
+    m.lens = RedisModule_Alloc((size_t)m.n * sizeof *m.lens);
+    m.order = RedisModule_Alloc((size_t)m.n * sizeof *m.order);
+    m.names = RedisModule_Alloc((size_t)m.n * sizeof *m.names);
+    m.rows = RedisModule_Alloc((size_t)m.n * sizeof *m.rows);
+    for (long i = 0; i < m.n; i++) {
+        m.ids[i] = argv[4 + 2 * i];
+        m.items[i] = RedisModule_StringPtrLen(m.ids[i], &m.lens[i]);
+        m.names[i] = NULL;
+        memset(&m.rows[i], 0, sizeof m.rows[i]);
+    }
+    if (emq_first_duplicate(m.items, m.lens, m.n, m.order) >= 0) {
+        many_release(&m);
+        return emq_reply_error(ctx, EMQ_ERR_MANY_DUPLICATE);
+    }
+
+    /* open and type-check: every row's ACL before it is read */
+    RedisModuleUser *user = NULL;
+    EmqKey pending;
+    emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    int wrote = 0;
+    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
+    else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
+    for (long i = 0; !err && i < m.n; i++) {
+        m.names[i] = emq_derived_key(ctx, argv[2], "job:", m.ids[i]);
+        err = emq_open_derived(ctx, user, &m.rows[i], m.names[i], EMQ_DERIVED_CREATE);
+    }
+    if (err) goto reply;
+
+    /* read and decide: all new, or all made by this request, or refused */
+    long existing = 0, mine = 0;
+    for (long i = 0; i < m.n; i++) {
+        if (emq_key_empty(&m.rows[i])) continue;
+        existing++;
+        mine += made_by(&m.rows[i], req);
+    }
+    if (existing) {
+        if (mine != m.n) err = EMQ_ERR_EXISTS;
+        goto reply;
+    }
+
+    /* apply: the rows, then one ZADD */
+    RedisModuleString *at = emq_fx_number(&fx, now);
+    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, req);
+    emq_fx_zadd_many(&fx, &pending, due, m.ids, m.n);
+    wrote = 1;
+
+reply:
+    if (err) emq_reply_error(ctx, err);
+    else RedisModule_ReplyWithLongLong(ctx, m.n);
+    emq_fx_commit(&fx);
+    many_release(&m);
+    emq_key_close(&pending);
+    if (wrote) emq_signal_due(ctx, argv[1], due, now);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
 }

@@ -54,8 +54,8 @@ int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int 
     }
 
     /* read and decide */
-    int retry;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_COMPLETE, &retry);
+    int retry, first_route;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_COMPLETE, &retry, &first_route);
     if (holder == EMQ_HOLDER_GONE) reply = -1;
     else if (!retry) err = emq_holder_error(EMQ_VERB_COMPLETE, holder);
     if (holder != EMQ_HOLDER_OK || err) goto reply;
@@ -84,10 +84,12 @@ reply:
 
 /* ------------------------------------------------------------------------
  * EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error>
+ *          [DELAY <ms>]
  *
  * The holder's handler failed.  Below <max-attempts> tries (claims since
  * the job was enqueued or last retried) the job goes back to <pending> at
- * server-now, behind the work already waiting; at it, the job is
+ * server-now (+ DELAY ms: the worker's backoff; it is claimable again only
+ * then), behind the work already waiting; at it, the job is
  * dead-lettered (into <dead>, scored with the time it died) and counted in
  * <base>metrics:failed.  The row keeps the error text in last_error either
  * way.  A job with a cancel request (EMQ.CANCEL) ends as state=cancelled
@@ -96,7 +98,7 @@ reply:
  * ------------------------------------------------------------------------ */
 int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
-    if (argc != 9) return RedisModule_WrongArity(ctx);
+    if (argc < 9) return RedisModule_WrongArity(ctx);
     int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 3, argv[4], EMQ_ERR_THREE_SETS);
     long long max_attempts = 0;
     if (!err) {
@@ -104,9 +106,19 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         const char *s = RedisModule_StringPtrLen(argv[7], &len);
         err = emq_parse_count(EMQ_COUNT_MAX_ATTEMPTS, s, len, &max_attempts);
     }
-    if (err) return emq_reply_error(ctx, err);
     RedisModuleString *id = argv[5], *token = argv[6], *error_text = argv[8];
-    long long now = RedisModule_Milliseconds();
+    long long now = RedisModule_Milliseconds(), due = now;
+    if (!err && argc > 9) { /* [DELAY <ms>] */
+        size_t len, vlen;
+        const char *opt = RedisModule_StringPtrLen(argv[9], &len);
+        if (argc != 11 || !emq_option_is(opt, len, "DELAY")) {
+            err = EMQ_ERR_SYNTAX;
+        } else {
+            const char *val = RedisModule_StringPtrLen(argv[10], &vlen);
+            err = emq_due_after_delay(now, val, vlen, &due);
+        }
+    }
+    if (err) return emq_reply_error(ctx, err);
 
     /* open and type-check: the derived row's ACL before it is read */
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
@@ -125,25 +137,18 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user))
         err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
         err = EMQ_ERR_WRONGTYPE;
     if (err) goto reply;
 
     /* read and decide */
     int retry;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_FAIL, &retry);
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_FAIL, &retry, &route);
     if (holder == EMQ_HOLDER_GONE) {
         reply_gone = 1;
         goto reply;
     }
-    if (retry) { /* answer where the first call sent the job */
-        RedisModuleString *state = emq_hget(&row, emq_str.state);
-        route = state && emq_str_equal(state, emq_str.dead)        ? EMQ_FAIL_TO_DEAD
-                : state && emq_str_equal(state, emq_str.cancelled) ? EMQ_FAIL_TO_CANCELLED
-                                                                   : EMQ_FAIL_TO_PENDING;
-        if (state) RedisModule_FreeString(NULL, state);
-        goto reply;
-    }
+    if (retry) goto reply; /* answer where the first call sent the job */
     err = emq_holder_error(EMQ_VERB_FAIL, holder);
     if (err) goto reply;
     /* The budget is `tries`; a row written before tries existed counts its attempts. */
@@ -158,7 +163,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     long long failed = 0;
     if (!err && route == EMQ_FAIL_TO_DEAD) {
         metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
-        err = emq_open_derived(ctx, user, &metrics, metrics_name, 1);
+        err = emq_open_derived(ctx, user, &metrics, metrics_name, EMQ_DERIVED_READ_WRITE);
         if (!err && !emq_type_ok(&metrics, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
         if (!err) err = emq_hash_incr(&metrics, emq_str.count, 1, EMQ_ERR_FAILED_NOT_INTEGER, &failed);
     }
@@ -170,18 +175,18 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     switch (route) {
     case EMQ_FAIL_TO_PENDING:
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.pending, emq_str.last_error, error_text,
-                    emq_str.closed_by, emq_str.fail);
-        emq_fx_zadd(&fx, &pending, now, id, 0);
+                    emq_str.closed_by, emq_str.fail_pending);
+        emq_fx_zadd(&fx, &pending, due, id, 0);
         break;
     case EMQ_FAIL_TO_DEAD:
         emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.dead, emq_str.last_error, error_text,
-                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail);
+                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail_dead);
         emq_fx_zadd(&fx, &dead, now, id, 0);
         emq_fx_hset(&fx, &metrics, "hincrby", 1, emq_str.count, emq_fx_number(&fx, failed));
         break;
     default:
         emq_fx_hset(&fx, &row, "hset", 4, emq_str.state, emq_str.cancelled, emq_str.last_error, error_text,
-                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail);
+                    emq_str.finished_at, at, emq_str.closed_by, emq_str.fail_cancelled);
         emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
         break;
     }
@@ -205,7 +210,9 @@ reply:
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&dead);
+    int requeued = pending.modified;
     emq_key_close(&pending);
+    if (requeued) emq_signal_due(ctx, argv[2], due, now);
     emq_key_close(&active);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
@@ -243,16 +250,17 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
         err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user))
         err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, 1)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
+    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
         err = EMQ_ERR_WRONGTYPE;
     if (err) goto reply;
 
     /* read and decide */
-    int retry;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_RELEASE, &retry);
+    int retry, first_route;
+    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_RELEASE, &retry, &first_route);
     cancelled = emq_hexists(&row, emq_str.cancel_requested);
     if (holder == EMQ_HOLDER_GONE) reply_gone = 1;
-    else if (!retry) err = emq_holder_error(EMQ_VERB_RELEASE, holder);
+    else if (retry) cancelled = first_route == EMQ_FAIL_TO_CANCELLED; /* the first call's answer */
+    else err = emq_holder_error(EMQ_VERB_RELEASE, holder);
     if (holder != EMQ_HOLDER_OK || err) goto reply;
     long long tries = 0;
     err = emq_hash_incr(&row, emq_str.tries, 0, EMQ_ERR_TRIES_NOT_INTEGER, &tries);
@@ -264,11 +272,11 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_fx_zrem(&fx, &active, id);
     if (cancelled) {
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.cancelled, emq_str.finished_at,
-                    emq_fx_number(&fx, now), emq_str.closed_by, emq_str.release);
+                    emq_fx_number(&fx, now), emq_str.closed_by, emq_str.release_cancelled);
         emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
     } else {
         emq_fx_hset(&fx, &row, "hset", 3, emq_str.tries, emq_fx_number(&fx, tries > 0 ? tries - 1 : 0),
-                    emq_str.state, emq_str.pending, emq_str.closed_by, emq_str.release);
+                    emq_str.state, emq_str.pending, emq_str.closed_by, emq_str.release_pending);
         emq_fx_zadd(&fx, &pending, 0, id, 0);
     }
 
@@ -279,7 +287,9 @@ reply:
     emq_fx_commit(&fx);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
+    int requeued = pending.modified;
     emq_key_close(&pending);
+    if (requeued) emq_signal_claimable(ctx, argv[2]);
     emq_key_close(&active);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;

@@ -1,6 +1,7 @@
 /* emq_keys.c -- see emq_keys.h. */
 #include "emq_keys.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "emq.h"
@@ -124,6 +125,24 @@ RedisModuleString *emq_get_string(EmqKey *k) {
     return RedisModule_CreateString(NULL, p, len);
 }
 
+size_t emq_zset_head(EmqKey *set, double max, long long limit, RedisModuleString ***ids) {
+    size_t n = 0, cap = 0;
+    *ids = NULL;
+    if (emq_key_empty(set) || limit < 1) return 0;
+    RedisModule_ZsetFirstInScoreRange(set->key, -HUGE_VAL, max, 0, 0);
+    while (!RedisModule_ZsetRangeEndReached(set->key) && (long long)n < limit) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            *ids = RedisModule_Realloc(*ids, cap * sizeof **ids);
+        }
+        double score;
+        (*ids)[n++] = RedisModule_ZsetRangeCurrentElement(set->key, &score);
+        RedisModule_ZsetRangeNext(set->key);
+    }
+    RedisModule_ZsetRangeStop(set->key);
+    return n;
+}
+
 /* -- keys derived from <base> ---------------------------------------------- */
 
 /* A context of our own, without the caller's client flags, to ask the
@@ -151,15 +170,15 @@ int emq_absent_key_is_final(RedisModuleCtx *ctx, RedisModuleString *name) {
 }
 
 int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, RedisModuleString *name,
-                     int write) {
+                     int access) {
     k->ctx = ctx;
     k->key = NULL;
     k->name = name;
     k->last = -1;
     k->modified = 0;
-    if (!(write ? emq_acl_may_touch(user, name) : emq_acl_may_read(user, name)))
-        return EMQ_ERR_NOPERM_DERIVED;
-    emq_key_open(ctx, k, name, write ? REDISMODULE_READ | REDISMODULE_WRITE : REDISMODULE_READ);
+    if (!emq_acl_may(user, name, access)) return EMQ_ERR_NOPERM_DERIVED;
+    int mode = access == EMQ_DERIVED_READ ? REDISMODULE_READ : REDISMODULE_READ | REDISMODULE_WRITE;
+    emq_key_open(ctx, k, name, mode);
     if (emq_key_empty(k) && !emq_absent_key_is_final(ctx, name)) return EMQ_ERR_TRYAGAIN;
     return EMQ_OK;
 }
@@ -181,7 +200,7 @@ int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString 
     meta->dead_ttl = EMQ_DEFAULT_DEAD_TTL_MS;
     EmqKey k;
     RedisModuleString *name = emq_derived_key(ctx, base, "meta", NULL);
-    int err = emq_open_derived(ctx, user, &k, name, 0);
+    int err = emq_open_derived(ctx, user, &k, name, EMQ_DERIVED_READ);
     if (!err && !emq_type_ok(&k, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
     if (!err) {
         meta->paused = emq_hexists(&k, emq_str.paused);
@@ -206,14 +225,16 @@ int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisMo
 }
 
 int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id,
-                              RedisModuleString *token, int verb, int *retry) {
+                              RedisModuleString *token, int verb, int *retry, int *route) {
     int holder = emq_check_holder(active, row, id, token);
     *retry = 0;
+    *route = EMQ_FAIL_TO_PENDING;
     if (holder == EMQ_HOLDER_NOT_ACTIVE) {
         RedisModuleString *closed_by = emq_hget(row, emq_str.closed_by);
         size_t len = 0;
         const char *p = closed_by ? RedisModule_StringPtrLen(closed_by, &len) : NULL;
         *retry = emq_is_retry_of(verb, holder, p, len);
+        if (*retry) *route = emq_closed_route(p, len);
         if (closed_by) RedisModule_FreeString(NULL, closed_by);
     }
     return holder;
@@ -233,25 +254,7 @@ int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user) {
     return *user != NULL;
 }
 
-int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key) {
+int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int flags) {
     if (user == NULL) return 1;
-    /* Rows and the metric are read, then updated or created. */
-    const int flags = (int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE |
-                            REDISMODULE_CMD_KEY_INSERT);
     return RedisModule_ACLCheckKeyPermissions(user, key, flags) == REDISMODULE_OK;
-}
-
-int emq_acl_may_read(RedisModuleUser *user, RedisModuleString *key) {
-    if (user == NULL) return 1;
-    return RedisModule_ACLCheckKeyPermissions(user, key, (int)REDISMODULE_CMD_KEY_ACCESS) == REDISMODULE_OK;
-}
-
-int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n) {
-    RedisModuleUser *user;
-    if (!emq_acl_user(ctx, &user)) return 0;
-    int allowed = 1;
-    for (size_t i = 0; allowed && i < n; i++)
-        if (names[i]) allowed = emq_acl_may_touch(user, names[i]);
-    if (user) RedisModule_FreeModuleUser(user);
-    return allowed;
 }

@@ -69,6 +69,13 @@ int emq_str_equal(RedisModuleString *a, RedisModuleString *b);
 /* A string key's value as a new string (the caller frees it), or NULL. */
 RedisModuleString *emq_get_string(EmqKey *k);
 
+/* Up to `limit` members of a sorted set scored at or below `max`, lowest
+ * first, copied out into *ids (a new array; the caller frees each string
+ * and the array with RedisModule_Free).  Returns how many.  A range
+ * iterator must be closed before its set is written: the operator verbs
+ * collect first, then check, then write. */
+size_t emq_zset_head(EmqKey *set, double max, long long limit, RedisModuleString ***ids);
+
 /* -- keys derived from <base> ---------------------------------------------- */
 
 /* Open a key derived from <base>: the caller's ACL first, before anything
@@ -76,10 +83,12 @@ RedisModuleString *emq_get_string(EmqKey *k);
  * key is absent on a cluster node, whether it is absent for good or on its
  * way between nodes (a slot migration: EMQ_ERR_TRYAGAIN, and the verb writes
  * nothing -- it would otherwise create a second copy of a row that moved).
- * `write` says the verb may write it.  Returns EMQ_OK or the error; k is
- * open (or NULL-keyed on an ACL refusal) either way and must be closed. */
+ * `access` is what the verb does to it (EMQ_DERIVED_*, below); the key is
+ * opened for writing unless it is only read.  Returns EMQ_OK or the error;
+ * k is open (or NULL-keyed on an ACL refusal) either way and must be
+ * closed. */
 int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, RedisModuleString *name,
-                     int write);
+                     int access);
 
 /* 1 when `name` is served by this node as it stands: always outside a
  * cluster; in one, 0 while the key's slot is migrating away with the key
@@ -107,23 +116,33 @@ int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString 
 int emq_check_holder(EmqKey *active, EmqKey *row, RedisModuleString *id, RedisModuleString *token);
 
 /* The holder verdict, and whether the call is the retry of `verb` whose
- * reply was lost (emq_core's emq_is_retry_of, with the row's `closed_by`). */
+ * reply was lost (emq_core's emq_is_retry_of, with the row's `closed_by`);
+ * for a retry, *route is where the first call sent the job
+ * (emq_closed_route). */
 int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id,
-                              RedisModuleString *token, int verb, int *retry);
+                              RedisModuleString *token, int verb, int *retry, int *route);
 
 /* -- ACL on derived keys -------------------------------------------------- */
 
-/* Redis checks the caller's ACL against the declared keys only; the rows
- * and the metric derived from <base> are checked here, before they are
- * read.  emq_acl_user() loads the caller once per command: 0 when the
- * caller is a user that does not exist (refuse), else 1, with *user NULL
- * when there is nothing to check (no client user, or a server without the
- * ACL API, which is logged at load).  emq_acl_may_touch() checks one key
- * for read and write; emq_acl_allows() loads, checks `n` keys (NULL entries
- * skipped) and frees. */
+/* Redis checks the caller's ACL against the declared keys only; the rows,
+ * the settings and the metric derived from <base> are checked here, before
+ * they are read (emq_open_derived does it).  emq_acl_user() loads the
+ * caller once per command: 0 when the caller is a user that does not exist
+ * (refuse), else 1, with *user NULL when there is nothing to check (no
+ * client user, or a server without the ACL API, which is logged at load).
+ * emq_acl_may() checks one key for what the verb does to it, as the flags
+ * of a core command's key spec say, so that the check asks exactly the
+ * permission a core command doing the same would need:
+ *   EMQ_DERIVED_READ        only read (the settings in <base>meta);
+ *   EMQ_DERIVED_READ_WRITE  read, then changed or created, as HINCRBY does:
+ *                           the rows and the metric of SWEEP, CLAIM, FAIL,
+ *                           CANCEL, RELEASE;
+ *   EMQ_DERIVED_CREATE      created only when absent, as HSETNX: ENQUEUE's
+ *                           row (a %W~ user may enqueue). */
+#define EMQ_DERIVED_READ ((int)REDISMODULE_CMD_KEY_ACCESS)
+#define EMQ_DERIVED_READ_WRITE ((int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE))
+#define EMQ_DERIVED_CREATE ((int)REDISMODULE_CMD_KEY_INSERT)
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user);
-int emq_acl_may_touch(RedisModuleUser *user, RedisModuleString *key);
-int emq_acl_may_read(RedisModuleUser *user, RedisModuleString *key);
-int emq_acl_allows(RedisModuleCtx *ctx, RedisModuleString *const *names, size_t n);
+int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int flags);
 
 #endif

@@ -14,15 +14,31 @@
  * :1 the lease now ends at server-now + lease-ms; :-1 the row is gone;
  * -EMQSTALE the token is not the row's, or <id> is no longer active.
  *
- * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms>
+ * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms> [STATE <bytes>]
  *
  * The same for holders that want remote cancels delivered (EMQ.CANCEL,
  * emq_cancel.c): on success it answers [1, reason], the stored cancel
- * request or null, instead of :1.
+ * request or null, instead of :1.  With STATE, the bytes are stored on the
+ * row in the same step (fields checkpoint, checkpoint_at,
+ * checkpoint_attempt), fenced like the lease: a stale holder's state is
+ * refused with its extension.  The next claim of the job hands the state
+ * back, so a recovered job resumes where its last holder left off.
+ *
+ * State grows memory, the lease does not: past maxmemory a checkpoint WITH
+ * state is refused (-OOM, nothing written) while one without state still
+ * extends the lease -- the worker retries without the state and keeps it for
+ * its next checkpoint.  The size is capped (emq.max-state-bytes).
  * ------------------------------------------------------------------------ */
 static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int with_cancel) {
     /* parse */
-    if (argc != 6) return RedisModule_WrongArity(ctx);
+    if (with_cancel ? argc < 6 : argc != 6) return RedisModule_WrongArity(ctx);
+    RedisModuleString *state = NULL;
+    for (int i = 6; i < argc; i += 2) {
+        size_t len;
+        const char *opt = RedisModule_StringPtrLen(argv[i], &len);
+        if (i + 1 >= argc || state || !emq_option_is(opt, len, "STATE")) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
+        state = argv[i + 1];
+    }
     RedisModuleString *id = argv[3], *token = argv[4];
     /* Opening one key twice with WRITE is undefined in the module API. */
     if (emq_str_equal(argv[1], argv[2])) return emq_reply_error(ctx, EMQ_ERR_SAME_KEY);
@@ -35,13 +51,20 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     size_t lease_len;
     const char *lease = RedisModule_StringPtrLen(argv[5], &lease_len);
     long long deadline;
-    int err = emq_lease_deadline(RedisModule_Milliseconds(), lease, lease_len, &deadline);
+    long long now = RedisModule_Milliseconds();
+    int err = emq_lease_deadline(now, lease, lease_len, &deadline);
+    if (!err && state) {
+        size_t state_len;
+        RedisModule_StringPtrLen(state, &state_len);
+        if ((long long)state_len > emq_config_max_state_bytes()) err = EMQ_ERR_STATE_TOO_LARGE;
+        else if (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_OOM) err = EMQ_ERR_OOM;
+    }
     if (err) return emq_reply_error(ctx, err);
 
     /* open and type-check */
     EmqKey active, row;
     emq_key_open(ctx, &active, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
-    emq_key_open(ctx, &row, argv[2], REDISMODULE_READ);
+    emq_key_open(ctx, &row, argv[2], state ? REDISMODULE_READ | REDISMODULE_WRITE : REDISMODULE_READ);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
     if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
@@ -71,6 +94,14 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     if (emq_fx_zadd(&fx, &active, deadline, id, 1) & REDISMODULE_ZADD_NOP) {
         emq_reply_error(ctx, emq_holder_error(EMQ_VERB_EXTEND, EMQ_HOLDER_NOT_ACTIVE));
         goto done;
+    }
+
+    if (state) {
+        RedisModuleString *attempts = emq_hget(&row, emq_str.attempts);
+        RedisModuleString *attempt = attempts ? attempts : emq_small_int[0];
+        emq_fx_hset(&fx, &row, "hset", 3, emq_str.checkpoint, state, emq_str.checkpoint_at,
+                    emq_fx_number(&fx, now), emq_str.checkpoint_attempt, attempt);
+        if (attempts) RedisModule_FreeString(NULL, attempts);
     }
 
     /* reply */

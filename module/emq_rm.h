@@ -50,7 +50,11 @@
 #define REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED (1 << 1)
 
 /* GetContextFlags() bits. */
+#define REDISMODULE_CTX_FLAGS_LUA (1 << 0)
+#define REDISMODULE_CTX_FLAGS_MULTI (1 << 1)
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
+#define REDISMODULE_CTX_FLAGS_OOM (1 << 10)
+#define REDISMODULE_CTX_FLAGS_DENY_BLOCKING (1 << 21)
 
 /* NotifyKeyspaceEvent() classes. */
 #define REDISMODULE_NOTIFY_GENERIC (1 << 2)
@@ -58,10 +62,60 @@
 #define REDISMODULE_NOTIFY_HASH (1 << 6)
 #define REDISMODULE_NOTIFY_ZSET (1 << 7)
 
-/* Key access flags, as used by command key specs and ACL checks. */
+/* Key-spec flags (SetCommandInfo), also the ACL check's access flags.
+ * Exactly one of RO/RW/OW/RM (how the value is treated), at most one of
+ * INSERT/DELETE/UPDATE (what a write does), ACCESS when the command reads
+ * or returns the user's data; NOT_KEY marks an argument that is not a key
+ * but routes like one in a cluster. */
+#define REDISMODULE_CMD_KEY_RO (1ULL << 0)
+#define REDISMODULE_CMD_KEY_RW (1ULL << 1)
+#define REDISMODULE_CMD_KEY_OW (1ULL << 2)
+#define REDISMODULE_CMD_KEY_RM (1ULL << 3)
 #define REDISMODULE_CMD_KEY_ACCESS (1ULL << 4)
 #define REDISMODULE_CMD_KEY_UPDATE (1ULL << 5)
 #define REDISMODULE_CMD_KEY_INSERT (1ULL << 6)
+#define REDISMODULE_CMD_KEY_DELETE (1ULL << 7)
+#define REDISMODULE_CMD_KEY_NOT_KEY (1ULL << 8)
+
+/* Argument flags (SetCommandInfo). */
+#define REDISMODULE_CMD_ARG_NONE 0
+#define REDISMODULE_CMD_ARG_OPTIONAL (1 << 0)
+#define REDISMODULE_CMD_ARG_MULTIPLE (1 << 1)
+#define REDISMODULE_CMD_ARG_MULTIPLE_TOKEN (1 << 2)
+
+/* Argument types (SetCommandInfo). */
+typedef enum {
+    REDISMODULE_ARG_TYPE_STRING,
+    REDISMODULE_ARG_TYPE_INTEGER,
+    REDISMODULE_ARG_TYPE_DOUBLE,
+    REDISMODULE_ARG_TYPE_KEY,
+    REDISMODULE_ARG_TYPE_PATTERN,
+    REDISMODULE_ARG_TYPE_UNIX_TIME,
+    REDISMODULE_ARG_TYPE_PURE_TOKEN,
+    REDISMODULE_ARG_TYPE_ONEOF,
+    REDISMODULE_ARG_TYPE_BLOCK
+} RedisModuleCommandArgType;
+
+/* How a key spec finds its first key (0 ends an array of key specs) ... */
+typedef enum {
+    REDISMODULE_KSPEC_BS_INVALID = 0,
+    REDISMODULE_KSPEC_BS_UNKNOWN,
+    REDISMODULE_KSPEC_BS_INDEX,
+    REDISMODULE_KSPEC_BS_KEYWORD
+} RedisModuleKeySpecBeginSearchType;
+
+/* ... and the keys from there (OMITTED: exactly one key). */
+typedef enum {
+    REDISMODULE_KSPEC_FK_OMITTED = 0,
+    REDISMODULE_KSPEC_FK_UNKNOWN,
+    REDISMODULE_KSPEC_FK_RANGE,
+    REDISMODULE_KSPEC_FK_KEYNUM
+} RedisModuleKeySpecFindKeysType;
+
+/* Module configuration flags (RegisterNumericConfig).  MEMORY lets a value
+ * be given as "64kb" and shown in bytes. */
+#define REDISMODULE_CONFIG_DEFAULT 0
+#define REDISMODULE_CONFIG_MEMORY (1ULL << 7)
 
 #define REDISMODULE_ERRORMSG_WRONGTYPE \
     "WRONGTYPE Operation against a key holding the wrong kind of value"
@@ -71,7 +125,91 @@ typedef struct RedisModuleKey RedisModuleKey;
 typedef struct RedisModuleString RedisModuleString;
 typedef struct RedisModuleUser RedisModuleUser;
 typedef struct RedisModuleCallReply RedisModuleCallReply;
+typedef struct RedisModuleCommand RedisModuleCommand;
+typedef struct RedisModuleBlockedClient RedisModuleBlockedClient;
+typedef struct RedisModuleDict RedisModuleDict;
+typedef uint64_t RedisModuleTimerID;
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+typedef void (*RedisModuleTimerProc)(RedisModuleCtx *ctx, void *data);
+typedef void (*RedisModuleFreePrivdataFunc)(RedisModuleCtx *ctx, void *privdata);
+
+/* -- command metadata (SetCommandInfo, Redis 7.0+) ------------------------
+ * The server reads these arrays with the element sizes given in the
+ * version, so the layouts below must be the documented ones, field for
+ * field.  `display_text` came with Redis 7.2; a 7.0 server indexes the
+ * arrays by our sizes and never reads it. */
+
+typedef struct RedisModuleCommandArg {
+    const char *name;
+    RedisModuleCommandArgType type;
+    int key_spec_index; /* KEY: the index of its key spec; else -1 */
+    const char *token;  /* the literal word before the value, or NULL */
+    const char *summary;
+    const char *since;
+    int flags; /* REDISMODULE_CMD_ARG_* */
+    const char *deprecated_since;
+    struct RedisModuleCommandArg *subargs; /* ONEOF and BLOCK; ends with a NULL name */
+    const char *display_text;
+} RedisModuleCommandArg;
+
+typedef struct {
+    const char *since;
+    const char *changes;
+} RedisModuleCommandHistoryEntry;
+
+typedef struct {
+    const char *notes;
+    uint64_t flags; /* REDISMODULE_CMD_KEY_* */
+    RedisModuleKeySpecBeginSearchType begin_search_type;
+    union {
+        struct {
+            int pos;
+        } index;
+        struct {
+            const char *keyword;
+            int startfrom;
+        } keyword;
+    } bs;
+    RedisModuleKeySpecFindKeysType find_keys_type;
+    union {
+        struct {
+            int lastkey;
+            int keystep;
+            int limit;
+        } range;
+        struct {
+            int keynumidx;
+            int firstkey;
+            int keystep;
+        } keynum;
+    } fk;
+} RedisModuleCommandKeySpec;
+
+typedef struct {
+    int version; /* 1 */
+    size_t sizeof_historyentry;
+    size_t sizeof_keyspec;
+    size_t sizeof_arg;
+} RedisModuleCommandInfoVersion;
+
+typedef struct {
+    const RedisModuleCommandInfoVersion *version;
+    const char *summary;
+    const char *complexity;
+    const char *since;
+    RedisModuleCommandHistoryEntry *history;
+    const char *tips; /* space-separated */
+    int arity;        /* counts the command name; -N: at least N */
+    RedisModuleCommandKeySpec *key_specs; /* ends with begin_search_type 0 */
+    RedisModuleCommandArg *args;          /* ends with a NULL name */
+} RedisModuleCommandInfo;
+
+/* -- module configuration (Redis 7.0+) ------------------------------------ */
+
+typedef long long (*RedisModuleConfigGetNumericFunc)(const char *name, void *privdata);
+typedef int (*RedisModuleConfigSetNumericFunc)(const char *name, long long val, void *privdata,
+                                               RedisModuleString **err);
+typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, RedisModuleString **err);
 
 /* X(return type, name without the RedisModule_ prefix, parameter list) */
 #define EMQ_RM_REQUIRED(X)                                                                    \
@@ -100,6 +238,7 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
     X(RedisModuleKey *, OpenKey, (RedisModuleCtx * ctx, RedisModuleString * name, int mode))  \
     X(void, CloseKey, (RedisModuleKey * key))                                                 \
     X(int, KeyType, (RedisModuleKey * key))                                                   \
+    X(size_t, ValueLength, (RedisModuleKey * key))                                            \
     X(int, ZsetAdd, (RedisModuleKey * key, double score, RedisModuleString *ele, int *flags)) \
     X(int, ZsetRem, (RedisModuleKey * key, RedisModuleString * ele, int *deleted))            \
     X(int, ZsetScore, (RedisModuleKey * key, RedisModuleString * ele, double *score))         \
@@ -130,15 +269,43 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
     X(int, GetSelectedDb, (RedisModuleCtx * ctx))                                             \
     X(int, SelectDb, (RedisModuleCtx * ctx, int newid))                                       \
     X(RedisModuleCallReply *, Call, (RedisModuleCtx * ctx, const char *cmd, const char *fmt, ...)) \
-    X(void, FreeCallReply, (RedisModuleCallReply * reply))
+    X(void, FreeCallReply, (RedisModuleCallReply * reply))                                   \
+    X(RedisModuleBlockedClient *, BlockClientOnKeys,                                          \
+      (RedisModuleCtx * ctx, RedisModuleCmdFunc reply_callback, RedisModuleCmdFunc timeout_callback, \
+       RedisModuleFreePrivdataFunc free_privdata, long long timeout_ms, RedisModuleString **keys,   \
+       int numkeys, void *privdata))                                                          \
+    X(void, SignalKeyAsReady, (RedisModuleCtx * ctx, RedisModuleString * key))               \
+    X(void *, GetBlockedClientPrivateData, (RedisModuleCtx * ctx))                          \
+    X(RedisModuleTimerID, CreateTimer,                                                        \
+      (RedisModuleCtx * ctx, long long period, RedisModuleTimerProc callback, void *data))   \
+    X(int, StopTimer, (RedisModuleCtx * ctx, RedisModuleTimerID id, void **data))            \
+    X(RedisModuleDict *, CreateDict, (RedisModuleCtx * ctx))                                 \
+    X(void, FreeDict, (RedisModuleCtx * ctx, RedisModuleDict * d))                           \
+    X(uint64_t, DictSize, (RedisModuleDict * d))                                             \
+    X(int, DictSetC, (RedisModuleDict * d, void *key, size_t keylen, void *ptr))            \
+    X(void *, DictGetC, (RedisModuleDict * d, void *key, size_t keylen, int *nokey))        \
+    X(int, DictDelC, (RedisModuleDict * d, void *key, size_t keylen, void *oldval))
 
-/* Redis 7.0 and later; NULL where the server does not have them. */
-#define EMQ_RM_OPTIONAL(X)                                                                   \
-    X(int, IsModuleNameBusy, (const char *name))                                             \
-    X(RedisModuleString *, GetCurrentUserName, (RedisModuleCtx * ctx))                       \
-    X(RedisModuleUser *, GetModuleUserFromUserName, (RedisModuleString * name))              \
-    X(void, FreeModuleUser, (RedisModuleUser * user))                                        \
-    X(int, ACLCheckKeyPermissions, (RedisModuleUser * user, RedisModuleString * key, int flags))
+/* NULL where the server does not have them (each checked at use; what falls
+ * back without one is logged at load, emq_module.c).  Redis 6.2 has
+ * IsModuleNameBusy and FreeModuleUser; 7.0 brings the other ACL user
+ * functions, GetCommand, SetCommandInfo and the config functions; 7.2
+ * SetCommandACLCategories; 7.4 AddACLCategory.  Valkey 8 and 9 have all. */
+#define EMQ_RM_OPTIONAL(X)                                                                       \
+    X(int, IsModuleNameBusy, (const char *name))                                                 \
+    X(RedisModuleString *, GetCurrentUserName, (RedisModuleCtx * ctx))                           \
+    X(RedisModuleUser *, GetModuleUserFromUserName, (RedisModuleString * name))                  \
+    X(void, FreeModuleUser, (RedisModuleUser * user))                                            \
+    X(int, ACLCheckKeyPermissions, (RedisModuleUser * user, RedisModuleString * key, int flags)) \
+    X(RedisModuleCommand *, GetCommand, (RedisModuleCtx * ctx, const char *name))                \
+    X(int, SetCommandInfo, (RedisModuleCommand * command, const RedisModuleCommandInfo *info))   \
+    X(int, SetCommandACLCategories, (RedisModuleCommand * command, const char *categories))      \
+    X(int, AddACLCategory, (RedisModuleCtx * ctx, const char *name))                             \
+    X(int, RegisterNumericConfig,                                                                \
+      (RedisModuleCtx * ctx, const char *name, long long default_val, unsigned int flags,        \
+       long long min, long long max, RedisModuleConfigGetNumericFunc getfn,                      \
+       RedisModuleConfigSetNumericFunc setfn, RedisModuleConfigApplyFunc applyfn, void *privdata)) \
+    X(int, LoadConfigs, (RedisModuleCtx * ctx))
 
 #define EMQ_RM_DECLARE(ret, name, params) extern ret(*RedisModule_##name) params;
 EMQ_RM_REQUIRED(EMQ_RM_DECLARE)

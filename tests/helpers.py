@@ -63,6 +63,15 @@ def put_active(
     return keys
 
 
+def emq_configs(r: redis.Redis) -> dict[str, str]:
+    """CONFIG GET emq.*, as text."""
+    got = r.config_get("emq.*")
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in got.items()
+    }
+
+
 def extend_args(keys: QueueKeys, job_id: str | bytes, token: object, lease: object) -> list[object]:
     return ["EMQ.EXTEND", keys.active, keys.job(job_id), job_id, token, lease]
 

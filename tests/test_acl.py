@@ -1,9 +1,10 @@
 """ACL: a user reaches only the queues its key patterns allow.
 
 The server checks the keys in the argument list (EXTEND's <active> and <job>,
-SWEEP's three sets).  SWEEP also writes keys derived from <base> -- the job
-rows and the failed metric -- that are not arguments, so the module checks
-them against the caller's ACL itself.  Every refusal must leave the data
+SWEEP's three sets).  SWEEP also reads and writes keys derived from <base> --
+the queue's settings (meta, read on every call), the job rows and the failed
+metric -- that are not arguments, so the module checks them against the
+caller's ACL itself, before it reads them.  Every refusal must leave the data
 exactly as it was (same DEBUG DIGEST).
 """
 
@@ -24,21 +25,28 @@ from .helpers import digest, extend_args, now_ms, put_active, sweep_args
 A, B = queue_keys("a"), queue_keys("b")
 DERIVED = "derived from <base>"
 
+# SWEEP reads the queue's settings (<base>meta, for the dead retention) on
+# every call, so every user below that may sweep queue b may read its meta.
+B_META = "%R~emq:{b}:meta"
+
 USERS = {
     # Only queue a, every key of it.
     "alice": ["~emq:{a}:*"],
-    # Queue b's three sets, none of its rows nor its metric.
-    "bob": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead"],
-    # Queue b's sets and rows, not its metric.
-    "carol": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:job:*"],
-    # Queue b's sets and metric, its rows read-only.
+    # Queue b's three sets and settings, none of its rows nor its metric.
+    "bob": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", B_META],
+    # Queue b's sets, settings and rows, not its metric.
+    "carol": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:job:*", B_META],
+    # Queue b's sets, settings and metric, its rows read-only.
     "dave": [
         "~emq:{b}:active",
         "~emq:{b}:pending",
         "~emq:{b}:dead",
         "~emq:{b}:metrics:*",
         "%R~emq:{b}:job:*",
+        B_META,
     ],
+    # Queue b's three sets only: not even its settings.
+    "erin": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead"],
 }
 
 
@@ -109,7 +117,7 @@ def test_sweep_refuses_rows_the_user_may_not_touch(acl_server: EmbeddedServer, a
     bob = login(acl_server, "bob")
     # Nothing lapsed: no row is derived, nothing to refuse.
     put_active(admin, "b", "live", attempts=1, deadline=now_ms(admin) + 600_000)
-    assert bob.execute_command(*sweep_args(B, 1, 10)) == [[], []]
+    assert bob.execute_command(*sweep_args(B, 1, 10)) == [[], [], [], 0]
 
     lapsed_jobs(admin, "b")
     before = digest(admin)
@@ -134,6 +142,21 @@ def test_sweep_refuses_the_metric_only_when_a_job_dies(
     assert digest(admin) == before
     assert not admin.exists(B.dead, B.metrics_failed)
     carol.close()
+
+
+def test_sweep_reads_the_queue_settings_on_every_call(acl_server: EmbeddedServer, admin: redis.Redis) -> None:
+    """SWEEP reads <base>meta (the dead retention) before anything else: a user
+    who may not read it is refused even when nothing lapsed, and nothing is written."""
+    erin = login(acl_server, "erin")
+    put_active(admin, "b", "live", attempts=1, deadline=now_ms(admin) + 600_000)
+    for _ in range(2):
+        before = digest(admin)
+        with pytest.raises(redis.exceptions.NoPermissionError, match=DERIVED):
+            erin.execute_command(*sweep_args(B, 1, 10))
+        assert digest(admin) == before
+        lapsed_jobs(admin, "b")
+    assert admin.zcard(B.active) == 4
+    erin.close()
 
 
 def test_sweep_needs_write_access_to_rows(acl_server: EmbeddedServer, admin: redis.Redis) -> None:

@@ -12,10 +12,11 @@ import echomq
 from echomq.keyspace import queue_keys
 
 from .conftest import ServerFactory, wait_for_replica
-from .helpers import digest, now_ms
+from .helpers import digest, forged_token, now_ms
 
 Q = "remote"
 K = queue_keys(Q)
+CANCELLED_TTL_MS = 86_400_000  # the default cancelled retention: a day
 
 
 def cancel(r: redis.Redis, job: str, reason: str = "stop") -> object:
@@ -28,9 +29,13 @@ def checkpoint(r: redis.Redis, job: str, token: object, lease: object = 10_000) 
 
 def test_cancel_pending_job_is_never_claimed(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue(Q, job_id="j")
+    before = now_ms(r)
     assert cancel(r, "j", "not needed") == b"cancelled"
+    after = now_ms(r)
     row = r.hgetall(K.job("j"))
     assert row[b"state"] == b"cancelled" and row[b"cancel_requested"] == b"not needed"
+    assert before <= int(row[b"finished_at"]) <= after
+    assert 0 < r.pttl(K.job("j")) <= CANCELLED_TTL_MS
     assert not r.exists(K.pending)
     assert client.claim(Q, lease_ms=1000) is None
     assert cancel(r, "j", "again") == b"finished"  # idempotent
@@ -41,12 +46,22 @@ def test_cancel_active_job_is_requested_first_reason_kept(r: redis.Redis, client
     client.enqueue(Q, job_id="j")
     job = client.claim(Q, lease_ms=10_000)
     assert job is not None
+    sub = r.pubsub()
+    sub.subscribe(K.base + "cancel")
+    assert sub.get_message(timeout=5) is not None  # the subscribe confirmation
     assert cancel(r, "j", "first") == b"requested"
     after_first = digest(r)
     assert cancel(r, "j", "second") == b"requested"
     assert digest(r) == after_first  # asking again writes nothing
     assert r.hget(K.job("j"), "cancel_requested") == b"first"
     assert r.zscore(K.active, "j") is not None  # the holder keeps its lease
+    assert b"finished_at" not in r.hgetall(K.job("j")) and r.pttl(K.job("j")) == -1
+    # The first request is published on <base>cancel (the holder's workers listen); the second is not.
+    message = sub.get_message(timeout=5)
+    assert message is not None
+    assert (message["channel"], message["data"]) == (K.base.encode() + b"cancel", b"j")
+    assert sub.get_message(timeout=0.2) is None
+    sub.close()
 
 
 def test_cancel_unknown_and_finished(r: redis.Redis, client: echomq.Client) -> None:
@@ -71,11 +86,14 @@ def test_checkpoint_is_extend_plus_the_request(r: redis.Redis, client: echomq.Cl
     assert score is not None and score >= before + 30_000
     cancel(r, "j", "operator")
     assert checkpoint(r, "j", job.token) == [1, b"operator"]
-    assert checkpoint(r, "missing", 1) == -1
-    with pytest.raises(redis.ResponseError, match=r"^EMQSTALE"):
-        checkpoint(r, "j", job.token + 1)
+    assert checkpoint(r, "missing", "1") == -1
+    for stale in (forged_token(job.token), job.token.split("-")[0]):
+        with pytest.raises(redis.ResponseError, match=r"^EMQSTALE extend token mismatch$"):
+            checkpoint(r, "j", stale)
     with pytest.raises(redis.ResponseError, match="lease-ms"):
         checkpoint(r, "j", job.token, 0)
+    with pytest.raises(redis.ResponseError, match=r"^<job> must be <base>job:<id>"):
+        r.execute_command("EMQ.CHECKPOINT", K.active, K.job("other"), "j", job.token, 1000)
 
 
 def test_extend_contract_unchanged_by_a_request(r: redis.Redis, client: echomq.Client) -> None:
@@ -93,21 +111,33 @@ def test_fail_after_cancel_ends_cancelled_not_retried(r: redis.Redis, client: ec
     client.cancel(Q, "j", "user asked")
     assert client.fail(Q, "j", job.token, "Cancelled: user asked", max_attempts=5) == "cancelled"
     assert r.hget(K.job("j"), "state") == b"cancelled"
+    assert 0 < r.pttl(K.job("j")) <= CANCELLED_TTL_MS
     assert not r.exists(K.pending) and not r.exists(K.active) and not r.exists(K.metrics_failed)
 
 
-def test_swept_job_with_a_request_is_dropped_by_claim(r: redis.Redis, client: echomq.Client) -> None:
+def test_swept_job_with_a_request_ends_cancelled_by_the_sweep(r: redis.Redis, client: echomq.Client) -> None:
+    """v2: SWEEP ends a lapsed job whose cancel was requested itself (the third
+    list of its reply); it never goes back to pending, so CLAIM skips nothing."""
     client.enqueue(Q, job_id="doomed")
     client.enqueue(Q, job_id="next")
     job = client.claim(Q, lease_ms=10_000)
     assert job is not None and job.id == "doomed"
     client.cancel(Q, "doomed")
     r.zadd(K.active, {"doomed": 0})  # the holder died before its next checkpoint
-    assert client.sweep(Q, max_stalled=5).recovered == ["doomed"]
+    before = now_ms(r)
+    assert client.sweep(Q, max_stalled=5) == echomq.SweepResult([], [], ["doomed"], 0)
+    after = now_ms(r)
+    row = r.hgetall(K.job("doomed"))
+    assert row[b"state"] == b"cancelled" and before <= int(row[b"finished_at"]) <= after
+    assert b"stalled" not in row  # not counted as a stall
+    assert 0 < r.pttl(K.job("doomed")) <= CANCELLED_TTL_MS
+    assert r.zrange(K.pending, 0, -1) == [b"next"] and not r.exists(K.active, K.dead)
     nxt = client.claim(Q, lease_ms=10_000)
     assert nxt is not None and nxt.id == "next"
-    assert r.hget(K.job("doomed"), "state") == b"cancelled"
-    assert r.zcard(K.pending) == 0
+    assert client.claim(Q, lease_ms=10_000) is None
+    # The late holder cannot finish it.
+    with pytest.raises(echomq.StaleToken):
+        client.complete(Q, "doomed", job.token)
 
 
 def test_client_cancel_and_checkpoint(client: echomq.Client) -> None:

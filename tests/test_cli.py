@@ -44,6 +44,18 @@ def test_inspect_shows_counts_and_leases(
     assert 50_000 < left <= 60_000
 
 
+def test_inspect_token_column_is_the_holders_token(
+    client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client.enqueue(Q, job_id="j0")
+    job = client.claim(Q, lease_ms=60_000)
+    assert job is not None
+    code, out, _ = run(server, capsys, "inspect", Q)
+    assert code == 0
+    line = next(ln for ln in out.splitlines() if ln.startswith("j0"))
+    assert line.split()[1] == job.token
+
+
 def test_inspect_shows_lapsed_leases(
     r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,9 +12,6 @@ when the two queues happen to share a slot, by SWEEP's own key check.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -26,8 +23,10 @@ from echomq import Client, ExtendOutcome
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from .conftest import ServerFactory, engine_cli
+from .clusters import node_id, owner, start_cluster
+from .conftest import ServerFactory
 from .helpers import now_ms, sweep_args
+from .test_fuzz import Resp, ServerError
 
 pytestmark = pytest.mark.slow
 
@@ -35,68 +34,10 @@ NODES = 3
 QUEUES = [f"queue-{i}" for i in range(24)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", "0"))
-        return int(s.getsockname()[1])
-
-
-def _wait(predicate: object, what: str, timeout: float = 30.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"cluster: {what}")
-
-
-def start_node(server_factory: ServerFactory) -> EmbeddedServer:
-    # The bus port is given, not port + 10000, which does not exist for a high
-    # ephemeral port; if someone takes it first, try again with another.
-    for attempt in range(3):
-        try:
-            return server_factory(
-                [
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", "nodes.conf",
-                    "--cluster-port", str(_free_port()),
-                    "--cluster-node-timeout", "5000",
-                ]
-            )  # fmt: skip
-        except RuntimeError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture(scope="module")
 def cluster_nodes(server_factory: ServerFactory) -> Iterator[list[EmbeddedServer]]:
-    cli = engine_cli()
-    if cli is None:
-        pytest.skip("no redis-cli/valkey-cli beside the server binary: cannot run --cluster create")
-    nodes: list[EmbeddedServer] = []
+    nodes = start_cluster(server_factory, NODES)
     try:
-        for _ in range(NODES):
-            nodes.append(start_node(server_factory))
-        addresses = [f"{n.host}:{n.port}" for n in nodes]
-        done = subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-yes"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        conns = [n.client() for n in nodes]
-
-        def all_ok() -> bool:
-            infos = [c.execute_command("CLUSTER", "INFO") for c in conns]
-            texts = [i.decode() if isinstance(i, bytes) else str(i) for i in infos]
-            return all("cluster_state:ok" in t and f"cluster_known_nodes:{NODES}" in t for t in texts)
-
-        _wait(all_ok, "state ok on every node")
-        for c in conns:
-            c.close()
         yield nodes
     finally:
         for n in nodes:  # stopped here even on failure (and again, harmlessly, by server_factory)
@@ -111,20 +52,6 @@ def rc(cluster_nodes: list[EmbeddedServer]) -> Iterator[RedisCluster]:
     conn.close()
 
 
-def owner(nodes: list[EmbeddedServer], key: str) -> EmbeddedServer:
-    """The node that serves `key`, asked of the nodes themselves."""
-    slot = key_slot(key.encode())
-    probe = nodes[0].client()
-    try:
-        for start, end, master, *_ in probe.execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end:
-                port = int(master[1])
-                return next(n for n in nodes if n.port == port)
-    finally:
-        probe.close()
-    raise AssertionError(f"no node serves slot {slot}")
-
-
 def test_client_over_redis_cluster_routes_each_queue_to_its_node(
     rc: RedisCluster, cluster_nodes: list[EmbeddedServer]
 ) -> None:
@@ -136,7 +63,7 @@ def test_client_over_redis_cluster_routes_each_queue_to_its_node(
             keys.active, keys.pending, keys.dead, keys.job("live"), keys.job("lapsed"), keys.metrics_failed
         )
         now = now_ms(rc.get_node_from_key(keys.active).redis_connection)
-        rc.hset(keys.job("live"), mapping={"attempts": 2, "state": "active"})
+        rc.hset(keys.job("live"), mapping={"attempts": 2, "token": "2", "state": "active"})
         rc.hset(keys.job("lapsed"), mapping={"attempts": 1, "state": "active", "stalled": 0})
         rc.zadd(keys.active, {"live": now + 1000, "lapsed": now - 1000})
 
@@ -234,11 +161,14 @@ def test_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedServer]) 
     assert isinstance(client.redis, RedisCluster)
     for q in QUEUES[:6]:
         keys = queue_keys(q)
+        direct = owner(cluster_nodes, keys.dead).client()
+        client.redis.delete(keys.active, keys.pending, keys.dead, keys.job("c"), keys.job("lapsed"))
         client.redis.hset(keys.job("c"), mapping={"attempts": 9})
         client.redis.zadd(keys.active, {"c": 0})
+        before = now_ms(direct)
         assert client.sweep(q, max_stalled=1).dead == ["c"]
-        direct = owner(cluster_nodes, keys.dead).client()
-        assert direct.zscore(keys.dead, "c") == 0
+        died = direct.zscore(keys.dead, "c")  # scored with the server time of death
+        assert died is not None and before <= died <= now_ms(direct)
         direct.close()
     client.redis.close()
 
@@ -327,3 +257,59 @@ def test_asyncio_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedS
             await client.aclose()
 
     asyncio.run(body())
+
+
+# The module's words, or the server's own where it routes by <base> too (its
+# NOT_KEY key spec is in the legacy key range): <base> is never a key, so it
+# is always "missing" while the slot moves.
+TRYAGAIN = (b"TRYAGAIN a key of this queue is moving between cluster nodes; retry",
+            b"TRYAGAIN Multiple keys request during rehashing of slot")  # fmt: skip
+
+
+def test_a_derived_key_on_a_moving_slot_answers_tryagain(cluster_nodes: list[EmbeddedServer]) -> None:
+    """While the queue's slot migrates, a derived key (here ENQUEUE's new row) that
+    is absent may live on the other node: the verb answers TRYAGAIN and writes
+    nothing, on the source (which would redirect it: ASK) and on the target
+    (reached with ASKING, where the row may still be on the source)."""
+    q = "moving"
+    keys = queue_keys(q)
+    slot = key_slot(keys.pending.encode())
+    source = owner(cluster_nodes, keys.pending)
+    target = next(n for n in cluster_nodes if n is not source)
+    src, dst = source.client(), target.client()
+    try:
+        src.delete(keys.pending, keys.job("new"))
+        src.zadd(keys.pending, {"waiting": 1})  # the declared key is here: the server lets the verb run
+        src.hset(keys.job("here"), mapping={"state": "pending"})
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        enqueue = ["EMQ.ENQUEUE", keys.pending, keys.base, "new", "p"]
+        before, target_before = src.execute_command("DEBUG", "DIGEST"), dst.execute_command("DEBUG", "DIGEST")
+        raw = Resp(source.port)  # raw RESP: the exact bytes (redis-py strips TRYAGAIN)
+        try:
+            with pytest.raises(ServerError) as refused:
+                raw.call(*enqueue)
+        finally:
+            raw.close()
+        assert refused.value.message in TRYAGAIN
+        assert src.execute_command("DEBUG", "DIGEST") == before
+        # On the importing node, after ASKING on the same connection (raw RESP: exact bytes).
+        raw = Resp(target.port)
+        try:
+            asking, reply = raw.pipeline([["ASKING"], enqueue])
+        finally:
+            raw.close()
+        assert asking == b"OK" and isinstance(reply, ServerError), reply
+        assert reply.message in TRYAGAIN
+        assert dst.execute_command("DEBUG", "DIGEST") == target_before
+        # Once the slot is stable again, the verb runs as usual.
+        for c in (src, dst):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        with pytest.raises(redis.ResponseError, match=r"^EMQEXISTS"):
+            src.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "here", "p")
+    finally:
+        for c in (src, dst):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        src.delete(keys.pending, keys.job("here"))
+        src.close()
+        dst.close()

@@ -42,7 +42,7 @@ def test_image_round_trip(image_server: ContainerServer) -> None:
     r.flushall()
     client = echomq.Client(r)
     keys = echomq.keyspace.queue_keys("box")
-    r.hset(keys.job("1"), mapping={"attempts": 3, "state": "active"})
+    r.hset(keys.job("1"), mapping={"attempts": 3, "token": "3", "state": "active"})
     r.zadd(keys.active, {"1": 0})
     client.extend("box", "1", token="3", lease_ms=600_000)
     assert len(client.sweep("box", max_stalled=1)) == 0

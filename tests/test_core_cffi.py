@@ -445,3 +445,66 @@ def test_references_catch_a_wrong_core() -> None:
     ]
     assert key_slot(b"123456789") == 0x31C3 % 16384  # the cluster spec's CRC16 check value
     assert hash_input(b"emq:{q}:job:1") == b"q" and hash_input(b"a{}b") == b"a{}b"
+
+
+# -- v2: tokens, the <job> key, the error table -------------------------------------
+
+
+@CORE
+@given(attempts=st.integers(LLONG_MIN, LLONG_MAX), random8=st.binary(min_size=8, max_size=8))
+@example(attempts=1, random8=b"\x00" * 8)
+@example(attempts=LLONG_MIN, random8=b"\xff" * 8)
+def test_format_token(core: Core, attempts: int, random8: bytes) -> None:
+    """"<attempts>-<16 lowercase hex>": the claim's number, then the 8 random bytes."""
+    out = core.ffi.new("char[]", 64)
+    n = core.lib.emq_format_token(attempts, core.ffi.new("unsigned char[]", random8), out)
+    token = core.ffi.string(out).decode()
+    assert token == f"{attempts}-{random8.hex()}" and n == len(token) <= 47
+
+
+@CORE
+@given(
+    base=st.binary(max_size=8) | st.sampled_from([b"emq:{q}:", b""]),
+    suffix=st.sampled_from([b"active", b"activ", b"pending", b""]) | st.binary(max_size=7),
+    job_id=st.binary(max_size=6),
+    other=st.binary(max_size=6),
+    mid=st.sampled_from([b"job:", b"job", b"jobs:", b""]),
+)
+def test_job_key_matches(
+    core: Core, base: bytes, suffix: bytes, job_id: bytes, other: bytes, mid: bytes
+) -> None:
+    active = base + suffix
+    for job, id_ in ((base + mid + job_id, job_id), (base + mid + job_id, other)):
+        expected = active.endswith(b"active") and job == active[: -len(b"active")] + b"job:" + id_
+        verdict = core.lib.emq_job_key_matches(
+            core._buf(active, b"x"), len(active), core._buf(job, b"x"), len(job),
+            core._buf(id_, b"x"), len(id_),
+        )  # fmt: skip
+        assert bool(verdict) == expected, (active, job, id_)
+
+
+# How the README's tables name the errors whose text they shorten.
+ABBREVIATED = {
+    "WRONGTYPE ": "-WRONGTYPE ...",
+    "NOPERM ": "-NOPERM ...",
+    "EMQEXISTS ": "-EMQEXISTS ...",
+    "ERR lease-ms is too large: ": "-ERR lease-ms is too large: ...",
+    "ERR in cluster mode <base> must contain a hash tag": (
+        "-ERR in cluster mode <base> must contain a hash tag ..."
+    ),
+}
+NOT_ANSWERED_YET = {"EMQSTALE release token mismatch"}  # no verb is RELEASE yet
+
+
+def test_every_error_of_the_core_table_is_documented(core: Core) -> None:
+    texts = []
+    code = 1
+    while (text := core.lib.emq_error_text(code)) != core.ffi.NULL:
+        texts.append(core.ffi.string(text).decode())
+        code += 1
+    assert len(texts) >= 30 and "TRYAGAIN a key of this queue is moving between cluster nodes; retry" in texts
+    for text in texts:
+        if text in NOT_ANSWERED_YET:
+            continue
+        words = next((w for prefix, w in ABBREVIATED.items() if text.startswith(prefix)), "-" + text)
+        assert words in README, f"README.md does not document {words!r}"

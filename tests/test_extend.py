@@ -38,7 +38,11 @@ def test_lease_one_ms_is_accepted(r: redis.Redis) -> None:
     assert r.execute_command(*extend_args(keys, "j1", 1, 1)) == 1
 
 
-@pytest.mark.parametrize("row", [None, {"state": "active"}], ids=["no-row", "no-attempts"])
+@pytest.mark.parametrize(
+    "row",
+    [None, {"state": "active"}, {"state": "active", "attempts": "1"}],
+    ids=["no-row", "no-token", "v1-row-with-attempts-only"],
+)
 def test_gone_answers_minus_one_and_writes_nothing(r: redis.Redis, row: dict[str, str] | None) -> None:
     keys = queue_keys(Q)
     r.zadd(keys.active, {"j1": 5})
@@ -56,6 +60,47 @@ def test_token_must_match_byte_for_byte(r: redis.Redis, token: str) -> None:
     with pytest.raises(redis.ResponseError, match=r"^EMQSTALE"):
         r.execute_command(*extend_args(keys, "j1", token, 1000))
     assert digest(r) == before
+
+
+def test_the_fence_is_the_token_not_attempts(r: redis.Redis) -> None:
+    token = "1-0123456789abcdef"
+    keys = put_active(r, Q, "j1", attempts=1, deadline=5, token=token)
+    before = digest(r)
+    for wrong in ("1", "1-0123456789abcdee", "1-0123456789ABCDEF"):
+        with pytest.raises(redis.ResponseError, match=r"^EMQSTALE extend token mismatch$"):
+            r.execute_command(*extend_args(keys, "j1", wrong, 1000))
+    assert digest(r) == before
+    assert r.execute_command(*extend_args(keys, "j1", token, 1000)) == 1
+
+
+JOB_KEY_ERROR = r"^<job> must be <base>job:<id>, where <active> is <base>active$"
+
+
+@pytest.mark.parametrize(
+    "active, job",
+    [
+        ("emq:{mail}:active", "emq:{mail}:job:j2"),  # another job's row: its token must not fence j1
+        ("emq:{mail}:active", "emq:{other}:job:j1"),
+        ("emq:{mail}:active", "emq:{mail}:jobs:j1"),
+        ("emq:{mail}:active", "emq:{mail}:job:j1 "),
+        ("emq:{mail}:pending", "emq:{mail}:job:j1"),  # <active> must end in "active"
+        ("emq:{mail}:activ", "emq:{mail}:job:j1"),
+    ],
+)
+def test_job_must_be_the_ids_row_of_the_queue(r: redis.Redis, active: str, job: str) -> None:
+    keys = put_active(r, Q, "j1", attempts=1, deadline=5)
+    put_active(r, Q, "j2", attempts=1, deadline=5)
+    before = digest(r)
+    for verb in ("EMQ.EXTEND", "EMQ.CHECKPOINT"):
+        with pytest.raises(redis.ResponseError, match=JOB_KEY_ERROR):
+            r.execute_command(verb, active, job, "j1", "1", 1000)
+        # Checked right after the same-key check, before the lease is parsed.
+        with pytest.raises(redis.ResponseError, match=JOB_KEY_ERROR):
+            r.execute_command(verb, active, job, "j1", "1", "not a lease")
+        with pytest.raises(redis.ResponseError, match="different keys"):
+            r.execute_command(verb, active, active, "j1", "1", "not a lease")
+    assert digest(r) == before
+    assert r.zscore(keys.active, "j1") == 5
 
 
 def test_not_active_is_stale_and_writes_nothing(r: redis.Redis) -> None:

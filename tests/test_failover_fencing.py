@@ -73,7 +73,9 @@ def partitioned_failover(server_factory: ServerFactory) -> tuple[redis.Redis, by
 
 
 @pytest.mark.slow
-def test_a_claim_the_new_master_never_saw_is_stale_on_every_fenced_verb(server_factory: ServerFactory) -> None:
+def test_a_claim_the_new_master_never_saw_is_stale_on_every_fenced_verb(
+    server_factory: ServerFactory,
+) -> None:
     s, a_token = partitioned_failover(server_factory)
     b_token = s.hget(Q.job("job1"), "token")
     before = s.execute_command("DEBUG", "DIGEST")
@@ -84,7 +86,8 @@ def test_a_claim_the_new_master_never_saw_is_stale_on_every_fenced_verb(server_f
         "fail": ["EMQ.FAIL", Q.active, Q.pending, Q.dead, Q.base, "job1", a_token, 3, "A failed"],
     }
     for verb, args in fenced.items():
-        with pytest.raises(redis.ResponseError, match=f"^EMQSTALE {verb if verb != 'checkpoint' else 'extend'}"):
+        stale = "extend" if verb == "checkpoint" else verb
+        with pytest.raises(redis.ResponseError, match=f"^EMQSTALE {stale}"):
             s.execute_command(*args)
     assert s.execute_command("DEBUG", "DIGEST") == before, "a stale holder wrote"
     # B holds the job, and only B.

@@ -6,9 +6,11 @@ odd ids), sends one command line, and then checks, on the wire:
 - the server still answers PING (it did not crash);
 - the reply is a value of the command's shape, or an error whose message is
   one the README documents (a clear message, never a generic failure);
-- when the reply is an error (or EXTEND's "gone" :-1), DEBUG DIGEST is what it
-  was before: nothing was partly written;
-- a successful SWEEP moved only lapsed members of <active>.
+- when the reply is an error (or EXTEND's "gone" :-1, or a SWEEP that took
+  nothing), DEBUG DIGEST is what it was before: nothing was partly written;
+- a successful SWEEP ([recovered, dead, cancelled, expired]) moved only lapsed
+  members of <active>, and removed exactly `expired` members of <dead>, rows
+  and all.
 
 A small RESP client is used instead of redis-py so that replies, errors
 included, are compared byte for byte as the server sent them.
@@ -35,7 +37,7 @@ from hypothesis import strategies as st
 
 from echomq.testing import EmbeddedServer
 
-from .conftest import ROOT
+from .conftest import ROOT, debug_args
 from .helpers import cluster_args
 
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_EXAMPLES", "2500"))
@@ -128,7 +130,7 @@ class FuzzServer:
         if self.conn is None:
             if self.server is None:
                 self.server = EmbeddedServer(
-                    ["--enable-debug-command", "yes"], module=self.module, wrapper=self.wrapper
+                    debug_args(), module=self.module, wrapper=self.wrapper
                 ).start()
             self.conn = Resp(self.server.port)
         return self.conn
@@ -171,12 +173,15 @@ ERRORS = [
     (rb"WRONGTYPE Operation against a key holding the wrong kind of value", "-WRONGTYPE ..."),
     (rb"EMQSTALE extend token mismatch", None),
     (rb"EMQSTALE job is no longer active", None),
+    (rb"ERR <job> must be <base>job:<id>, where <active> is <base>active", None),
+    (rb"ERR the queue's meta hash holds a setting that is not an integer", None),
     (
         rb"ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
         "-ERR <active>, <pending> and <dead> must be <base>active",
     ),
     (rb"ERR max-stalled must be an integer >= 1", None),
     (rb"ERR limit must be an integer >= 1", None),
+    (rb"ERR limit exceeds the server's emq\.max-limit", "-ERR limit exceeds the server's emq.max-limit"),
     (rb"ERR a swept job row has a 'stalled' field that is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
     (rb"ERR increment or decrement would overflow", None),
@@ -226,6 +231,9 @@ TYPES = ["zset", "hash", "string", "list", "set"]
 FIELD_VALUES = [*MALFORMED, *GOOD_NUMBERS, b"9223372036854775806", b"x" * 64]
 
 FUTURE = 10**12 * 9  # ms: far beyond any run of this test, still an exact score
+TOKENS = [b"1", b"2", b"3", b"1-0123456789abcdef", b"2-fedcba9876543210"]
+# Settings of <base>meta: retentions (-1 forever, 0 at once, ...) and corrupt ones.
+META_VALUES = [b"-1", b"0", b"1", b"1000", b"9007199254740992", b"9007199254740993", b"-2", *MALFORMED[:8]]
 SCORES = [b"-inf", b"0", b"1", b"1000", str(FUTURE).encode(), b"+inf", b"9007199254740993"]
 
 
@@ -255,6 +263,9 @@ def keyspace(draw: st.DrawFn, base: bytes) -> list[list[bytes]]:
         kind = draw(st.sampled_from(["missing"] * 4 + TYPES))
         if kind != "missing":
             cmds += put(kind, base + name, draw(st.sampled_from(IDS)) or b"m")
+        if kind == "zset" and name == b"dead":  # dead jobs, some past a dead retention
+            for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):
+                cmds.append([b"ZADD", base + b"dead", draw(st.sampled_from(SCORES[:4])), job])
     for job in ids:
         row = base + b"job:" + job
         kind = draw(st.sampled_from(["hash"] * 6 + ["missing", "string", "list", "set", "zset"]))
@@ -266,7 +277,17 @@ def keyspace(draw: st.DrawFn, base: bytes) -> list[list[bytes]]:
         for field in (b"attempts", b"stalled"):
             if draw(st.booleans()):
                 fields += [field, draw(st.sampled_from(FIELD_VALUES))]
+        if draw(st.booleans()):  # the holder's token: a claim's, or one a test names simply
+            fields += [b"token", draw(st.sampled_from([*TOKENS, *FIELD_VALUES[:4]]))]
+        if draw(st.integers(0, 4)) == 0:
+            fields += [b"cancel_requested", draw(st.sampled_from([b"", b"stop"]))]
         cmds.append([b"HSET", row, *fields])
+    meta = draw(st.sampled_from(["missing"] * 4 + ["hash", "hash", "string", "list", "set", "zset"]))
+    if meta == "hash":
+        setting = draw(st.sampled_from([b"dead_ttl_ms", b"done_ttl_ms", b"cancelled_ttl_ms", b"paused"]))
+        cmds.append([b"HSET", base + b"meta", setting, draw(st.sampled_from(META_VALUES))])
+    elif meta != "missing":
+        cmds += put(meta, base + b"meta")
     metric = draw(st.sampled_from(["missing", "missing", "hash", "bad", "string", "list", "set"]))
     metric_key = base + b"metrics:failed"
     if metric == "hash":
@@ -281,12 +302,15 @@ def keyspace(draw: st.DrawFn, base: bytes) -> list[list[bytes]]:
 def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
     if draw(st.booleans()):
         job = draw(st.sampled_from(IDS))
+        # Now and then <job> is another id's row (or another base's): a mismatched pair.
+        row_id = job if draw(st.integers(0, 5)) else draw(st.sampled_from(IDS))
+        row_base = base if draw(st.integers(0, 7)) else draw(st.sampled_from(BASES))
         return [
             b"EMQ.EXTEND",
             base + b"active",
-            base + b"job:" + job,
+            row_base + b"job:" + row_id,
             job,
-            draw(st.sampled_from([b"1", b"2", b"3", *FIELD_VALUES[:4]])),
+            draw(st.sampled_from([*TOKENS, *FIELD_VALUES[:4]])),
             draw(st.sampled_from([*GOOD_NUMBERS, *MALFORMED])),
         ]
     return [
@@ -356,7 +380,9 @@ def run_case(
     assert not any(isinstance(r, ServerError) for r in prepared), prepared
     before = conn.call(b"DEBUG", b"DIGEST")
     name = command[0].lower()
-    active_before = members(conn, command[1]) if name == b"emq.sweep" and len(command) == 7 else {}
+    sweep = name == b"emq.sweep" and len(command) == 7
+    active_before = members(conn, command[1]) if sweep else {}
+    dead_before = members(conn, command[3]) if sweep else {}
     try:
         reply: Any = conn.call(*command)
         error: bytes | None = None
@@ -392,18 +418,29 @@ def run_case(
         if reply == -1:
             assert conn.call(b"DEBUG", b"DIGEST") == before, "gone (:-1) but the data changed"
         return
-    assert isinstance(reply, list) and len(reply) == 2, reply
-    recovered, dead = reply
-    assert all(isinstance(x, bytes) for x in recovered + dead), reply
-    moved = recovered + dead
+    assert isinstance(reply, list) and len(reply) == 4, reply
+    recovered, dead, cancelled, expired = reply
+    assert isinstance(expired, int) and 0 <= expired <= int(command[6]), reply
+    moved = recovered + dead + cancelled
+    assert all(isinstance(x, bytes) for x in moved), reply
     OUTCOMES[b"sweep recovered"] += bool(recovered)
     OUTCOMES[b"sweep dead"] += bool(dead)
-    OUTCOMES[b"sweep nothing"] += not moved
+    OUTCOMES[b"sweep cancelled"] += bool(cancelled)
+    OUTCOMES[b"sweep expired"] += bool(expired)
+    OUTCOMES[b"sweep nothing"] += not moved and not expired
+    if not moved and not expired:
+        assert conn.call(b"DEBUG", b"DIGEST") == before, "a sweep that took nothing changed the data"
     assert len(set(moved)) == len(moved) and set(moved) <= set(active_before), (reply, active_before)
     active_after = members(conn, command[1])
     assert not set(moved) & set(active_after), "a swept id is still active"
     for job in moved:
         assert float(active_before[job]) <= time.time() * 1000 + 1000, "swept a live lease"
+    # Expired dead rows left <dead> with their rows; the jobs that died now joined it.
+    dead_after = members(conn, command[3])
+    gone = set(dead_before) - set(dead_after)
+    assert len(gone) == expired and set(dead) <= set(dead_after), (reply, dead_before, dead_after)
+    for job in gone:
+        assert conn.call(b"EXISTS", command[4] + b"job:" + job) == 0, "an expired dead row is still there"
 
 
 def short(value: object, limit: int = 400) -> str:
@@ -439,9 +476,9 @@ def test_random_command_lines(fuzz: FuzzServer, c: tuple[list[list[bytes]], list
 
 def standard_state(base: bytes = b"emq:{q}:") -> list[list[bytes]]:
     return [
-        [b"HSET", base + b"job:a", b"attempts", b"1", b"state", b"active"],
+        [b"HSET", base + b"job:a", b"attempts", b"1", b"token", b"1", b"state", b"active"],
         [b"ZADD", base + b"active", b"0", b"a", str(FUTURE).encode(), b"b"],
-        [b"HSET", base + b"job:b", b"attempts", b"2", b"stalled", b"1"],
+        [b"HSET", base + b"job:b", b"attempts", b"2", b"token", b"2", b"stalled", b"1"],
     ]
 
 
@@ -501,6 +538,19 @@ def grid() -> Iterator[tuple[str, list[list[bytes]], list[bytes]]]:
                     repeated = list(full)
                     repeated[i] = full[j]
                     yield f"arg {i} repeats arg {j}", state, repeated
+    # <job> must be <id>'s row in <active>'s queue.
+    for row in (b + b"job:b", b"emq:{r}:job:a", b + b"job:a:", b + b"jobs:a", b"job:a"):
+        yield "mismatched <job>", state, [*extend[:2], row, *extend[3:]]
+    yield "<active> not ending in active", state, [extend[0], b + b"pending", *extend[2:]]
+    # The queue's settings: the dead retention, and corrupt or wrong-typed meta.
+    for value in META_VALUES:
+        died = [*state, [b"ZADD", b + b"dead", b"5", b"old"], [b"HSET", b + b"job:old", b"state", b"dead"]]
+        yield f"dead_ttl_ms={value!r}", [*died, [b"HSET", b + b"meta", b"dead_ttl_ms", value]], sweep
+    for kind in TYPES:
+        if kind != "hash":
+            yield f"meta is a {kind}", [*state, *put(kind, b + b"meta")], sweep
+    # A lapsed job with a cancel request ends cancelled.
+    yield "cancel requested", [*state, [b"HSET", b + b"job:a", b"cancel_requested", b"stop"]], sweep
     # A row that vanished while its id stayed active, next to a sound one.
     yield "vanished row", [*state, [b"DEL", b + b"job:a"]], sweep
     yield "vanished row", [*state, [b"DEL", b + b"job:a"]], extend
@@ -555,6 +605,8 @@ def test_non_integer_stalled_refuses_the_whole_sweep(fuzz: FuzzServer) -> None:
     assert conn.call(b"EMQ.SWEEP", b + b"active", b + b"pending", b + b"dead", b, b"3", b"1") == [
         [b"sound"],
         [],
+        [],
+        0,
     ]
 
 
@@ -565,6 +617,8 @@ def test_vanished_row_is_recreated_and_recovered(fuzz: FuzzServer) -> None:
     assert conn.call(b"EMQ.SWEEP", b + b"active", b + b"pending", b + b"dead", b, b"3", b"10") == [
         [b"ghost"],
         [],
+        [],
+        0,
     ]
     assert conn.call(b"HGETALL", b + b"job:ghost") == [b"stalled", b"1", b"state", b"pending"]
     assert conn.call(b"ZSCORE", b + b"pending", b"ghost") == b"0"
@@ -589,6 +643,7 @@ def test_derived_keys_outside_the_callers_acl_refuse_the_sweep(fuzz: FuzzServer)
                 b"~" + b + b"active",
                 b"~" + b + b"pending",
                 b"~" + b + b"dead",
+                b"%R~" + b + b"meta",  # SWEEP reads the queue's settings on every call
             ],
             [b"ACL", b"SETUSER", b"wide", b"reset", b"on", b"nopass", b"+@all", b"~emq:*"],
             [b"ZADD", b + b"active", b"0", b"j"],
@@ -606,14 +661,14 @@ def test_derived_keys_outside_the_callers_acl_refuse_the_sweep(fuzz: FuzzServer)
         assert info.value.message.startswith(b"NOPERM ") and b"derived from <base>" in info.value.message
         assert conn.call(b"DEBUG", b"DIGEST") == before
         OUTCOMES[ERRORS[-1][0]] += 1
-        # A sweep with nothing lapsed derives no key and needs no extra permission.
+        # A sweep with nothing lapsed derives no row and needs no permission beyond <base>meta.
         conn.call(b"ZADD", b + b"active", b"XX", str(FUTURE).encode(), b"j")
-        assert user.call(*sweep) == [[], []]
+        assert user.call(*sweep) == [[], [], [], 0]
         conn.call(b"ZADD", b + b"active", b"XX", b"0", b"j")
         assert user.call(b"AUTH", b"wide", b"x") == b"OK"
         # From a script, as the permitted user: the same code path, the same result.
         script = b"return redis.call('EMQ.SWEEP', KEYS[1], KEYS[2], KEYS[3], ARGV[1], 1, 10)"
-        assert user.call(b"EVAL", script, b"3", *sweep[1:4], b) == [[], [b"j"]]
+        assert user.call(b"EVAL", script, b"3", *sweep[1:4], b) == [[], [b"j"], [], 0]
     finally:
         user.close()
         conn.call(b"ACL", b"DELUSER", b"narrow", b"wide")
@@ -636,7 +691,7 @@ def test_sweep_on_a_cluster_node(module_so: Path) -> None:
             b = b"emq:{q}:"
             conn.call(b"ZADD", b + b"active", b"0", b"j")
             sweep = [b"EMQ.SWEEP", b + b"active", b + b"pending", b + b"dead", b, b"3", b"10"]
-            assert conn.call(*sweep) == [[b"j"], []]
+            assert conn.call(*sweep) == [[b"j"], [], [], 0]
             with pytest.raises(ServerError, match="CROSSSLOT"):
                 conn.call(b"EMQ.SWEEP", b"q:active", b"q:pending", b"q:dead", b"q:", b"3", b"10")
         finally:
@@ -657,7 +712,8 @@ def test_fuzz_totals(fuzz: FuzzServer) -> None:
         print(f"  {n:6d}  {outcome.decode()}")
     assert STATS["crashes"] == 0 and STATS["partial_writes"] == 0
     # Every reply either command can give was provoked at least once.
-    expected = [p for p, _ in ERRORS] + [b"extend :1", b"extend :-1", b"sweep recovered", b"sweep dead"]
+    expected = [p for p, _ in ERRORS] + [b"extend :1", b"extend :-1", b"sweep recovered", b"sweep dead",
+                                         b"sweep cancelled", b"sweep expired", b"sweep nothing"]  # fmt: skip
     assert not [e for e in expected if not OUTCOMES[e]], "never provoked"
     assert STATS["cases"] >= len(GRID) + min(EXAMPLES, 100), STATS
     assert STATS["errors"] > 0 and STATS["values"] > 0

@@ -3,9 +3,15 @@
 The same harness and rules as test_fuzz.py (which covers EXTEND and SWEEP):
 random keyspaces and command lines for ENQUEUE, CLAIM, COMPLETE, FAIL,
 CANCEL and CHECKPOINT, every arity from 0 to 12, malformed numbers, binary
-ids, wrong key types, repeated keys.  After each: PING answers; the reply has
-the verb's shape or is one of the documented errors, word for word; after an
-error (or a "gone" :-1) DEBUG DIGEST is unchanged.
+ids, wrong key types, repeated keys, ENQUEUE's and CLAIM's options (COUNT,
+REQ: good, repeated, unknown, empty), mismatched <job>/<id> pairs, corrupt
+`tries` and queue settings (<base>meta).  After each: PING answers; the reply
+has the verb's shape (CLAIM: null or jobs [id, token, payload, attempt,
+state], tokens "<attempts>-<16 hex>") or is one of the documented errors,
+word for word; after an error, a "gone" :-1, or a reply that the contract
+says writes nothing (CLAIM's null or a retried REQ, a retried ENQUEUE,
+COMPLETE or FAIL, CANCEL of a finished job or a second request) DEBUG DIGEST
+is unchanged.
 
 Bounded by ``ECHOMQ_FUZZ_LIFECYCLE_EXAMPLES`` (default 1500) and
 ``ECHOMQ_FUZZ_SECONDS`` (default 60).  Derandomized, so every run tries the
@@ -30,6 +36,8 @@ from .test_fuzz import (
     GOOD_NUMBERS,
     IDS,
     MALFORMED,
+    README,
+    TOKENS,
     FuzzServer,
     ServerError,
     fuzz,  # noqa: F401  (the module-scoped server fixture, used by name)
@@ -41,40 +49,82 @@ EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_LIFECYCLE_EXAMPLES", "1500"))
 BUDGET_S = float(os.environ.get("ECHOMQ_FUZZ_SECONDS", "60"))
 STATS: Counter[str] = Counter()
 OUTCOMES: Counter[str] = Counter()
+PROVOKED: Counter[bytes] = Counter()  # how often each documented error was answered
 
+# The arguments before the options; ENQUEUE and CLAIM take options after them.
 ARITY = {b"emq.enqueue": 4, b"emq.claim": 4, b"emq.complete": 4, b"emq.fail": 8, b"emq.cancel": 4,
          b"emq.checkpoint": 5}  # fmt: skip
-ERRORS = [
-    rb"ERR wrong number of arguments for 'emq\.(enqueue|claim|complete|fail|cancel|checkpoint)' command",
-    rb"ERR <pending> must be <base>pending",
-    rb"ERR <pending> and <active> must be <base>pending and <base>active",
-    rb"ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
-    rb"ERR <active> and <job> must be different keys",
-    rb"ERR lease-ms is not an integer",
-    rb"ERR lease-ms must be at least 1",
-    rb"ERR lease-ms is too large: the deadline would not be an exact score",
-    rb"ERR max-attempts must be an integer >= 1",
-    rb"ERR the job row's 'attempts' field is not an integer",
-    rb"ERR the metrics:failed 'count' field is not an integer",
-    rb"ERR increment or decrement would overflow",
-    rb"WRONGTYPE Operation against a key holding the wrong kind of value",
-    rb"EMQSTALE (extend|complete|fail) token mismatch",
-    rb"EMQSTALE job is no longer active",
-    rb"EMQEXISTS a job with this id already exists",
-]
-ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p in ERRORS))
+WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail")  # FAIL: [DELAY ms]
+# Every error the verbs may answer here, with the words README.md's tables
+# document it by (None: "-" and the error itself).
+ERRORS: list[tuple[bytes, str | None]] = [
+    (rb"ERR wrong number of arguments for 'emq\.(enqueue|claim|complete|fail|cancel|checkpoint)' command",
+     "-ERR wrong number of arguments"),
+    (rb"ERR <pending> must be <base>pending", None),
+    (rb"ERR <pending> and <active> must be <base>pending and <base>active", None),
+    (rb"ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead", None),
+    (rb"ERR <active> and <job> must be different keys", None),
+    (rb"ERR <job> must be <base>job:<id>, where <active> is <base>active", None),
+    (rb"ERR lease-ms is not an integer", None),
+    (rb"ERR lease-ms must be at least 1", None),
+    (rb"ERR lease-ms is too large: the deadline would not be an exact score", "-ERR lease-ms is too large"),
+    (rb"ERR max-attempts must be an integer >= 1", None),
+    (rb"ERR COUNT must be an integer >= 1", None),
+    (rb"ERR syntax error", None),
+    (rb"ERR the REQ request id must not be empty", None),
+    (rb"ERR the job row's 'attempts' field is not an integer", None),
+    (rb"ERR the job row's 'tries' field is not an integer", None),
+    (rb"ERR the metrics:failed 'count' field is not an integer", None),
+    (rb"ERR the queue's meta hash holds a setting that is not an integer", None),
+    (rb"ERR increment or decrement would overflow", None),
+    (rb"WRONGTYPE Operation against a key holding the wrong kind of value", "-WRONGTYPE ..."),
+    (rb"EMQSTALE extend token mismatch", None),
+    (rb"EMQSTALE complete token mismatch", None),
+    (rb"EMQSTALE fail token mismatch", None),
+    (rb"EMQSTALE job is no longer active", None),
+    (rb"EMQEXISTS a job with this id already exists", "-EMQEXISTS ..."),
+]  # fmt: skip
+ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
+TOKEN_RE = re.compile(rb"-?[0-9]+-[0-9a-f]{16}")  # -: a corrupt, negative attempts counts on
+REQS = [b"r1", b"r1", b"r2", b"", b"\x00", b"x" * 40]
+
+
+def test_every_expected_error_is_documented() -> None:
+    for pattern, words in ERRORS:
+        words = words or "-" + pattern.decode()
+        assert words in README, f"README.md does not document {words!r}"
+
+
+@st.composite
+def options(draw: st.DrawFn, verb: bytes) -> list[bytes]:
+    """ENQUEUE's (REQ) or CLAIM's (COUNT, REQ) options: mostly good, some not."""
+    names = [b"REQ", b"req"] if verb == b"emq.enqueue" else [b"COUNT", b"REQ", b"count", b"Req"]
+    out: list[bytes] = []
+    for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
+        name = draw(st.sampled_from([*names, *names, *names, b"LIMIT", b""]))
+        if name.upper() == b"COUNT":
+            value = draw(st.sampled_from([b"1", b"2", b"5", b"1001", *MALFORMED[:12]]))
+        else:
+            value = draw(st.sampled_from(REQS))
+        out += [name, value]
+    if out and draw(st.integers(0, 7)) == 0:
+        out.pop()  # an option without its value
+    return out
 
 
 def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
     job = draw(st.sampled_from([*IDS[:3], *IDS[:3], *IDS]))
-    token = draw(st.sampled_from([b"1", b"1", b"1", b"0", b"2", *FIELD_VALUES[:4]]))
+    token = draw(st.sampled_from([b"1", b"1", b"1", b"0", *TOKENS, *FIELD_VALUES[:4]]))
     number = st.sampled_from([b"1000", b"1", b"3", b"3", *NUMBERS])
     verb = draw(st.sampled_from(list(ARITY)))
-    row = base + b"job:" + job
+    # Now and then <job> is another id's row: a mismatched pair (COMPLETE, CHECKPOINT).
+    row = base + b"job:" + (job if draw(st.integers(0, 5)) else draw(st.sampled_from(IDS)))
     return {
-        b"emq.enqueue": [b"EMQ.ENQUEUE", base + b"pending", base, job, draw(st.binary(max_size=8))],
-        b"emq.claim": [b"EMQ.CLAIM", base + b"pending", base + b"active", base, draw(number)],
+        b"emq.enqueue": [b"EMQ.ENQUEUE", base + b"pending", base, job, draw(st.binary(max_size=8)),
+                         *draw(options(b"emq.enqueue"))],
+        b"emq.claim": [b"EMQ.CLAIM", base + b"pending", base + b"active", base, draw(number),
+                       *draw(options(b"emq.claim"))],
         b"emq.complete": [b"EMQ.COMPLETE", base + b"active", row, job, token],
         b"emq.fail": [b"EMQ.FAIL", base + b"active", base + b"pending", base + b"dead", base, job, token,
                       draw(number), draw(st.binary(max_size=8))],
@@ -91,12 +141,34 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
     # keyspace made <pending> or the row another type, these are refused
     # (see run_case) and that type is what the case tests.
     for job in draw(st.lists(st.sampled_from(IDS[:3]), max_size=2, unique=True)):  # held, token 1
-        setup.append([b"HSET", base + b"job:" + job, b"attempts", b"1", b"state", b"active"])
+        row = base + b"job:" + job
+        setup.append([b"HSET", row, b"attempts", b"1", b"tries", b"1", b"token", b"1", b"state", b"active"])
         setup.append([b"ZADD", base + b"active", b"9007199254740000", job])
+    for job in draw(st.lists(st.sampled_from(IDS[:3]), max_size=2, unique=True)):  # a hold that ended
+        row = base + b"job:" + job
+        closed_by = draw(st.sampled_from([b"complete", b"fail", b"release", b"other"]))
+        where = draw(st.sampled_from([b"pending", b"dead", b"cancelled"]))
+        state = {b"complete": b"done", b"fail": where, b"release": b"pending"}.get(closed_by, b"pending")
+        if closed_by in (b"fail", b"release"):
+            closed_by += b":" + state  # where the first call sent the job
+        setup.append([b"HSET", row, b"attempts", b"1", b"token", b"1", b"closed_by", closed_by,
+                      b"state", state])  # fmt: skip
+        setup.append([b"ZREM", base + b"active", job])
     for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):
-        setup.append([b"ZADD", base + b"pending", draw(st.sampled_from([b"0", b"5", b"-inf"])), job])
+        setup.append([b"ZADD", base + b"pending", draw(st.sampled_from([b"0", b"5", b"-inf", b"+inf"])), job])
         if draw(st.booleans()):
             setup.append([b"HSET", base + b"job:" + job, b"cancel_requested", b"r"])
+        if draw(st.integers(0, 3)) == 0:
+            setup.append([b"HSET", base + b"job:" + job, b"tries", draw(st.sampled_from(FIELD_VALUES))])
+        if draw(st.integers(0, 3)) == 0:
+            setup.append([b"HSET", base + b"job:" + job, b"request", draw(st.sampled_from(REQS[:3]))])
+    record = draw(st.sampled_from(["missing"] * 4 + ["record", "garbage", "hash"]))
+    if record == "record":  # an earlier CLAIM with REQ r1 took job a with token 1
+        setup.append([b"SET", base + b"req:r1", b"1:a1:1"])
+    elif record == "garbage":
+        setup.append([b"SET", base + b"req:r1", draw(st.sampled_from([b"", b"x", b"9:a", b"1:a"]))])
+    elif record == "hash":
+        setup.append([b"HSET", base + b"req:r1", b"f", b"v"])
     pool = [base, base + b"active", base + b"pending", base + b"dead", *(base + b"job:" + i for i in IDS[:3]),
             *IDS[:4], *MALFORMED[:8], *GOOD_NUMBERS[:3]]  # fmt: skip
     arg = st.sampled_from(pool) | st.binary(max_size=16)
@@ -122,8 +194,11 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
     return setup, command
 
 
-def check_value(name: bytes, reply: Any) -> str:
-    """The reply's kind, after checking it has the verb's shape."""
+def check_value(name: bytes, reply: Any, fresh_tokens: bool = True) -> str:
+    """The reply's kind, after checking it has the verb's shape.
+
+    A CLAIM that claimed hands out fresh tokens; one that re-answered an
+    earlier request (``fresh_tokens`` False) repeats the tokens recorded then."""
     if reply == -1 and name in (b"emq.complete", b"emq.fail", b"emq.cancel", b"emq.checkpoint"):
         return "gone"
     if name == b"emq.enqueue" or name == b"emq.complete":
@@ -132,8 +207,14 @@ def check_value(name: bytes, reply: Any) -> str:
     if name == b"emq.claim":
         if reply is None:
             return "empty"
-        assert isinstance(reply, list) and isinstance(reply[0], bytes) and isinstance(reply[1], int), reply
-        assert reply[1] >= 1, reply
+        assert isinstance(reply, list) and 1 <= len(reply) <= 1000, reply
+        for job in reply:
+            assert isinstance(job, list) and len(job) == 5, job
+            job_id, token, payload, attempt, state = job
+            assert isinstance(job_id, bytes) and isinstance(payload, bytes) and isinstance(attempt, int), job
+            assert state is None or isinstance(state, bytes), job
+            assert isinstance(token, bytes) and (TOKEN_RE.fullmatch(token) or not fresh_tokens), job
+        assert len({job[0] for job in reply}) == len(reply), "one job claimed twice in one call"
         return "claimed"
     if name == b"emq.fail":
         assert reply in (b"pending", b"dead", b"cancelled"), reply
@@ -145,11 +226,50 @@ def check_value(name: bytes, reply: Any) -> str:
     return "checkpoint"
 
 
+def probe(conn: Any, *command: bytes) -> Any:
+    try:
+        return conn.call(*command)
+    except ServerError:
+        return None
+
+
+def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
+    """Before the command: the reply kinds that, on this data, must write nothing.
+
+    CLAIM: null (nothing claimable), or anything when its REQ was answered before
+    (<base>req:<rid> exists: a retry re-answers).  ENQUEUE: :1 for a row that
+    exists (its own request's retry).  COMPLETE / FAIL: success for an id not in
+    <active> (a retry, answered from closed_by).  CANCEL: +finished, and
+    +requested when a request is stored already."""
+    name, n = command[0].lower(), len(command)
+    quiet = {"error", "gone"}
+    if name == b"emq.claim":
+        quiet.add("empty")
+        opts = command[5:]
+        if n >= 5 and n % 2 == 1:
+            reqs = [opts[i + 1] for i in range(0, len(opts), 2) if opts[i].upper() == b"REQ"]
+            if reqs and probe(conn, b"TYPE", command[3] + b"req:" + reqs[-1]) == b"string":
+                quiet.add("claimed")
+    elif name == b"emq.enqueue" and n >= 4:
+        if probe(conn, b"EXISTS", command[2] + b"job:" + command[3]):
+            quiet.add("ok")
+    elif name in (b"emq.complete", b"emq.fail") and n >= 6:
+        job_id = command[3] if name == b"emq.complete" else command[5]
+        if probe(conn, b"ZSCORE", command[1], job_id) is None:
+            quiet.update(("ok", "pending", "dead", "cancelled"))
+    elif name == b"emq.cancel" and n >= 4:
+        quiet.add("finished")
+        if probe(conn, b"HEXISTS", command[2] + b"job:" + command[3], b"cancel_requested"):
+            quiet.add("requested")
+    return quiet
+
+
 def run_case(fuzz: FuzzServer, setup: list[list[bytes]], command: list[bytes]) -> None:  # noqa: F811
     conn = fuzz.connect()
     prepared = conn.pipeline([[b"FLUSHALL"], *setup])
     refused = [r for r in prepared if isinstance(r, ServerError)]
     assert all(r.message.startswith(b"WRONGTYPE") for r in refused), refused
+    quiet = writes_nothing(conn, command)
     before = conn.call(b"DEBUG", b"DIGEST")
     name = command[0].lower()
     try:
@@ -167,15 +287,26 @@ def run_case(fuzz: FuzzServer, setup: list[list[bytes]], command: list[bytes]) -
     STATS["cases"] += 1
     if error is not None:
         assert ERROR_RE.fullmatch(error), f"unclear error {error!r} for {short(command)}"
-        assert error.startswith(b"ERR wrong number of arguments") == (len(command) - 1 != ARITY[name]), error
+        argc = len(command) - 1
+        wrong_arity = argc < ARITY[name] if name in WITH_OPTIONS else argc != ARITY[name]
+        assert error.startswith(b"ERR wrong number of arguments") == wrong_arity, error
         OUTCOMES[error.split(b" ")[0].decode()] += 1
+        PROVOKED[next(p for p, _ in ERRORS if re.fullmatch(p, error))] += 1
         kind = "error"
     else:
-        kind = check_value(name, reply)
+        reanswered = name == b"emq.claim" and "claimed" in quiet
+        kind = check_value(name, reply, fresh_tokens=not reanswered)
+        if reanswered and kind == "claimed":  # the recorded jobs, still held with the recorded token
+            base = command[3]
+            for job_id, token, *_ in reply:
+                assert conn.call(b"HGET", base + b"job:" + job_id, b"token") == token, (reply, command)
+                assert conn.call(b"ZSCORE", command[2], job_id) is not None, (reply, command)
+            kind = "reanswered"
         OUTCOMES[f"{name.decode()} {kind}"] += 1
-    if kind in ("error", "gone"):
+    if kind in quiet or kind == "reanswered":
         after = conn.call(b"DEBUG", b"DIGEST")
         STATS["partial_writes"] += after != before
+        STATS["quiet"] += 1
         assert after == before, (
             f"{error or reply!r} but the data changed: {short(command)} after {short(setup)}"
         )
@@ -202,30 +333,104 @@ def test_random_lifecycle_command_lines(fuzz: FuzzServer, c: tuple[list[list[byt
 
 
 def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
-    """Each verb on a queue where it succeeds, so the fuzz never tests only refusals."""
+    """Each verb on a queue where it succeeds, each retry path, and each error
+    at least once, so the fuzz never tests only refusals and provokes every
+    documented error whatever the random cases did."""
     b = b"emq:{q}:"
-    held = [[b"HSET", b + b"job:h", b"attempts", b"1", b"state", b"active"],
+    held = [[b"HSET", b + b"job:h", b"attempts", b"1", b"tries", b"1", b"token", b"1", b"state", b"active"],
             [b"ZADD", b + b"active", b"9007199254740000", b"h"]]  # fmt: skip
     waiting = [
-        [b"HSET", b + b"job:w", b"attempts", b"0", b"state", b"pending"],
+        [b"HSET", b + b"job:w", b"attempts", b"0", b"tries", b"0", b"state", b"pending", b"request", b"r1"],
         [b"ZADD", b + b"pending", b"5", b"w"],
+        [b"HSET", b + b"job:x", b"attempts", b"0", b"state", b"pending"],
+        [b"ZADD", b + b"pending", b"6", b"x"],
     ]
+
+    def ended(closed_by: bytes, state: bytes) -> list[list[bytes]]:
+        row = b + b"job:h"
+        return [[b"HSET", row, b"attempts", b"1", b"token", b"1", b"state", state, b"closed_by", closed_by]]
+
+    def row(field: bytes, value: bytes) -> list[list[bytes]]:
+        return [*waiting, [b"HSET", b + b"job:w", field, value]]
+
+    enqueue = [b"EMQ.ENQUEUE", b + b"pending", b, b"new", b"p"]
+    claim = [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000"]
+    complete = [b"EMQ.COMPLETE", b + b"active", b + b"job:h", b"h", b"1"]
+    fail = [b"EMQ.FAIL", b + b"active", b + b"pending", b + b"dead", b, b"h", b"1", b"3", b"e"]
+    cancel = [b"EMQ.CANCEL", b + b"pending", b, b"w", b"r"]
+    checkpoint = [b"EMQ.CHECKPOINT", b + b"active", b + b"job:h", b"h", b"1", b"1000"]
+    bad_meta = [b"HSET", b + b"meta", b"done_ttl_ms", b"soon"]
     return [
-        ([], [b"EMQ.ENQUEUE", b + b"pending", b, b"new", b"p"]),
-        (waiting, [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000"]),
-        (held, [b"EMQ.COMPLETE", b + b"active", b + b"job:h", b"h", b"1"]),
-        (held, [b"EMQ.FAIL", b + b"active", b + b"pending", b + b"dead", b, b"h", b"1", b"3", b"e"]),
-        (held, [b"EMQ.FAIL", b + b"active", b + b"pending", b + b"dead", b, b"h", b"1", b"1", b"e"]),
-        (held, [b"EMQ.CANCEL", b + b"pending", b, b"h", b"r"]),
-        (waiting, [b"EMQ.CANCEL", b + b"pending", b, b"w", b"r"]),
-        (held, [b"EMQ.CHECKPOINT", b + b"active", b + b"job:h", b"h", b"1", b"1000"]),
-    ]
+        # each verb succeeds
+        ([], enqueue),
+        ([], [*enqueue, b"REQ", b"r1"]),
+        (waiting, claim),
+        (waiting, [*claim, b"COUNT", b"5", b"REQ", b"r1"]),
+        (held, complete),
+        (held, fail),
+        (held, [*fail[:7], b"1", b"e"]),
+        ([*held, [b"HSET", b + b"job:h", b"cancel_requested", b"r"]], fail),
+        ([*held, *waiting], [*cancel[:3], b"h", b"r"]),
+        (waiting, cancel),
+        (held, checkpoint),
+        # retries and no-ops: they answer, and write nothing
+        (waiting, [*enqueue[:3], b"w", b"p", b"req", b"r1"]),
+        ([*held, [b"SET", b + b"req:r1", b"1:h1:1"], *waiting], [*claim, b"REQ", b"r1"]),
+        ([*held, [b"HSET", b + b"job:h", b"token", b"1-0123456789abcdef"],
+          [b"SET", b + b"req:r1", b"1:h18:1-0123456789abcdef1:w18:1-0123456789abcdef"], *waiting],
+         [*claim, b"COUNT", b"2", b"REQ", b"r1"]),
+        ([[b"SET", b + b"req:r1", b"1:h1:1"], *waiting], [*claim, b"REQ", b"r1"]),
+        ([*waiting, [b"HSET", b + b"meta", b"paused", b"1"]], claim),
+        ([[b"ZADD", b + b"pending", b"+inf", b"later"]], claim),
+        (ended(b"complete", b"done"), complete),
+        (ended(b"fail:dead", b"dead"), fail),
+        (ended(b"fail:pending", b"pending"), fail),
+        ([*ended(b"complete", b"done"), *waiting], [*cancel[:3], b"h", b"r"]),
+        # every error
+        ([], [b"EMQ.COMPLETE", b + b"active"]),
+        ([], [b"EMQ.ENQUEUE", b"emq:{r}:pending", b, b"new", b"p"]),
+        ([], [b"EMQ.CLAIM", b + b"pending", b"emq:{r}:active", b, b"1000"]),
+        (held, [*fail[:3], b"emq:{r}:dead", *fail[4:]]),
+        (held, [complete[0], complete[1], complete[1], *complete[3:]]),
+        (held, [complete[0], complete[1], b + b"job:w", *complete[3:]]),
+        (held, [*checkpoint[:2], b"emq:{r}:job:h", *checkpoint[3:]]),
+        (waiting, [*claim[:4], b"x"]),
+        (waiting, [*claim[:4], b"0"]),
+        (waiting, [*claim[:4], b"9007199254740992"]),
+        (held, [*fail[:7], b"0", b"e"]),
+        (waiting, [*claim, b"COUNT", b"0"]),
+        (waiting, [*claim, b"COUNT"]),
+        ([], [*enqueue, b"REQ", b"a", b"REQ", b"b"]),
+        ([], [*enqueue, b"REQ", b""]),
+        (waiting, [*claim, b"REQ", b""]),
+        (row(b"attempts", b"x"), claim),
+        (row(b"tries", b"1.5"), claim),
+        (row(b"attempts", b"9223372036854775807"), claim),
+        ([*held, [b"HSET", b + b"job:h", b"tries", b"x"]], fail),
+        ([*held, [b"HSET", b + b"metrics:failed", b"count", b"x"]], [*fail[:7], b"1", b"e"]),
+        ([*waiting, bad_meta], claim),
+        ([*held, bad_meta], complete),
+        ([*held, bad_meta], fail),
+        ([*waiting, bad_meta], cancel),
+        ([[b"SET", b + b"pending", b"x"]], claim),
+        ([*held, [b"SET", b + b"req:r1", b"x"], [b"DEL", b + b"req:r1"], [b"RPUSH", b + b"req:r1", b"x"]],
+         [*claim, b"REQ", b"r1"]),
+        (held, [*checkpoint[:4], b"2", b"1000"]),
+        (held, [*complete[:4], b"2"]),
+        (held, [*fail[:6], b"1-0123456789abcdef", *fail[7:]]),
+        ([[b"HSET", b + b"job:h", b"attempts", b"1", b"token", b"1"]], complete),
+        (waiting, [*enqueue[:3], b"w", b"p"]),
+    ]  # fmt: skip
 
 
 @pytest.mark.slow
 def test_lifecycle_grid(fuzz: FuzzServer) -> None:  # noqa: F811
     for setup, command in grid():
-        run_case(fuzz, setup, command)
+        try:
+            run_case(fuzz, setup, command)
+        except AssertionError as exc:
+            raise AssertionError(f"{short(command)} after {short(setup)}: {exc}") from exc
+    STATS["grid"] += 1
 
 
 @pytest.mark.slow
@@ -239,10 +444,20 @@ def test_lifecycle_fuzz_totals() -> None:
     for code in ("ERR", "WRONGTYPE", "EMQSTALE", "EMQEXISTS"):
         assert OUTCOMES[code] > 0, OUTCOMES
     for value in (
+        "emq.enqueue ok",
         "emq.complete ok",
         "emq.checkpoint checkpoint",
         "emq.claim claimed",
+        "emq.claim reanswered",
+        "emq.claim empty",
         "emq.cancel requested",
+        "emq.cancel cancelled",
+        "emq.cancel finished",
+        "emq.fail pending",
+        "emq.fail dead",
+        "emq.fail cancelled",
     ):
         assert OUTCOMES[value] > 0, (value, OUTCOMES)
-    assert OUTCOMES["emq.fail pending"] + OUTCOMES["emq.fail dead"] + OUTCOMES["emq.fail cancelled"] > 0
+    if STATS["grid"]:  # every documented error was answered at least once
+        assert not [p for p, _ in ERRORS if not PROVOKED[p]], "never provoked"
+    assert STATS["quiet"] > 0

@@ -11,8 +11,10 @@ reason for a consumer to see anything different.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -82,20 +84,41 @@ def seed_sweep_data(r: redis.Redis) -> QueueKeys:
     return keys
 
 
+def queue_state(r: redis.Redis, keys: QueueKeys) -> dict[str, Any]:
+    """Every key of the queue: sets with scores, hashes with fields."""
+    state: dict[str, Any] = {}
+    for key in sorted(r.keys(keys.base + "*")):
+        if r.type(key) == b"zset":
+            state[key.decode()] = r.zrange(key, 0, -1, withscores=True)
+        else:
+            state[key.decode()] = r.hgetall(key)
+    return state
+
+
 def test_sweep_fires_exactly_the_seed_lua_events(nr: redis.Redis) -> None:
     keys = seed_sweep_data(nr)
     lua = captured(nr, lambda: nr.eval(SWEEP_LUA, 3, keys.active, keys.pending, keys.dead, keys.base, 3, 100))
-    lua_state = nr.execute_command("DEBUG", "DIGEST")
+    lua_state = queue_state(nr, keys)
     nr.flushall()
     keys = seed_sweep_data(nr)
+    start = now_ms(nr)
     native = captured(nr, lambda: nr.execute_command(*sweep_args(keys, 3, 100)))
+    end = now_ms(nr)
 
     assert native == lua
     # Every kind of event is in there, so the comparison means something.
     assert {e for e, _ in native} == {"zrem", "hincrby", "hset", "zadd", "new"}
     assert ("hset", keys.job("orphan")) in native
     assert native.count(("zadd", keys.pending)) == 2  # fresh, orphan; not requeued
-    assert nr.execute_command("DEBUG", "DIGEST") == lua_state
+    # The data is the Lua's but for the two documented differences: the dead
+    # set is scored with the time of death (the seed's is 0), and the dead row
+    # records it in finished_at.
+    native_state = queue_state(nr, keys)
+    [(member, died)] = native_state[keys.dead]
+    assert member == b"poison" and start <= died <= end
+    assert native_state[keys.job("poison")].pop(b"finished_at") == str(int(died)).encode()
+    native_state[keys.dead] = [(b"poison", 0.0)]
+    assert native_state == lua_state
 
 
 def test_sweep_that_empties_active_fires_del_like_zrem(nr: redis.Redis) -> None:
@@ -150,3 +173,48 @@ def test_refused_commands_fire_nothing(nr: redis.Redis) -> None:
     assert replies[1] == -1
     assert "'stalled' field that is not an integer" in str(replies[2])
     assert nr.zscore(keys.active, "j") == now - 1000
+
+
+def test_commands_that_write_nothing_leave_other_clients_watch_intact(
+    nr: redis.Redis, notifying: EmbeddedServer
+) -> None:
+    """v2: a verb that changes nothing -- an error, a stale or gone holder, a sweep
+    or claim with nothing to take, a retry -- signals no key as modified, so a
+    WATCH on the queue survives it.  A real write still aborts the transaction."""
+    now = now_ms(nr)
+    keys = put_active(nr, "w", "j", attempts=2, deadline=now + 600_000)
+    nr.hset(keys.job("d"), mapping={"state": "done", "token": "1", "closed_by": "complete", "attempts": 1})
+    meta = keys.base + "meta"
+    watched = [keys.active, keys.pending, keys.dead, keys.job("j"), keys.job("d"), meta, keys.metrics_failed]
+    no_ops: list[list[object]] = [
+        extend_args(keys, "j", 1, 60_000),  # stale token
+        extend_args(keys, "gone", 1, 60_000),  # :-1
+        ["EMQ.CHECKPOINT", keys.active, keys.job("j"), "j", "2", 0],  # bad lease
+        sweep_args(keys, 1, 10),  # nothing lapsed
+        ["EMQ.CLAIM", keys.pending, keys.active, keys.base, 1000],  # nothing waiting: null
+        ["EMQ.COMPLETE", keys.active, keys.job("d"), "d", "1"],  # a retried complete: :1
+        ["EMQ.COMPLETE", keys.active, keys.job("j"), "j", "1"],  # stale
+        ["EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, "j", "2", 0, "e"],  # bad max-attempts
+        ["EMQ.ENQUEUE", keys.pending, keys.base, "j", "p"],  # EMQEXISTS
+        ["EMQ.CANCEL", keys.pending, keys.base, "d", "r"],  # +finished
+    ]
+    watcher = notifying.client()
+    try:
+        pipe = watcher.pipeline(transaction=True)
+        pipe.watch(*watched)
+        for args in no_ops:
+            with contextlib.suppress(redis.ResponseError):
+                nr.execute_command(*args)
+        pipe.multi()
+        pipe.hset(keys.base + "marker", "x", 1)
+        assert pipe.execute() == [1], "a command that wrote nothing aborted the WATCH"
+
+        pipe = watcher.pipeline(transaction=True)
+        pipe.watch(*watched)
+        assert nr.execute_command(*extend_args(keys, "j", 2, 90_000)) == 1  # a real write
+        pipe.multi()
+        pipe.hset(keys.base + "marker", "x", 2)
+        with pytest.raises(redis.WatchError):
+            pipe.execute()
+    finally:
+        watcher.close()

@@ -35,7 +35,7 @@ url = sys.argv[1]
 r = redis.Redis.from_url(url)
 client = echomq.Client.from_url(url)
 keys = echomq.keyspace.queue_keys("pkg")
-r.hset(keys.job("7"), mapping={"attempts": 2, "state": "active"})
+r.hset(keys.job("7"), mapping={"attempts": 2, "token": "2", "state": "active"})
 r.zadd(keys.active, {"7": 0})
 out = {"package": echomq.__file__, "module": str(echomq.module_path())}
 client.extend("pkg", "7", token="2", lease_ms=600_000)

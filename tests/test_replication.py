@@ -38,7 +38,7 @@ def test_replica_digest_matches_master_after_extend_and_sweep(server_factory: Se
     for _ in range(300):
         q, i = rng.choice(queues), rng.randint(0, 59)
         keys = queue_keys(q)
-        token = int(m.hget(keys.job(f"job-{i}"), "attempts") or 0)
+        token = (m.hget(keys.job(f"job-{i}"), "token") or b"0").decode()  # put_active: token = attempts
         with contextlib.suppress(LeaseLost):  # swept or never claimed: stale or gone
             client.extend(q, f"job-{i}", token=token, lease_ms=rng.randint(1_000, 90_000))
         if rng.random() < 0.1:

@@ -210,6 +210,15 @@ def test_the_reaper_counts_and_reports_only_ticks_that_did_something() -> None:
         ReaperCore(None, "q", interval=0)
 
 
+def test_a_tick_keeps_what_the_sweep_cancelled_and_expired() -> None:
+    seen: list[SweepResult] = []
+    reaper: ReaperCore[None] = ReaperCore(None, "q", limit=5, on_sweep=seen.append)
+    tick = reaper._tick()
+    tick.add(SweepResult([], [], ["c"], 2))
+    assert reaper._swept(tick) == SweepResult([], [], ["c"], 2)
+    assert seen == [SweepResult([], [], ["c"], 2)]
+
+
 # -- finishing a job -------------------------------------------------------------
 
 

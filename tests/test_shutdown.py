@@ -50,7 +50,7 @@ def held(r: redis.Redis) -> int:
 
 def given_back(r: redis.Redis, ids: list[str]) -> int:
     """Jobs a worker held and RELEASEd (the row's closed_by says so)."""
-    return sum(r.hget(K.job(i), "closed_by") == b"release" for i in ids)
+    return sum((r.hget(K.job(i), "closed_by") or b"").startswith(b"release") for i in ids)
 
 
 def rows(r: redis.Redis, ids: list[str]) -> list[str]:

@@ -144,7 +144,7 @@ def test_worker_fails_then_dead_letters(r: redis.Redis, client: echomq.Client) -
     worker.stop()
     row = r.hgetall(K.job("bad"))
     assert row[b"state"] == b"dead" and row[b"attempts"] == b"2" and row[b"tries"] == b"2"
-    assert row[b"closed_by"] == b"fail"
+    assert row[b"closed_by"] == b"fail:dead"
     assert row[b"last_error"] == b"ValueError: cannot handle attempt 2"
     assert r.hget(K.metrics_failed, "count") == b"1"
 
@@ -166,7 +166,7 @@ def test_worker_stop_cancels_running_handlers(r: redis.Redis, client: echomq.Cli
     assert reasons == ["shutdown"]
     # Stopped by a shutdown, the job is given back without using an attempt (RELEASE).
     row = r.hgetall(K.job("long"))
-    assert row[b"state"] == b"pending" and row[b"tries"] == b"0" and row[b"closed_by"] == b"release"
+    assert row[b"state"] == b"pending" and row[b"tries"] == b"0" and row[b"closed_by"] == b"release:pending"
     assert b"last_error" not in row
     assert worker.stats.released == 1 and worker.stats.failed == 0
 

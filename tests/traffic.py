@@ -40,15 +40,16 @@ def seed_queues(r: redis.Redis, rng: random.Random, queues: list[str], jobs: int
 
 
 def _claim(r: redis.Redis, q: str, rng: random.Random) -> None:
-    """A worker claims the oldest pending job: attempts + 1, a fresh lease
-    (sometimes one that has already lapsed, so a later sweep takes it)."""
+    """A worker claims the oldest pending job: attempts + 1, token = the new
+    attempts (as ``put_active`` writes it, so the traffic can name tokens), a
+    fresh lease (sometimes one that has already lapsed, so a later sweep takes it)."""
     keys = queue_keys(q)
     popped = r.zpopmin(keys.pending)
     if not popped:
         return
     job_id = popped[0][0]
-    r.hincrby(keys.job(job_id), "attempts", 1)
-    r.hset(keys.job(job_id), "state", "active")
+    attempts = r.hincrby(keys.job(job_id), "attempts", 1)
+    r.hset(keys.job(job_id), mapping={"state": "active", "token": attempts})
     r.zadd(keys.active, {job_id: now_ms(r) + rng.choice((-1, 1)) * rng.randint(1, 60_000)})
 
 
@@ -64,9 +65,10 @@ def run_traffic(
         keys = queue_keys(q)
         job_id = f"job-{rng.randrange(jobs)}" if rng.random() < 0.95 else "never-claimed"
         raw = r.hget(keys.job(job_id), "attempts")
-        token = int(raw) if raw is not None else 1
+        attempts = int(raw) if raw is not None else 1
         if rng.random() < 0.15:
-            token -= 1  # a holder from an earlier attempt
+            attempts -= 1  # a holder from an earlier attempt
+        token = str(attempts)  # the rows here carry token = attempts
         lease = rng.randint(1_000, 90_000)
         kind = rng.random()
         if kind < 0.45:
@@ -87,7 +89,10 @@ def run_traffic(
             seen["recovered"] += len(result.recovered)
             seen["dead"] += len(result.dead)
         elif kind < 0.8:
-            recovered, dead = r.eval(SWEEP_FROM_LUA, 3, keys.active, keys.pending, keys.dead, keys.base, 2, 5)
+            recovered, dead, cancelled, expired = r.eval(
+                SWEEP_FROM_LUA, 3, keys.active, keys.pending, keys.dead, keys.base, 2, 5
+            )
+            assert (cancelled, expired) == ([], 0)
             seen["lua-recovered"] += len(recovered)
             seen["lua-dead"] += len(dead)
         elif kind < 0.9:
@@ -95,7 +100,7 @@ def run_traffic(
             pipe.execute_command("EMQ.EXTEND", keys.active, keys.job(job_id), job_id, token, lease)
             pipe.execute_command("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, 2, 3)
             pipe.hset(keys.job(job_id), "progress", rng.randint(0, 100))
-            extended, (recovered, dead), _ = pipe.execute(raise_on_error=False)
+            extended, (recovered, dead, _, _), _ = pipe.execute(raise_on_error=False)
             seen["multi-extended" if extended == 1 else "multi-refused"] += 1
             seen["multi-swept"] += len(recovered) + len(dead)
         else:

@@ -10,8 +10,8 @@
    EMQ.CHECKPOINT (every lease/3), so the latency is spread over
    [0, lease/3]; the lease is a parameter of the measurement and is printed.
 2. Enqueue: N jobs with one ``client.enqueue`` per job, the same EMQ.ENQUEUE
-   commands pipelined 100 per round trip, and (once it exists) a batch verb
-   that takes many jobs in one call.  Jobs/s, Redis CPU us/job and
+   commands pipelined 100 per round trip, and the batch verb (EMQ.ENQUEUEMANY,
+   through client.enqueue_many) that takes many jobs in one call.  Jobs/s, Redis CPU us/job and
    commands/job as in the drain table; each way on a fresh server.
 """
 
@@ -162,17 +162,16 @@ def enqueue_pipelined(client: echomq.Client, ids: list[str]) -> bool:
     return True
 
 
-# ---- PLUG IN: the batch enqueue verb -------------------------------------------
-# When a many-jobs-per-call enqueue lands, call it here with BATCH_SIZE jobs per
-# call and return True; while it does not exist this returns False and the
-# table says "not available yet".  The name below (Client.enqueue_many taking
-# (payload, job_id) pairs) is a guess: adjust the call to the verb that lands.
+# ---- the batch enqueue verb ----------------------------------------------------
+# Client.enqueue_many (EMQ.ENQUEUEMANY, issue 18) with BATCH_SIZE jobs per call:
+# items are (job_id, payload) pairs.  Returns False (the table says "not
+# available yet") on a client without it.
 def enqueue_batch(client: echomq.Client, ids: list[str]) -> bool:
     many = getattr(client, "enqueue_many", None)
     if many is None:
         return False
     for k in range(0, len(ids), BATCH_SIZE):
-        many(QUEUE, [(b"", job_id) for job_id in ids[k : k + BATCH_SIZE]])
+        many(QUEUE, [(job_id, b"") for job_id in ids[k : k + BATCH_SIZE]])
     return True
 
 

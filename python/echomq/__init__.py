@@ -16,8 +16,20 @@ from __future__ import annotations
 from . import keyspace
 from ._log import configure_logging
 from ._module_so import module_path
+from ._protocol import KEEP_FOREVER
 from .cancel import Cancellation, CancelToken
-from .client import Client, ExtendOutcome, Job, SweepResult
+from .client import (
+    Client,
+    DeadJob,
+    ExtendOutcome,
+    Job,
+    JobInfo,
+    ObliterateResult,
+    QueueCounts,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
 from .context import JobContext
 from .errors import (
     BadArgument,
@@ -28,31 +40,46 @@ from .errors import (
     JobGone,
     LeaseLost,
     ModuleNotLoaded,
+    NotRetryable,
+    QueueBusy,
     StaleToken,
+    Unblocked,
 )
 from .lease import LeaseKeeper
 from .reaper import Reaper
+from .retry import RetryPolicy
 from .worker import Worker, WorkerStats
 
 __all__ = [
+    "KEEP_FOREVER",
     "BadArgument",
     "CancelToken",
     "Cancellation",
     "Cancelled",
     "Client",
     "CorruptQueue",
+    "DeadJob",
     "EchoMQError",
     "ExtendOutcome",
     "Job",
     "JobContext",
     "JobExists",
     "JobGone",
+    "JobInfo",
     "LeaseKeeper",
     "LeaseLost",
     "ModuleNotLoaded",
+    "NotRetryable",
+    "ObliterateResult",
+    "QueueBusy",
+    "QueueCounts",
     "Reaper",
+    "Retention",
+    "RetryDeadResult",
+    "RetryPolicy",
     "StaleToken",
     "SweepResult",
+    "Unblocked",
     "Worker",
     "WorkerStats",
     "configure_logging",

@@ -40,7 +40,22 @@ from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._log import CURRENT_JOB
-from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, ReleaseOutcome, SweepResult
+from ._protocol import (
+    CancelOutcome,
+    DeadJob,
+    EnqueueItem,
+    ExtendOutcome,
+    FailOutcome,
+    Job,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    QueueCounts,
+    ReleaseOutcome,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
 from ._runtime import (
     ATTEMPT_TIMEOUT_S,
     FORCE_AFTER_S,
@@ -139,36 +154,85 @@ class Client:
         replies = await pipe.execute(raise_on_error=False)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
-    async def checkpoint(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> Cancellation | None:
-        """Extend and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
-        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms))
+    async def checkpoint(
+        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+    ) -> Cancellation | None:
+        """Extend, store ``state``, and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
+        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
 
     async def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover lapsed jobs (see ``echomq.Client.sweep``)."""
         return await self._run(proto.sweep(queue, max_stalled, limit))
 
-    async def enqueue(self, queue: str, payload: bytes | str = b"", job_id: JobId | None = None) -> str:
-        """Add a job; returns its id (see ``echomq.Client.enqueue``)."""
-        return await self._run(proto.enqueue(queue, payload, job_id))
+    async def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str = b"",
+        job_id: JobId | None = None,
+        *,
+        delay_ms: int | None = None,
+        run_at_ms: int | None = None,
+    ) -> str:
+        """Add a job, now or delayed; returns its id (see ``echomq.Client.enqueue``)."""
+        return await self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
-    async def claim(self, queue: str, lease_ms: int) -> Job | None:
-        """Take the next pending job (see ``echomq.Client.claim``)."""
-        jobs = await self._run(proto.claim(queue, lease_ms))
+    async def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+    ) -> list[str]:
+        """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
+        ids: list[str] = []
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = await self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
+            ids += added
+        return ids
+
+    async def _claim(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+        if block_ms is None:
+            return await self._run(proto.claim(queue, lease_ms, count))
+        plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
+        proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
+        while (wait := plan.next_wait(time.monotonic())) is not None:
+            sent = time.monotonic()
+            jobs = await self._run(proto.claim(queue, lease_ms, count, wait))
+            if jobs or plan.ended(wait, sent, time.monotonic()):
+                return jobs
+        return []
+
+    async def claim(self, queue: str, lease_ms: int, *, block_ms: int | None = None) -> Job | None:
+        """Take the next pending job, waiting up to ``block_ms`` for one (see ``echomq.Client.claim``)."""
+        jobs = await self._claim(queue, lease_ms, 1, block_ms)
         return jobs[0] if jobs else None
 
-    async def claim_many(self, queue: str, lease_ms: int, count: int) -> list[Job]:
+    async def claim_many(
+        self, queue: str, lease_ms: int, count: int, *, block_ms: int | None = None
+    ) -> list[Job]:
         """Take up to ``count`` jobs in one round trip (see ``echomq.Client.claim_many``)."""
-        return await self._run(proto.claim(queue, lease_ms, count))
+        return await self._claim(queue, lease_ms, count, block_ms)
 
     async def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done (see ``echomq.Client.complete``)."""
         await self._run(proto.complete(queue, job_id, token))
 
     async def fail(
-        self, queue: str, job_id: JobId, token: str, error: str, max_attempts: int = 3
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        error: str,
+        max_attempts: int = 3,
+        *,
+        delay_ms: int | None = None,
     ) -> FailOutcome:
-        """Report a failure (see ``echomq.Client.fail``)."""
-        return await self._run(proto.fail(queue, job_id, token, error, max_attempts))
+        """Report a failure, with an optional retry delay (see ``echomq.Client.fail``)."""
+        return await self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
 
     async def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
         """Give a held job back without using an attempt (see ``echomq.Client.release``)."""
@@ -177,6 +241,97 @@ class Client:
     async def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
         """Request a cancel (see ``echomq.Client.cancel``)."""
         return await self._run(proto.cancel(queue, job_id, reason))
+
+    # -- the operator's verbs ------------------------------------------------
+
+    def _node_of(self, key: str) -> dict[str, Any]:
+        if hasattr(self.redis, "get_node_from_key"):
+            return {"target_nodes": self.redis.get_node_from_key(key)}
+        return {}
+
+    async def _server_time(self, key: str) -> int:
+        return proto.server_ms(await self.redis.execute_command("TIME", **self._node_of(key)))
+
+    async def _read(self, read: proto.Read[T]) -> T:
+        now = await self._server_time(read.key)
+        pipe = self.redis.pipeline(transaction=True)
+        for args in read.build(now):
+            pipe.execute_command(*args)
+        return read.parse(now, await pipe.execute())
+
+    async def retention(
+        self,
+        queue: str,
+        *,
+        done_ms: int | None = None,
+        cancelled_ms: int | None = None,
+        dead_ms: int | None = None,
+    ) -> Retention:
+        """Read, or set, the queue's retention (see ``echomq.Client.retention``)."""
+        return await self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
+
+    async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
+        """The job's status, or None (see ``echomq.Client.job``)."""
+        return await self._read(proto.job_info(queue, job_id, payload))
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """The queue's numbers (see ``echomq.Client.counts``)."""
+        return await self._read(proto.counts(queue))
+
+    async def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
+        """A page of the dead set, oldest first (see ``echomq.Client.dead``)."""
+        page = await self._read(proto.dead_page(queue, offset, count))
+        return await self._read(proto.dead_rows(queue, page)) if page else []
+
+    async def retry(self, queue: str, job_id: JobId) -> None:
+        """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
+        await self._run(proto.retry(queue, job_id))
+
+    async def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
+        """Retry every job dead now, in bounded steps (see ``echomq.Client.retry_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        retried = dropped = 0
+        while True:
+            step = await self._run(proto.retry_dead(queue, limit, until))
+            retried, dropped = retried + step.retried, dropped + step.dropped
+            if step.retried + step.dropped < limit:
+                return RetryDeadResult(retried, dropped)
+
+    async def purge_dead(self, queue: str, *, limit: int = 100) -> int:
+        """Delete every job dead now, in bounded steps (see ``echomq.Client.purge_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        total = 0
+        while True:
+            step = await self._run(proto.purge_dead(queue, limit, until))
+            total += step
+            if step < limit:
+                return total
+
+    async def pause(self, queue: str) -> bool:
+        """Stop handing out the queue's jobs (see ``echomq.Client.pause``)."""
+        return await self._run(proto.pause(queue))
+
+    async def resume(self, queue: str) -> bool:
+        """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
+        return await self._run(proto.resume(queue))
+
+    async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
+        """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
+        removed = 0
+        while True:
+            step, remaining = await self._run(proto.obliterate(queue, limit, force))
+            removed += step
+            if remaining == 0:
+                break
+        forgotten, cursor = 0, 0
+        target = self._node_of(proto.keys_of(queue).pending)
+        while True:
+            reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
+            cursor, found = proto.scan_reply(reply)
+            if found:
+                forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            if cursor == 0:
+                return ObliterateResult(removed, forgotten)
 
     async def aclose(self) -> None:
         """Close the redis client's connections."""

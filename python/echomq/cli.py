@@ -5,6 +5,13 @@
     echomq reap mail --interval 1       the reaper, until Ctrl-C
     echomq cancel mail job-42 --reason "customer withdrew"
     echomq enqueue mail '{"to": "ada"}'
+    echomq job mail job-42              one job's status
+    echomq dead mail --limit 20         the dead jobs, oldest first, with their errors
+    echomq retry mail job-42            back to pending with a fresh budget (--all: every dead job)
+    echomq purge mail --dead            delete the dead jobs
+    echomq pause mail / resume mail     stop / restart handing out jobs
+    echomq retention mail --done 60000  how long finished rows are kept (ms; -1 forever)
+    echomq obliterate mail              delete the queue and all its jobs (asks first)
     echomq worker tasks:send --queue mail --concurrency 4
                                         a worker running tasks.send (async def: asyncio)
     echomq server                       a local redis-server with the module loaded
@@ -38,9 +45,9 @@ import redis
 
 from . import __version__
 from ._log import LEVELS, configure_logging
-from ._protocol import SweepResult, server_ms, text, wire
+from ._protocol import SweepResult, text, wire
 from .client import Client
-from .errors import EchoMQError, JobGone, ModuleNotLoaded
+from .errors import EchoMQError, JobGone, ModuleNotLoaded, NotRetryable, QueueBusy
 from .keyspace import queue_keys
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -103,12 +110,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     client = _connect(args)
     _require_module(client)
     r, keys = client.redis, queue_keys(args.queue)
-    now = server_ms(r.time())
-    pending, active, dead = r.zcard(keys.pending), r.zcard(keys.active), r.zcard(keys.dead)
-    failed = r.hget(keys.metrics_failed, "count")
+    counts = client.counts(args.queue)
+    now, active = counts.server_time, counts.active
     out = sys.stdout
-    out.write(f"queue {args.queue}  (server time {now} ms)\n")
-    out.write(f"  pending {pending}   active {active}   dead {dead}   failed {text(failed or b'0')}\n")
+    paused = "  PAUSED (claims get nothing until 'echomq resume')" if counts.paused else ""
+    out.write(f"queue {args.queue}  (server time {now} ms){paused}\n")
+    out.write(f"  pending {counts.pending}   active {active}   dead {counts.dead}   failed {counts.failed}\n")
+    out.write(
+        f"  delayed {counts.delayed}   lapsed {counts.lapsed}   paused {'yes' if counts.paused else 'no'}\n"
+    )
     leases = cast("list[tuple[bytes, float]]", r.zrange(keys.active, 0, args.limit - 1, withscores=True))
     if not leases:
         return 0
@@ -269,6 +279,144 @@ def _load_handler(spec: str) -> Callable[..., object]:
     if not callable(target):
         raise CliError(f"{spec} is not callable (it is a {type(target).__name__})")
     return cast("Callable[..., object]", target)
+
+
+def _ago(now: int, at: int | None) -> str:
+    if at is None:
+        return ""
+    seconds = (now - at) / 1000
+    return f"{seconds:.1f} s ago" if seconds >= 0 else f"in {-seconds:.1f} s"
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    info = _connect(args).job(args.queue, args.job_id, payload=args.payload)
+    if info is None:
+        raise CliError(f"no job {args.job_id!r} in queue {args.queue!r}")
+    now = info.server_time
+    rows: list[tuple[str, object]] = [
+        ("state", info.state or "(none)"),
+        ("attempts", f"{info.attempts} claims in all; {info.tries} since enqueue or the last retry"),
+        ("retries", info.retries),
+        ("stalled", info.stalled),
+        ("last error", info.last_error or ""),
+        ("cancel requested", (info.cancel_reason or "yes") if info.cancel_requested else "no"),
+        ("enqueued", f"{info.enqueued_at}  ({_ago(now, info.enqueued_at)})" if info.enqueued_at else ""),
+        ("claimed", f"{info.claimed_at}  ({_ago(now, info.claimed_at)})" if info.claimed_at else ""),
+        ("finished", f"{info.finished_at}  ({_ago(now, info.finished_at)})" if info.finished_at else ""),
+    ]
+    if info.lease_left_ms is not None:
+        left = info.lease_left_ms
+        rows.append(("lease", f"{left} ms left" if left > 0 else f"lapsed {-left} ms ago"))
+    if info.due_at is not None:
+        rows.append(("due", f"{info.due_at}  ({_ago(now, info.due_at)})"))
+    if info.dead_at is not None:
+        rows.append(("died", f"{info.dead_at}  ({_ago(now, info.dead_at)})"))
+    if info.expires_at is not None:
+        rows.append(("row expires", f"{info.expires_at}  ({_ago(now, info.expires_at)})"))
+    if info.checkpoint_size is not None:
+        extra = f", attempt {info.checkpoint_attempt}" if info.checkpoint_attempt is not None else ""
+        at = f", at {info.checkpoint_at}" if info.checkpoint_at is not None else ""
+        rows.append(("checkpoint", f"{info.checkpoint_size} bytes{at}{extra}"))
+    rows.append(("payload", f"{info.payload_size} bytes"))
+    print(f"job {info.id} of queue {args.queue}")
+    for name, value in rows:
+        print(f"  {name:<17}{value}".rstrip())
+    if info.payload is not None:
+        print(info.payload.decode("utf-8", "backslashreplace"))
+    return 0
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    client = _connect(args)
+    jobs = client.dead(args.queue, offset=args.offset, count=args.limit)
+    counts = client.counts(args.queue)
+    print(f"dead {counts.dead} in queue {args.queue} (oldest first; showing {len(jobs)} from {args.offset})")
+    if not jobs:
+        return 0
+    now = counts.server_time
+    rows = [["job", "died", "attempts", "retries", "last error"]]
+    for job in jobs:
+        error = (job.last_error or "").replace("\n", " ")
+        rows.append([job.id, _ago(now, job.died_at), str(job.attempts), str(job.retries), error[:80]])
+    _table(rows, sys.stdout)
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    client = _connect(args)
+    if args.all == bool(args.job_ids):
+        raise CliError("name the jobs to retry, or --all (and no ids) for every dead job")
+    if args.all:
+        result = client.retry_dead(args.queue, limit=args.limit)
+        print(
+            f"retried {result.retried} dead jobs"
+            + (f" (dropped {result.dropped} stale entries)" if result.dropped else "")
+        )
+        return 0
+    failed = 0
+    for job_id in args.job_ids:
+        try:
+            client.retry(args.queue, job_id)
+            print(f"{job_id}: pending")
+        except JobGone:
+            print(f"{job_id}: no such job", file=sys.stderr)
+            failed += 1
+        except NotRetryable as exc:
+            print(f"{job_id}: not retried: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    if not args.dead:
+        raise CliError("say what to purge: --dead (the dead jobs and their rows)")
+    print(f"purged {_connect(args).purge_dead(args.queue, limit=args.limit)} dead jobs")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    changed = _connect(args).pause(args.queue)
+    print("paused: claims get nothing until 'echomq resume'" if changed else "already paused")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    changed = _connect(args).resume(args.queue)
+    print("resumed: jobs are handed out again" if changed else "was not paused")
+    return 0
+
+
+def _ms(value: int) -> str:
+    return "forever" if value < 0 else ("not kept" if value == 0 else f"{value} ms")
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    policy = _connect(args).retention(
+        args.queue, done_ms=args.done, cancelled_ms=args.cancelled, dead_ms=args.dead
+    )
+    print(f"done {_ms(policy.done_ms)}   cancelled {_ms(policy.cancelled_ms)}   dead {_ms(policy.dead_ms)}")
+    return 0
+
+
+def cmd_obliterate(args: argparse.Namespace) -> int:
+    client = _connect(args)
+    if not args.yes:
+        counts = client.counts(args.queue)
+        total = counts.pending + counts.delayed + counts.active + counts.dead
+        prompt = (
+            f"obliterate queue {args.queue!r}: {total} jobs in its sets ({counts.active} active), "
+            "its finished rows, settings and metric? type the queue name to confirm: "
+        )
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        if sys.stdin.readline().strip() != args.queue:
+            raise CliError("not confirmed: nothing deleted")
+    try:
+        result = client.obliterate(args.queue, force=args.force, limit=args.limit)
+    except QueueBusy as exc:
+        raise CliError(f"{exc} (echomq obliterate {args.queue} --force)") from exc
+    print(f"obliterated {args.queue}: {result.removed} jobs from its sets, {result.forgotten} finished rows")
+    return 0
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -442,6 +590,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--poll-interval", type=_seconds, default=0.2, help="idle wait between claims (default 0.2)"
     )
+
+    p = command("job", "one job's status", cmd_job)
+    p.add_argument("queue")
+    p.add_argument("job_id")
+    p.add_argument("--payload", action="store_true", help="print the payload too")
+
+    p = command("dead", "the dead jobs, oldest first, with their last errors", cmd_dead)
+    p.add_argument("queue")
+    p.add_argument("--limit", type=_positive, default=20, help="jobs to list (default 20)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many (default 0)")
+
+    p = command("retry", "send dead or cancelled jobs back to pending with a fresh budget", cmd_retry)
+    p.add_argument("queue")
+    p.add_argument("job_ids", nargs="*", metavar="JOB")
+    p.add_argument("--all", action="store_true", help="every job dead now")
+    p.add_argument("--limit", type=_positive, default=100, help="jobs per command with --all (default 100)")
+
+    p = command("purge", "delete the dead jobs", cmd_purge)
+    p.add_argument("queue")
+    p.add_argument("--dead", action="store_true", help="the dead jobs and their rows")
+    p.add_argument("--limit", type=_positive, default=100, help="jobs per command (default 100)")
+
+    for name, helptext, func in (
+        ("pause", "stop handing out the queue's jobs", cmd_pause),
+        ("resume", "hand out the queue's jobs again", cmd_resume),
+    ):
+        p = command(name, helptext, func)
+        p.add_argument("queue")
+
+    p = command("retention", "show or set how long finished rows are kept", cmd_retention)
+    p.add_argument("queue")
+    for option in ("done", "cancelled", "dead"):
+        p.add_argument(
+            f"--{option}", type=int, default=None, metavar="MS", help=f"{option} rows: ms, -1 forever"
+        )
+
+    p = command("obliterate", "delete the queue, its jobs, settings and metric", cmd_obliterate)
+    p.add_argument("queue")
+    p.add_argument("--force", action="store_true", help="even while jobs are active")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--limit", type=_positive, default=100, help="keys per command (default 100)")
 
     p = command("server", "start a local redis-server with the module loaded", cmd_server)
     p.add_argument("--port", type=_port, default=None, help="port (default: a free one)")

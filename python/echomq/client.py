@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -13,13 +14,40 @@ from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from . import _protocol as proto
-from ._protocol import CancelOutcome, ExtendOutcome, FailOutcome, Job, JobId, ReleaseOutcome, SweepResult
+from ._protocol import (
+    CancelOutcome,
+    DeadJob,
+    EnqueueItem,
+    ExtendOutcome,
+    FailOutcome,
+    Job,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    QueueCounts,
+    ReleaseOutcome,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
 from .cancel import Cancellation
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
-__all__ = ["Client", "ExtendOutcome", "Job", "JobId", "SweepResult"]
+__all__ = [
+    "Client",
+    "DeadJob",
+    "ExtendOutcome",
+    "Job",
+    "JobId",
+    "JobInfo",
+    "ObliterateResult",
+    "QueueCounts",
+    "Retention",
+    "RetryDeadResult",
+    "SweepResult",
+]
 
 T = TypeVar("T")
 
@@ -265,12 +293,17 @@ class Client:
         replies = pipe.execute(raise_on_error=False)
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
-    def checkpoint(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> Cancellation | None:
+    def checkpoint(
+        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+    ) -> Cancellation | None:
         """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
 
         Same lease effect and the same ``JobGone``/``StaleToken`` as ``extend``.
+        With ``state``, the bytes are stored on the job in the same atomic
+        step (fenced like the lease): the next claim of the job, after a
+        crash, hands them back as ``Job.resume_state``.
         """
-        return self._run(proto.checkpoint(queue, job_id, token, lease_ms))
+        return self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
 
     def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover the jobs whose lease lapsed, dead-lettering those at ``max_stalled`` stalls.
@@ -279,41 +312,111 @@ class Client:
         """
         return self._run(proto.sweep(queue, max_stalled, limit))
 
-    def enqueue(self, queue: str, payload: bytes | str = b"", job_id: JobId | None = None) -> str:
+    def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str = b"",
+        job_id: JobId | None = None,
+        *,
+        delay_ms: int | None = None,
+        run_at_ms: int | None = None,
+    ) -> str:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
         The row and the pending entry are written by one EMQ.ENQUEUE, atomically.
-        Raises ``JobExists`` if a job with that id already exists.
+        The job is claimable at once, or ``delay_ms`` after now, or from
+        ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
+        the server's clock.  Raises ``JobExists`` if a job with that id already
+        exists.  Safe to retry (a fresh REQ per call).
         """
-        return self._run(proto.enqueue(queue, payload, job_id))
+        return self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
-    def claim(self, queue: str, lease_ms: int) -> Job | None:
+    def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+    ) -> list[str]:
+        """Add many jobs in few round trips; returns their ids, in order.
+
+        Each item is a payload (the job gets a new id) or a ``(job_id,
+        payload)`` pair.  One EMQ.ENQUEUEMANY per 10,000 jobs (fewer when the
+        server's ``emq.max-limit`` is lower: a refused call is halved), each
+        all or nothing: ``JobExists`` when an id of that chunk exists (the
+        chunks before it were added).  Ids must be distinct (``ValueError``
+        before anything is sent).  ``delay_ms`` delays every job alike.
+        """
+        ids: list[str] = []
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
+            ids += added
+        return ids
+
+    def _claim(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+        if block_ms is None:
+            return self._run(proto.claim(queue, lease_ms, count))
+        plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
+        proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
+        while (wait := plan.next_wait(time.monotonic())) is not None:
+            sent = time.monotonic()
+            jobs = self._run(proto.claim(queue, lease_ms, count, wait))
+            if jobs or plan.ended(wait, sent, time.monotonic()):
+                return jobs
+        return []
+
+    def claim(self, queue: str, lease_ms: int, *, block_ms: int | None = None) -> Job | None:
         """Take the next pending job and lease it for ``lease_ms``; None when none is claimable.
 
-        Recovered jobs come first, then first in, first out.  The Job carries
-        its payload: one round trip.  Safe to retry: a claim whose reply was
-        lost is answered again with the same job, not another.
+        Recovered jobs come first, then by due time, first in, first out.  The
+        Job carries its payload: one round trip.  With ``block_ms``, waits up to
+        that long (0: no limit) for a job, on the server (EMQ.CLAIM ... BLOCK):
+        waiting claims are served first come, first served, and cost no
+        commands while they wait.  A wait is cut into commands that each end
+        before the connection's ``socket_timeout`` (redis-py 8's default is
+        5 s: one command per 4 s; with ``socket_timeout=None``, one for the
+        whole wait).  Safe to retry: a claim whose reply was lost is answered
+        again with the same job, not another.  ``Unblocked`` when the server
+        ends the wait (``CLIENT UNBLOCK ... ERROR``, a failover).
         """
-        jobs = self._run(proto.claim(queue, lease_ms))
+        jobs = self._claim(queue, lease_ms, 1, block_ms)
         return jobs[0] if jobs else None
 
-    def claim_many(self, queue: str, lease_ms: int, count: int) -> list[Job]:
-        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable."""
-        return self._run(proto.claim(queue, lease_ms, count))
+    def claim_many(self, queue: str, lease_ms: int, count: int, *, block_ms: int | None = None) -> list[Job]:
+        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable.
+
+        ``block_ms`` waits as in ``claim``, and returns as soon as at least one job is claimable.
+        """
+        return self._claim(queue, lease_ms, count, block_ms)
 
     def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise)."""
         self._run(proto.complete(queue, job_id, token))
 
-    def fail(self, queue: str, job_id: JobId, token: str, error: str, max_attempts: int = 3) -> FailOutcome:
+    def fail(
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        error: str,
+        max_attempts: int = 3,
+        *,
+        delay_ms: int | None = None,
+    ) -> FailOutcome:
         """Report the handler's failure; returns where the job went.
 
         Below ``max_attempts`` attempts it goes back to pending (behind waiting
-        work), else it is dead-lettered; a job with a cancel request ends
-        ``"cancelled"`` (not retried, not counted as failed).  ``error`` is kept
-        in the row's ``last_error``.  Same fencing as ``complete``.
+        work), claimable again ``delay_ms`` after now when given (the retry's
+        backoff, e.g. ``RetryPolicy.delay_ms(job.attempt)``); else it is
+        dead-lettered; a job with a cancel request ends ``"cancelled"`` (not
+        retried, not counted as failed).  ``error`` is kept in the row's
+        ``last_error``.  Same fencing as ``complete``.
         """
-        return self._run(proto.fail(queue, job_id, token, error, max_attempts))
+        return self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
 
     def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
         """Give a held job back without using an attempt: ``"pending"``, or ``"cancelled"``.
@@ -336,6 +439,133 @@ class Client:
         ``JobGone`` for an unknown id.
         """
         return self._run(proto.cancel(queue, job_id, reason))
+
+    # -- the operator's verbs ------------------------------------------------
+
+    def _node_of(self, key: str) -> dict[str, Any]:
+        """For a keyless command (TIME, SCAN): in a cluster, the node that serves ``key``."""
+        if hasattr(self.redis, "get_node_from_key"):
+            return {"target_nodes": self.redis.get_node_from_key(key)}
+        return {}
+
+    def _server_time(self, key: str) -> int:
+        """The clock (ms) of the server that serves ``key``."""
+        return proto.server_ms(self.redis.execute_command("TIME", **self._node_of(key)))  # type: ignore[no-untyped-call]
+
+    def _read(self, read: proto.Read[T]) -> T:
+        now = self._server_time(read.key)
+        pipe = self.redis.pipeline(transaction=True)
+        for args in read.build(now):
+            pipe.execute_command(*args)
+        return read.parse(now, pipe.execute())
+
+    def retention(
+        self,
+        queue: str,
+        *,
+        done_ms: int | None = None,
+        cancelled_ms: int | None = None,
+        dead_ms: int | None = None,
+    ) -> Retention:
+        """Read, or set, how long ``queue`` keeps its finished rows (ms; -1 forever, 0 not at all).
+
+        Only the values given change; returns the policy in effect after the
+        call.  Defaults: done an hour, cancelled a day, dead until retried or
+        purged.  A row keeps the expiry it got when it finished; the dead
+        retention applies to every dead job at the next sweep.
+        """
+        return self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
+
+    def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
+        """The job's status (``JobInfo``), read in one transaction; None when it has no row.
+
+        With ``payload=True`` the payload bytes are included (``payload_size`` always is).
+        """
+        return self._read(proto.job_info(queue, job_id, payload))
+
+    def counts(self, queue: str) -> QueueCounts:
+        """Pending (claimable now), delayed, active (and lapsed), dead, paused, and the failed metric."""
+        return self._read(proto.counts(queue))
+
+    def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
+        """A page of the dead set, oldest death first: ``count`` jobs from position ``offset``.
+
+        Each with its last error and when it died.  A job retried or purged
+        while the page is read is left out.
+        """
+        page = self._read(proto.dead_page(queue, offset, count))
+        return self._read(proto.dead_rows(queue, page)) if page else []
+
+    def retry(self, queue: str, job_id: JobId) -> None:
+        """Send a dead or cancelled job back to pending with a fresh budget of attempts.
+
+        Its fencing token keeps counting (a holder from before the retry stays
+        stale).  Raises ``JobGone`` for an unknown id and ``NotRetryable`` for
+        a job that is pending, active or done.
+        """
+        self._run(proto.retry(queue, job_id))
+
+    def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
+        """Retry every job that is dead now, ``limit`` per command, oldest first.
+
+        Jobs that die again while this runs are not retried twice (only those
+        that died before it started are taken).
+        """
+        until = self._server_time(proto.keys_of(queue).dead)
+        retried = dropped = 0
+        while True:
+            step = self._run(proto.retry_dead(queue, limit, until))
+            retried, dropped = retried + step.retried, dropped + step.dropped
+            if step.retried + step.dropped < limit:
+                return RetryDeadResult(retried, dropped)
+
+    def purge_dead(self, queue: str, *, limit: int = 100) -> int:
+        """Delete every job that is dead now (rows and dead-set members), ``limit`` per command; how many."""
+        until = self._server_time(proto.keys_of(queue).dead)
+        total = 0
+        while True:
+            step = self._run(proto.purge_dead(queue, limit, until))
+            total += step
+            if step < limit:
+                return total
+
+    def pause(self, queue: str) -> bool:
+        """Stop handing out jobs of ``queue`` (claims get nothing); False if it was paused already.
+
+        Running jobs go on (extend, checkpoint, complete, fail); enqueue works;
+        sweeps recover lapsed jobs, which then wait.
+        """
+        return self._run(proto.pause(queue))
+
+    def resume(self, queue: str) -> bool:
+        """Hand out jobs of ``queue`` again; False if it was not paused."""
+        return self._run(proto.resume(queue))
+
+    def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
+        """Delete ``queue``: its jobs and rows, settings and metric, ``limit`` keys per command.
+
+        Raises ``QueueBusy`` (having deleted nothing) while jobs are active,
+        unless ``force``: then their holders find their jobs gone.  The queue
+        is paused from the first step on.  Finished rows kept for their
+        retention are found with SCAN and deleted only while still finished:
+        a job enqueued while this runs is either deleted whole or kept whole,
+        never half.
+        """
+        removed = 0
+        while True:
+            step, remaining = self._run(proto.obliterate(queue, limit, force))
+            removed += step
+            if remaining == 0:
+                break
+        forgotten, cursor = 0, 0
+        target = self._node_of(proto.keys_of(queue).pending)
+        while True:
+            reply = self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)  # type: ignore[no-untyped-call]
+            cursor, found = proto.scan_reply(reply)
+            if found:
+                forgotten += self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            if cursor == 0:
+                return ObliterateResult(removed, forgotten)
 
     def close(self) -> None:
         """Close the redis client's connections (and a worker's own)."""

@@ -7,6 +7,9 @@ Catch at the level you care about::
     │   ├── JobGone        the job row does not exist any more
     │   └── StaleToken     another attempt holds it, or it is no longer active
     ├── JobExists          enqueue with an id that is already taken
+    ├── NotRetryable       retry of a job that is not dead or cancelled
+    ├── QueueBusy          obliterate of a queue with active jobs, without force
+    ├── Unblocked          the server ended a waiting claim without a job
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
@@ -15,11 +18,14 @@ Catch at the level you care about::
 The clients check argument types and ranges before sending anything and raise
 ``TypeError``/``ValueError`` naming the argument; ``BadArgument`` is for what
 only the server can tell (a lease whose deadline would be too large).
+``BadArgument`` and ``CorruptQueue`` are ``redis.ResponseError`` subclasses too.
 Connection errors and the server's own typed refusals (``NoPermissionError``,
 ``ReadOnlyError``, ``OutOfMemoryError``, ``TryAgainError``) stay redis-py's.
 """
 
 from __future__ import annotations
+
+from redis.exceptions import ResponseError
 
 
 class EchoMQError(Exception):
@@ -50,19 +56,33 @@ class JobExists(EchoMQError):
         self.job_id = job_id
 
 
+class Unblocked(EchoMQError):
+    """The server ended a waiting claim (``block_ms``) before a job came: nothing was claimed.
+
+    ``CLIENT UNBLOCK <id> ERROR``, or the server stopped being a master
+    (``REPLICAOF``, a failover): it answers ``-UNBLOCKED ...`` and, in the
+    second case, closes the connection.  Claim again (from the new master).
+    """
+
+
 class ModuleNotLoaded(EchoMQError):
     """The server does not know the EMQ.* commands."""
 
 
-class BadArgument(EchoMQError, ValueError):
-    """The server refused an argument of an EMQ.* command (the message names it)."""
+class BadArgument(EchoMQError, ValueError, ResponseError):
+    """The server refused an argument of an EMQ.* command (the message names it).
+
+    Also a ``ValueError``, and a ``redis.ResponseError`` as it was before it
+    had a type of its own (code that caught that still does).
+    """
 
 
-class CorruptQueue(EchoMQError):
+class CorruptQueue(EchoMQError, ResponseError):
     """A key of the queue holds the wrong type, or a field the module counts with is not an integer.
 
     Retrying does not help: an operator must repair the key (the message
-    is the server's, word for word).
+    is the server's, word for word).  Also a ``redis.ResponseError``, as it
+    was before it had a type of its own.
     """
 
 
@@ -72,3 +92,16 @@ class Cancelled(EchoMQError):
     def __init__(self, reason: str | None = None) -> None:
         super().__init__("cancelled" if reason is None else f"cancelled: {reason}")
         self.reason = reason
+
+
+class NotRetryable(EchoMQError):
+    """Only a dead or cancelled job can be retried; ``state`` is the job's (None if unknown)."""
+
+    def __init__(self, message: str, job_id: str, state: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+
+
+class QueueBusy(EchoMQError):
+    """The queue has active jobs: obliterate refused (``force=True`` deletes them too)."""

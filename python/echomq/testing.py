@@ -27,8 +27,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ._module_so import module_path
+from .keyspace import queue_keys
 
-__all__ = ["EmbeddedServer", "server_binary", "server_wrapper"]
+__all__ = ["EmbeddedServer", "queue_problems", "server_binary", "server_wrapper"]
 
 
 def server_binary() -> str:
@@ -176,7 +177,9 @@ class EmbeddedServer:
                             return
                         other = pid  # not ours: ours is about to fail to bind, or still loading
                 except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                    pass  # not up yet (loading, refusing), or something that is not a server holds the port
+                    # Not up yet (loading, refusing; under a memory checker it can take longer than
+                    # the probe's 1 s to answer), or something that is not a server holds the port.
+                    pass
                 if time.monotonic() > deadline:
                     log = self.log_tail()  # before stop() removes the directory
                     self.stop()
@@ -250,3 +253,56 @@ def _server_says(log: str, needle: str = "") -> str:
         if " # " in line:  # the server's warning lines
             return line
     return lines[-1] if lines else "(the server wrote no log)"
+
+
+def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
+    """Where ``queue`` breaks the invariants every EMQ.* verb keeps; [] when it holds.
+
+    - every member of ``pending``, ``active`` and ``dead`` has its row, and
+      that row's ``state`` names the set (so no id is in two sets);
+    - every row whose state is ``pending``, ``active`` or ``dead`` is in
+      that set; a ``done`` or ``cancelled`` row is in none.
+
+    Reads every member and every row (SCAN, ZSCAN, pipelined in ``batch``es):
+    a tool for tests and benchmarks, not for a busy production queue.
+    """
+    keys = queue_keys(queue)
+    sets = {"pending": keys.pending, "active": keys.active, "dead": keys.dead}
+    where: dict[bytes, list[str]] = {}
+    for name, key in sets.items():
+        for member, _ in r.zscan_iter(key, count=batch):
+            where.setdefault(member, []).append(name)
+    problems: list[str] = []
+    members = list(where)
+    for i in range(0, len(members), batch):
+        chunk = members[i : i + batch]
+        pipe = r.pipeline(transaction=False)
+        for member in chunk:
+            pipe.hget(keys.job(member), "state")
+        for member, state in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            names = where[member]
+            if len(names) > 1:
+                problems.append(f"{member!r} is in {' and '.join(names)}")
+            if isinstance(state, Exception):
+                problems.append(f"{member!r} is in {names[0]} but its row is not a hash")
+            elif state is None:
+                problems.append(f"{member!r} is in {names[0]} without its row (or the row has no state)")
+            elif state.decode() not in names:
+                problems.append(f"{member!r} is in {names[0]} but its row says {state.decode()}")
+    pattern = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base) + "job:*"
+    rows = list(r.scan_iter(match=pattern, count=batch))
+    prefix = len(keys.base.encode()) + 4
+    for i in range(0, len(rows), batch):
+        chunk = rows[i : i + batch]
+        pipe = r.pipeline(transaction=False)
+        for row in chunk:
+            pipe.hget(row, "state")
+        for row, state in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(state, Exception):
+                continue  # not a row: nothing claims a state
+            member, text_state = row[prefix:], (state or b"").decode()
+            if text_state in sets and text_state not in where.get(member, []):
+                problems.append(f"row {row!r} says {text_state} but {text_state} does not hold it")
+            if text_state in ("done", "cancelled") and member in where:
+                problems.append(f"row {row!r} says {text_state} but {where[member][0]} holds it")
+    return problems
