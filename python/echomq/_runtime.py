@@ -59,6 +59,7 @@ from .errors import (
     ModuleNotLoaded,
     StaleToken,
 )
+from .retry import RetryPolicy
 
 lease_log = logging.getLogger("echomq.lease")
 reaper_log = logging.getLogger("echomq.reaper")
@@ -91,6 +92,8 @@ ATTEMPT_TIMEOUT_S = 2.0
 ATTEMPT_TIMEOUT_CAP_S = 30.0
 # A keeper retries a checkpoint that got no answer this soon, or sooner.
 CHECKPOINT_RETRY_S = 1.0
+# An idle worker's claim waits on the server at most this long per command.
+MAX_CLAIM_BLOCK_S = 1.0
 
 
 # -- arguments -------------------------------------------------------------------
@@ -773,6 +776,7 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         poll_interval: float = 0.2,
         extend_interval: float | None = None,
         grace: float = 10.0,
+        retry: RetryPolicy | None = None,
     ) -> None:
         check_client("client", client, self._client_type)
         keys_of(queue)
@@ -790,11 +794,23 @@ class WorkerCore(Generic[ClientT, HandlerT]):
                     f"extend_interval ({extend_interval} s) must be shorter than the lease ({lease_ms} ms)"
                 )
         check_seconds("grace", grace, zero_ok=True)
+        if retry is not None:
+            if not isinstance(retry, RetryPolicy):
+                raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
+            if max_attempts not in (3, retry.max_attempts):  # 3: the default, not given
+                raise ValueError(
+                    f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
+                )
+            max_attempts = retry.max_attempts
         self.client, self.queue, self.handler = client, queue, handler
         self.lease_ms, self.max_attempts = lease_ms, max_attempts
         self.concurrency, self.poll_interval = concurrency, poll_interval
         self.extend_interval = extend_interval
         self.grace = grace
+        self.retry = retry
+        # An idle claim waits on the server this long (at most a second, so a
+        # stop() is seen soon); the rest of poll_interval, if any, on our side.
+        self.claim_block_ms = max(1, round(min(poll_interval, MAX_CLAIM_BLOCK_S) * 1000))
         self.stats = WorkerStats()
         self._held = Leases()
         self._troubles = Troubles(worker_log, f"worker of {queue!r}", self.stats)
@@ -969,17 +985,21 @@ class WorkerCore(Generic[ClientT, HandlerT]):
 
     # -- what is sent: one small function each, for both drivers ----------------
 
-    def _claim_call(self) -> Call[list[Job]]:
+    def _claim_call(self, wait: bool = True) -> Call[list[Job]]:
         """The claim step's command (one REQ, sent again until answered).
 
-        When the client learns ``claim_many`` / ``block_ms``, this is the
-        line that changes (``proto.claim(..., count, block_ms=...)``).
+        With ``wait``, the idle wait happens on the server (EMQ.CLAIM ...
+        BLOCK, ``claim_block_ms``): a job enqueued while the worker idles
+        is claimed at once instead of at the next poll.
         """
-        return proto.claim(self.queue, self.lease_ms)
+        return proto.claim(self.queue, self.lease_ms, 1, self.claim_block_ms if wait else None)
 
     def _fail_call(self, job: Job, error: str) -> Call[FailOutcome]:
-        """Where a failed job goes: FAIL with its error (a retry policy's delay goes here)."""
-        return proto.fail(job.queue, job.id, job.token, error, self.max_attempts)
+        """Where a failed job goes: FAIL with its error, and the retry policy's delay if there is one."""
+        if self.retry is None:
+            return proto.fail(job.queue, job.id, job.token, error, self.max_attempts)
+        delay = self.retry.delay_ms(job.attempt)
+        return proto.fail(job.queue, job.id, job.token, error, self.retry.max_attempts, delay)
 
     def _end_call(self, finish: Finish) -> Call[object]:
         """The command that ends a job's hold: COMPLETE, FAIL (``_fail_call``) or RELEASE."""

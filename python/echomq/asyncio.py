@@ -737,8 +737,10 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                     await _wait(self._stopping, self.poll_interval)
                     continue
                 pause = Backoff()
-                if not jobs:
-                    await _wait(self._stopping, self.poll_interval)
+                if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                    if rest > 0.001:
+                        await _wait(self._stopping, rest)
                     continue
                 for job in jobs:
                     try:
@@ -753,28 +755,34 @@ class Worker(WorkerCore[Client, AsyncHandler]):
     async def work_one(self) -> bool:
         """Claim and process one job; False when the queue had none."""
         try:
-            jobs, claimed_at = await self._claim()
+            jobs, claimed_at = await self._claim(wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         for job in jobs:
             await self._process(job, claimed_at)
         return bool(jobs)
 
-    async def _claim(self) -> tuple[list[Job], float]:
-        """One claim step (see ``echomq.Worker._claim``: the same REQ until answered; the line to change)."""
-        call = self._claim_call()
+    async def _claim(self, wait: bool = True) -> tuple[list[Job], float]:
+        """One claim step (see ``echomq.Worker._claim``: the same REQ until answered)."""
+        call = self._claim_call(wait)
         claimed_at = time.monotonic()
-        jobs = await self._send_until(call, None, "claim")
+        extra = self.claim_block_ms / 1000 if wait else 0.0
+        jobs = await self._send_until(call, None, "claim", extra_s=extra)
         return jobs, claimed_at
 
     async def _send_until(
-        self, call: proto.Call[T], until: float | None, doing: str, job: Job | None = None
+        self,
+        call: proto.Call[T],
+        until: float | None,
+        doing: str,
+        job: Job | None = None,
+        extra_s: float = 0.0,
     ) -> T:
         """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``)."""
         backoff = Backoff(until)
         while True:
             try:
-                reply = await self.client._attempt(call, backoff.timeout(time.monotonic()))
+                reply = await self.client._attempt(call, backoff.timeout(time.monotonic()) + extra_s)
             except LeaseLost:
                 raise
             except Exception as exc:

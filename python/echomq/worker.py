@@ -67,7 +67,8 @@ class Worker(WorkerCore[Client, Handler]):
     """Runs ``handler`` for the jobs of ``queue``, ``concurrency`` at a time, in threads.
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
-    concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0)``:
+    concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
+    retry=None)``:
 
     - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
       ``checkpoint()``); a handler taking two arguments gets ``(job,
@@ -80,7 +81,11 @@ class Worker(WorkerCore[Client, Handler]):
       it again at the end.
     - ``lease_ms``: each job's lease, checkpointed every ``extend_interval``
       seconds (default: a third of the lease).
-    - ``poll_interval``: a thread that found no job waits this long.
+    - ``poll_interval``: how often an idle thread looks for work; its claim
+      waits on the server (up to a second of it), so a job enqueued
+      meanwhile is claimed at once.
+    - ``retry``: an ``echomq.RetryPolicy``: its ``max_attempts``, and a
+      failed job is claimable again only after its ``delay_ms(attempt)``.
     - ``grace``: on ``stop()`` or a signal, how long running handlers may
       take to finish before their tokens are cancelled with "shutdown".
     - ``stats``: a ``WorkerStats``.
@@ -286,8 +291,10 @@ class Worker(WorkerCore[Client, Handler]):
                 self._wake.wait(self.poll_interval)
                 continue
             pause = Backoff()
-            if not jobs:
-                self._wake.wait(self.poll_interval)
+            if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                rest = self.poll_interval - (time.monotonic() - claimed_at)
+                if rest > 0.001:
+                    self._wake.wait(rest)
                 continue
             for job in jobs:
                 try:
@@ -298,28 +305,37 @@ class Worker(WorkerCore[Client, Handler]):
     def work_one(self) -> bool:
         """Claim and process one job in this thread; False when the queue had none."""
         try:
-            jobs, claimed_at = self._claim()
+            jobs, claimed_at = self._claim(wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         for job in jobs:
             self._process(job, claimed_at)
         return bool(jobs)
 
-    def _claim(self) -> tuple[list[Job], float]:
+    def _claim(self, wait: bool = True) -> tuple[list[Job], float]:
         """One claim step: the jobs of one EMQ.CLAIM, and ``time.monotonic()`` from before it was sent.
 
         The same call (so the same REQ) is sent again after a lost reply
         until it is answered (or a forced stop): a job the server handed to
         a reply we did not get comes back to us, and one answered late has
-        its lease confirmed before it runs (``_process``).  The command is
-        ``_claim_call()``'s, shared with the asyncio worker.
+        its lease confirmed before it runs (``_process``).  With ``wait``
+        the claim waits on the server for a job (``claim_block_ms``).  The
+        command is ``_claim_call()``'s, shared with the asyncio worker.
         """
-        call = self._claim_call()
+        call = self._claim_call(wait)
         claimed_at = time.monotonic()
-        jobs = self._send_until(call, None, "claim")
+        extra = self.claim_block_ms / 1000 if wait else 0.0
+        jobs = self._send_until(call, None, "claim", extra_s=extra)
         return jobs, claimed_at
 
-    def _send_until(self, call: proto.Call[T], until: float | None, doing: str, job: Job | None = None) -> T:
+    def _send_until(
+        self,
+        call: proto.Call[T],
+        until: float | None,
+        doing: str,
+        job: Job | None = None,
+        extra_s: float = 0.0,
+    ) -> T:
         """Send ``call`` until it is answered, ``until`` passes, or a forced stop: then ``_GaveUp``.
 
         ``LeaseLost`` is an answer: it is raised as is.  So is a permanent
@@ -328,7 +344,7 @@ class Worker(WorkerCore[Client, Handler]):
         backoff = Backoff(until)
         while True:
             try:
-                reply = self.client._attempt(call, backoff.timeout(time.monotonic()))
+                reply = self.client._attempt(call, backoff.timeout(time.monotonic()) + extra_s)
             except LeaseLost:
                 raise
             except Exception as exc:
