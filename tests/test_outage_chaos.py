@@ -172,6 +172,11 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connection
     runs = sum(len(v) for v in starts.values())
     stalls = sum(int(row.get("stalled", "0")) for row in rows.values())
     claims = sum(int(row.get("attempts", "0")) for row in rows.values())  # every claim of every job
+    never_ran = {
+        jid: (int(row.get("attempts", "0")), len(starts[jid]), row.get("stalled", "0"))
+        for jid, row in rows.items()
+        if int(row.get("attempts", "0")) > len(starts[jid])
+    }
     total = Counter[str]()
     for s in stats:
         total.update({k: v for k, v in s.items() if isinstance(v, int) and k != "pid"})
@@ -179,7 +184,7 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connection
         f"\noutage chaos: {took:.1f} s; faults: {dict(faults)}; jobs {len(producer.enqueued)} "
         f"(poison {len(producer.poison)}, cancel asked {len(producer.cancel_asked)}); "
         f"final states {dict(states)}; claims {claims}, handler runs {runs} (re-runs {runs - len(starts)}, "
-        f"claims that never ran {claims - runs}); "
+        f"claims that never ran {claims - runs}: {never_ran}); "
         f"stalls counted {stalls}; worker totals {dict(total)}; producer errors {len(producer.errors)}; "
         f"workers stopped (SIGTERM) in {stop_took:.2f} s, exit statuses {[p.returncode for p in procs]}"
     )

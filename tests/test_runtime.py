@@ -7,6 +7,7 @@ values the drivers would feed in.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from redis.exceptions import (
@@ -39,6 +40,7 @@ from echomq._runtime import (
     SHUTDOWN,
     Action,
     Backoff,
+    ClaimStep,
     HeldJob,
     LeaseEvent,
     Leases,
@@ -407,3 +409,28 @@ def test_troubles_log_each_kind_once_and_count_every_one(caplog: pytest.LogCaptu
     w._trouble(ConnectionError("Connection refused"), "claim")
     assert [r.levelname for r in caplog.records if r.levelno >= logging.WARNING][-1] == "WARNING"
     assert sum(r.levelno == logging.WARNING for r in caplog.records) == 2
+
+
+def test_a_claim_keeps_its_request_id_until_jobs_come_back() -> None:
+    from echomq._protocol import claim
+
+    step = ClaimStep()
+    made: list[object] = []
+
+    def make() -> Any:
+        made.append(claim("q", 1000))
+        return made[-1]
+
+    first, since = step.next(make, 10.0)
+    assert since == 10.0
+    step.answered([])  # nothing claimable: the same REQ goes out again...
+    again, since = step.next(make, 11.0)
+    assert again is first and since == 11.0  # ...and, every send answered so far, the lease counts from now
+    step.failed()  # an attempt got no answer: the server may have claimed for it at 11.0 or later
+    step.answered([])
+    retry, since = step.next(make, 15.0)
+    assert retry is first and since == 11.0  # never later than the first send that may have claimed
+    step.answered([JOB])  # jobs came back: the request is over
+    fresh, since = step.next(make, 16.0)
+    assert fresh is not first and since == 16.0 and len(made) == 2
+    assert fresh.args[-1] != first.args[-1]  # a new REQ

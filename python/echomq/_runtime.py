@@ -666,6 +666,45 @@ class WorkerStats:
             self.failed += 1
 
 
+class ClaimStep:
+    """One claim loop's request: the same REQ until a claim brings jobs back.
+
+    A claim whose reply was lost (the server served it, the connection died:
+    a restart, a half-open connection, a waiting claim whose client the
+    server had not yet seen go) is answered again by the next claim with its
+    REQ, from the server's record of it, for as long as the lease it took
+    runs.  So the REQ changes only once jobs came back; until then each
+    claim, even after an empty answer, carries it.
+
+    ``since`` is the earliest the server can have claimed for this REQ, the
+    start of the lease the keeper counts (never late): the time of this
+    send while every earlier send of the REQ got its answer; once one did
+    not (``failed``), the time the REQ was first sent.
+    """
+
+    def __init__(self) -> None:
+        self.call: Call[list[Job]] | None = None
+        self.since = 0.0
+        self.troubled = False
+
+    def next(self, make: Callable[[], Call[list[Job]]], now: float) -> tuple[Call[list[Job]], float]:
+        """The call to send now, and ``since``."""
+        if self.call is None:
+            self.call, self.since, self.troubled = make(), now, False
+        elif not self.troubled:
+            self.since = now  # every earlier send was answered: nothing was claimed for it yet
+        return self.call, self.since
+
+    def failed(self) -> None:
+        """An attempt got no answer: the server may have claimed for it; keep counting from the first send."""
+        self.troubled = True
+
+    def answered(self, jobs: list[Job]) -> None:
+        """A reply came: jobs end this request (the next claim is a new one); nothing keeps it."""
+        if jobs:
+            self.call = None
+
+
 class Action(enum.Enum):
     """What a worker does with a job whose handler has ended."""
 

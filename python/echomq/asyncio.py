@@ -62,6 +62,7 @@ from ._runtime import (
     LOST_DEADLINE,
     Action,
     Backoff,
+    ClaimStep,
     ContextCore,
     Finish,
     HeldJob,
@@ -724,11 +725,11 @@ class Worker(WorkerCore[Client, AsyncHandler]):
 
     async def _claim_loop(self) -> None:
         assert self._stopping is not None and self._wake is not None
-        pause = Backoff()
+        pause, step = Backoff(), ClaimStep()
         try:
             while not self._stop_requested:
                 try:
-                    jobs, claimed_at = await self._claim()
+                    jobs, claimed_at = await self._claim(step)
                 except _GaveUp:
                     await _wait(self._stopping, pause.next_wait(time.monotonic()) or self.poll_interval)
                     continue
@@ -762,12 +763,18 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             await self._process(job, claimed_at)
         return bool(jobs)
 
-    async def _claim(self, wait: bool = True) -> tuple[list[Job], float]:
-        """One claim step (see ``echomq.Worker._claim``: the same REQ until answered)."""
-        call = self._claim_call(wait)
-        claimed_at = time.monotonic()
+    async def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+        """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back)."""
+        step = step if step is not None else ClaimStep()
+        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
         extra = self.claim_block_ms / 1000 if wait else 0.0
-        jobs = await self._send_until(call, None, "claim", extra_s=extra)
+        # A lost reply must be noticed, and the claim sent again, well before the
+        # lease it took lapses (then the retry is answered with the job): each
+        # attempt waits at most a third of the lease, plus the server-side wait.
+        jobs = await self._send_until(
+            call, None, "claim", extra_s=extra, on_retry=step.failed, cap_s=self.lease_ms / 3000
+        )
+        step.answered(jobs)
         return jobs, claimed_at
 
     async def _send_until(
@@ -777,16 +784,22 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         doing: str,
         job: Job | None = None,
         extra_s: float = 0.0,
+        on_retry: Callable[[], None] | None = None,
+        cap_s: float | None = None,
     ) -> T:
         """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``)."""
         backoff = Backoff(until)
         while True:
             try:
-                reply = await self.client._attempt(call, backoff.timeout(time.monotonic()) + extra_s)
+                timeout = backoff.timeout(time.monotonic())
+                timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
+                reply = await self.client._attempt(call, timeout)
             except LeaseLost:
                 raise
             except Exception as exc:
                 kind = self._trouble(exc, doing, job)
+                if on_retry is not None:
+                    on_retry()
                 wait = backoff.next_wait(time.monotonic())
                 if wait is None or self._forced or (kind is Trouble.PERMANENT and self._stop_requested):
                     raise _GaveUp(doing) from exc

@@ -33,6 +33,7 @@ from ._runtime import (
     ATTEMPT_TIMEOUT_S,
     Action,
     Backoff,
+    ClaimStep,
     Finish,
     HeldJob,
     Trouble,
@@ -279,10 +280,10 @@ class Worker(WorkerCore[Client, Handler]):
     # -- a worker thread -------------------------------------------------------
 
     def _loop(self) -> None:
-        pause = Backoff()
+        pause, step = Backoff(), ClaimStep()
         while not self._stop_requested:
             try:
-                jobs, claimed_at = self._claim()
+                jobs, claimed_at = self._claim(step)
             except _GaveUp:
                 self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
                 continue
@@ -312,20 +313,27 @@ class Worker(WorkerCore[Client, Handler]):
             self._process(job, claimed_at)
         return bool(jobs)
 
-    def _claim(self, wait: bool = True) -> tuple[list[Job], float]:
-        """One claim step: the jobs of one EMQ.CLAIM, and ``time.monotonic()`` from before it was sent.
+    def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+        """One claim step: the jobs of one EMQ.CLAIM, and when (``time.monotonic()``) its REQ was first sent.
 
         The same call (so the same REQ) is sent again after a lost reply
-        until it is answered (or a forced stop): a job the server handed to
-        a reply we did not get comes back to us, and one answered late has
-        its lease confirmed before it runs (``_process``).  With ``wait``
+        until it is answered (or a forced stop), and by the loop's next
+        steps until it brings jobs back (``ClaimStep``): a job the server
+        handed to a reply we did not get comes back to us, and one answered
+        late has its lease confirmed before it runs (``_process``).  With ``wait``
         the claim waits on the server for a job (``claim_block_ms``).  The
         command is ``_claim_call()``'s, shared with the asyncio worker.
         """
-        call = self._claim_call(wait)
-        claimed_at = time.monotonic()
+        step = step if step is not None else ClaimStep()
+        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
         extra = self.claim_block_ms / 1000 if wait else 0.0
-        jobs = self._send_until(call, None, "claim", extra_s=extra)
+        # A lost reply must be noticed, and the claim sent again, well before the
+        # lease it took lapses (then the retry is answered with the job): each
+        # attempt waits at most a third of the lease, plus the server-side wait.
+        jobs = self._send_until(
+            call, None, "claim", extra_s=extra, on_retry=step.failed, cap_s=self.lease_ms / 3000
+        )
+        step.answered(jobs)
         return jobs, claimed_at
 
     def _send_until(
@@ -335,6 +343,8 @@ class Worker(WorkerCore[Client, Handler]):
         doing: str,
         job: Job | None = None,
         extra_s: float = 0.0,
+        on_retry: Callable[[], None] | None = None,
+        cap_s: float | None = None,
     ) -> T:
         """Send ``call`` until it is answered, ``until`` passes, or a forced stop: then ``_GaveUp``.
 
@@ -344,11 +354,15 @@ class Worker(WorkerCore[Client, Handler]):
         backoff = Backoff(until)
         while True:
             try:
-                reply = self.client._attempt(call, backoff.timeout(time.monotonic()) + extra_s)
+                timeout = backoff.timeout(time.monotonic())
+                timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
+                reply = self.client._attempt(call, timeout)
             except LeaseLost:
                 raise
             except Exception as exc:
                 kind = self._trouble(exc, doing, job)
+                if on_retry is not None:
+                    on_retry()
                 wait = backoff.next_wait(time.monotonic())
                 if wait is None or self._forced or (kind is Trouble.PERMANENT and self._stop_requested):
                     raise _GaveUp(doing) from exc
