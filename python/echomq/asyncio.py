@@ -572,7 +572,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self._forced_event: asyncio.Event | None = None
         self._force_pending = False
         self._loops: list[asyncio.Task[None]] = []
-        self._handlers: dict[HeldJob, asyncio.Task[tuple[BaseException | None, bool]]] = {}
+        self._handlers: dict[HeldJob, asyncio.Task[Any]] = {}  # the task running each handler
 
     # -- control ---------------------------------------------------------------
 
@@ -828,18 +828,18 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 self._decide(held, None)  # lost: counted, nothing sent
                 return
             keeper.start()
-            task = asyncio.create_task(self._call_handler(held, keeper), name=f"echomq-handler-{job.id}")
-            self._handlers[held] = task
+            # The handler runs in this task (a task of its own would cost a few
+            # loop turns per job); a forced stop cancels this task while it is
+            # here, and _call_handler tells that cancel from one the handler
+            # raised by itself by the job having been given back.
+            current = asyncio.current_task()
+            assert current is not None
+            self._handlers[held] = current
             try:
-                # asyncio.wait, not await: a cancel of this task must not reach the handler's.
-                await asyncio.wait([task])
+                error, interrupted = await self._call_handler(held, keeper)
             finally:
-                if not task.done():  # this task is being cancelled (a forced stop ran out of time)
-                    task.cancel()
-                    await asyncio.wait([task])
                 self._handlers.pop(held, None)
                 await keeper.stop()
-            error, interrupted = task.result()
             interrupted = interrupted and not held.given_back  # our own forced stop is no request to stop
             self._let_go(held)
             finish = self._decide(held, error, interrupted)
@@ -855,7 +855,9 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         """Run the handler; returns (its exception or None, whether that exception asks the worker to stop).
 
         Nothing escapes: a KeyboardInterrupt or SystemExit raised in a task
-        would otherwise tear the event loop down.
+        would otherwise tear the event loop down.  A cancel of this task by
+        a forced stop (the job was given back first) is consumed here: the
+        task goes on to end its loop.
         """
         job, cancel = held.job, held.cancel
         try:
@@ -869,7 +871,12 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             # Ours only when a forced stop cancelled the task (the job was
             # given back then); else the handler let a cancellation of its
             # own escape: its job's failure.
-            return exc, held.given_back
+            if held.given_back:
+                current = asyncio.current_task()
+                if current is not None and sys.version_info >= (3, 11):
+                    current.uncancel()  # consumed: later timeouts in this task work as usual
+                return exc, True
+            return exc, False
         except Exception as exc:
             return exc, False
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
