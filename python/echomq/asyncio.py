@@ -543,9 +543,9 @@ class Worker(WorkerCore[Client, AsyncHandler]):
     """Runs ``await handler(ctx)`` for ``queue``'s jobs, ``concurrency`` at a time, as tasks.
 
     The same arguments, attributes and rules as ``echomq.Worker`` (a
-    handler taking two arguments gets ``(job, cancel_token)``).  Each
-    handler runs in a task of its own: a CancelledError it raises by itself
-    is its job's failure; cancelling ``run()`` stops the worker at once (the
+    handler taking two arguments gets ``(job, cancel_token)``).  A
+    CancelledError a handler raises by itself is its job's failure;
+    cancelling ``run()`` stops the worker at once (the
     jobs held are given back, every task it made ends) and then lets the
     cancellation through.  ``stop()`` is a plain function (a handler or a
     signal handler can call it, from any thread): it stops claiming and
