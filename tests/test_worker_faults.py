@@ -158,9 +158,11 @@ def test_a_server_restart_as_a_handler_returns_loses_nothing(
         restart(server, down_for=0.5, on_down=down.set)
         restarted.set()
 
+    restarter = threading.Thread(target=bring_down_and_up)
+
     def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
         if job.id == "J" and job.attempt == 1:
-            threading.Thread(target=bring_down_and_up).start()
+            restarter.start()
             assert down.wait(10)  # the handler returns while the server is down
             if outcome == "fail":
                 raise RuntimeError("boom")
@@ -174,6 +176,8 @@ def test_a_server_restart_as_a_handler_returns_loses_nothing(
         assert wait_until(lambda: admin.hget(K.job("after"), "state") == b"done", timeout=10)
     finally:
         worker.stop()
+        if restarter.is_alive():  # a server it starts after the session's clean-up would outlive the tests
+            restarter.join(30)
     r = row(admin, "J")
     assert r["state"] == "done"
     if outcome == "fail":  # the FAIL landed once; the retry of the job completed it
