@@ -214,10 +214,11 @@ def test_async_worker_remote_cancel_and_shutdown(r: redis.Redis, server: Embedde
         while worker.stats.cancelled < 1:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
-        worker.stop()
+        worker.stop(grace=0)
         await task
         assert reasons == {"remote": "not wanted", "shutdown": "shutdown"}
         assert r.hget(K.job("remote"), "state") == b"cancelled"
-        assert r.hget(K.job("shutdown"), "state") == b"pending"  # shutdown: retried later
+        assert r.hget(K.job("shutdown"), "state") == b"pending"  # shutdown: given back, retried later
+        assert r.hget(K.job("shutdown"), "tries") == b"0"  # without using an attempt
 
     run(server, body)

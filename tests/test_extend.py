@@ -217,7 +217,9 @@ def test_client_extend_validates_arguments(
         client.extend(Q, "j1", **kwargs)  # type: ignore[arg-type]
 
 
-def test_client_lease_too_large_is_a_server_error(r: redis.Redis, client: echomq.Client) -> None:
+def test_client_lease_too_large_is_a_typed_error(r: redis.Redis, client: echomq.Client) -> None:
     put_active(r, Q, "j1", attempts=1, deadline=1)
-    with pytest.raises(redis.ResponseError, match="too large"):
+    with pytest.raises(ValueError, match="lease_ms"):  # never an exact deadline: refused before sending
         client.extend(Q, "j1", token="1", lease_ms=2**60)
+    with pytest.raises(echomq.BadArgument, match="too large"):  # only the server's clock can tell
+        client.extend(Q, "j1", token="1", lease_ms=2**53)

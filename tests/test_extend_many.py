@@ -125,7 +125,7 @@ def test_other_server_errors_are_raised(r: redis.Redis, client: echomq.Client) -
     keys = queue_keys(Q)
     put_active(r, Q, "a", attempts=1, deadline=5)
     r.set(keys.job("b"), "not a hash")
-    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+    with pytest.raises(echomq.CorruptQueue, match="WRONGTYPE"):
         client.extend_many(Q, [("a", "1"), ("b", "1")], 1_000)
     # Pipelined, not atomic: the extension before the bad row was applied.
     score = r.zscore(keys.active, "a")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import types
 from typing import Any
 
 import pytest
@@ -20,15 +21,15 @@ import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-TWINS = ("Client", "LeaseKeeper", "Reaper", "Worker")
+TWINS = ("Client", "JobContext", "LeaseKeeper", "Reaper", "Worker")
 # asyncio's names for the sync protocol methods.
 RENAMED = {"__enter__": "__aenter__", "__exit__": "__aexit__", "close": "aclose"}
 # Plain functions in both: they neither wait for nor send anything.
-PLAIN_IN_BOTH = {"__init__", "from_url", "start"}
+PLAIN_IN_BOTH = {"__init__", "from_url", "start", "raise_if_cancelled", "check"}
 # Deliberate differences, each with its reason.
 DIFFERENT = {
     ("Worker", "stop"): "asyncio's stop() only signals: handlers and signal handlers call it and cannot "
-    "await; `await worker.run()` or leaving `async with worker:` waits, as the sync stop(timeout) does",
+    "await; `await worker.run()` or leaving `async with worker:` waits, as the sync stop() does",
 }
 Q = "parity"
 K = queue_keys(Q)
@@ -66,8 +67,9 @@ def test_same_methods_and_signatures(name: str) -> None:
     for method, member in sync.items():
         twin = aio[RENAMED.get(method, method)]
         where = f"{name}.{method}"
-        assert isinstance(member, property) == isinstance(twin, property), where
-        if isinstance(member, property):
+        attribute = (property, types.MemberDescriptorType)  # properties and __slots__ fields
+        assert isinstance(member, attribute) == isinstance(twin, attribute), where
+        if isinstance(member, attribute):
             continue
         assert not inspect.iscoroutinefunction(member), f"{where} is a coroutine in sync code"
         if (name, method) in DIFFERENT:
@@ -80,7 +82,7 @@ def test_same_methods_and_signatures(name: str) -> None:
 
 
 def test_same_instance_attributes() -> None:
-    job = echomq.Job(Q, "j", 1, b"")
+    job = echomq.Job(Q, "j", "1-00000000000000aa", b"")
     sync_client, aio_client = echomq.Client(redis.Redis()), emq.Client(aioredis.Redis())
     assert instance_attributes(sync_client) == instance_attributes(aio_client)
     pairs = [
@@ -110,18 +112,18 @@ def test_asyncio_from_url_with_cluster_builds_the_asyncio_cluster_client() -> No
 # -- the behaviour the twins now share --------------------------------------------
 
 
-def test_a_job_claimed_after_stop_is_cancelled_at_once(r: redis.Redis, client: echomq.Client) -> None:
+def test_a_job_claimed_after_stop_is_given_back_unrun(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue(Q, job_id="late")
     seen: list[echomq.Cancellation | None] = []
     worker = echomq.Worker(client, Q, lambda job, cancel: seen.append(cancel.check()))
     worker.stop()
     assert worker.work_one()  # as if the claim was in flight when stop() came
-    assert seen == [echomq.Cancellation("shutdown")]
+    assert seen == []
+    assert r.hget(K.job("late"), "state") == b"pending" and r.hget(K.job("late"), "tries") == b"0"
+    assert worker.stats.released == 1
 
 
-def test_async_a_job_claimed_after_stop_is_cancelled_at_once(
-    r: redis.Redis, server: EmbeddedServer
-) -> None:
+def test_async_a_job_claimed_after_stop_is_given_back_unrun(r: redis.Redis, server: EmbeddedServer) -> None:
     r.flushall()
     seen: list[echomq.Cancellation | None] = []
 
@@ -135,12 +137,13 @@ def test_async_a_job_claimed_after_stop_is_cancelled_at_once(
             worker = emq.Worker(client, Q, handler)
             worker.stop()
             assert await worker.work_one()
+            assert worker.stats.released == 1
         finally:
             await client.aclose()
 
     asyncio.run(main())
-    assert seen == [echomq.Cancellation("shutdown")]
-    assert r.hget(K.job("late"), "state") == b"done"
+    assert seen == []
+    assert r.hget(K.job("late"), "state") == b"pending" and r.hget(K.job("late"), "tries") == b"0"
 
 
 def test_async_start_stop_and_on_sweep(r: redis.Redis, server: EmbeddedServer) -> None:

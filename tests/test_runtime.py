@@ -6,27 +6,54 @@ values the drivers would feed in.
 
 from __future__ import annotations
 
-import pytest
-from redis.exceptions import ConnectionError, TimeoutError
+import logging
+from typing import Any
 
-from echomq import Cancellation, Cancelled, CancelToken, Job, JobGone, StaleToken, SweepResult
+import pytest
+from redis.exceptions import (
+    BusyLoadingError,
+    ConnectionError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TimeoutError,
+)
+
+from echomq import (
+    Cancellation,
+    Cancelled,
+    CancelToken,
+    Job,
+    JobGone,
+    ModuleNotLoaded,
+    StaleToken,
+    SweepResult,
+)
 from echomq._runtime import (
+    ATTEMPT_TIMEOUT_CAP_S,
+    FORCE_AFTER_S,
     LOST_DEADLINE,
     LOST_GONE,
     LOST_STALE,
     MAX_SWEEPS_PER_TICK,
     SHUTDOWN,
     Action,
+    Backoff,
+    ClaimStep,
     HeldJob,
     LeaseEvent,
     Leases,
     ReaperCore,
     SweepTick,
+    Trouble,
     WorkerCore,
     error_text,
+    takes_context,
+    trouble,
 )
 
-JOB = Job("q", "j", 3, b"")
+JOB = Job("q", "j", "3-00000000000000aa", b"")
 
 
 def held(lease_ms: int = 3000, claimed_at: float = 100.0, interval: float | None = None) -> HeldJob:
@@ -185,12 +212,6 @@ def test_the_reaper_counts_and_reports_only_ticks_that_did_something() -> None:
         ReaperCore(None, "q", interval=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="v2 bug: SweepTick keeps only recovered and dead, so a reaper tick's result (and its "
-    "on_sweep call) drops the ids SWEEP cancelled and the dead rows it expired; a tick that only "
-    "cancelled jobs is reported as having done nothing",
-)
 def test_a_tick_keeps_what_the_sweep_cancelled_and_expired() -> None:
     seen: list[SweepResult] = []
     reaper: ReaperCore[None] = ReaperCore(None, "q", limit=5, on_sweep=seen.append)
@@ -203,14 +224,15 @@ def test_a_tick_keeps_what_the_sweep_cancelled_and_expired() -> None:
 # -- finishing a job -------------------------------------------------------------
 
 
-def worker() -> WorkerCore[None, None]:
-    return WorkerCore(None, "q", None)
+def worker(**settings: object) -> WorkerCore[None, object]:
+    return WorkerCore(None, "q", lambda ctx: None, **settings)  # type: ignore[arg-type]
 
 
 def test_a_handler_that_returned_completes() -> None:
     w, h = worker(), held()
     finish = w._decide(h, None)
     assert finish.action is Action.COMPLETE and finish.job is JOB
+    assert h.finishing  # a forced stop leaves a job being finished to its finish
     w._landed(finish)
     assert w.stats.completed == 1
 
@@ -220,17 +242,17 @@ def test_a_handler_that_raised_fails_with_the_error_text() -> None:
     finish = w._decide(held(), ValueError("bad input"))
     assert finish.action is Action.FAIL and finish.error == "ValueError: bad input"
     w._landed(finish, "pending")
-    w._landed(w._decide(held(), Cancelled("shutdown")), "cancelled")
+    w._landed(w._decide(held(), Cancelled("customer withdrew")), "cancelled")
     assert (w.stats.failed, w.stats.cancelled) == (1, 1)
     assert error_text(Cancelled("customer withdrew")) == "cancelled: customer withdrew"
     assert error_text(Cancelled()) == "cancelled"
 
 
 def test_a_lost_lease_sends_nothing_whatever_the_handler_did() -> None:
-    for error in (None, RuntimeError("boom")):
+    for error in (None, RuntimeError("boom"), KeyboardInterrupt()):
         w, h = worker(), held()
         h.failed(StaleToken("stale", "j"), 101.0)
-        assert w._decide(h, error).action is Action.DROP
+        assert w._decide(h, error, isinstance(error, KeyboardInterrupt)).action is Action.DROP
         assert w.stats.leases_lost == 1 and w.stats.completed == w.stats.failed == 0
 
 
@@ -240,24 +262,175 @@ def test_a_refused_finish_is_counted() -> None:
     assert w.stats.rejected == 1 and w.stats.completed == 0
 
 
-def test_stop_cancels_running_handlers_and_a_claim_after_stop_at_once() -> None:
-    w, running = worker(), held()
+def test_a_base_exception_gives_the_job_back_and_stops_the_worker() -> None:
+    w, h = worker(), held()
+    w._took(h)
+    exit_ = SystemExit(3)
+    finish = w._decide(h, exit_, interrupted=True)
+    assert finish.action is Action.RELEASE and finish.error == "SystemExit: 3"
+    w._interrupted(exit_, now=100.0)
+    assert w._stop_requested and w._interrupt is exit_
+    w._interrupted(KeyboardInterrupt(), now=100.1)
+    assert w._interrupt is exit_  # the first is what run() raises
+    w._landed(finish, "pending")
+    assert w.stats.released == 1 and w.stats.failed == 0
+
+
+def test_shutdown_grace_then_tokens_then_force() -> None:
+    w = worker(grace=2.0)
+    running, finishing = held(), held()
     w._took(running)
-    assert running.cancel.check() is None
-    w._request_stop()
+    w._took(finishing)
+    assert w._shutdown_tick(100.0) is None  # no shutdown in progress
+    assert w._request_stop(now=100.0) is True
+    assert w._request_stop(now=100.5, grace=5.0) is False  # a second request never lengthens it
+    assert w._shutdown_tick(101.0) == pytest.approx(1.0)
+    assert running.cancel.check() is None  # the grace: handlers may finish
+    assert w._shutdown_tick(102.0) == pytest.approx(FORCE_AFTER_S)
     assert running.cancel.check() == Cancellation(SHUTDOWN)
+    # A handler that raises after "shutdown" has its job given back, not failed.
+    assert w._decide(finishing, Cancelled(SHUTDOWN)).action is Action.RELEASE
+    assert w._shutdown_tick(102.0 + FORCE_AFTER_S) == 0.0  # time to force
+    assert w._force() == [running]  # the job being finished is left to its finish
+    assert running.given_back and not finishing.given_back
+    assert w._decide(running, None).action is Action.DROP  # its handler ended after all: nothing more
+
+
+def test_a_claim_in_flight_when_stop_came_is_given_back_unrun() -> None:
+    w = worker()
+    w._request_stop(now=100.0, grace=0)
     late = held()
-    w._took(late)  # a claim that was in flight when stop() came
-    assert late.cancel.check() == Cancellation(SHUTDOWN)
-    w._let_go(running)
-    w._let_go(late)
+    assert w._took(late) is False and late.given_back
     assert len(w._held) == 0
-    w._begin()
-    fresh = held()
-    w._took(fresh)
-    assert fresh.cancel.check() is None
+
+
+def test_signals_first_graceful_second_forced() -> None:
+    import signal
+
+    w = worker(grace=30.0)
+    assert w._on_signal(signal.SIGTERM, 100.0) is False and w._stop_requested
+    assert w._interrupt is None  # a graceful stop: run() returns
+    assert w._on_signal(signal.SIGTERM, 100.1) is True
+    assert isinstance(w._interrupt, SystemExit) and w._interrupt.code == 128 + signal.SIGTERM
+    w = worker()
+    w._on_signal(signal.SIGINT, 1.0)
+    w._on_signal(signal.SIGINT, 1.1)
+    assert isinstance(w._interrupt, KeyboardInterrupt)
 
 
 def test_worker_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="concurrency"):
-        WorkerCore(None, "q", None, concurrency=0)
+        worker(concurrency=0)
+    with pytest.raises(TypeError, match="concurrency"):
+        worker(concurrency="4")
+    with pytest.raises(ValueError, match="lease_ms"):
+        worker(lease_ms=-1)
+    with pytest.raises(TypeError, match="lease_ms"):
+        worker(lease_ms=1.5)
+    with pytest.raises(ValueError, match="grace"):
+        worker(grace=-1)
+    with pytest.raises(ValueError, match="extend_interval"):
+        worker(lease_ms=1000, extend_interval=1.0)
+    with pytest.raises(ValueError, match="poll_interval"):
+        worker(poll_interval=float("nan"))
+    with pytest.raises(ValueError, match="must not contain"):
+        WorkerCore(None, "a{b}", lambda ctx: None)
+    with pytest.raises(TypeError, match="handler"):
+        WorkerCore(None, "q", "not a function")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="handler must take one argument"):
+        WorkerCore(None, "q", lambda a, b, c: None)
+    with pytest.raises(ValueError, match="max_stalled"):
+        ReaperCore(None, "q", max_stalled=0)
+    with pytest.raises(TypeError, match="on_sweep"):
+        ReaperCore(None, "q", on_sweep=5)  # type: ignore[arg-type]
+
+
+def test_the_handler_style_is_told_by_its_signature() -> None:
+    def new(ctx: object) -> None: ...
+    def old(job: object, cancel: object) -> None: ...
+
+    class Callable_:
+        def __call__(self, ctx: object) -> None: ...
+
+    assert takes_context(new) and takes_context(Callable_()) and takes_context(lambda *a: None)
+    assert not takes_context(old) and not takes_context(lambda job, tok: None)
+    assert takes_context(print)  # no readable signature: the current style
+
+
+# -- retrying and errors ---------------------------------------------------------
+
+
+def test_backoff_waits_grow_and_stop_at_the_deadline() -> None:
+    b = Backoff(until=10.0, jitter=lambda: 1.0)  # no jitter: the upper waits
+    waits = [b.next_wait(0.0) for _ in range(7)]
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert b.timeout(0.0) == 10.0 and b.timeout(9.5) == 0.5  # never past the deadline
+    assert Backoff(until=None).timeout(0.0) == 2.0
+    assert Backoff(until=1e6, jitter=lambda: 1.0).timeout(0.0) <= ATTEMPT_TIMEOUT_CAP_S
+    assert b.next_wait(9.99) == pytest.approx(0.01)
+    assert b.next_wait(10.0) is None
+    assert Backoff(until=None).next_wait(1e9) is not None
+    assert Backoff(until=5.0, jitter=lambda: 0.0).next_wait(0.0) == 0.025  # jitter halves at most
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (ConnectionError("reset"), Trouble.TRANSIENT),
+        (TimeoutError("slow"), Trouble.TRANSIENT),
+        (BusyLoadingError("loading"), Trouble.TRANSIENT),
+        (OutOfMemoryError("command not allowed"), Trouble.TRANSIENT),
+        (NoPermissionError("this user has no permissions"), Trouble.PERMANENT),
+        (ReadOnlyError("You can't write against a read only replica."), Trouble.PERMANENT),
+        (
+            ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            Trouble.PERMANENT,
+        ),
+        (ModuleNotLoaded("no module"), Trouble.PERMANENT),
+        (TypeError("a bug"), Trouble.PERMANENT),
+    ],
+)
+def test_errors_are_told_apart(exc: BaseException, kind: Trouble) -> None:
+    assert trouble(exc) is kind
+
+
+def test_troubles_log_each_kind_once_and_count_every_one(caplog: pytest.LogCaptureFixture) -> None:
+    w = worker()
+    caplog.set_level(logging.DEBUG, logger="echomq.worker")
+    for _ in range(3):
+        w._trouble(NoPermissionError("this user has no permissions to run the 'emq.claim' command"), "claim")
+        w._trouble(ConnectionError("Connection refused"), "claim")
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelname for r in errors] == ["ERROR", "WARNING"]
+    assert "no permissions" in errors[0].getMessage() and "retrying will not fix" in errors[0].getMessage()
+    assert (w.stats.permanent_errors, w.stats.connection_errors) == (3, 3)
+    assert w.stats.last_permanent_error is not None and "NoPermissionError" in w.stats.last_permanent_error
+    w._healed()  # the outage is over: the next connection error is news again
+    w._trouble(ConnectionError("Connection refused"), "claim")
+    assert [r.levelname for r in caplog.records if r.levelno >= logging.WARNING][-1] == "WARNING"
+    assert sum(r.levelno == logging.WARNING for r in caplog.records) == 2
+
+
+def test_a_claim_keeps_its_request_id_until_jobs_come_back() -> None:
+    from echomq._protocol import claim
+
+    step = ClaimStep()
+    made: list[object] = []
+
+    def make() -> Any:
+        made.append(claim("q", 1000))
+        return made[-1]
+
+    first, since = step.next(make, 10.0)
+    assert since == 10.0
+    step.answered([])  # nothing claimable: the same REQ goes out again...
+    again, since = step.next(make, 11.0)
+    assert again is first and since == 11.0  # ...and, every send answered so far, the lease counts from now
+    step.failed()  # an attempt got no answer: the server may have claimed for it at 11.0 or later
+    step.answered([])
+    retry, since = step.next(make, 15.0)
+    assert retry is first and since == 11.0  # never later than the first send that may have claimed
+    step.answered([JOB])  # jobs came back: the request is over
+    fresh, since = step.next(make, 16.0)
+    assert fresh is not first and since == 16.0 and len(made) == 2
+    assert fresh.args[-1] != first.args[-1]  # a new REQ

@@ -166,11 +166,13 @@ def test_worker_stop_cancels_running_handlers(r: redis.Redis, client: echomq.Cli
 
     worker = echomq.Worker(client, Q, handler, lease_ms=5000, max_attempts=3, poll_interval=0.01).start()
     assert started.wait(10)
-    worker.stop(timeout=10)
+    worker.stop(grace=0)
     assert reasons == ["shutdown"]
-    # Cancelled by shutdown counts as a failed attempt: back to pending for a retry.
-    assert r.hget(K.job("long"), "state") == b"pending"
-    assert r.hget(K.job("long"), "last_error") == b"cancelled: shutdown"
+    # Stopped by a shutdown, the job is given back without using an attempt (RELEASE).
+    row = r.hgetall(K.job("long"))
+    assert row[b"state"] == b"pending" and row[b"tries"] == b"0" and row[b"closed_by"] == b"release:pending"
+    assert b"last_error" not in row
+    assert worker.stats.released == 1 and worker.stats.failed == 0
 
 
 def test_worker_never_completes_a_job_whose_lease_it_lost(r: redis.Redis, client: echomq.Client) -> None:
@@ -197,5 +199,5 @@ def test_worker_never_completes_a_job_whose_lease_it_lost(r: redis.Redis, client
 
 @pytest.mark.parametrize("concurrency", [0, -1])
 def test_worker_validates(client: echomq.Client, concurrency: int) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="concurrency"):
         echomq.Worker(client, Q, lambda job, cancel: None, concurrency=concurrency)

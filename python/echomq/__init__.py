@@ -1,9 +1,9 @@
 """EchoMQ native: lifecycle controls for a Redis-backed job queue.
 
 The emq Redis module gives a queue native, atomic, server-clocked commands
-(EMQ.ENQUEUE, CLAIM, EXTEND, CHECKPOINT, COMPLETE, FAIL, CANCEL, SWEEP);
+(EMQ.ENQUEUE, CLAIM, EXTEND, CHECKPOINT, COMPLETE, FAIL, RELEASE, CANCEL, SWEEP);
 this package wraps them, and adds a cooperative cancel token and a worker
-runtime (Worker, LeaseKeeper, Reaper).  ``echomq.asyncio`` has the same over
+runtime (Worker, LeaseKeeper, Reaper; a handler gets a JobContext).  ``echomq.asyncio`` has the same over
 ``redis.asyncio``; ``echomq.testing`` starts a throwaway server for tests.
 
     client = echomq.Client.from_url("redis://localhost:6379")
@@ -14,6 +14,7 @@ runtime (Worker, LeaseKeeper, Reaper).  ``echomq.asyncio`` has the same over
 from __future__ import annotations
 
 from . import keyspace
+from ._log import configure_logging
 from ._module_so import module_path
 from ._protocol import KEEP_FOREVER
 from .cancel import Cancellation, CancelToken
@@ -33,8 +34,11 @@ from .client import (
     ScriptLimits,
     SweepResult,
 )
+from .context import JobContext
 from .errors import (
+    BadArgument,
     Cancelled,
+    CorruptQueue,
     EchoMQError,
     JobExists,
     JobGone,
@@ -53,14 +57,17 @@ from .worker import Worker, WorkerStats
 __all__ = [
     "KEEP_FOREVER",
     "ActiveJob",
+    "BadArgument",
     "CancelToken",
     "Cancellation",
     "Cancelled",
     "Client",
+    "CorruptQueue",
     "DeadJob",
     "EchoMQError",
     "ExtendOutcome",
     "Job",
+    "JobContext",
     "JobExists",
     "JobGone",
     "JobInfo",
@@ -83,6 +90,7 @@ __all__ = [
     "Unblocked",
     "Worker",
     "WorkerStats",
+    "configure_logging",
     "keyspace",
     "module_path",
 ]

@@ -84,8 +84,8 @@ def worker_main(name: str, url: str) -> None:
             _report(r, name, "step", job.id, f"{job.id} step {step}/{steps}")
         _report(r, name, "finished", job.id, f"{job.id} finished its work")
 
-    worker = Worker(client, QUEUE, handler, lease_ms=LEASE_MS, poll_interval=0.05)
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    # run() stops on SIGTERM by itself; a short grace keeps the demo's end quick.
+    worker = Worker(client, QUEUE, handler, lease_ms=LEASE_MS, poll_interval=0.05, grace=0.5)
     worker.run()
 
 

@@ -23,7 +23,17 @@ import redis as redis_sync
 from redis.exceptions import ResponseError
 
 from .cancel import Cancellation
-from .errors import JobExists, JobGone, ModuleNotLoaded, NotRetryable, QueueBusy, StaleToken, Unblocked
+from .errors import (
+    BadArgument,
+    CorruptQueue,
+    JobExists,
+    JobGone,
+    ModuleNotLoaded,
+    NotRetryable,
+    QueueBusy,
+    StaleToken,
+    Unblocked,
+)
 from .keyspace import QueueKeys, queue_keys
 
 T = TypeVar("T")
@@ -116,13 +126,17 @@ def text(value: bytes | str) -> str:
     return value
 
 
-def wire(value: JobId) -> bytes:
-    """An id as the bytes sent to the server."""
+def wire(value: JobId, name: str = "job_id") -> bytes:
+    """An id as the bytes sent to the server; ``name`` is the argument named in errors."""
     if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
-    raise TypeError(f"job id must be str or bytes, not {type(value).__name__}")
+        data = value
+    elif isinstance(value, str):
+        data = value.encode("utf-8", "surrogateescape")
+    else:
+        raise TypeError(f"{name} must be str or bytes, not {type(value).__name__}")
+    if not data:
+        raise ValueError(f"{name} must not be empty")
+    return data
 
 
 def server_ms(time_reply: Sequence[int | bytes | str]) -> int:
@@ -151,18 +165,57 @@ def new_request_id() -> bytes:
 def check_token(value: object) -> bytes:
     """A fencing token as sent: the str (or bytes) a claim handed out."""
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
-    if isinstance(value, bytes):
-        return value
-    raise TypeError(f"token must be the str a claim returned, not {type(value).__name__}")
+        data = value.encode("utf-8", "surrogateescape")
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        raise TypeError(f"token must be the str a claim returned, not {type(value).__name__}")
+    if not data:
+        raise ValueError("token must not be empty")
+    return data
 
 
-def positive_int(name: str, value: object) -> int:
+# The module's integers are signed 64-bit; a deadline must stay an exact
+# double (2^53 ms): no lease, count or limit beyond these can be right.
+MAX_COUNT = 2**63 - 1
+MAX_MS = 2**53
+
+
+def positive_int(name: str, value: object, maximum: int = MAX_COUNT) -> int:
+    """``value`` if it is an int in [1, maximum], else TypeError/ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def lease(name: str, value: object) -> int:
+    """A lease (or any duration) in ms: an int in [1, 2^53]."""
+    return positive_int(name, value, MAX_MS)
+
+
+def data(name: str, value: object) -> bytes:
+    """A payload as sent: bytes as they are, a str as UTF-8."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"{name} must be bytes or str, not {type(value).__name__} (serialize it first)")
+
+
+def message(name: str, value: object, *, optional: bool = False) -> bytes:
+    """A text argument (an error, a reason) as UTF-8; None only where ``optional``."""
+    if value is None and optional:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    kind = "a str or None" if optional else "a str"
+    raise TypeError(f"{name} must be {kind}, not {type(value).__name__}")
 
 
 MAX_EXACT_MS = 2**53
@@ -179,11 +232,7 @@ def ms_int(name: str, value: object) -> int:
 
 
 def payload_bytes(value: object) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    raise TypeError(f"payload must be bytes or str, not {type(value).__name__}")
+    return data("payload", value)
 
 
 def when_args(delay_ms: int | None, run_at_ms: int | None) -> tuple[Any, ...]:
@@ -197,9 +246,15 @@ def when_args(delay_ms: int | None, run_at_ms: int | None) -> tuple[Any, ...]:
     return ()
 
 
-@lru_cache(maxsize=1024)
-def keys_of(queue: str) -> QueueKeys:
+def keys_of(queue: object) -> QueueKeys:
     """queue_keys, memoized: the hot path (extend) should not rebuild key names."""
+    if not isinstance(queue, str):
+        return queue_keys(queue)  # type: ignore[arg-type]  # raises its TypeError, naming the queue name
+    return _keys_of(queue)
+
+
+@lru_cache(maxsize=1024)
+def _keys_of(queue: str) -> QueueKeys:
     return queue_keys(queue)
 
 
@@ -238,7 +293,7 @@ def _claimed(call: Call[list[Job]], reply: Any) -> list[Job]:
     if reply is None:
         return []
     return [
-        Job(call.queue, text(jid), text(token), wire(payload), int(attempt), state)
+        Job(call.queue, text(jid), text(token), data("payload", payload), int(attempt), state)
         for jid, token, payload, attempt, state in reply
     ]
 
@@ -263,9 +318,9 @@ def _cancel_outcome(call: Call[CancelOutcome], reply: Any) -> CancelOutcome:
 
 
 def extend(queue: str, job_id: JobId, token: str, lease_ms: int) -> Call[None]:
-    tok = check_token(token)
-    positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
+    tok = check_token(token)
+    lease("lease_ms", lease_ms)
     args = ("EMQ.EXTEND", keys.active, keys.job(wid), wid, tok, lease_ms)
     return Call(args, _none_unless_gone, queue, wid)
 
@@ -287,15 +342,20 @@ def extend_outcome(call: Call[None], reply: Any) -> ExtendOutcome:
 
 def extend_batch(queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int) -> list[Call[None]]:
     """One EXTEND per (job_id, token), every argument checked before any is sent."""
-    return [extend(queue, job_id, token, lease_ms) for job_id, token in jobs]
+    calls = []
+    for pair in jobs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"jobs must be (job_id, token) pairs, got {pair!r}")
+        calls.append(extend(queue, pair[0], pair[1], lease_ms))
+    return calls
 
 
 def checkpoint(
     queue: str, job_id: JobId, token: str, lease_ms: int, state: bytes | None = None
 ) -> Call[Cancellation | None]:
-    tok = check_token(token)
-    positive_int("lease_ms", lease_ms)
     keys, wid = keys_of(queue), wire(job_id)
+    tok = check_token(token)
+    lease("lease_ms", lease_ms)
     args: tuple[Any, ...] = ("EMQ.CHECKPOINT", keys.active, keys.job(wid), wid, tok, lease_ms)
     if state is not None:
         if not isinstance(state, bytes | bytearray | memoryview):
@@ -305,9 +365,9 @@ def checkpoint(
 
 
 def sweep(queue: str, max_stalled: int, limit: int) -> Call[SweepResult]:
+    keys = keys_of(queue)
     positive_int("max_stalled", max_stalled)
     positive_int("limit", limit)
-    keys = keys_of(queue)
     args = ("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, max_stalled, limit)
     return Call(args, _sweep_result, queue)
 
@@ -320,10 +380,10 @@ def enqueue(
     run_at_ms: int | None = None,
 ) -> Call[str]:
     keys = keys_of(queue)
+    body = payload_bytes(payload)
     when = when_args(delay_ms, run_at_ms)
     wid = wire(job_id) if job_id is not None else new_id()
-    data = payload_bytes(payload)
-    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, data, *when, "REQ", new_request_id())
+    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, "REQ", new_request_id())
     return Call(args, _enqueued_id, queue, wid)
 
 
@@ -349,13 +409,13 @@ def enqueue_many(
         if isinstance(item, tuple):
             if len(item) != 2:
                 raise ValueError(f"an enqueue_many item must be a payload or (job_id, payload), got {item!r}")
-            wid, data = wire(item[0]), payload_bytes(item[1])
+            wid, body = wire(item[0]), payload_bytes(item[1])
             if wid in seen:
                 raise ValueError(f"job id {text(wid)!r} appears twice in enqueue_many")
             seen.add(wid)
         else:
-            wid, data = new_id(), payload_bytes(item)
-        jobs.append((wid, data))
+            wid, body = new_id(), payload_bytes(item)
+        jobs.append((wid, body))
     size = min(chunk, MAX_ENQUEUE_MANY)
     return [_many_call(queue, keys, jobs[k : k + size], when) for k in range(0, len(jobs), size)]
 
@@ -392,9 +452,9 @@ def enqueue_many_halves(call: Call[list[str]]) -> list[Call[list[str]]]:
 
 def claim(queue: str, lease_ms: int, count: int = 1, block_ms: int | None = None) -> Call[list[Job]]:
     """Up to ``count`` jobs, each with its payload: one round trip (waiting up to ``block_ms`` for one)."""
-    positive_int("lease_ms", lease_ms)
-    positive_int("count", count)
     keys = keys_of(queue)
+    lease("lease_ms", lease_ms)
+    positive_int("count", count)
     args: tuple[Any, ...] = ("EMQ.CLAIM", keys.pending, keys.active, keys.base, lease_ms)
     if count != 1:
         args += ("COUNT", count)
@@ -482,19 +542,19 @@ class BlockingClaim:
 
 
 def complete(queue: str, job_id: JobId, token: str) -> Call[None]:
-    tok = check_token(token)
     keys, wid = keys_of(queue), wire(job_id)
+    tok = check_token(token)
     return Call(("EMQ.COMPLETE", keys.active, keys.job(wid), wid, tok), _none_unless_gone, queue, wid)
 
 
 def fail(
     queue: str, job_id: JobId, token: str, error: str, max_attempts: int, delay_ms: int | None = None
 ) -> Call[FailOutcome]:
+    keys, wid = keys_of(queue), wire(job_id)
     tok = check_token(token)
+    text_bytes = message("error", error)
     positive_int("max_attempts", max_attempts)
     delay = () if delay_ms is None else ("DELAY", ms_int("delay_ms", delay_ms))
-    keys, wid = keys_of(queue), wire(job_id)
-    text_bytes = error.encode("utf-8", "replace")
     args: tuple[Any, ...] = ("EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, wid, tok)
     args += (max_attempts, text_bytes, *delay)
     return Call(args, _fail_outcome, queue, wid)
@@ -506,37 +566,76 @@ def _release_outcome(call: Call[ReleaseOutcome], reply: Any) -> ReleaseOutcome:
 
 
 def release(queue: str, job_id: JobId, token: str) -> Call[ReleaseOutcome]:
-    tok = check_token(token)
     keys, wid = keys_of(queue), wire(job_id)
+    tok = check_token(token)
     args = ("EMQ.RELEASE", keys.active, keys.pending, keys.base, wid, tok)
     return Call(args, _release_outcome, queue, wid)
 
 
 def cancel(queue: str, job_id: JobId, reason: str | None) -> Call[CancelOutcome]:
     keys, wid = keys_of(queue), wire(job_id)
-    data = b"" if reason is None else reason.encode("utf-8", "surrogateescape")
-    return Call(("EMQ.CANCEL", keys.pending, keys.base, wid, data), _cancel_outcome, queue, wid)
+    text_bytes = message("reason", reason, optional=True)
+    return Call(("EMQ.CANCEL", keys.pending, keys.base, wid, text_bytes), _cancel_outcome, queue, wid)
+
+
+# The module's own errors (module/emq_core.c's table) by what they mean to a
+# caller; redis-py strips the "ERR " prefix of generic errors.
+_BAD_ARGUMENT = (
+    "lease-ms ",
+    "max-stalled ",
+    "limit ",
+    "max-attempts ",
+    "COUNT ",
+    "count must be",  # not "count exceeds the server's emq.max-limit": enqueue_many halves those
+    "DELAY ",
+    "AT ",
+    "BLOCK ",
+    "UNTIL ",
+    "the same id appears twice",
+    "the checkpoint state is larger",
+    "syntax error",
+    "the REQ request id ",
+    "<active>",
+    "<pending>",
+    "<dead>",
+    "<job>",
+    "in cluster mode <base>",
+)
+_CORRUPT = (
+    "WRONGTYPE",
+    "a swept job row ",
+    "the job row's ",
+    "the metrics:failed ",
+    "the queue's meta hash ",
+    "increment or decrement would overflow",
+)
 
 
 def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:
-    """Turn a server error into echomq's exception for it (or re-raise it)."""
-    message = str(exc)
-    if message.startswith("EMQSTALE"):
-        raise StaleToken(message, call.job_id) from None
-    if message.startswith("EMQEXISTS"):
-        raise JobExists(message, call.job_id) from None
-    if message.startswith("EMQSTATE"):
-        state = message.split(":", 1)[0].removeprefix("EMQSTATE the job is ").strip()
-        raise NotRetryable(message, call.job_id, state if " " not in state else None) from None
-    if message.startswith("EMQBUSY"):
-        raise QueueBusy(message) from None
-    if message.startswith("UNBLOCKED"):
-        raise Unblocked(message) from None
-    if message.lower().startswith(("unknown command", "err unknown command")):
+    """Turn a server error into echomq's exception for it (or re-raise redis-py's typed one)."""
+    text = str(exc)
+    where = f"queue {call.queue!r}" if call.queue else "the queue"
+    if text.startswith("EMQSTALE"):
+        raise StaleToken(f"{text} (job {call.job_id!r} of {where})", call.job_id) from None
+    if text.startswith("EMQEXISTS"):
+        raise JobExists(f"job {call.job_id!r} already exists in {where}", call.job_id) from None
+    if text.startswith("EMQSTATE"):
+        state = text.split(":", 1)[0].removeprefix("EMQSTATE the job is ").strip()
+        raise NotRetryable(text, call.job_id, state if " " not in state else None) from None
+    if text.startswith("EMQBUSY"):
+        raise QueueBusy(text) from None
+    if text.startswith("UNBLOCKED"):
+        raise Unblocked(text) from None
+    if text.lower().startswith(("unknown command", "err unknown command")):
         raise ModuleNotLoaded(
             f"the server does not know {call.args[0]}: start it with "
             "--loadmodule /path/to/emq.so (see echomq.module_path())"
         ) from exc
+    if type(exc) is ResponseError:  # redis-py's typed subclasses (NOPERM, READONLY, OOM, ...) stay
+        if text.startswith(_BAD_ARGUMENT):
+            raise BadArgument(f"{call.args[0]} refused an argument: {text}") from None
+        if text.startswith(_CORRUPT):
+            raise CorruptQueue(f"{call.args[0]} on {where}: {text}") from None
     raise exc
 
 

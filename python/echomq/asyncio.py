@@ -4,31 +4,42 @@ lease keeper, reaper and worker.
     import echomq.asyncio as emq
 
     client = emq.Client.from_url("redis://localhost:6379/0")
-    await client.extend("mail", job_id, token=3, lease_ms=30_000)
+    await client.enqueue("mail", b'{"to": "ada"}')
 
-    async def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
-        await send(job.payload)
-        cancel.raise_if_cancelled()          # O(1), as in sync code
-        await cancel.wait()                  # or wait for the cancel itself
+    async def handler(ctx: emq.JobContext) -> None:
+        await send(ctx.payload)
+        await ctx.checkpoint()               # extend the lease; raises Cancelled if cancelled
+        ctx.raise_if_cancelled()             # O(1), as in sync code
 
-    await emq.Worker(client, "mail", handler, concurrency=10).run()
+    await emq.Worker(client, "mail", handler, concurrency=10).run()   # until SIGINT/SIGTERM or stop()
 
 ``CancelToken`` is the same class as in sync code: ``await token.wait()``
-works from any event loop, and ``cancel()`` from any thread.
+works from any event loop, and ``cancel()`` from any thread.  The drivers
+follow the thread drivers' rules (``_runtime.py``): the same deadline watch
+(a handler that blocks the loop still has its token cancelled at the
+deadline), the same retries, the same shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import signal
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
 from . import _protocol as proto
+from ._log import CURRENT_JOB
 from ._protocol import (
     ActiveJob,
     CancelOutcome,
@@ -48,7 +59,22 @@ from ._protocol import (
     RetryDeadResult,
     SweepResult,
 )
-from ._runtime import Action, Finish, KeeperCore, ReaperCore, WorkerCore
+from ._runtime import (
+    ATTEMPT_TIMEOUT_S,
+    FORCE_AFTER_S,
+    LOST_DEADLINE,
+    Action,
+    Backoff,
+    ClaimStep,
+    ContextCore,
+    Finish,
+    HeldJob,
+    KeeperCore,
+    LeaseEvent,
+    ReaperCore,
+    Trouble,
+    WorkerCore,
+)
 from ._scripts import (
     PROBE,
     BackendChoice,
@@ -61,14 +87,18 @@ from ._scripts import (
     load_refused,
     missing_code,
 )
+from ._watch import WATCH
 from .cancel import Cancellation, CancelToken
+from .client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, check_redis_client, connection_defaults
 from .errors import LeaseLost
 
-__all__ = ["AsyncHandler", "Client", "LeaseKeeper", "Reaper", "Worker"]
+__all__ = ["AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker"]
 
 T = TypeVar("T")
 
-AsyncHandler = Callable[[Job, CancelToken], Awaitable[object]]
+# How long a forced stop waits for the jobs still held to be given back, then
+# for the worker's tasks to end, before it cancels them.
+FORCE_BUDGET_S = 0.4
 
 
 class Client:
@@ -86,6 +116,7 @@ class Client:
         *,
         script_limits: ScriptLimits | None = None,
     ) -> None:
+        check_redis_client(redis_client, want_async=True)
         self.redis = redis_client
         self._limits = script_limits if script_limits is not None else ScriptLimits()
         choice = check_backend(backend)
@@ -106,11 +137,23 @@ class Client:
         With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
         client is ``redis.asyncio.RedisCluster``: each command goes to the node
         that owns its queue's slot.  ``backend`` and ``script_limits`` as for
-        ``Client``.
+        ``Client``; the same deliberate timeouts and retries as
+        ``echomq.Client.from_url``.
         """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, not {type(url).__name__}")
+        kwargs.setdefault(
+            "retry",
+            AsyncRetry(
+                ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+                RETRIES,
+                supported_errors=(redis.ConnectionError, redis.TimeoutError),
+            ),
+        )
+        options = connection_defaults(kwargs)
         if cluster:
-            return cls(aioredis.RedisCluster.from_url(url, **kwargs), backend, script_limits=script_limits)
-        return cls(aioredis.Redis.from_url(url, **kwargs), backend, script_limits=script_limits)
+            return cls(aioredis.RedisCluster.from_url(url, **options), backend, script_limits=script_limits)
+        return cls(aioredis.Redis.from_url(url, **options), backend, script_limits=script_limits)
 
     @property
     def backend(self) -> BackendName:
@@ -191,6 +234,20 @@ class Client:
                 except ResponseError as exc:
                     replies[i] = exc
         return replies
+
+    async def _attempt(self, call: proto.Call[T], timeout: float) -> T:
+        """Send ``call`` and wait at most ``timeout`` seconds (see ``echomq.Client._attempt``).
+
+        Cancelled at the timeout, redis-py drops the connection the command
+        was on (it may be half-open); the next attempt uses a fresh one.
+        """
+        try:
+            if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
+                async with asyncio.timeout(max(timeout, 0.001)):
+                    return await self._run(call)
+            return await asyncio.wait_for(self._run(call), timeout=max(timeout, 0.001))
+        except asyncio.TimeoutError:
+            raise redis.TimeoutError(f"no reply to {call.args[0]} within {timeout:.3f} s") from None
 
     async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""
@@ -432,10 +489,16 @@ class Client:
         await self.redis.aclose()
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> bool:
-    """Wait for ``event`` at most ``timeout`` seconds; True if it is set."""
+async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait for ``event`` at most ``timeout`` seconds (None: no bound); True if it is set."""
+    if event.is_set():
+        return True
     try:
-        await asyncio.wait_for(event.wait(), timeout=timeout)
+        if sys.version_info >= (3, 11):  # no task per wait, unlike wait_for before 3.12
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        else:
+            await asyncio.wait_for(event.wait(), timeout=timeout)
     except asyncio.TimeoutError:
         return False
     return True
@@ -449,13 +512,21 @@ class LeaseKeeper(KeeperCore[Client]):
     gone, or no checkpoint confirmed before the deadline) and, with
     ``deliver_cancel``, with a remote cancel's reason.  ``claimed_at`` is on
     ``clock`` (``time.monotonic``, which is also the default event loop's
-    clock).  A checkpoint in flight is bounded by the deadline itself, so a
-    hung connection cannot keep the handler running past its lease.
+    clock).  The deadline is watched from a thread (``_watch.py``): a
+    handler that blocks the event loop past the lease has its token
+    cancelled at the deadline all the same.  A checkpoint's answer is
+    awaited at most an interval; ``stop()`` cancels one in flight.
     """
 
+    _client_type = Client
+
     def _init_driver(self) -> None:
+        # A thread lock, held only between awaits: the deadline watch thread
+        # updates the HeldJob too.
+        self._lock = threading.Lock()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sending = False
 
     async def __aenter__(self) -> LeaseKeeper:
         self.start()
@@ -467,41 +538,99 @@ class LeaseKeeper(KeeperCore[Client]):
         await self.stop()
 
     def start(self) -> None:
-        """Start checkpointing in a task of the running loop."""
+        """Start checkpointing in a task of the running loop (and watching the deadline)."""
+        WATCH.add(self._held, self._lock, self._clock)
         self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
 
     async def stop(self) -> None:
-        """Stop checkpointing; waits for a checkpoint in flight, then looks at the deadline a last time."""
-        self._held.stop()
+        """Stop checkpointing, cancel a checkpoint in flight, then look at the deadline a last time."""
+        with self._lock:
+            self._held.stop()
         self._stop.set()
-        if self._task is not None:
-            await self._task
-        self._held.expire(self._clock())
+        task = self._task
+        try:
+            if task is not None:
+                if self._sending:  # its answer can no longer change anything
+                    task.cancel()
+                await asyncio.wait([task])
+        finally:
+            if task is not None and not task.done():  # stop() itself was cancelled
+                task.cancel()
+            WATCH.remove(self._held)
+            with self._lock:
+                self._held.expire(self._clock())
+
+    async def checkpoint(self) -> Cancellation | None:
+        """Checkpoint now (a handler's ``JobContext.checkpoint()``; see ``echomq.LeaseKeeper.checkpoint``)."""
+        return await self._checkpoint(own=False)
+
+    async def _confirm(self, timeout: float) -> bool:
+        """Before ``start()``: one checkpoint for a claim answered late (see ``echomq.LeaseKeeper``)."""
+        sent = self._clock()
+        job = self.job
+        try:
+            call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
+            requested = await self.client._attempt(call, timeout)
+        except Exception as exc:
+            with self._lock:
+                if self._held.failed(exc, self._clock()) is LeaseEvent.RETRY:
+                    self._troubles.report(exc, "checkpoint", job)
+                    self._held.lose(LOST_DEADLINE)  # no lease we can show: not ours to run
+            return False
+        with self._lock:
+            self._held.confirmed(sent, self._clock(), requested)
+        return True
 
     async def _run(self) -> None:
         while True:
-            wait = self._held.wait_before_checkpoint(self._clock())
+            with self._lock:
+                wait = self._held.wait_before_checkpoint(self._clock())
             if wait is None or await _wait(self._stop, wait):
                 return
-            if self._held.checkpoint_due(self._clock()):
-                await self._checkpoint()
+            with self._lock:
+                due = self._held.checkpoint_due(self._clock())
+            if due:
+                await self._checkpoint(own=True)
 
-    async def _checkpoint(self) -> None:
-        sent = self._clock()
-        try:
-            call = self._send()
-            requested = await asyncio.wait_for(call, timeout=max(self._held.time_left(sent), 0.001))
-        except Exception as exc:  # a timeout too: the deadline decides
-            self._held.failed(exc, self._clock())
-            return
-        self._held.confirmed(sent, self._clock(), requested)
-
-    async def _send(self) -> Cancellation | None:
+    async def _checkpoint(self, *, own: bool) -> Cancellation | None:
+        with self._lock:
+            sent = self._clock()
+            timeout = self._held.checkpoint_timeout(sent)
         job = self.job
-        if self.deliver_cancel:
-            return await self.client.checkpoint(job.queue, job.id, job.token, self.lease_ms)
-        await self.client.extend(job.queue, job.id, job.token, self.lease_ms)
-        return None
+        self._sending = own
+        try:
+            if self.deliver_cancel:
+                call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
+                requested = await self.client._attempt(call, timeout)
+            else:
+                await self.client._attempt(proto.extend(job.queue, job.id, job.token, self.lease_ms), timeout)
+                requested = None
+        except Exception as exc:
+            with self._lock:
+                event = self._held.failed(exc, self._clock())
+            if event is LeaseEvent.RETRY:
+                self._troubles.report(exc, "checkpoint", job)
+            return None
+        finally:
+            self._sending = False
+        with self._lock:
+            self._held.confirmed(sent, self._clock(), requested)
+        self._troubles.healed()
+        return requested
+
+
+class JobContext(ContextCore[LeaseKeeper]):
+    """``echomq.JobContext`` for asyncio handlers: the same, with ``await ctx.checkpoint()``."""
+
+    __slots__ = ()
+
+    async def checkpoint(self) -> None:
+        """Extend the lease now and deliver a remote cancel; raise ``Cancelled`` if the job is cancelled."""
+        await self._keeper.checkpoint()
+        self.cancel.raise_if_cancelled()
+
+
+AsyncHandler = Callable[[JobContext], Awaitable[object]] | Callable[[Job, CancelToken], Awaitable[object]]
 
 
 class Reaper(ReaperCore[Client]):
@@ -510,6 +639,8 @@ class Reaper(ReaperCore[Client]):
     The same arguments, attributes and tick as ``echomq.Reaper``
     (``on_sweep`` is a plain function, called in the loop).
     """
+
+    _client_type = Client
 
     def _init_driver(self) -> None:
         self._stop = asyncio.Event()
@@ -523,12 +654,12 @@ class Reaper(ReaperCore[Client]):
         return self._swept(tick)
 
     async def run(self) -> None:
-        """Sweep every ``interval`` until ``stop()``; errors are logged and retried."""
+        """Sweep every ``interval`` until ``stop()``; errors are counted, logged once, and retried."""
         while True:
             try:
                 await self.sweep_once()
-            except Exception:
-                self._sweep_failed()
+            except Exception as exc:
+                self._sweep_failed(exc)
             if await _wait(self._stop, self.interval):
                 return
 
@@ -554,39 +685,72 @@ class Reaper(ReaperCore[Client]):
         await self.stop()
 
 
-class Worker(WorkerCore[Client, AsyncHandler]):
-    """Runs ``await handler(job, cancel_token)`` for ``queue``'s jobs.
+class _GaveUp(Exception):
+    """A command could not be sent before its deadline (or a forced stop); the last error is the cause."""
 
-    The same arguments, attributes and rules as ``echomq.Worker``, with
-    ``concurrency`` tasks instead of threads.  ``stop()`` is a plain function
-    (a handler or a signal handler can call it): it stops claiming and
-    cancels the running handlers; ``await run()``, or leave ``async with
-    worker:``, to wait for them.
+
+class Worker(WorkerCore[Client, AsyncHandler]):
+    """Runs ``await handler(ctx)`` for ``queue``'s jobs, ``concurrency`` at a time, as tasks.
+
+    The same arguments, attributes and rules as ``echomq.Worker`` (a
+    handler taking two arguments gets ``(job, cancel_token)``).  A
+    CancelledError a handler raises by itself is its job's failure;
+    cancelling ``run()`` stops the worker at once (the
+    jobs held are given back, every task it made ends) and then lets the
+    cancellation through.  ``stop()`` is a plain function (a handler or a
+    signal handler can call it, from any thread): it stops claiming and
+    starts the grace period; ``await run()``, or leave ``async with
+    worker:``, to wait for the end.
     """
 
-    def _init_driver(self) -> None:
-        self._stopping = asyncio.Event()  # wakes idle tasks; the decisions read _stop_requested
-        self._task: asyncio.Task[None] | None = None
+    _client_type = Client
 
-    async def run(self) -> None:
-        """Work with ``concurrency`` tasks until ``stop()``."""
-        self._begin()
-        self._stopping.clear()
-        await self._work()
+    def _check_handler(self, handler: object) -> None:
+        call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
+        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
+            raise TypeError(
+                "handler must be a coroutine function (async def); run a plain one with echomq.Worker"
+            )
+
+    def _init_driver(self) -> None:
+        self._started = False
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._wake: asyncio.Event | None = None  # the supervisor looks again
+        self._stopping: asyncio.Event | None = None  # idle tasks look again
+        self._forced_event: asyncio.Event | None = None
+        self._force_pending = False
+        self._loops: list[asyncio.Task[None]] = []
+        self._handlers: dict[HeldJob, asyncio.Task[Any]] = {}  # the task running each handler
+
+    # -- control ---------------------------------------------------------------
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Work with ``concurrency`` tasks until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``)."""
+        await self._run(handle_signals)
+        if self._interrupt is not None:
+            raise self._interrupt
 
     def start(self) -> Worker:
         """Work in a task of the running loop; returns at once."""
-        self._begin()
-        self._stopping.clear()
-        self._task = asyncio.create_task(self._work(), name=f"echomq-worker-{self.queue}")
+        self._task = asyncio.create_task(self._run(False), name=f"echomq-worker-{self.queue}")
         return self
 
-    def stop(self) -> None:
-        """Stop claiming and cancel running handlers with reason "shutdown"."""
-        self._request_stop()
-        self._stopping.set()
-        if self.metrics is not None:
-            self.metrics.flush()
+    def stop(self, grace: float | None = None) -> None:
+        """Stop claiming now; handlers get ``grace`` seconds (default: the worker's), then "shutdown".
+
+        Only asks: ``await run()`` or leaving ``async with`` waits.  Safe
+        from any thread; before ``run()``, the worker never starts.
+        """
+        self._request_stop(time.monotonic(), grace)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._poke()
+        else:
+            loop.call_soon_threadsafe(self._poke)
 
     async def __aenter__(self) -> Worker:
         return self.start()
@@ -595,56 +759,309 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-        if self._task is not None:
-            await self._task
-            self._task = None
+        task = self._task
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # we were cancelled while waiting: so is the worker, at once
+                task.cancel()
+                await asyncio.wait([task])
+            raise
 
-    async def _work(self) -> None:
-        await asyncio.gather(*(self._loop() for _ in range(self.concurrency)))
+    def _poke(self) -> None:
+        for event in (self._wake, self._stopping):
+            if event is not None:
+                event.set()
 
-    async def _loop(self) -> None:
-        while not self._stopping.is_set():
+    async def _run(self, handle_signals: bool) -> None:
+        if self._started:
+            raise RuntimeError("this worker has already run; make a new one")
+        self._started = True
+        if self._stop_requested:  # stop() came first: never start
+            return
+        loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._wake, self._stopping, self._forced_event = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        WATCH.retain()
+        restore = self._install_signals(loop) if handle_signals else None
+        try:
+            self._loops = [
+                asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-{n}")
+                for n in range(self.concurrency)
+            ]
             try:
-                worked = await self.work_one()
-            except Exception:
-                self._loop_failed()
-                worked = False
-            if not worked:
-                await _wait(self._stopping, self.poll_interval)
+                await self._supervise()
+            except asyncio.CancelledError:
+                # run() itself was cancelled: stop at once, give back what is held,
+                # end every task we made, then let the cancellation through.
+                await self._force_stop()
+                raise
+        finally:
+            if restore is not None:
+                restore()
+            left = [t for t in self._loops if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                await asyncio.wait(left)
+            WATCH.release()
+            self._stopped()
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, self._signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # no signals on this loop or platform
+                continue
+            previous[sig] = handler
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                if handler is not None:  # asyncio.run()'s own SIGINT handler, for one
+                    signal.signal(sig, handler)
+
+        return restore
+
+    def _signal(self, signum: int) -> None:
+        if self._on_signal(signum, time.monotonic()):
+            self._force_pending = True
+        self._poke()
+
+    async def _supervise(self) -> None:
+        assert self._wake is not None
+        while True:
+            wait = self._shutdown_tick(time.monotonic())
+            if self._force_pending or wait == 0.0:
+                await self._force_stop()
+                return
+            if all(t.done() for t in self._loops):
+                return
+            if self._stop_requested and self._stopping is not None:
+                self._stopping.set()  # idle tasks stop waiting for their next poll
+            await _wait(self._wake, wait)
+            self._wake.clear()
+
+    async def _force_stop(self) -> None:
+        """Stop at once: cancel the handlers still running, give their jobs back, end every task."""
+        stuck = self._force()
+        assert self._forced_event is not None
+        self._forced_event.set()
+        self._poke()
+        for held in stuck:
+            task = self._handlers.get(held)
+            if task is not None:
+                task.cancel()
+        until = time.monotonic() + FORCE_BUDGET_S
+        give_back = [asyncio.create_task(self._give_back(h, until), name="echomq-give-back") for h in stuck]
+        if give_back:
+            await asyncio.wait(give_back, timeout=FORCE_BUDGET_S + FORCE_AFTER_S / 2)
+        pending: set[asyncio.Task[None]] = set()
+        if self._loops:
+            _, pending = await asyncio.wait(self._loops, timeout=FORCE_AFTER_S / 2)
+        for t in [*pending, *give_back]:
+            if not t.done():
+                t.cancel()
+        rest = [t for t in [*pending, *give_back] if not t.done()]
+        if rest:
+            await asyncio.wait(rest)
+
+    # -- a worker task -----------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        assert self._stopping is not None and self._wake is not None
+        pause, step = Backoff(), ClaimStep()
+        try:
+            while not self._stop_requested:
+                try:
+                    jobs, claimed_at = await self._claim(step)
+                except _GaveUp:
+                    await _wait(self._stopping, pause.next_wait(time.monotonic()) or self.poll_interval)
+                    continue
+                except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
+                    self._trouble(exc, "claim")
+                    await _wait(self._stopping, self.poll_interval)
+                    continue
+                pause = Backoff()
+                if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                    if rest > 0.001:
+                        await _wait(self._stopping, rest)
+                    continue
+                for job in jobs:
+                    try:
+                        await self._process(job, claimed_at)
+                    except (
+                        Exception
+                    ) as exc:  # a bug of ours: logged once with its traceback; the task goes on
+                        self._trouble(exc, "processing a job", job)
+        finally:
+            self._wake.set()
 
     async def work_one(self) -> bool:
         """Claim and process one job; False when the queue had none."""
-        claimed_at = time.monotonic()
-        job = await self.client.claim(self.queue, self.lease_ms)
-        if job is None:
-            return False
-        if self.metrics is not None:
-            await self.metrics.aclaimed_with_wait(self.client, job)
+        try:
+            jobs, claimed_at = await self._claim(wait=False)
+        except _GaveUp as exc:
+            raise exc.__cause__ or exc from None
+        for job in jobs:
+            await self._process(job, claimed_at)
+        return bool(jobs)
+
+    async def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+        """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back)."""
+        step = step if step is not None else ClaimStep()
+        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
+        extra = self.claim_block_ms / 1000 if wait else 0.0
+        # A lost reply must be noticed, and the claim sent again, well before the
+        # lease it took lapses (then the retry is answered with the job): each
+        # attempt waits at most a third of the lease, plus the server-side wait.
+        jobs = await self._send_until(
+            call, None, "claim", extra_s=extra, on_retry=step.failed, cap_s=self.lease_ms / 3000
+        )
+        step.answered(jobs)
+        return jobs, claimed_at
+
+    async def _send_until(
+        self,
+        call: proto.Call[T],
+        until: float | None,
+        doing: str,
+        job: Job | None = None,
+        extra_s: float = 0.0,
+        on_retry: Callable[[], None] | None = None,
+        cap_s: float | None = None,
+    ) -> T:
+        """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``)."""
+        backoff = Backoff(until)
+        while True:
+            try:
+                timeout = backoff.timeout(time.monotonic())
+                timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
+                reply = await self.client._attempt(call, timeout)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                kind = self._trouble(exc, doing, job)
+                if on_retry is not None:
+                    on_retry()
+                wait = backoff.next_wait(time.monotonic())
+                if wait is None or self._forced or (kind is Trouble.PERMANENT and self._stop_requested):
+                    raise _GaveUp(doing) from exc
+                if self._forced_event is not None:
+                    await _wait(self._forced_event, wait)
+                else:
+                    await asyncio.sleep(wait)
+                continue
+            self._healed()
+            return reply
+
+    async def _process(self, job: Job, claimed_at: float) -> None:
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
-        self._took(keeper._held)
-        error: BaseException | None = None
+        keeper._troubles = self._troubles
+        held = keeper._held
+        context = CURRENT_JOB.set(job)
         try:
-            async with keeper:
-                try:
-                    await self.handler(job, cancel)
-                except Exception as exc:  # the handler's failure is the job's, not the worker's
-                    error = exc
+            if not self._took(held):  # the claim was in flight when stop() came: give it back unrun
+                await self._give_back(held, held.confirmed_until)
+                return
+            if self.metrics is not None:
+                await self.metrics.aclaimed_with_wait(self.client, job)
+            if held.needs_confirmation(time.monotonic()) and not await keeper._confirm(ATTEMPT_TIMEOUT_S):
+                self._let_go(held)
+                self._decide(held, None)  # lost: counted, nothing sent
+                return
+            keeper.start()
+            # The handler runs in this task (a task of its own would cost a few
+            # loop turns per job); a forced stop cancels this task while it is
+            # here, and _call_handler tells that cancel from one the handler
+            # raised by itself by the job having been given back.
+            current = asyncio.current_task()
+            assert current is not None
+            self._handlers[held] = current
+            try:
+                error, interrupted = await self._call_handler(held, keeper)
+            finally:
+                self._handlers.pop(held, None)
+                await keeper.stop()
+            interrupted = interrupted and not held.given_back  # our own forced stop is no request to stop
+            self._let_go(held)
+            finish = self._decide(held, error, interrupted)
+            if interrupted:
+                assert error is not None
+                self._interrupted(error, time.monotonic())
+                self._poke()
+            await self._finish(finish)
         finally:
-            self._let_go(keeper._held)
-        await self._finish(self._decide(keeper._held, error))
-        return True
+            CURRENT_JOB.reset(context)
+
+    async def _call_handler(self, held: HeldJob, keeper: LeaseKeeper) -> tuple[BaseException | None, bool]:
+        """Run the handler; returns (its exception or None, whether that exception asks the worker to stop).
+
+        Nothing escapes: a KeyboardInterrupt or SystemExit raised in a task
+        would otherwise tear the event loop down.  A cancel of this task by
+        a forced stop (the job was given back first) is consumed here: the
+        task goes on to end its loop.
+        """
+        job, cancel = held.job, held.cancel
+        try:
+            if self._context_style:
+                await cast("Callable[[JobContext], Awaitable[object]]", self.handler)(
+                    JobContext(job, cancel, keeper)
+                )
+            else:
+                await cast("Callable[[Job, CancelToken], Awaitable[object]]", self.handler)(job, cancel)
+        except asyncio.CancelledError as exc:
+            # Ours only when a forced stop cancelled the task (the job was
+            # given back then); else the handler let a cancellation of its
+            # own escape: its job's failure.
+            if held.given_back:
+                current = asyncio.current_task()
+                if current is not None and sys.version_info >= (3, 11):
+                    current.uncancel()  # consumed: later timeouts in this task work as usual
+                return exc, True
+            return exc, False
+        except Exception as exc:
+            return exc, False
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
+            return exc, True
+        return None, False
 
     async def _finish(self, finish: Finish) -> None:
+        """Send the job's end, again after connection trouble, until it lands or its lease ends."""
         job = finish.job
+        if finish.action is Action.DROP:
+            return
+        call = self._end_call(finish)
         try:
-            if finish.action is Action.COMPLETE:
-                await self.client.complete(job.queue, job.id, job.token)
-                self._landed(finish)
-            elif finish.action is Action.FAIL:
-                where = await self.client.fail(job.queue, job.id, job.token, finish.error, self.max_attempts)
-                self._landed(finish, where)
+            where = await self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
         except LeaseLost as exc:
             self._refused(finish, exc)
+            return
+        except _GaveUp:
+            self._unfinished(finish)
+            return
+        self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+
+    async def _give_back(self, held: HeldJob, until: float) -> None:
+        """RELEASE a job this worker will not run (or not finish): no attempt used."""
+        finish = Finish(held, Action.RELEASE)
+        job = held.job
+        try:
+            where = await self._send_until(proto.release(job.queue, job.id, job.token), until, "release", job)
+        except LeaseLost as exc:
+            self._refused(finish, exc)
+            return
+        except _GaveUp:
+            self._unfinished(finish)
+            return
+        self._landed(finish, where)

@@ -49,10 +49,12 @@ class CancelToken:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Cancellation]]] = []
 
     def cancel(self, reason: str | None = None) -> bool:
-        """Cancel the token; safe from any thread.
+        """Cancel the token; safe from any thread, never raises.
 
-        Returns True if this call cancelled it, False if it already was (the
-        first reason is kept).
+        Wakes every ``wait()`` in progress, on whatever event loop it runs
+        (waiters on a loop that has been closed are skipped).  Returns True
+        if this call cancelled it, False if it already was (the first reason
+        is kept).
         """
         with self._lock:
             if self._cancellation is not None:
@@ -61,7 +63,15 @@ class CancelToken:
             waiters, self._waiters = self._waiters, []
         self._event.set()
         for loop, future in waiters:  # awaiting tasks may live on other threads' loops
-            loop.call_soon_threadsafe(_resolve, future, cancellation)
+            # A waiter whose loop was closed (its task will never run again)
+            # must neither make cancel() raise nor keep the waiters after it
+            # asleep: skip it.
+            if loop.is_closed():
+                continue
+            try:
+                loop.call_soon_threadsafe(_resolve, future, cancellation)
+            except RuntimeError:  # closed between the check and the call
+                continue
         return True
 
     def check(self) -> Cancellation | None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ResponseError
+from redis.retry import Retry
 
 from . import _protocol as proto
 from ._protocol import (
@@ -66,6 +70,95 @@ __all__ = [
 
 T = TypeVar("T")
 
+# redis-py's settings for the clients ``from_url`` builds (both packages).
+# Every EMQ.* command is safe to send twice: CLAIM and ENQUEUE carry a request
+# id (REQ) whose retry is answered with the first call's result; COMPLETE,
+# FAIL and RELEASE by a token that already ended the hold answer as the first
+# call did; EXTEND and CHECKPOINT set an absolute deadline; SWEEP and CANCEL
+# repeat as no-ops.  So a command whose reply was lost (a timeout, a dropped
+# connection) is sent again, a few times, with backoff, on a fresh connection.
+RETRIES = 10
+RETRY_FIRST_S = 0.05
+RETRY_CAP_S = 1.0
+SOCKET_TIMEOUT_S = 5.0
+# A worker's own connections (Client._attempt) connect and shake hands within
+# this, or the attempt fails and the worker tries again on its own schedule.
+WORKER_CONNECT_S = 2.0
+
+
+def default_retry() -> Retry:
+    """The redis-py ``Retry`` that ``from_url`` gives its client (a fresh one each time)."""
+    return Retry(
+        ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+        RETRIES,
+        supported_errors=(redis.ConnectionError, redis.TimeoutError),
+    )
+
+
+def connection_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for redis-py with echomq's deliberate defaults where the caller gave none."""
+    out = dict(kwargs)
+    out.setdefault("retry", default_retry())
+    out.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
+    out.setdefault("socket_connect_timeout", SOCKET_TIMEOUT_S)
+    out.setdefault("socket_keepalive", True)
+    return out
+
+
+def check_redis_client(redis_client: object, *, want_async: bool) -> None:
+    """Refuse a redis client of the other kind (sync vs asyncio) at construction, not at first use."""
+    execute = getattr(redis_client, "execute_command", None)
+    if execute is None:
+        raise TypeError(f"redis_client must be a redis-py client, not {type(redis_client).__name__}")
+    is_async = inspect.iscoroutinefunction(execute)
+    if is_async and not want_async:
+        raise TypeError(
+            f"redis_client is an asyncio client ({type(redis_client).__module__}."
+            f"{type(redis_client).__name__}): use echomq.asyncio.Client with it"
+        )
+    if want_async and not is_async:
+        raise TypeError(
+            f"redis_client is a synchronous client ({type(redis_client).__module__}."
+            f"{type(redis_client).__name__}): use echomq.Client with it, or redis.asyncio here"
+        )
+
+
+class Cutter:
+    """The connection a bounded attempt is reading from, so another thread can cut it short.
+
+    ``cut()`` (from any thread) disconnects it: a read blocked on a half-open
+    connection returns at once with an error instead of waiting out the
+    socket timeout.  After ``cut()`` no attempt starts with this cutter.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self.done = False
+
+    def hold(self, connection: Any) -> bool:
+        with self._lock:
+            if self.done:
+                return False
+            self._connection = connection
+            return True
+
+    def drop(self) -> None:
+        with self._lock:
+            self._connection = None
+
+    def cut(self) -> bool:
+        """Cut the attempt in progress, if any (True then); no attempt starts with this cutter after it."""
+        # Under the lock: the owner releases its connection to the pool only
+        # after drop(), so this never disconnects a connection someone else
+        # has taken from the pool since.
+        with self._lock:
+            self.done = True
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                connection.disconnect()
+            return connection is not None
+
 
 class Client:
     """EchoMQ's lifecycle commands on one Redis (or Redis Cluster) connection.
@@ -79,7 +172,7 @@ class Client:
     (``ScriptLimits``: the module's defaults unless given).
 
     >>> client = Client.from_url("redis://localhost:6379/0")   # doctest: +SKIP
-    >>> client.extend("emails", "job-42", token="3-...", lease_ms=30_000)  # doctest: +SKIP
+    >>> client.extend("emails", "job-42", token="3-9f2c...", lease_ms=30_000)  # doctest: +SKIP
     """
 
     def __init__(
@@ -89,10 +182,15 @@ class Client:
         *,
         script_limits: ScriptLimits | None = None,
     ) -> None:
+        check_redis_client(redis_client, want_async=False)
         self.redis = redis_client
         self._limits = script_limits if script_limits is not None else ScriptLimits()
         choice = check_backend(backend)
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
+        # For a worker's attempts (see _attempt): its own connections, and
+        # whether the last attempt met a timeout or a lost connection.
+        self._pool: redis.ConnectionPool | None = None
+        self._suspect = False
 
     @classmethod
     def from_url(
@@ -110,12 +208,23 @@ class Client:
         client is redis-py's ``RedisCluster``: each command goes to the node
         that owns its queue's slot.  ``backend`` and ``script_limits`` as for
         ``Client``.
+
+        Unless ``kwargs`` say otherwise: a 5 s socket and connect timeout,
+        TCP keepalive, and a command whose reply was lost (connection error
+        or timeout) is sent again up to 10 times (50 ms, doubling to 1 s,
+        with jitter).  Every EMQ.* command is safe to send twice (see the
+        README, "Retries").  Raw commands you send through ``client.redis``
+        are retried the same way: use a client of your own for commands
+        that are not safe to repeat.
         """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, not {type(url).__name__}")
+        options = connection_defaults(kwargs)
         if cluster:
             from redis.cluster import RedisCluster
 
-            return cls(RedisCluster.from_url(url, **kwargs), backend, script_limits=script_limits)
-        return cls(redis.Redis.from_url(url, **kwargs), backend, script_limits=script_limits)
+            return cls(RedisCluster.from_url(url, **options), backend, script_limits=script_limits)
+        return cls(redis.Redis.from_url(url, **options), backend, script_limits=script_limits)
 
     @property
     def backend(self) -> BackendName:
@@ -189,6 +298,81 @@ class Client:
                 except ResponseError as exc:
                     replies[i] = exc
         return replies
+
+    def _attempt(self, call: proto.Call[T], timeout: float, cutter: Cutter | None = None) -> T:
+        """Send ``call`` once and wait at most ``timeout`` seconds for its reply (the worker's retries).
+
+        The worker retries on its own schedule, bounded by a lease, with the
+        same REQ or token each time, so each call here is one try: it goes
+        out on connections of the worker's own (``_worker_pool``: the
+        caller's connection settings, no redis-py retries, connect and
+        handshake bounded by ``WORKER_CONNECT_S``), never through the
+        caller's pool and its retries.  A reply that does not come in time
+        disconnects its connection (it may be half-open) and the pool's idle
+        ones with it.  Until an attempt succeeds again, attempts go out on a
+        connection of their own whose connect and handshake are bounded by
+        ``timeout`` too (a frozen server accepts connections and never
+        answers the handshake), closed after the attempt.  ``cutter`` lets
+        another thread end the wait.  On Redis Cluster (routing by slot) and
+        on a single-connection client this is ``_run``: redis-py's own
+        timeouts and retries apply.
+        """
+        r = self.redis
+        if not isinstance(r, redis.Redis) or r.connection is not None:
+            return self._run(call)
+        pool = self._worker_pool()
+        own = self._suspect
+        if own:
+            options = dict(pool.connection_kwargs)
+            options.update(socket_timeout=timeout, socket_connect_timeout=timeout)
+            connection = pool.connection_class(**options)
+        else:
+            connection = pool.get_connection()
+        try:
+            if cutter is not None and not cutter.hold(connection):
+                raise redis.ConnectionError("the attempt was cut before it started")
+            try:
+                if own:
+                    connection.connect()
+                connection.send_command(*self._render().command(call.args))
+                reply = connection.read_response(timeout=max(timeout, 0.001))
+            except ResponseError as exc:
+                self._suspect = False
+                if missing_code(exc):  # nothing ran: the node lacks the scripts; load them, send again
+                    return self._run(call)
+                proto.raise_mapped(exc, call)
+            except (redis.TimeoutError, redis.ConnectionError):
+                self._suspect = True
+                pool.disconnect(inuse_connections=False)
+                raise
+            except redis.RedisError:
+                raise
+            except Exception as exc:  # a cut from another thread tore the parser down mid-read
+                self._suspect = True
+                connection.disconnect()
+                raise redis.ConnectionError(f"the attempt was cut: {exc!r}") from exc
+        finally:
+            if cutter is not None:
+                cutter.drop()
+            if own:
+                connection.disconnect()
+            else:
+                pool.release(connection)
+        self._suspect = False
+        return call.read(reply)
+
+    def _worker_pool(self) -> redis.ConnectionPool:
+        """The connections ``_attempt`` uses: the caller's settings, without redis-py's retries."""
+        pool = self._pool
+        if pool is None:
+            base = cast("redis.Redis", self.redis).connection_pool
+            options = dict(base.connection_kwargs)
+            options["retry"] = Retry(NoBackoff(), 0)
+            for name in ("socket_timeout", "socket_connect_timeout"):
+                given = options.get(name)
+                options[name] = WORKER_CONNECT_S if given is None else min(float(given), WORKER_CONNECT_S)
+            pool = self._pool = redis.ConnectionPool(connection_class=base.connection_class, **options)
+        return pool
 
     def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease: the job's deadline becomes server-now + ``lease_ms``.
@@ -554,5 +738,7 @@ class Client:
                 return ObliterateResult(removed, forgotten)
 
     def close(self) -> None:
-        """Close the redis client's connections."""
+        """Close the redis client's connections (and a worker's own)."""
+        if self._pool is not None:
+            self._pool.disconnect()
         self.redis.close()

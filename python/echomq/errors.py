@@ -11,13 +11,21 @@ Catch at the level you care about::
     ├── QueueBusy          obliterate of a queue with active jobs, without force
     ├── Unblocked          the server ended a waiting claim without a job
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
+    ├── BadArgument        the server refused an argument (also a ValueError)
+    ├── CorruptQueue       a key or field of the queue is not what the module expects
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
-Errors from the connection or from the server that are not ours (a wrong key
-type, an ACL refusal) stay redis-py's own exceptions.
+The clients check argument types and ranges before sending anything and raise
+``TypeError``/``ValueError`` naming the argument; ``BadArgument`` is for what
+only the server can tell (a lease whose deadline would be too large).
+``BadArgument`` and ``CorruptQueue`` are ``redis.ResponseError`` subclasses too.
+Connection errors and the server's own typed refusals (``NoPermissionError``,
+``ReadOnlyError``, ``OutOfMemoryError``, ``TryAgainError``) stay redis-py's.
 """
 
 from __future__ import annotations
+
+from redis.exceptions import ResponseError
 
 
 class EchoMQError(Exception):
@@ -59,6 +67,23 @@ class Unblocked(EchoMQError):
 
 class ModuleNotLoaded(EchoMQError):
     """The server does not know the EMQ.* commands."""
+
+
+class BadArgument(EchoMQError, ValueError, ResponseError):
+    """The server refused an argument of an EMQ.* command (the message names it).
+
+    Also a ``ValueError``, and a ``redis.ResponseError`` as it was before it
+    had a type of its own (code that caught that still does).
+    """
+
+
+class CorruptQueue(EchoMQError, ResponseError):
+    """A key of the queue holds the wrong type, or a field the module counts with is not an integer.
+
+    Retrying does not help: an operator must repair the key (the message
+    is the server's, word for word).  Also a ``redis.ResponseError``, as it
+    was before it had a type of its own.
+    """
 
 
 class Cancelled(EchoMQError):

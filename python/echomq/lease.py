@@ -1,15 +1,17 @@
 """The lease keeper (threads): checkpoint a running job's lease, and stop the handler when it is lost.
 
 While the handler runs, a background thread checkpoints the lease every
-``interval`` (a third of the lease by default): EMQ.CHECKPOINT, or EMQ.EXTEND
-with ``deliver_cancel=False``.  The lease is lost when
+``interval`` (a third of the lease by default) with EMQ.CHECKPOINT, or
+EMQ.EXTEND when ``deliver_cancel=False``.  The lease is lost when
 
 - the server answers StaleToken (another attempt holds the job, or a sweep
   took it) or JobGone (the row was deleted), or
 - no checkpoint was confirmed before the deadline of the last confirmed one
   passed (the server is unreachable): by then a sweep may have handed the
-  job to another worker.  The deadline counts until ``stop()`` returns, so
-  a worker never finishes a job whose lease it could not show.
+  job to another worker.  The process-wide deadline watch (``_watch.py``)
+  notices that even while a checkpoint is stuck on a dead connection, and
+  the deadline counts until ``stop()`` returns, so a worker never finishes
+  a job whose lease it could not show.
 
 Either way the handler's CancelToken is cancelled with a reason that says
 which (``LOST_STALE``, ``LOST_GONE``, ``LOST_DEADLINE``), so the handler
@@ -17,6 +19,12 @@ stops at its next check instead of racing the worker that now owns the job.
 EMQ.CHECKPOINT also brings back a cancel requested with ``Client.cancel``
 from anywhere: the token is cancelled with that request's reason and the
 lease keeps running while the handler winds down.
+
+A checkpoint's answer is awaited at most an interval (never past the
+deadline): one that takes longer is given up with its connection, which may
+be half-open, and the next goes out on a fresh one.  ``stop()`` does not
+wait for a checkpoint in flight (its answer can no longer change anything):
+it cuts it short.
 
 The rules are ``_runtime.HeldJob``'s; this file only waits and sends.
 """
@@ -26,11 +34,18 @@ from __future__ import annotations
 import threading
 from types import TracebackType
 
+from . import _protocol as proto
 from ._runtime import LOST_DEADLINE, LOST_GONE, LOST_STALE, KeeperCore, LeaseEvent, lost_reason
+from ._watch import WATCH
 from .cancel import Cancellation
-from .client import Client
+from .client import Client, Cutter
 
 __all__ = ["LOST_DEADLINE", "LOST_GONE", "LOST_STALE", "LeaseKeeper", "lost_reason"]
+
+# How long stop() waits for the checkpoint thread once it has cut the
+# checkpoint in flight; longer only while it is still connecting (bounded by
+# the client's own connect and socket timeouts), and then it ends by itself.
+STOP_JOIN_S = 0.5
 
 
 class LeaseKeeper(KeeperCore[Client]):
@@ -42,19 +57,22 @@ class LeaseKeeper(KeeperCore[Client]):
     extend) was sent: the server's deadline is at least ``claimed_at +
     lease_ms``, so the keeper's own deadline is never late.  ``lost`` says
     why the lease was lost (None while it is not); ``extends`` counts the
-    confirmed checkpoints.
+    confirmed checkpoints.  Every argument is checked here (TypeError or
+    ValueError naming it).
 
     >>> with LeaseKeeper(client, job, lease_ms=30_000, cancel=token):  # doctest: +SKIP
     ...     handler(job, token)
     """
 
+    _client_type = Client
+
     def _init_driver(self) -> None:
-        # One lock between the checkpoint thread and the deadline timer: the
-        # HeldJob they both update is not thread-safe.
+        # One lock between the checkpoint thread, the handler's own
+        # checkpoint() and the deadline watch: the HeldJob is not thread-safe.
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._watchdog: threading.Timer | None = None
+        self._cutter = Cutter()
 
     def __enter__(self) -> LeaseKeeper:
         self.start()
@@ -66,38 +84,52 @@ class LeaseKeeper(KeeperCore[Client]):
         self.stop()
 
     def start(self) -> None:
-        """Start checkpointing in a background thread."""
-        with self._lock:
-            self._arm_watchdog()
+        """Start checkpointing in a background thread (and watching the deadline)."""
+        WATCH.add(self._held, self._lock, self._clock)
         self._thread = threading.Thread(target=self._run, name=f"echomq-lease-{self.job.id}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop checkpointing; waits for a checkpoint in flight, then looks at the deadline a last time."""
+        """Stop checkpointing, cut a checkpoint in flight short, then look at the deadline a last time."""
         with self._lock:
             self._held.stop()
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        with self._lock:
-            if self._watchdog is not None:
-                self._watchdog.cancel()
-                self._watchdog = None
-            self._held.expire(self._clock())
-
-    def _arm_watchdog(self) -> None:
-        # A timer, not the loop, watches the deadline: a checkpoint blocked on
-        # a dead connection must not keep the handler running past its lease.
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        delay = max(0.0, self._held.time_left(self._clock()))
-        self._watchdog = threading.Timer(delay, self._deadline_passed)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-
-    def _deadline_passed(self) -> None:
+        if self._cutter.cut():
+            # Its connection went back to the pool closed: the next attempt
+            # must not reconnect through the pool's unbounded handshake.
+            self.client._suspect = True
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STOP_JOIN_S)
+        WATCH.remove(self._held)
         with self._lock:
             self._held.expire(self._clock())
+
+    def checkpoint(self) -> Cancellation | None:
+        """Checkpoint now, from the caller's thread (a handler's ``JobContext.checkpoint()``).
+
+        Returns the cancel the server delivered, if any.  Connection trouble
+        is not raised: the keeper retries and the deadline decides; a lost
+        lease cancels the token (both are seen by ``raise_if_cancelled``).
+        """
+        return self._checkpoint(None)
+
+    def _confirm(self, timeout: float) -> bool:
+        """Before ``start()``: one checkpoint for a claim answered late; True if the server confirmed it."""
+        sent = self._clock()
+        job = self.job
+        try:
+            call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
+            requested = self.client._attempt(call, timeout)
+        except Exception as exc:
+            with self._lock:
+                if self._held.failed(exc, self._clock()) is LeaseEvent.RETRY:
+                    self._troubles.report(exc, "checkpoint", job)
+                    self._held.lose(LOST_DEADLINE)  # no lease we can show: not ours to run
+            return False
+        with self._lock:
+            self._held.confirmed(sent, self._clock(), requested)
+        return True
 
     def _run(self) -> None:
         while True:
@@ -108,23 +140,29 @@ class LeaseKeeper(KeeperCore[Client]):
             with self._lock:
                 due = self._held.checkpoint_due(self._clock())
             if due:
-                self._checkpoint()
+                self._checkpoint(self._cutter)
 
-    def _checkpoint(self) -> None:
-        sent = self._clock()
+    def _checkpoint(self, cutter: Cutter | None) -> Cancellation | None:
+        with self._lock:
+            sent = self._clock()
+            timeout = self._held.checkpoint_timeout(sent)
+        job = self.job
         try:
-            requested = self._send()
+            if self.deliver_cancel:
+                call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
+                requested = self.client._attempt(call, timeout, cutter)
+            else:
+                self.client._attempt(
+                    proto.extend(job.queue, job.id, job.token, self.lease_ms), timeout, cutter
+                )
+                requested = None
         except Exception as exc:
             with self._lock:
-                self._held.failed(exc, self._clock())
-            return
+                event = self._held.failed(exc, self._clock())
+            if event is LeaseEvent.RETRY:  # not after stop(): a cut attempt is no trouble
+                self._troubles.report(exc, "checkpoint", job)
+            return None
         with self._lock:
-            if self._held.confirmed(sent, self._clock(), requested) is not LeaseEvent.IGNORED:
-                self._arm_watchdog()
-
-    def _send(self) -> Cancellation | None:
-        job = self.job
-        if self.deliver_cancel:
-            return self.client.checkpoint(job.queue, job.id, job.token, self.lease_ms)
-        self.client.extend(job.queue, job.id, job.token, self.lease_ms)
-        return None
+            self._held.confirmed(sent, self._clock(), requested)
+        self._troubles.healed()
+        return requested

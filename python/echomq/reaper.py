@@ -22,12 +22,16 @@ class Reaper(ReaperCore[Client]):
     ``Reaper(client, queue, *, interval=1.0, max_stalled=1, limit=100,
     on_sweep=None)``: each tick sweeps up to ``limit`` jobs at a time until
     a sweep comes back short (at most 100 sweeps a tick), then calls
-    ``on_sweep(result)`` if it recovered or dead-lettered anything.
-    ``recovered``, ``dead`` and ``errors`` count since creation.
+    ``on_sweep(result)`` if it did anything.  ``recovered``, ``dead``,
+    ``cancelled`` and ``errors`` (failed ticks) count since creation; a
+    failed tick is logged once per outage (or per kind of refusal), not
+    with a traceback every tick.  Every argument is checked here.
 
     >>> with Reaper(client, "mail", interval=1.0, max_stalled=3):  # doctest: +SKIP
     ...     run_forever()
     """
+
+    _client_type = Client
 
     def _init_driver(self) -> None:
         self._stop = threading.Event()
@@ -41,12 +45,12 @@ class Reaper(ReaperCore[Client]):
         return self._swept(tick)
 
     def run(self) -> None:
-        """Sweep every ``interval`` until ``stop()``; errors are logged and retried."""
+        """Sweep every ``interval`` until ``stop()``; errors are counted, logged once, and retried."""
         while True:
             try:
                 self.sweep_once()
-            except Exception:
-                self._sweep_failed()
+            except Exception as exc:
+                self._sweep_failed(exc)
             if self._stop.wait(self.interval):
                 return
 
@@ -58,10 +62,11 @@ class Reaper(ReaperCore[Client]):
         return self
 
     def stop(self) -> None:
-        """Stop, and wait for a sweep in flight to end."""
+        """Stop, and wait for a sweep in flight to end (not when called from ``on_sweep`` itself)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
             self._thread = None
 
     def __enter__(self) -> Reaper:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ._module_so import module_path
 from .keyspace import queue_keys
@@ -112,6 +114,11 @@ class EmbeddedServer:
         return redis.Redis(host=self.host, port=self.port, **kwargs)
 
     def start(self) -> EmbeddedServer:
+        """Start the server and wait until it answers; RuntimeError (with the server's own words) if not.
+
+        Success means this very process answers on the port: a port someone
+        else's server already holds is reported as taken, never used.
+        """
         last_error: Exception | None = None
         if self._fixed_port is not None:
             try:
@@ -150,30 +157,56 @@ class EmbeddedServer:
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.port = port
         deadline = time.monotonic() + self.startup_timeout
-        probe = self.client(socket_timeout=1)
+        # One try per probe (redis-py would retry ten times): this loop is the retry.
+        probe = self.client(socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+        other: int | None = None  # the pid of a server that answered on our port and is not ours
         try:
             while True:
                 if self.process.poll() is not None:
                     log = self.log_tail()
                     self.process = None
                     if "Address already in use" in log:
-                        raise _PortTaken(log)
-                    raise RuntimeError(f"{self.binary} exited at start:\n{log}")
+                        said = _server_says(log, "Address already in use")
+                        owner = f" (pid {other} answers there)" if other is not None else ""
+                        raise _PortTaken(f"{said}{owner}")
+                    raise RuntimeError(f"{self.binary} exited at start: {_server_says(log)}\n{log}")
                 try:
                     if probe.ping():
-                        return
-                except redis.exceptions.BusyLoadingError:
+                        pid = int(probe.info("server")["process_id"])
+                        if self._is_ours(pid):
+                            return
+                        other = pid  # not ours: ours is about to fail to bind, or still loading
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    # Not up yet (loading, refusing; under a memory checker it can take longer than
+                    # the probe's 1 s to answer), or something that is not a server holds the port.
                     pass
-                except redis.exceptions.ConnectionError:
-                    pass
-                except redis.exceptions.TimeoutError:
-                    pass  # a server under a memory checker can take longer than the probe's 1 s to answer
                 if time.monotonic() > deadline:
+                    log = self.log_tail()  # before stop() removes the directory
                     self.stop()
-                    raise RuntimeError(f"{self.binary} did not answer PING on port {port}")
+                    if other is not None:
+                        raise _PortTaken(f"another server (pid {other}) answers on port {port}")
+                    said = _server_says(log)
+                    raise RuntimeError(f"{self.binary} did not answer PING on port {port}: {said}")
                 time.sleep(0.02)
         finally:
             probe.close()
+
+    def _is_ours(self, pid: int) -> bool:
+        """The server answering is the process we started (or, under a wrapper, one of its children)."""
+        proc = self.process
+        if proc is None:
+            return False
+        seen = 0
+        while pid > 1 and seen < 8:
+            if pid == proc.pid:
+                return True
+            try:  # Linux: the parent is the 4th field of /proc/<pid>/stat, after the ")" of the name
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                pid = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+            seen += 1
+        return False
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -208,6 +241,18 @@ class EmbeddedServer:
 
 class _PortTaken(RuntimeError):
     pass
+
+
+def _server_says(log: str, needle: str = "") -> str:
+    """The server's own line about what went wrong: one containing ``needle``, else its last warning."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if needle and needle in line:
+            return line
+    for line in reversed(lines):
+        if " # " in line:  # the server's warning lines
+            return line
+    return lines[-1] if lines else "(the server wrote no log)"
 
 
 def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:

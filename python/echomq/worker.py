@@ -1,88 +1,178 @@
-"""The worker (threads): claim, run the handler under a lease keeper, complete or fail.
+"""The worker (threads): claim, run the handler under a lease keeper, complete, fail or give back.
 
-    def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
-        for chunk in chunks(job.payload):
-            cancel.raise_if_cancelled()
+    def handler(ctx: echomq.JobContext) -> None:
+        for chunk in chunks(ctx.payload):
             process(chunk)
+            ctx.checkpoint()        # extends the lease; raises Cancelled if the job was cancelled
 
     worker = echomq.Worker(client, "mail", handler, lease_ms=30_000, concurrency=4)
-    worker.run()            # or worker.start() ... worker.stop(), or `with worker:`
+    worker.run()            # until SIGINT/SIGTERM or stop(); or start() ... stop(), or `with worker:`
 
-A job whose lease was lost is never completed or failed by this worker: the
-job belongs to whoever holds it now.  What to do when a handler ends, and
-the stats, are ``_runtime.WorkerCore``'s; this file only runs threads and
-sends commands.
+``concurrency`` threads each claim and run one job at a time; ``run()``'s own
+thread supervises them: it turns signals into a shutdown, times the grace
+period, and gives jobs back.  A job whose lease was lost is never completed
+or failed by this worker: it belongs to whoever holds it now.  What to do
+when a handler ends, how a shutdown proceeds, and the stats are
+``_runtime.WorkerCore``'s; this file only runs threads and sends commands.
 """
 
 from __future__ import annotations
 
+import collections
+import inspect
+import signal
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
+from typing import TypeVar, cast
 
-from ._runtime import Action, Finish, WorkerCore, WorkerStats, error_text
+from . import _protocol as proto
+from ._log import CURRENT_JOB
+from ._runtime import (
+    ATTEMPT_TIMEOUT_S,
+    Action,
+    Backoff,
+    ClaimStep,
+    Finish,
+    HeldJob,
+    Trouble,
+    WorkerCore,
+    WorkerStats,
+    error_text,
+)
+from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Job
+from .context import JobContext
 from .errors import LeaseLost
 from .lease import LeaseKeeper
 
-__all__ = ["Handler", "Worker", "WorkerStats", "error_text"]
+__all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
 
-Handler = Callable[[Job, CancelToken], object]
+T = TypeVar("T")
+
+Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
+
+# How often the supervising thread looks at signals, the grace and its threads.
+TICK_S = 0.05
+# After a forced stop, how long the jobs still held may take to be given back.
+FORCE_BUDGET_S = 0.4
+
+
+class _GaveUp(Exception):
+    """A command could not be sent before its deadline (or a forced stop); the last error is the cause."""
 
 
 class Worker(WorkerCore[Client, Handler]):
-    """Runs ``handler(job, cancel_token)`` for the jobs of ``queue``.
+    """Runs ``handler`` for the jobs of ``queue``, ``concurrency`` at a time, in threads.
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
-    concurrency=1, poll_interval=0.2, extend_interval=None)``:
+    concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
+    retry=None)``:
 
+    - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
+      ``checkpoint()``); a handler taking two arguments gets ``(job,
+      cancel_token)`` as before.  It returns: the job is completed.  It
+      raises: the job goes back to pending until it has been claimed
+      ``max_attempts`` times, then to the dead set (``last_error`` is
+      ``"<ExceptionType>: <message>"``).  It raises a BaseException that is
+      not an Exception (SystemExit, KeyboardInterrupt): the job is given
+      back without using an attempt and the worker stops; ``run()`` raises
+      it again at the end.
     - ``lease_ms``: each job's lease, checkpointed every ``extend_interval``
       seconds (default: a third of the lease).
-    - ``max_attempts``: a handler that raises sends the job back to pending
-      until the job has been claimed this many times, then to the dead set.
-    - ``concurrency``: threads, each handling one job at a time; a thread
-      that found no job waits ``poll_interval`` seconds before claiming again.
+    - ``poll_interval``: how often an idle thread looks for work; its claim
+      waits on the server (up to a second of it), so a job enqueued
+      meanwhile is claimed at once.
+    - ``retry``: an ``echomq.RetryPolicy``: its ``max_attempts``, and a
+      failed job is claimable again only after its ``delay_ms(attempt)``.
+    - ``grace``: on ``stop()`` or a signal, how long running handlers may
+      take to finish before their tokens are cancelled with "shutdown".
     - ``metrics``: an ``echomq.metrics.Metrics`` to count into (claims,
       ends and run times, lost leases, delivered cancels), or None.
     - ``stats``: a ``WorkerStats``.
+
+    Every argument is checked here: TypeError or ValueError naming it.  A
+    worker runs once (``run()`` or ``start()``); make a new one to run again.
     """
 
+    _client_type = Client
+
+    def _check_handler(self, handler: object) -> None:
+        call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
+            raise TypeError("handler is a coroutine function: run it with echomq.asyncio.Worker")
+
     def _init_driver(self) -> None:
-        self._stopping = threading.Event()  # wakes idle threads; the decisions read _stop_requested
-        self._lock = threading.Lock()  # the core's held jobs are shared by the threads
+        self._lock = threading.Lock()  # the core's state is shared by the threads
+        self._wake = threading.Event()  # set when stopping: idle and backing-off threads look again
+        self._forced_event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._supervisor: threading.Thread | None = None
+        self._supervisor_ident: int | None = None
+        self._started = False
+        self._done = threading.Event()
+        self._signals: collections.deque[int] = collections.deque()
 
     # -- control ---------------------------------------------------------------
 
-    def run(self) -> None:
-        """Work in this thread (plus ``concurrency - 1`` others) until ``stop()``."""
-        self._begin()
-        self._stopping.clear()
-        extra = [self._spawn(n) for n in range(1, self.concurrency)]
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Work until ``stop()``, SIGINT or SIGTERM; returns when every thread has stopped.
+
+        ``concurrency`` threads work; this one supervises.  With
+        ``handle_signals`` (and in the main thread) SIGINT and SIGTERM
+        stop the worker gracefully (see ``stop()``), and a second one stops
+        it at once: the jobs still held are given back and ``run()`` raises
+        KeyboardInterrupt (SIGINT) or SystemExit(128 + signal) without
+        waiting for handlers that did not stop.  The previous signal
+        handlers are put back when it returns.  Without them, a
+        KeyboardInterrupt here is a graceful stop (a second one, a forced
+        one) and is raised again at the end.
+        """
+        if not self._begin():
+            return
+        restore = self._install_signals() if handle_signals else None
+        self._supervisor_ident = threading.get_ident()
         try:
-            self._loop()
+            self._spawn_loops()
+            self._supervise()
         finally:
-            for t in extra:
-                t.join()
+            if restore is not None:
+                restore()
+            self._done.set()
+        if self._interrupt is not None:
+            raise self._interrupt
 
     def start(self) -> Worker:
-        """Work in background threads; returns at once."""
-        self._begin()
-        self._stopping.clear()
-        self._threads = [self._spawn(n) for n in range(self.concurrency)]
+        """Work in background threads; returns at once (``stop()`` or leaving ``with`` ends it)."""
+        if self._begin():
+            self._spawn_loops()
+            self._supervisor = threading.Thread(
+                target=self._supervise_in_background,
+                name=f"echomq-worker-{self.queue}-supervisor",
+                daemon=True,
+            )
+            self._supervisor.start()
         return self
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop claiming, cancel running handlers with reason "shutdown", and wait for them."""
+    def stop(self, grace: float | None = None) -> None:
+        """Stop claiming now; handlers get ``grace`` seconds (default: the worker's) to finish.
+
+        Then their tokens are cancelled with "shutdown"; a job whose handler
+        then raises, or is still held at the end, is given back (RELEASE: no
+        attempt used); a handler that returns completes its job.  Waits
+        until the worker has stopped, except when called from a handler or
+        from ``run()``'s own thread (a signal handler): there it only asks.
+        Called before ``run()`` or ``start()``, the worker never starts.
+        """
         with self._lock:
-            self._request_stop()
-        self._stopping.set()
-        for t in self._threads:
-            t.join(timeout)
-        if self.metrics is not None:
-            self.metrics.flush()
+            self._request_stop(time.monotonic(), grace)
+        self._wake.set()
+        me = threading.get_ident()
+        if not self._started or me == self._supervisor_ident or threading.current_thread() in self._threads:
+            return
+        self._done.wait()
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -92,58 +182,277 @@ class Worker(WorkerCore[Client, Handler]):
     ) -> None:
         self.stop()
 
-    def _spawn(self, n: int) -> threading.Thread:
-        t = threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
-        t.start()
-        return t
+    def _begin(self) -> bool:
+        with self._lock:
+            if self._started:
+                raise RuntimeError("this worker has already run; make a new one")
+            self._started = True
+            if self._stop_requested:  # stop() came first: never start
+                self._done.set()
+                return False
+        return True
 
-    # -- the loop --------------------------------------------------------------
+    def _spawn_loops(self) -> None:
+        WATCH.retain()  # one deadline-watch thread for all this worker's jobs
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
+            for n in range(self.concurrency)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _install_signals(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # Only a deque append: this runs between two bytecodes of
+            # whatever the main thread was doing (the supervisor); it acts
+            # on the signal at its next tick.
+            self._signals.append(signum)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    # -- the supervisor --------------------------------------------------------
+
+    def _supervise_in_background(self) -> None:
+        self._supervisor_ident = threading.get_ident()
+        try:
+            self._supervise()
+        finally:
+            self._done.set()
+
+    def _supervise(self) -> None:
+        try:
+            while True:
+                try:
+                    if self._supervise_step():
+                        return
+                except KeyboardInterrupt as exc:  # Ctrl-C without our SIGINT handler
+                    with self._lock:
+                        if self._interrupt is None:
+                            self._interrupt = exc
+                        first = self._request_stop(time.monotonic())
+                    self._wake.set()
+                    if not first:
+                        self._go_forced()
+                        return
+        finally:
+            for t in self._threads:
+                t.join(0 if self._forced else None)
+            WATCH.release()
+            self._stopped()
+
+    def _supervise_step(self) -> bool:
+        """One look at signals, the grace and the threads; True when the worker is done."""
+        force = False
+        with self._lock:
+            now = time.monotonic()
+            while self._signals:
+                force = self._on_signal(self._signals.popleft(), now) or force
+            stopping = self._stop_requested
+            wait = self._shutdown_tick(now)
+            if wait == 0.0:
+                force = True
+        if stopping:
+            self._wake.set()
+        if force:
+            self._go_forced()
+            return True
+        if not any(t.is_alive() for t in self._threads):
+            return True
+        time.sleep(TICK_S if wait is None else min(wait, TICK_S))
+        return False
+
+    def _go_forced(self) -> None:
+        """Stop at once: give back the jobs whose handlers still run, within ``FORCE_BUDGET_S``."""
+        with self._lock:
+            stuck = self._force()
+        self._forced_event.set()
+        self._wake.set()
+        until = time.monotonic() + FORCE_BUDGET_S
+        for held in stuck:
+            self._give_back(held, until)
+
+    # -- a worker thread -------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stopping.is_set():
+        pause, step = Backoff(), ClaimStep()
+        while not self._stop_requested:
             try:
-                worked = self.work_one()
-            except Exception:
-                self._loop_failed()
-                worked = False
-            if not worked:
-                self._stopping.wait(self.poll_interval)
+                jobs, claimed_at = self._claim(step)
+            except _GaveUp:
+                self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
+                continue
+            except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
+                self._trouble(exc, "claim")
+                self._wake.wait(self.poll_interval)
+                continue
+            pause = Backoff()
+            if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                rest = self.poll_interval - (time.monotonic() - claimed_at)
+                if rest > 0.001:
+                    self._wake.wait(rest)
+                continue
+            for job in jobs:
+                try:
+                    self._process(job, claimed_at)
+                except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
+                    self._trouble(exc, "processing a job", job)
 
     def work_one(self) -> bool:
-        """Claim and process one job; False when the queue had none."""
-        claimed_at = time.monotonic()
-        job = self.client.claim(self.queue, self.lease_ms)
-        if job is None:
-            return False
-        if self.metrics is not None:
-            self.metrics.claimed_with_wait(self.client, job)
+        """Claim and process one job in this thread; False when the queue had none."""
+        try:
+            jobs, claimed_at = self._claim(wait=False)
+        except _GaveUp as exc:
+            raise exc.__cause__ or exc from None
+        for job in jobs:
+            self._process(job, claimed_at)
+        return bool(jobs)
+
+    def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+        """One claim step: the jobs of one EMQ.CLAIM, and when (``time.monotonic()``) its REQ was first sent.
+
+        The same call (so the same REQ) is sent again after a lost reply
+        until it is answered (or a forced stop), and by the loop's next
+        steps until it brings jobs back (``ClaimStep``): a job the server
+        handed to a reply we did not get comes back to us, and one answered
+        late has its lease confirmed before it runs (``_process``).  With ``wait``
+        the claim waits on the server for a job (``claim_block_ms``).  The
+        command is ``_claim_call()``'s, shared with the asyncio worker.
+        """
+        step = step if step is not None else ClaimStep()
+        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
+        extra = self.claim_block_ms / 1000 if wait else 0.0
+        # A lost reply must be noticed, and the claim sent again, well before the
+        # lease it took lapses (then the retry is answered with the job): each
+        # attempt waits at most a third of the lease, plus the server-side wait.
+        jobs = self._send_until(
+            call, None, "claim", extra_s=extra, on_retry=step.failed, cap_s=self.lease_ms / 3000
+        )
+        step.answered(jobs)
+        return jobs, claimed_at
+
+    def _send_until(
+        self,
+        call: proto.Call[T],
+        until: float | None,
+        doing: str,
+        job: Job | None = None,
+        extra_s: float = 0.0,
+        on_retry: Callable[[], None] | None = None,
+        cap_s: float | None = None,
+    ) -> T:
+        """Send ``call`` until it is answered, ``until`` passes, or a forced stop: then ``_GaveUp``.
+
+        ``LeaseLost`` is an answer: it is raised as is.  So is a permanent
+        error while the worker is stopping (nothing to wait for).
+        """
+        backoff = Backoff(until)
+        while True:
+            try:
+                timeout = backoff.timeout(time.monotonic())
+                timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
+                reply = self.client._attempt(call, timeout)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                kind = self._trouble(exc, doing, job)
+                if on_retry is not None:
+                    on_retry()
+                wait = backoff.next_wait(time.monotonic())
+                if wait is None or self._forced or (kind is Trouble.PERMANENT and self._stop_requested):
+                    raise _GaveUp(doing) from exc
+                self._forced_event.wait(wait)
+                continue
+            self._healed()
+            return reply
+
+    def _process(self, job: Job, claimed_at: float) -> None:
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
+        keeper._troubles = self._troubles
+        held = keeper._held
         with self._lock:
-            self._took(keeper._held)
-        error: BaseException | None = None
+            run_it = self._took(held)
+        if run_it and self.metrics is not None:
+            self.metrics.claimed_with_wait(self.client, job)
+        context = CURRENT_JOB.set(job)
         try:
-            with keeper:
-                try:
-                    self.handler(job, cancel)
-                except Exception as exc:  # the handler's failure is the job's, not the worker's
-                    error = exc
-        finally:
+            if not run_it:  # the claim was in flight when stop() came: give it back unrun
+                self._give_back(held, held.confirmed_until)
+                return
+            if held.needs_confirmation(time.monotonic()) and not keeper._confirm(ATTEMPT_TIMEOUT_S):
+                with self._lock:
+                    self._let_go(held)
+                    self._decide(held, None)  # lost: counted, nothing sent
+                return
+            error: BaseException | None = None
+            interrupted = False
+            keeper.start()
+            try:
+                if self._context_style:
+                    cast("Callable[[JobContext], object]", self.handler)(JobContext(job, cancel, keeper))
+                else:
+                    cast("Callable[[Job, CancelToken], object]", self.handler)(job, cancel)
+            except Exception as exc:  # the handler's failure is the job's, not the worker's
+                error = exc
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
+                error, interrupted = exc, True
+            finally:
+                keeper.stop()
             with self._lock:
-                self._let_go(keeper._held)
-        self._finish(self._decide(keeper._held, error))
-        return True
+                self._let_go(held)
+                finish = self._decide(held, error, interrupted)
+                if interrupted:
+                    assert error is not None
+                    self._interrupted(error, time.monotonic())
+            if interrupted:
+                self._wake.set()
+            self._finish(finish)
+        finally:
+            CURRENT_JOB.reset(context)
 
     def _finish(self, finish: Finish) -> None:
+        """Send the job's end, again after connection trouble, until it lands or its lease ends."""
         job = finish.job
+        if finish.action is Action.DROP:
+            return
+        call = self._end_call(finish)
         try:
-            if finish.action is Action.COMPLETE:
-                self.client.complete(job.queue, job.id, job.token)
-                self._landed(finish)
-            elif finish.action is Action.FAIL:
-                where = self.client.fail(job.queue, job.id, job.token, finish.error, self.max_attempts)
-                self._landed(finish, where)
+            where = self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
         except LeaseLost as exc:
-            self._refused(finish, exc)
+            with self._lock:
+                self._refused(finish, exc)
+            return
+        except _GaveUp:
+            with self._lock:
+                self._unfinished(finish)
+            return
+        with self._lock:
+            self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+
+    def _give_back(self, held: HeldJob, until: float) -> None:
+        """RELEASE a job this worker will not run (or not finish): no attempt used."""
+        finish = Finish(held, Action.RELEASE)
+        job = held.job
+        try:
+            where = self._send_until(proto.release(job.queue, job.id, job.token), until, "release", job)
+        except LeaseLost as exc:
+            with self._lock:
+                self._refused(finish, exc)
+            return
+        except _GaveUp:
+            with self._lock:
+                self._unfinished(finish)
+            return
+        with self._lock:
+            self._landed(finish, where)

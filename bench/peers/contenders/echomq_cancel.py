@@ -68,7 +68,7 @@ def run_sync(a: Any) -> None:
     for line in sys.stdin:
         if line.strip() == "stop":
             break
-    worker.stop(timeout=10)
+    worker.stop(grace=0)  # the old stop(): "shutdown" to running handlers at once
     say("stopped", stats=worker.stats.__dict__)
 
 
@@ -93,7 +93,7 @@ async def run_async(a: Any) -> None:
     loop = asyncio.get_running_loop()
     while (await loop.run_in_executor(None, sys.stdin.readline)).strip() not in ("stop", ""):
         pass
-    worker.stop()
+    worker.stop(grace=0)  # the old stop(): "shutdown" to running handlers at once
     await task
     await client.aclose()
     say("stopped", stats=worker.stats.__dict__)

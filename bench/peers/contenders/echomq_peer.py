@@ -64,7 +64,7 @@ def run_sync(url: str, n: int, queue: str, concurrency: int, timeout: float) -> 
         timed_out=finished(worker.stats) < n,
     )
     expect("verify")
-    worker.stop(timeout=5)
+    worker.stop(grace=0)  # drained: nothing runs; 0 keeps the old stop-at-once
     emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
 
 

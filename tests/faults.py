@@ -1,0 +1,162 @@
+"""Real faults for the tests: a stalled server, a frozen one, a restarted one, a half-open connection.
+
+Nothing is simulated: ``stall`` runs DEBUG SLEEP on the server, ``frozen``
+sends SIGSTOP/SIGCONT to its process, ``restart`` stops it with SIGTERM (AOF
+on: the data is kept) and starts a new one on the same port and directory,
+and ``Proxy`` is a TCP proxy in front of a server whose connections can be
+made half-open: bytes are accepted and never forwarded, with no FIN or RST,
+as a NAT or firewall that dropped its state does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from echomq.testing import EmbeddedServer
+
+AOF = ["--appendonly", "yes", "--appendfsync", "always"]
+
+
+def pythonpath(*dirs: str | os.PathLike[str]) -> str:
+    """PYTHONPATH for a child process: the caller's own first (a test run against another copy of the
+    package sets it), then ``dirs``."""
+    parts = [os.environ.get("PYTHONPATH", ""), *map(str, dirs)]
+    return os.pathsep.join(p for p in parts if p)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
+
+
+def stall(server: EmbeddedServer, seconds: float) -> threading.Thread:
+    """DEBUG SLEEP the server for ``seconds`` from a thread of its own; returns the thread (join it)."""
+
+    def sleep() -> None:
+        conn = server.client(socket_timeout=None)
+        try:
+            conn.execute_command("DEBUG", "SLEEP", str(seconds))
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=sleep, name="test-stall", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def frozen(server: EmbeddedServer) -> Iterator[None]:
+    """The server's process stopped (SIGSTOP) for the block: connections stay open, nothing answers."""
+    assert server.process is not None
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def restart(
+    server: EmbeddedServer, down_for: float = 0.0, on_down: Callable[[], object] | None = None
+) -> EmbeddedServer:
+    """SIGTERM the server (it flushes its AOF), wait ``down_for``, start it again on the same port and dir.
+
+    ``on_down`` is called once the old process has exited.
+    """
+    assert server.process is not None and not server._own_dir, "restart needs dir=... (the data must stay)"
+    server.process.send_signal(signal.SIGTERM)
+    server.process.wait(timeout=server.stop_timeout)
+    server.process = None
+    if on_down is not None:
+        on_down()
+    time.sleep(down_for)
+    server._fixed_port = server.port
+    server.start()
+    return server
+
+
+def no_echomq_threads(timeout: float = 2.0) -> list[str]:
+    """The echomq threads still alive after ``timeout`` (empty: none left behind)."""
+
+    def left() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("echomq-"))
+
+    wait_until(lambda: not left(), timeout)
+    return left()
+
+
+class Proxy:
+    """A TCP proxy to ``port``; ``blackhole()`` makes every connection open so far half-open.
+
+    After ``blackhole()`` those connections still accept bytes (the kernel
+    ACKs them) but nothing is forwarded either way and nothing is closed:
+    a client reading a reply waits for ever, or until its own timeout.
+    Connections opened later work.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.generation = 0
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name="test-proxy", daemon=True).start()
+
+    def blackhole(self) -> None:
+        self.generation += 1
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            self._sockets += [client, upstream]
+            gen = self.generation
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(
+                    target=self._pump, args=(a, b, gen), name="test-proxy-pump", daemon=True
+                ).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket, generation: int) -> None:
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    if self.generation == generation:
+                        b.shutdown(socket.SHUT_WR)
+                    return
+                if self.generation == generation:  # after blackhole(): dropped on the floor
+                    b.sendall(data)
+        except OSError:
+            return
+
+
+def server_log_has(server: EmbeddedServer, text: str) -> bool:
+    return text in Path(server.logfile).read_text(errors="replace")

@@ -1,0 +1,112 @@
+"""A worker process for the outage chaos test.
+
+``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY``:
+
+Every handler run appends two lines to HISTORY (JSON): ``start`` with the
+job, its token and attempt, and ``end`` with how the handler ended and
+whether its lease was known lost by then.  Poison jobs (payload ``poison``)
+raise every time.  The worker runs until SIGTERM (a graceful stop), then
+prints its stats as one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import sys
+import threading
+import time
+from typing import Any
+
+import echomq
+import echomq.asyncio as emq
+
+LOST = "lease lost"
+
+
+class History:
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process's life)
+        self._lock = threading.Lock()
+
+    def write(self, **event: Any) -> None:
+        event["pid"] = os.getpid()
+        event["t"] = time.time()
+        with self._lock:
+            self._file.write(json.dumps(event) + "\n")
+
+
+def ended(history: History, ctx: echomq.JobContext | emq.JobContext, outcome: str) -> None:
+    c = ctx.check()
+    lost = c is not None and (c.reason or "").startswith(LOST)
+    history.write(event="end", job=ctx.id, token=ctx.token, outcome=outcome, lost=lost, reason=c and c.reason)
+
+
+def sync_handler(history: History) -> Any:
+    def handler(ctx: echomq.JobContext) -> None:
+        history.write(event="start", job=ctx.id, token=ctx.token, attempt=ctx.attempt)
+        try:
+            if ctx.payload == b"poison":
+                raise RuntimeError("poison")
+            for step in range(random.randint(3, 8)):
+                time.sleep(0.04)
+                if step == 2:
+                    ctx.checkpoint()  # raises Cancelled when cancelled
+                ctx.raise_if_cancelled()
+        except BaseException as exc:
+            ended(history, ctx, type(exc).__name__)
+            raise
+        ended(history, ctx, "returned")
+
+    return handler
+
+
+def async_handler(history: History) -> Any:
+    async def handler(ctx: emq.JobContext) -> None:
+        history.write(event="start", job=ctx.id, token=ctx.token, attempt=ctx.attempt)
+        try:
+            if ctx.payload == b"poison":
+                raise RuntimeError("poison")
+            for step in range(random.randint(3, 8)):
+                await asyncio.sleep(0.04)
+                if step == 2:
+                    await ctx.checkpoint()
+                ctx.raise_if_cancelled()
+        except BaseException as exc:
+            ended(history, ctx, type(exc).__name__)
+            raise
+        ended(history, ctx, "returned")
+
+    return handler
+
+
+def main() -> None:
+    url, queue, lease_ms, mode, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    echomq.configure_logging("warning")
+    history = History(path)
+    settings: dict[str, Any] = {"lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0}
+    if mode == "sync":
+        client = echomq.Client.from_url(url)
+        worker = echomq.Worker(client, queue, sync_handler(history), concurrency=2, **settings)
+        worker.run()
+        stats = worker.stats
+    else:
+
+        async def run() -> echomq.WorkerStats:
+            aclient = emq.Client.from_url(url)
+            aworker = emq.Worker(aclient, queue, async_handler(history), concurrency=4, **settings)
+            try:
+                await aworker.run()
+            finally:
+                await aclient.aclose()
+            return aworker.stats
+
+        stats = asyncio.run(run())
+    print(json.dumps({"pid": os.getpid(), "mode": mode, **dataclasses.asdict(stats)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Outage chaos (issue 23): worker processes (threads and asyncio) keep working while the server is
+stalled (DEBUG SLEEP), frozen (SIGSTOP/SIGCONT), restarted with its data (AOF, SIGTERM, the same port and
+directory) and reached through connections that go half-open.
+
+Afterwards every job is done, dead (only the poison ones, after running) or
+cancelled (only those the test asked to cancel), and no job was completed
+by a holder that had lost its lease: the token that completed a job is the
+last one any claim handed out for it, and its handler's own record says it
+returned with its lease held.  Run with ``-s`` for the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import echomq
+from echomq.keyspace import queue_keys
+
+from .conftest import ServerFactory
+from .faults import AOF, Proxy, frozen, pythonpath, restart, stall, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = Path(__file__).with_name("outage_worker.py")
+Q = "outage"
+K = queue_keys(Q)
+LEASE_MS = 1500
+PRODUCE_S = 16.0  # jobs arrive for this long, one every ENQUEUE_EVERY_S
+ENQUEUE_EVERY_S = 0.06
+POISON_EVERY = 25
+CANCEL_EVERY = 40  # job i with i % CANCEL_EVERY == 7 gets a cancel request soon after it is enqueued
+BUDGET_S = 40.0
+
+
+def job_id(i: int) -> str:
+    return f"job-{i:04}"
+
+
+class Producer(threading.Thread):
+    """Enqueues jobs through a client of its own (its retries ride out the restarts) and cancels a few."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(name="test-producer", daemon=True)
+        self.client = echomq.Client.from_url(url)
+        self.enqueued: list[str] = []
+        self.poison: set[str] = set()
+        self.cancel_asked: set[str] = set()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        started = time.monotonic()
+        i = 0
+        while time.monotonic() - started < PRODUCE_S:
+            jid = job_id(i)
+            poison = i % POISON_EVERY == 3
+            try:
+                self.client.enqueue(Q, b"poison" if poison else b"work", job_id=jid)
+                self.enqueued.append(jid)
+                if poison:
+                    self.poison.add(jid)
+                if i % CANCEL_EVERY == 7:
+                    time.sleep(0.1)
+                    self.client.cancel(Q, jid, "chaos cancel")
+                    self.cancel_asked.add(jid)
+            except echomq.JobExists:  # a retry the client could not tell from a duplicate: it is there
+                self.enqueued.append(jid)
+            except Exception as exc:  # counted, shown; the job was not enqueued
+                self.errors.append(f"{jid}: {type(exc).__name__}: {exc}")
+            i += 1
+            time.sleep(ENQUEUE_EVERY_S)
+
+
+def spawn(url: str, mode: str, history: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=pythonpath(ROOT / "python"))
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), url, Q, str(LEASE_MS), mode, str(history)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def read_history(paths: list[Path]) -> list[dict[str, Any]]:
+    events = []
+    for path in paths:
+        if path.exists():
+            events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return events
+
+
+@pytest.mark.slow
+def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connections(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    server = server_factory(AOF, dir=tmp_path / "data")
+    proxy = Proxy(server.port)  # the workers' only way to the server
+    worker_url = f"redis://127.0.0.1:{proxy.port}/0"
+    faults: Counter[str] = Counter()
+    histories = [tmp_path / f"history-{n}.jsonl" for n in range(4)]
+    procs = [
+        spawn(worker_url, mode, path) for mode, path in zip(("sync", "asyncio") * 2, histories, strict=True)
+    ]
+    producer = Producer(server.url)
+    reaper = echomq.Reaper(echomq.Client.from_url(server.url), Q, interval=0.2, max_stalled=3, limit=100)
+    started = time.monotonic()
+
+    def at(second: float) -> None:
+        time.sleep(max(0.0, started + second - time.monotonic()))
+
+    admin = echomq.Client.from_url(server.url)
+    try:
+        producer.start()
+        reaper.start()
+        at(2.0)
+        stall(server, 1.0).join()  # shorter than a lease
+        faults["DEBUG SLEEP 1.0 s"] += 1
+        at(4.5)
+        with frozen(server):  # as long as a lease: some holders cannot show theirs
+            time.sleep(1.5)
+        faults["SIGSTOP 1.5 s"] += 1
+        at(7.5)
+        restart(server, down_for=1.0)  # SIGTERM: the AOF is flushed; the same port and directory
+        faults["restart (SIGTERM, down 1.0 s)"] += 1
+        at(10.5)
+        proxy.blackhole()  # every worker connection open now goes half-open
+        faults["half-open (all connections)"] += 1
+        at(12.0)
+        stall(server, 2.5).join()  # longer than a lease
+        faults["DEBUG SLEEP 2.5 s"] += 1
+        at(15.0)
+        restart(server, down_for=0.5)
+        faults["restart (SIGTERM, down 0.5 s)"] += 1
+        producer.join()
+        r = admin.redis
+        drained = wait_until(
+            lambda: r.zcard(K.pending) == 0 and r.zcard(K.active) == 0,
+            timeout=BUDGET_S - (time.monotonic() - started),
+        )
+    finally:
+        stopped_at = time.monotonic()
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        outputs = [proc.communicate(timeout=20) for proc in procs]
+        stop_took = time.monotonic() - stopped_at
+        reaper.stop()
+        proxy.close()
+    took = time.monotonic() - started
+
+    r = admin.redis
+    stats = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs if out.strip()]
+    events = read_history(histories)
+    starts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    ends: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in events:
+        if e["event"] == "start":
+            starts[e["job"]].append(e)
+        else:
+            ends[(e["job"], e["token"])] = e
+    rows = {
+        jid: {k.decode(): v.decode() for k, v in r.hgetall(K.job(jid)).items()} for jid in producer.enqueued
+    }
+    states = Counter(row.get("state", "missing") for row in rows.values())
+    runs = sum(len(v) for v in starts.values())
+    stalls = sum(int(row.get("stalled", "0")) for row in rows.values())
+    claims = sum(int(row.get("attempts", "0")) for row in rows.values())  # every claim of every job
+    never_ran = {
+        jid: (int(row.get("attempts", "0")), len(starts[jid]), row.get("stalled", "0"))
+        for jid, row in rows.items()
+        if int(row.get("attempts", "0")) > len(starts[jid])
+    }
+    total = Counter[str]()
+    for s in stats:
+        total.update({k: v for k, v in s.items() if isinstance(v, int) and k != "pid"})
+    print(
+        f"\noutage chaos: {took:.1f} s; faults: {dict(faults)}; jobs {len(producer.enqueued)} "
+        f"(poison {len(producer.poison)}, cancel asked {len(producer.cancel_asked)}); "
+        f"final states {dict(states)}; claims {claims}, handler runs {runs} (re-runs {runs - len(starts)}, "
+        f"claims that never ran {claims - runs}: {never_ran}); "
+        f"stalls counted {stalls}; worker totals {dict(total)}; producer errors {len(producer.errors)}; "
+        f"workers stopped (SIGTERM) in {stop_took:.2f} s, exit statuses {[p.returncode for p in procs]}"
+    )
+
+    assert drained, f"the queue did not drain: pending {r.zcard(K.pending)}, active {r.zcard(K.active)}"
+    assert not producer.errors, producer.errors
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-2000:] for _, err in outputs]
+    assert len(stats) == 4
+    assert set(states) <= {"done", "dead", "cancelled"}, states
+    for jid, row in rows.items():
+        state = row["state"]
+        if state == "dead":  # only poison, and only after running
+            assert jid in producer.poison, (jid, row)
+            assert row["last_error"] == "RuntimeError: poison", (jid, row)
+            assert starts[jid], f"{jid} was dead-lettered without having run"
+        elif state == "cancelled":
+            assert jid in producer.cancel_asked, (jid, row)
+        else:  # done: by the last holder, which returned with its lease held
+            assert jid not in producer.poison, (jid, row)
+            last = max(starts[jid], key=lambda e: int(e["token"].split("-")[0]))
+            assert row["token"] == last["token"], (jid, row, starts[jid])
+            end = ends.get((jid, row["token"]))
+            assert end is not None and end["outcome"] == "returned", (jid, end)
+            assert not end["lost"], f"{jid} was completed by a holder that had lost its lease: {end}"
+    for jid in producer.poison - producer.cancel_asked:
+        assert rows[jid]["state"] == "dead"
+    assert all(s["rejected"] == 0 or s["leases_lost"] >= 0 for s in stats)
+    assert sum(faults.values()) == 6
