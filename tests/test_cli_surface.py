@@ -62,12 +62,12 @@ def test_errors_are_one_line_with_status_1_and_a_traceback_only_at_debug(
     server_factory: ServerFactory,
 ) -> None:
     bare = server_factory(load_module=False)
-    done = echomq_cli("sweep", Q, "--url", bare.url)
+    done = echomq_cli("sweep", Q, "--url", bare.url, "--backend", "module")
     assert done.returncode == 1
     assert (
         done.stderr.count("\n") == 1 and done.stderr.startswith("echomq: ") and "--loadmodule" in done.stderr
     )
-    debug = echomq_cli("sweep", Q, "--url", bare.url, "--log-level", "debug")
+    debug = echomq_cli("sweep", Q, "--url", bare.url, "--backend", "module", "--log-level", "debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "--loadmodule" in debug.stderr
     unreachable = echomq_cli("sweep", Q, "--url", "redis://127.0.0.1:1/0")
     assert unreachable.returncode == 1 and unreachable.stderr.count("\n") == 1
@@ -77,7 +77,7 @@ def test_errors_are_one_line_with_status_1_and_a_traceback_only_at_debug(
 def test_inspect_refuses_a_server_without_the_module(server_factory: ServerFactory) -> None:
     # It used to print zeros and exit 0: an empty queue, on a server that has none.
     bare = server_factory(load_module=False)
-    done = echomq_cli("inspect", Q, "--url", bare.url)
+    done = echomq_cli("inspect", Q, "--url", bare.url, "--backend", "module")
     assert done.returncode == 1 and "--loadmodule" in done.stderr and done.stdout == ""
 
 
@@ -132,7 +132,9 @@ def test_sweep_and_reap_print_one_format(
 def test_reap_against_a_failing_server_logs_one_line_per_outage(server_factory: ServerFactory) -> None:
     # It printed a ~35-line traceback every tick.
     bare = server_factory(load_module=False)
-    done = echomq_cli("reap", Q, "--url", bare.url, "--interval", "0.05", "--duration", "0.5")
+    done = echomq_cli(
+        "reap", Q, "--url", bare.url, "--backend", "module", "--interval", "0.05", "--duration", "0.5"
+    )
     assert done.returncode == 1
     assert "--loadmodule" in done.stderr and "Traceback" not in done.stderr
     assert done.stderr.count("\n") <= 2, done.stderr
@@ -196,5 +198,7 @@ def test_worker_command_errors_are_one_line(server: EmbeddedServer, spec: str, w
 def test_worker_command_refuses_a_server_without_the_module(server_factory: ServerFactory) -> None:
     bare = server_factory(load_module=False)
     for handler in ("quick", "aquick"):  # threads and asyncio
-        done = echomq_cli("worker", f"tests.shutdown_handlers:{handler}", "-q", Q, "--url", bare.url)
+        done = echomq_cli(
+            "worker", f"tests.shutdown_handlers:{handler}", "-q", Q, "--url", bare.url, "--backend", "module"
+        )
         assert done.returncode == 1 and "--loadmodule" in done.stderr and "Traceback" not in done.stderr

@@ -82,7 +82,7 @@ def test_enqueue_retried_after_a_lost_reply_makes_one_job(server_factory: Server
     # REQ makes the retry answer the first call's result.
     server = server_factory()
     client = echomq.Client.from_url(server.url, socket_timeout=0.3)
-    client.redis.ping()
+    assert client.backend == "module"  # asked now, not during the stall
     stalled = stall(server, 1.0)
     time.sleep(0.1)
     job_id = client.enqueue(Q, b"x")
@@ -515,7 +515,7 @@ def test_a_claim_refused_for_good_is_logged_once_and_counted(
         master = server_factory()
         target = server_factory(["--replicaof", "127.0.0.1", str(master.port)])
         expected = "ReadOnlyError"
-    client = echomq.Client(target.client())
+    client = echomq.Client(target.client(), backend="module")  # auto would run the scripts there
     worker = echomq.Worker(client, Q, lambda job, cancel: None, poll_interval=0.02)
     with caplog.at_level(logging.WARNING, logger="echomq"):
         worker.start()
