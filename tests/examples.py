@@ -64,6 +64,12 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *found]
 
 
+def reference_text() -> str:
+    """The reference pages (docs/reference/, the command pages included), where every command's
+    contract is documented: reply rows, error texts word for word, the ACL recipes."""
+    return "\n".join(p.read_text() for p in sorted((DOCS / "reference").rglob("*.md")))
+
+
 def blocks(path: Path) -> list[Block]:
     lines = path.read_text().splitlines()
     found: list[Block] = []

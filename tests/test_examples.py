@@ -78,7 +78,7 @@ def test_console_example_prints_what_the_docs_show(block: Block, server: Embedde
         elif args[0] == "echomq":
             argv = [sys.executable, "-m", "echomq", *args[1:]]
         else:
-            raise AssertionError(f"{block.where}: cannot run {args[0]!r}; mark the block <!-- not run: why -->")
+            raise AssertionError(f"{block.where}: cannot run {args[0]!r}; mark it <!-- not run: why -->")
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
         compare(expected, done.stdout + done.stderr, tokens, f"{block.where}, command {n + 1}: {command}")
 
@@ -116,7 +116,10 @@ def echomq_lines(script: str) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("block", [b for b in CONSOLE if not b.runs], ids=ids([b for b in CONSOLE if not b.runs]))
+NOT_RUN_CONSOLE = [b for b in CONSOLE if not b.runs]
+
+
+@pytest.mark.parametrize("block", NOT_RUN_CONSOLE, ids=ids(NOT_RUN_CONSOLE))
 def test_console_example_not_run_still_parses(block: Block) -> None:
     for command, _ in session(block):
         words = shlex.split(command, comments=True)
