@@ -97,7 +97,8 @@ def blocks(path: Path) -> list[Block]:
         )
         if info == OUTPUT_INFO:
             previous = found[-1] if found else None
-            gap = lines[previous.line + previous.code.count("\n") + 1 : i] if previous else []  # after its closing fence
+            closed = previous.line + previous.code.count("\n") if previous else 0  # its closing fence's index
+            gap = lines[closed + 1 : i] if previous else []
             if previous is None or previous.language != "python" or any(s.strip() for s in gap):
                 raise AssertionError(f"{block.where}: an Output block must follow a python block directly")
             previous.output = block.code
