@@ -59,8 +59,8 @@ class Block:
 
 
 def pages() -> list[Path]:
-    """README.md and every page of docs/ (not the hooks)."""
-    found = sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)
+    """README.md and every page of docs/ (not the hooks, nor docs/notes/: raw text for pages, not pages)."""
+    found = sorted(p for p in DOCS.rglob("*.md") if not {"hooks", "notes"} & set(p.relative_to(DOCS).parts))
     return [ROOT / "README.md", *found]
 
 
