@@ -116,3 +116,52 @@ def test_the_documented_syntax_is_the_servers(verb: str, r: redis.Redis) -> None
 
 def _pairs(flat: list[Any]) -> dict[str, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+# -- the keyspace page names every field the verbs write, and no other -----------------
+
+
+def documented_fields(section: str) -> set[str]:
+    """The backticked names in the first column of the table under ``## <section>`` of keyspace.md."""
+    page = (DOCS / "reference" / "keyspace.md").read_text()
+    body = page.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in body.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+
+
+@pytest.mark.backends
+def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis) -> None:
+    """One job through every verb that writes a row field, and a queue through every setting
+    (with each backend: the scripts write the same fields)."""
+    import echomq
+    from echomq.keyspace import queue_keys
+
+    client = echomq.Client(r)
+    keys = queue_keys("q")
+    row = keys.job("j")
+    seen: set[str] = set()
+
+    def look() -> None:
+        seen.update(k.decode() for k in r.hkeys(row))
+
+    client.enqueue("q", b"x", job_id="j")  # a fresh REQ: the row's `request`
+    look()
+    job = client.claim("q", lease_ms=60_000)
+    assert job is not None
+    client.checkpoint("q", job.id, job.token, lease_ms=60_000, state=b"s")
+    client.cancel("q", "j", reason="why")
+    look()
+    assert client.fail("q", job.id, job.token, "boom") == "cancelled"
+    look()
+    client.retry("q", "j")
+    job = client.claim("q", lease_ms=60_000)
+    assert job is not None
+    r.zadd(keys.active, {"j": 0})  # its lease lapsed
+    assert client.sweep("q", max_stalled=5).recovered == ["j"]
+    look()
+    assert seen == documented_fields("The job row"), "docs/reference/keyspace.md, The job row"
+
+    client.pause("q")
+    client.retention("q", done_ms=1, cancelled_ms=2, dead_ms=3)
+    meta = {k.decode() for k in r.hkeys(keys.base + "meta")}
+    assert meta == documented_fields("The queue's settings: `<base>meta`"), "keyspace.md, <base>meta"
