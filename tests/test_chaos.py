@@ -3,23 +3,32 @@
 At the end every job is done exactly once or dead, none sits in two sets,
 no completion was accepted from a stale token, and every poison job is dead
 after exactly max-stalled stalls.
+
+The jobs run in steps and store each with its checkpoint (issue 16): every
+claim resumes from a state at or after the last checkpoint any earlier holder
+had confirmed, and never from a stale holder's state (one written by an older
+claim after a newer one had confirmed its own).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import echomq
 from echomq.keyspace import queue_keys
 
+from . import chaos_worker
 from .conftest import ServerFactory
 
 pytestmark = pytest.mark.backends
@@ -36,8 +45,8 @@ WORKER_SCRIPT = Path(__file__).with_name("chaos_worker.py")
 
 
 class Pool:
-    def __init__(self, url: str, backend: str) -> None:
-        self.url, self.backend = url, backend
+    def __init__(self, url: str, backend: str, history: Path) -> None:
+        self.url, self.backend, self.history = url, backend, history
         self.procs: list[subprocess.Popen[bytes]] = []
         self.frozen: dict[int, float] = {}  # pid -> when to resume
         self.started = 0
@@ -45,7 +54,7 @@ class Pool:
     def spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ, PYTHONPATH=str(WORKER_SCRIPT.parent.parent / "python"))
         proc = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), self.url, Q, str(LEASE_MS), self.backend],
+            [sys.executable, str(WORKER_SCRIPT), self.url, Q, str(LEASE_MS), self.backend, str(self.history)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -82,6 +91,55 @@ class Pool:
                 proc.wait()
 
 
+def counter(token: str) -> int:
+    """The claim's number in a token ("<attempts>-<hex>"): a later claim has a larger one."""
+    return int(token.split("-")[0])
+
+
+def check_resumes(events: list[dict[str, Any]], rows: dict[str, dict[bytes, bytes]]) -> int:
+    """Every claim resumed from a state at or after the last one confirmed before it, never a stale one.
+
+    A state is (the writer claim's counter, step); states order by writer,
+    then step.  Claim k must resume from a state written by an earlier claim
+    and no older than any confirmed by claims before k.  And once claim j
+    took the job, only j (or a later claim) may change its state: every claim
+    j between the writer w and k saw exactly the state k got (a stale holder's
+    write, w's landing after j's claim, would show as a newer step of w's).
+    The same for the state a done job ends with, which is the last step,
+    stored by the claim it names.  Returns how many claims resumed mid-job.
+    """
+    confirmed: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    seen: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)  # job -> claim -> the state it got
+    for e in events:
+        if e["event"] == "confirmed":
+            confirmed[e["job"]].append((counter(e["token"]), e["step"]))
+        elif e["event"] == "start":
+            got = (counter(e["writer"]), e["step"]) if e["writer"] is not None else (0, 0)
+            seen[e["job"]][counter(e["token"])] = got
+
+    def no_stale_write(job: str, k: int, got: tuple[int, int]) -> None:
+        for j, state in seen[job].items():
+            if got[0] < j < k:
+                assert state == got, f"{job}: claim {j} saw {state}, then claim {k} got {got}: a stale write"
+
+    resumed = 0
+    for job, claims in seen.items():
+        for k, got in claims.items():
+            floor = max((c for c in confirmed[job] if c[0] < k), default=(0, 0))
+            assert got[0] < k, f"{job}: claim {k} resumed from a state of claim {got[0]}"
+            assert got >= floor, f"{job}: claim {k} resumed from {got}, older than the confirmed {floor}"
+            no_stale_write(job, k, got)
+            resumed += got[1] > 0
+    for job, row in rows.items():
+        if row[b"state"] == b"done":
+            state = json.loads(row[b"checkpoint"])
+            writer = counter(state["data"]["token"])
+            assert state["step"] == chaos_worker.STEPS, (job, row)
+            assert row[b"checkpoint_attempt"] == str(writer).encode(), (job, row)
+            no_stale_write(job, int(row[b"attempts"]) + 1, (writer, state["step"]))
+    return resumed
+
+
 def completions_in_the_aof(directory: Path) -> int:
     """Accepted COMPLETEs: the HSETs of `closed_by complete` written to the append-only file."""
     files = [p for p in Path(directory).rglob("*") if p.is_file() and ".aof" in p.name]
@@ -104,7 +162,8 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
 
     rng = random.Random(20261129)
     kills = freezes = crashes = 0
-    pool = Pool(server.url, backend)
+    history = server.dir / "history.jsonl"  # the workers' runs and confirmed checkpoints
+    pool = Pool(server.url, backend, history)
     pool.procs = [pool.spawn() for _ in range(WORKERS)]
     reaper = echomq.Reaper(client, Q, interval=0.05, max_stalled=MAX_STALLED, limit=50)
     deadline = time.monotonic() + TIME_BUDGET_S
@@ -144,11 +203,14 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
     rows = {f"job-{i:03}": r.hgetall(K.job(f"job-{i:03}")) for i in range(JOBS)}
     done = {j for j, row in rows.items() if row[b"state"] == b"done"}
     dead = {j for j, row in rows.items() if row[b"state"] == b"dead"}
+    events = [json.loads(line) for line in history.read_text().splitlines() if line.endswith("}")]
+    resumed = check_resumes(events, rows)
     print(
         f"\nchaos: jobs={JOBS} poison={len(poison)} kills={kills} freezes={freezes} "
         f"poison-crashes={crashes} recoveries={reaper.recovered} dead-letters={reaper.dead} "
         f"done={len(done)} dead={len(dead)} accepted-completions={accepted} "
-        f"rejected-stale-completions={rejected} worker-processes-started={pool.started} backend={backend}"
+        f"rejected-stale-completions={rejected} worker-processes-started={pool.started} "
+        f"runs={sum(e['event'] == 'start' for e in events)} resumed-mid-job={resumed} backend={backend}"
     )
 
     assert finished, "the queue did not drain within the time budget"
@@ -168,3 +230,4 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
         assert int(rows[job].get(b"stalled", b"0")) < MAX_STALLED
     assert int(r.hget(K.metrics_failed, "count") or 0) == len(dead)
     assert kills > 0 and crashes >= len(poison)
+    assert resumed > 0, "no claim resumed from a checkpoint: the chaos did not test resuming"
