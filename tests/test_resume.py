@@ -219,3 +219,22 @@ def test_progress_encodes_to_compact_json_and_refuses_what_is_not_one() -> None:
         echomq.Progress(1, [1]).encode()  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         echomq.Progress(1, {"x": float("nan")}).encode()
+
+
+def test_a_failed_attempt_s_state_goes_to_its_retry_and_an_operator_retry_keeps_it(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue(Q, b"", job_id="F")
+    points: list[echomq.Progress] = []
+
+    def fails_after_a_step(ctx: echomq.JobContext) -> None:
+        points.append(ctx.resume_point)
+        ctx.checkpoint_step(ctx.resume_point.step + 1)
+        raise RuntimeError("flaky")
+
+    worker = echomq.Worker(client, Q, fails_after_a_step, max_attempts=2)
+    assert worker.work_one() and worker.work_one()  # the second attempt, then dead
+    assert r.hget(K.job("F"), "state") == b"dead"
+    client.retry(Q, "F")
+    assert worker.work_one()
+    assert [p.step for p in points] == [0, 1, 2]
