@@ -19,9 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +28,7 @@ from echomq.keyspace import queue_keys
 
 from . import chaos_worker
 from .conftest import ServerFactory
+from .helpers import check_resumes
 
 pytestmark = pytest.mark.backends
 
@@ -89,55 +88,6 @@ class Pool:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def counter(token: str) -> int:
-    """The claim's number in a token ("<attempts>-<hex>"): a later claim has a larger one."""
-    return int(token.split("-")[0])
-
-
-def check_resumes(events: list[dict[str, Any]], rows: dict[str, dict[bytes, bytes]]) -> int:
-    """Every claim resumed from a state at or after the last one confirmed before it, never a stale one.
-
-    A state is (the writer claim's counter, step); states order by writer,
-    then step.  Claim k must resume from a state written by an earlier claim
-    and no older than any confirmed by claims before k.  And once claim j
-    took the job, only j (or a later claim) may change its state: every claim
-    j between the writer w and k saw exactly the state k got (a stale holder's
-    write, w's landing after j's claim, would show as a newer step of w's).
-    The same for the state a done job ends with, which is the last step,
-    stored by the claim it names.  Returns how many claims resumed mid-job.
-    """
-    confirmed: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    seen: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)  # job -> claim -> the state it got
-    for e in events:
-        if e["event"] == "confirmed":
-            confirmed[e["job"]].append((counter(e["token"]), e["step"]))
-        elif e["event"] == "start":
-            got = (counter(e["writer"]), e["step"]) if e["writer"] is not None else (0, 0)
-            seen[e["job"]][counter(e["token"])] = got
-
-    def no_stale_write(job: str, k: int, got: tuple[int, int]) -> None:
-        for j, state in seen[job].items():
-            if got[0] < j < k:
-                assert state == got, f"{job}: claim {j} saw {state}, then claim {k} got {got}: a stale write"
-
-    resumed = 0
-    for job, claims in seen.items():
-        for k, got in claims.items():
-            floor = max((c for c in confirmed[job] if c[0] < k), default=(0, 0))
-            assert got[0] < k, f"{job}: claim {k} resumed from a state of claim {got[0]}"
-            assert got >= floor, f"{job}: claim {k} resumed from {got}, older than the confirmed {floor}"
-            no_stale_write(job, k, got)
-            resumed += got[1] > 0
-    for job, row in rows.items():
-        if row[b"state"] == b"done":
-            state = json.loads(row[b"checkpoint"])
-            writer = counter(state["data"]["token"])
-            assert state["step"] == chaos_worker.STEPS, (job, row)
-            assert row[b"checkpoint_attempt"] == str(writer).encode(), (job, row)
-            no_stale_write(job, int(row[b"attempts"]) + 1, (writer, state["step"]))
-    return resumed
 
 
 def completions_in_the_aof(directory: Path) -> int:
@@ -204,7 +154,7 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
     done = {j for j, row in rows.items() if row[b"state"] == b"done"}
     dead = {j for j, row in rows.items() if row[b"state"] == b"dead"}
     events = [json.loads(line) for line in history.read_text().splitlines() if line.endswith("}")]
-    resumed = check_resumes(events, rows)
+    resumed = check_resumes(events, rows, chaos_worker.STEPS)
     print(
         f"\nchaos: jobs={JOBS} poison={len(poison)} kills={kills} freezes={freezes} "
         f"poison-crashes={crashes} recoveries={reaper.recovered} dead-letters={reaper.dead} "
