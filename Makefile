@@ -40,7 +40,8 @@ demo: setup
 # (tests/conftest.py: FEATURES), never passed.
 SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tests/test_config.py \
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
-	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py
+	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py \
+	tests/test_docs_reference.py
 
 # Two test processes (pytest-xdist): the suite mostly waits on servers.  A file's
 # tests stay in one process: a fuzz file's last test checks what the others counted.

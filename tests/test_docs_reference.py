@@ -18,9 +18,9 @@ import pytest
 import redis
 import yaml
 
-from .conftest import needs
+from .conftest import needs, supports
 from .examples import DOCS, ROOT
-from .test_metadata import SPEC, as_text, command_info
+from .test_metadata import as_text, command_info
 
 COMMANDS = DOCS / "reference" / "commands"
 SYNTAX = re.compile(r"^    (EMQ\.[A-Z]+)( .*)?(\n {5,}\S.*)*$", re.M)  # continued: indented further
@@ -71,15 +71,17 @@ def as_documented(line: str) -> str:
     return re.sub(r"(\[|\| )([A-Z]+) <[a-z-]+>", r"\1\2 <>", line)
 
 
-def test_every_command_has_one_page() -> None:
-    assert set(PAGES) == set(SPEC), "a command without a page, or a page of no command"
+def test_every_command_has_one_page(r: redis.Redis) -> None:
+    served = {name for name in as_text(list(r.command())) if name.startswith("emq.")}  # as listed
+    assert len(served) >= 18
+    assert set(PAGES) == served, "a command without a page, or a page of no command"
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python", "python"))["nav"]
     flat = yaml.safe_dump(nav)
     for page in set(PAGES.values()):
         assert f"reference/commands/{page.name}" in flat, f"{page.name} is not in mkdocs.yml's nav"
 
 
-@pytest.mark.parametrize("verb", sorted(SPEC))
+@pytest.mark.parametrize("verb", sorted(PAGES))
 def test_the_index_lists_the_command_with_its_flags(verb: str, r: redis.Redis) -> None:
     index = (COMMANDS / "index.md").read_text()
     page = PAGES[verb].name
@@ -95,14 +97,14 @@ def documented_flags(verb: str) -> set[str]:
     return set(match.group(1).split())
 
 
-@pytest.mark.parametrize("verb", sorted(SPEC))
+@pytest.mark.parametrize("verb", sorted(PAGES))
 def test_the_documented_flags_are_the_servers(verb: str, r: redis.Redis) -> None:
     served = {f.replace("denyoom", "deny-oom") for f in command_info(r, verb)["flags"] & SHOWN_FLAGS}
     assert documented_flags(verb) == served, f"{PAGES[verb].name}: {verb.upper()}'s flags"
 
 
 @needs("command_info", "COMMAND DOCS has nothing for module commands")
-@pytest.mark.parametrize("verb", sorted(SPEC))
+@pytest.mark.parametrize("verb", sorted(PAGES))
 def test_the_documented_syntax_is_the_servers(verb: str, r: redis.Redis) -> None:
     docs = as_text(r.execute_command("COMMAND DOCS", verb))
     docs = docs[verb] if isinstance(docs, dict) else dict(zip(docs[1][::2], docs[1][1::2], strict=True))
@@ -130,9 +132,11 @@ def documented_fields(section: str) -> set[str]:
 
 
 @pytest.mark.backends
-def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis) -> None:
+def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, backend: str) -> None:
     """One job through every verb that writes a row field, and a queue through every setting
     (with each backend: the scripts write the same fields)."""
+    if backend == "scripts" and not supports("script_flags"):
+        pytest.skip("the scripts backend needs Redis 7.0+ (script flags, Functions)")
     import echomq
     from echomq.keyspace import queue_keys
 
