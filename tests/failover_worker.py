@@ -1,7 +1,9 @@
 """A worker process for the failover chaos test, following the master through the Sentinels.
 
-``python failover_worker.py SENTINEL_PORTS SERVICE QUEUE LEASE_MS sync|asyncio BACKEND HISTORY``
-(``SENTINEL_PORTS``: comma-separated ports on 127.0.0.1).
+``python failover_worker.py SENTINEL_PORTS SERVICE QUEUE LEASE_MS sync|asyncio BACKEND HISTORY [REPLICAS]``
+(``SENTINEL_PORTS``: comma-separated ports on 127.0.0.1; ``REPLICAS``: the
+workers' ``replicas=``, 0 by default: a handler starts only once that many
+replicas have its claim, waiting at most 500 ms).
 
 The redis client is ``Sentinel(...).master_for(SERVICE)`` (redis-py's, sync or
 asyncio): after a failover, a new connection asks the Sentinels for the
@@ -185,11 +187,14 @@ def main() -> None:
     global HISTORY
     ports, service, queue = sys.argv[1], sys.argv[2], sys.argv[3]
     lease_ms, mode, backend, path = int(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
+    replicas = int(sys.argv[8]) if len(sys.argv) > 8 else 0
     assert backend in ("module", "scripts")
     sentinels = [("127.0.0.1", int(p)) for p in ports.split(",")]
     echomq.configure_logging("warning")
     HISTORY = History(path)
     settings: dict[str, Any] = {"lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.05, "grace": 2.0}
+    if replicas:
+        settings.update(replicas=replicas, replicas_timeout_ms=500)
     options: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 1.0}
     if mode == "sync":
         r = redis.sentinel.Sentinel(sentinels, socket_timeout=0.5).master_for(

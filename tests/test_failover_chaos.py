@@ -86,6 +86,9 @@ SLACK_S = 0.25
 OVERLAP_BOUND_S = (LEASE_MS - DOWN_AFTER_MS) / 1000 + HANDLER_STEP_S + SLACK_S
 KILLS = int(os.environ.get("ECHOMQ_FAILOVER_KILLS", "3"))
 SEED = int(os.environ.get("ECHOMQ_FAILOVER_SEED", "20"))
+# The workers' replicas= (0: no wait).  With 1, a handler starts only once the replica has its
+# claim, so no run can come from a claim the promoted replica never saw.
+REPLICAS = int(os.environ.get("ECHOMQ_FAILOVER_REPLICAS", "0"))
 WAVE = 30  # jobs per round
 POISON_EVERY = 15
 MAX_ATTEMPTS = 3  # failover_worker's
@@ -260,7 +263,8 @@ def spawn(failover: Failover, mode: str, backend: str, history: Path) -> subproc
     env = dict(os.environ, PYTHONPATH=pythonpath(ROOT / "python"))
     ports = ",".join(str(s.port) for s in failover.sentinels)
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), ports, MASTER, Q, str(LEASE_MS), mode, backend, str(history)],
+        [sys.executable, str(SCRIPT), ports, MASTER, Q, str(LEASE_MS), mode, backend, str(history),
+         str(REPLICAS)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -444,7 +448,8 @@ def test_workers_follow_a_killed_master_and_no_lost_claim_finishes(
         for kill in chaos.kills
     ]
     print(
-        f"\nfailover chaos (seed {SEED}): {took:.1f} s, {len(chaos.kills)} kills {per_kill}; "
+        f"\nfailover chaos (seed {SEED}, workers' replicas={REPLICAS}): {took:.1f} s, "
+        f"{len(chaos.kills)} kills {per_kill}; "
         f"jobs {len(chaos.ids)} (poison {len(chaos.poison)}, cancel asked {len(chaos.cancel_asked)}); "
         f"final states {dict(states)}; claims {len(claims)}, runs {sum(len(v) for v in starts.values())}; "
         f"re-runs caused by the failovers {sum(reruns.values())} {dict(reruns)} "
@@ -455,6 +460,11 @@ def test_workers_follow_a_killed_master_and_no_lost_claim_finishes(
         f"producer retries {chaos.producer_retries}; worker totals {dict(totals)}"
     )
     assert len(chaos.kills) == KILLS
+    if REPLICAS:
+        ran_lost = [e for ss in starts.values() for e in ss if e["token"] in lost]
+        assert not ran_lost, (
+            f"with replicas={REPLICAS}, a handler ran a claim the replica never had: {ran_lost}"
+        )
     assert worst <= OVERLAP_BOUND_S, (
         f"two runs of {worst_pair} overlapped {worst:.3f} s > {OVERLAP_BOUND_S:.3f} s"
     )
