@@ -69,7 +69,8 @@ class Worker(WorkerCore[Client, Handler]):
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
     concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
-    retry=None)``:
+    retry=None, metrics=None, replicas=0, replicas_timeout_ms=1000,
+    replicas_aof=False)``:
 
     - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
       ``checkpoint()``); a handler taking two arguments gets ``(job,
