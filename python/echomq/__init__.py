@@ -34,7 +34,7 @@ from .client import (
     ScriptLimits,
     SweepResult,
 )
-from .context import JobContext
+from .context import JobContext, Progress
 from .errors import (
     BadArgument,
     Cancelled,
@@ -79,6 +79,7 @@ __all__ = [
     "NotRetryable",
     "ObliterateResult",
     "PendingJob",
+    "Progress",
     "QueueBusy",
     "QueueCounters",
     "QueueCounts",
