@@ -45,7 +45,7 @@ from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Job
 from .context import JobContext
-from .errors import LeaseLost
+from .errors import LeaseLost, NotReplicated
 from .lease import LeaseKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
@@ -69,7 +69,8 @@ class Worker(WorkerCore[Client, Handler]):
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
     concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
-    retry=None)``:
+    retry=None, metrics=None, replicas=0, replicas_timeout_ms=1000,
+    replicas_aof=False)``:
 
     - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
       ``checkpoint()``); a handler taking two arguments gets ``(job,
@@ -91,6 +92,12 @@ class Worker(WorkerCore[Client, Handler]):
       take to finish before their tokens are cancelled with "shutdown".
     - ``metrics``: an ``echomq.metrics.Metrics`` to count into (claims,
       ends and run times, lost leases, delivered cancels), or None.
+    - ``replicas``, ``replicas_timeout_ms``, ``replicas_aof``: a handler
+      starts only once that many replicas have the job's claim (as
+      ``Client.claim(replicas=...)``); a job they do not confirm in time is
+      given back unrun (no try used), counted in ``stats.not_replicated``,
+      and the thread waits ``poll_interval`` before it claims again.
+      Fewer re-runs after a failover; still at least once.
     - ``stats``: a ``WorkerStats``.
 
     Every argument is checked here: TypeError or ValueError naming it.  A
@@ -130,6 +137,7 @@ class Worker(WorkerCore[Client, Handler]):
         KeyboardInterrupt here is a graceful stop (a second one, a forced
         one) and is raised again at the end.
         """
+        self._check_replicas()
         if not self._begin():
             return
         restore = self._install_signals() if handle_signals else None
@@ -146,6 +154,7 @@ class Worker(WorkerCore[Client, Handler]):
 
     def start(self) -> Worker:
         """Work in background threads; returns at once (``stop()`` or leaving ``with`` ends it)."""
+        self._check_replicas()
         if self._begin():
             self._spawn_loops()
             self._supervisor = threading.Thread(
@@ -155,6 +164,28 @@ class Worker(WorkerCore[Client, Handler]):
             )
             self._supervisor.start()
         return self
+
+    def _check_replicas(self) -> None:
+        """With ``replicas=``: a server that can wait as asked (WAITAOF), before anything is claimed."""
+        if self.replica_wait is not None:
+            self.client._check_wait(self.replica_wait)
+
+    def _replicated(self, jobs: list[Job], *, loop: bool = True) -> list[Job]:
+        """With ``replicas=``: the claimed jobs once the replicas have them; none if they were given back.
+
+        In a claim loop the thread then pauses ``poll_interval``; for ``work_one`` (``loop=False``)
+        ``NotReplicated`` is raised to its caller.
+        """
+        if self.replica_wait is None or not jobs:
+            return jobs
+        try:
+            return self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
+        except NotReplicated as exc:
+            self._not_replicated(exc)
+            if not loop:
+                raise
+            self._wake.wait(self.poll_interval)
+            return []
 
     def stop(self, grace: float | None = None) -> None:
         """Stop claiming now; handlers get ``grace`` seconds (default: the worker's) to finish.
@@ -295,6 +326,7 @@ class Worker(WorkerCore[Client, Handler]):
                 self._wake.wait(self.poll_interval)
                 continue
             pause = Backoff()
+            jobs = self._replicated(jobs)
             if not jobs:  # the claim waited on the server; the rest of poll_interval here
                 rest = self.poll_interval - (time.monotonic() - claimed_at)
                 if rest > 0.001:
@@ -307,11 +339,15 @@ class Worker(WorkerCore[Client, Handler]):
                     self._trouble(exc, "processing a job", job)
 
     def work_one(self) -> bool:
-        """Claim and process one job in this thread; False when the queue had none."""
+        """Claim and process one job in this thread; False when the queue had none.
+
+        With ``replicas=``: ``NotReplicated`` when the replicas did not confirm the claim (given back).
+        """
         try:
             jobs, claimed_at = self._claim(wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
+        jobs = self._replicated(jobs, loop=False)
         for job in jobs:
             self._process(job, claimed_at)
         return bool(jobs)
