@@ -611,6 +611,13 @@ _CORRUPT = (
 )
 
 
+def read_reply(call: Call[T], reply: Any) -> T:
+    """A pipelined reply (an error comes as a value): ``call``'s answer, or its mapped exception."""
+    if isinstance(reply, ResponseError):
+        raise_mapped(reply, call)
+    return call.read(reply)
+
+
 def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:
     """Turn a server error into echomq's exception for it (or re-raise redis-py's typed one)."""
     text = str(exc)

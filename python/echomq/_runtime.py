@@ -1058,14 +1058,14 @@ class WorkerCore(Generic[ClientT, HandlerT]):
 
     # -- what is sent: one small function each, for both drivers ----------------
 
-    def _claim_call(self, wait: bool = True) -> Call[list[Job]]:
+    def _claim_call(self, wait: bool = True, count: int = 1) -> Call[list[Job]]:
         """The claim step's command (one REQ, sent again until answered).
 
         With ``wait``, the idle wait happens on the server (EMQ.CLAIM ...
         BLOCK, ``claim_block_ms``): a job enqueued while the worker idles
         is claimed at once instead of at the next poll.
         """
-        return proto.claim(self.queue, self.lease_ms, 1, self.claim_block_ms if wait else None)
+        return proto.claim(self.queue, self.lease_ms, count, self.claim_block_ms if wait else None)
 
     def _fail_call(self, job: Job, error: str) -> Call[FailOutcome]:
         """Where a failed job goes: FAIL with its error, and the retry policy's delay if there is one."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import signal
 import sys
 import threading
@@ -504,6 +505,14 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     return True
 
 
+async def _within(awaitable: Awaitable[T], timeout: float) -> T:
+    """``await awaitable``, at most ``timeout`` seconds (else asyncio.TimeoutError)."""
+    if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout=timeout)
+
+
 class LeaseKeeper(KeeperCore[Client]):
     """Async context manager: checkpoint ``job`` every ``interval`` while the block runs.
 
@@ -525,8 +534,9 @@ class LeaseKeeper(KeeperCore[Client]):
         # updates the HeldJob too.
         self._lock = threading.Lock()
         self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._sending = False
+        self._shared: _Keepers | None = None  # a worker's one keeper task checkpoints this job
 
     async def __aenter__(self) -> LeaseKeeper:
         self.start()
@@ -540,6 +550,9 @@ class LeaseKeeper(KeeperCore[Client]):
     def start(self) -> None:
         """Start checkpointing in a task of the running loop (and watching the deadline)."""
         WATCH.add(self._held, self._lock, self._clock)
+        if self._shared is not None:
+            self._shared.add(self)
+            return
         self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
 
     async def stop(self) -> None:
@@ -547,6 +560,8 @@ class LeaseKeeper(KeeperCore[Client]):
         with self._lock:
             self._held.stop()
         self._stop.set()
+        if self._shared is not None:
+            self._shared.discard(self)
         task = self._task
         try:
             if task is not None:
@@ -617,6 +632,127 @@ class LeaseKeeper(KeeperCore[Client]):
             self._held.confirmed(sent, self._clock(), requested)
         self._troubles.healed()
         return requested
+
+
+class _Keepers:
+    """One task that checkpoints every job a worker holds, instead of a task per job.
+
+    Each held job keeps its ``LeaseKeeper`` (the handler's ``checkpoint()``,
+    the rules, ``stop()``); this task only wakes when the earliest held job
+    is due and starts that job's checkpoint, as the keeper's own task would
+    have (``stop()`` cancels one in flight the same way).  A worker that runs
+    a thousand short jobs a second starts no task for them.
+    """
+
+    def __init__(self) -> None:
+        self._keepers: dict[LeaseKeeper, None] = {}
+        self._wake = asyncio.Event()
+        self._wakes_at = math.inf
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        self._keepers[keeper] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="echomq-lease-keeper")
+        elif keeper._held.next_checkpoint < self._wakes_at:
+            self._wake.set()
+
+    def discard(self, keeper: LeaseKeeper) -> None:
+        self._keepers.pop(keeper, None)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _run(self) -> None:
+        while True:
+            wait: float | None = None
+            for keeper in list(self._keepers):
+                with keeper._lock:
+                    now = keeper._clock()
+                    left = keeper._held.wait_before_checkpoint(now)
+                if left is None:
+                    continue
+                if left <= 0.0 and (keeper._task is None or keeper._task.done()):
+                    keeper._task = asyncio.create_task(
+                        keeper._checkpoint(own=True), name=f"echomq-lease-{keeper.job.id}"
+                    )
+                    left = keeper._held.interval
+                wait = left if wait is None else min(wait, left)
+            self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+            await _wait(self._wake, wait)
+            self._wake.clear()
+            self._wakes_at = -math.inf
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A caller that gave up waiting leaves its answer unread: read it, so asyncio does not warn."""
+    if not future.cancelled():
+        future.exception()
+
+
+class _Coalescer:
+    """Calls sent at about the same time go out together: one pipeline, one round trip.
+
+    A worker's tasks finish jobs at about the same time; while one batch is
+    on the wire the next one gathers, so a busy worker sends its COMPLETEs
+    (and the like) in a few round trips instead of one each.  Each call
+    keeps its own answer and its own error; each caller keeps its own
+    retries and deadline (the verbs sent this way are safe to send again).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._waiting: list[tuple[proto.Call[Any], asyncio.Future[Any], float]] = []
+        self._flushing = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def attempt(self, call: proto.Call[T], timeout: float) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)
+        self._waiting.append((call, future, timeout))
+        if not self._flushing:  # the task starts next turn: calls made this turn join the batch
+            self._flushing = True
+            self._task = asyncio.create_task(self._flush(), name="echomq-send-together")
+        try:
+            return await _within(asyncio.shield(future), max(timeout, 0.001))
+        except asyncio.TimeoutError:
+            raise redis.TimeoutError(f"no reply to {call.args[0]} within {timeout:.3f} s") from None
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                live = [(c, f, t) for c, f, t in batch if not f.done()]
+                if not live:
+                    continue
+                calls = [c for c, _, _ in live]
+                try:
+                    replies = await _within(self.client._pipeline_run(calls), max(t for _, _, t in live))
+                except asyncio.CancelledError:
+                    for _, future, _ in live:
+                        future.cancel()
+                    raise
+                except Exception as exc:
+                    if isinstance(exc, asyncio.TimeoutError):
+                        exc = redis.TimeoutError(f"no reply to a batch of {len(calls)} calls")
+                    for _, future, _ in live:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (call, future, _), reply in zip(live, replies, strict=True):
+                    if future.done():
+                        continue
+                    try:
+                        if isinstance(reply, ResponseError):
+                            proto.raise_mapped(reply, call)
+                        future.set_result(call.read(reply))
+                    except Exception as exc:
+                        future.set_exception(exc)
+        finally:
+            self._flushing = False
 
 
 class JobContext(ContextCore[LeaseKeeper]):
@@ -723,6 +859,11 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self._force_pending = False
         self._loops: list[asyncio.Task[None]] = []
         self._handlers: dict[HeldJob, asyncio.Task[Any]] = {}  # the task running each handler
+        self._keepers = _Keepers()  # one task keeps every held job's lease
+        self._coalescer = _Coalescer(self.client)  # jobs' ends go out together
+        self._jobs: asyncio.Queue[tuple[Job, float] | None] | None = None  # claimed, for the runners
+        self._free = 0  # runners neither running a job nor about to
+        self._slot: asyncio.Event | None = None  # set when a runner becomes free
 
     # -- control ---------------------------------------------------------------
 
@@ -771,7 +912,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             raise
 
     def _poke(self) -> None:
-        for event in (self._wake, self._stopping):
+        for event in (self._wake, self._stopping, self._slot):
             if event is not None:
                 event.set()
 
@@ -787,10 +928,13 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         WATCH.retain()
         restore = self._install_signals(loop) if handle_signals else None
         try:
+            self._jobs, self._slot, self._free = asyncio.Queue(), asyncio.Event(), self.concurrency
             self._loops = [
-                asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-{n}")
+                asyncio.create_task(self._runner(), name=f"echomq-worker-{self.queue}-{n}")
                 for n in range(self.concurrency)
             ]
+            claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
+            self._loops.append(claimer)
             try:
                 await self._supervise()
             except asyncio.CancelledError:
@@ -806,6 +950,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 t.cancel()
             if left:
                 await asyncio.wait(left)
+            await self._keepers.close()
             WATCH.release()
             self._stopped()
 
@@ -875,12 +1020,23 @@ class Worker(WorkerCore[Client, AsyncHandler]):
     # -- a worker task -----------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        """The one claimer: as many jobs in one CLAIM as runners are free, handed to them.
+
+        A busy worker claims in batches (COUNT = its free runners), so a
+        claim costs a fraction of a command per job; an idle one waits on
+        the server (BLOCK) as before.
+        """
         assert self._stopping is not None and self._wake is not None
+        assert self._jobs is not None and self._slot is not None
         pause, step = Backoff(), ClaimStep()
         try:
             while not self._stop_requested:
+                if self._free <= 0:
+                    self._slot.clear()
+                    await self._slot.wait()
+                    continue
                 try:
-                    jobs, claimed_at = await self._claim(step)
+                    jobs, claimed_at = await self._claim(step, count=self._free)
                 except _GaveUp:
                     await _wait(self._stopping, pause.next_wait(time.monotonic()) or self.poll_interval)
                     continue
@@ -894,13 +1050,27 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                     if rest > 0.001:
                         await _wait(self._stopping, rest)
                     continue
+                self._free -= len(jobs)
                 for job in jobs:
-                    try:
-                        await self._process(job, claimed_at)
-                    except (
-                        Exception
-                    ) as exc:  # a bug of ours: logged once with its traceback; the task goes on
-                        self._trouble(exc, "processing a job", job)
+                    self._jobs.put_nowait((job, claimed_at))
+        finally:
+            for _ in range(self.concurrency):  # the runners give back what is queued, then end
+                self._jobs.put_nowait(None)
+            self._wake.set()
+
+    async def _runner(self) -> None:
+        """One of ``concurrency`` tasks: run the jobs the claimer hands over, one at a time."""
+        assert self._jobs is not None and self._slot is not None and self._wake is not None
+        try:
+            while (item := await self._jobs.get()) is not None:
+                job, claimed_at = item
+                try:
+                    await self._process(job, claimed_at)
+                except Exception as exc:  # a bug of ours: logged once with its traceback; the task goes on
+                    self._trouble(exc, "processing a job", job)
+                finally:
+                    self._free += 1
+                    self._slot.set()
         finally:
             self._wake.set()
 
@@ -914,10 +1084,12 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             await self._process(job, claimed_at)
         return bool(jobs)
 
-    async def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+    async def _claim(
+        self, step: ClaimStep | None = None, wait: bool = True, count: int = 1
+    ) -> tuple[list[Job], float]:
         """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back)."""
         step = step if step is not None else ClaimStep()
-        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
+        call, claimed_at = step.next(lambda: self._claim_call(wait, count), time.monotonic())
         extra = self.claim_block_ms / 1000 if wait else 0.0
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
@@ -937,14 +1109,21 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         extra_s: float = 0.0,
         on_retry: Callable[[], None] | None = None,
         cap_s: float | None = None,
+        together: bool = False,
     ) -> T:
-        """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``)."""
+        """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``).
+
+        ``together``: in one pipeline with the other calls sent meanwhile (``_Coalescer``).
+        """
         backoff = Backoff(until)
         while True:
             try:
                 timeout = backoff.timeout(time.monotonic())
                 timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
-                reply = await self.client._attempt(call, timeout)
+                if together:
+                    reply = await self._coalescer.attempt(call, timeout)
+                else:
+                    reply = await self.client._attempt(call, timeout)
             except LeaseLost:
                 raise
             except Exception as exc:
@@ -968,6 +1147,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         keeper._troubles = self._troubles
+        keeper._shared = self._keepers
         held = keeper._held
         context = CURRENT_JOB.set(job)
         try:
@@ -1043,7 +1223,9 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             return
         call = self._end_call(finish)
         try:
-            where = await self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
+            where = await self._send_until(
+                call, finish.held.confirmed_until, finish.action.value, job, together=True
+            )
         except LeaseLost as exc:
             self._refused(finish, exc)
             return

@@ -46,7 +46,7 @@ from .cancel import CancelToken
 from .client import Client, Job
 from .context import JobContext
 from .errors import LeaseLost
-from .lease import LeaseKeeper
+from .lease import LeaseKeeper, SharedKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
 
@@ -114,6 +114,7 @@ class Worker(WorkerCore[Client, Handler]):
         self._started = False
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
+        self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
 
     # -- control ---------------------------------------------------------------
 
@@ -246,6 +247,7 @@ class Worker(WorkerCore[Client, Handler]):
         finally:
             for t in self._threads:
                 t.join(0 if self._forced else None)
+            self._keepers.close()
             WATCH.release()
             self._stopped()
 
@@ -284,27 +286,81 @@ class Worker(WorkerCore[Client, Handler]):
 
     def _loop(self) -> None:
         pause, step = Backoff(), ClaimStep()
+        ready: tuple[list[Job], float] | None = None  # claimed with the last job's end
         while not self._stop_requested:
-            try:
-                jobs, claimed_at = self._claim(step)
-            except _GaveUp:
-                self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
-                continue
-            except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
-                self._trouble(exc, "claim")
-                self._wake.wait(self.poll_interval)
-                continue
-            pause = Backoff()
-            if not jobs:  # the claim waited on the server; the rest of poll_interval here
-                rest = self.poll_interval - (time.monotonic() - claimed_at)
-                if rest > 0.001:
-                    self._wake.wait(rest)
-                continue
-            for job in jobs:
+            if ready is not None:
+                (jobs, claimed_at), ready = ready, None
+            else:
                 try:
-                    self._process(job, claimed_at)
+                    jobs, claimed_at = self._claim(step)
+                except _GaveUp:
+                    self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
+                    continue
+                except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
+                    self._trouble(exc, "claim")
+                    self._wake.wait(self.poll_interval)
+                    continue
+                pause = Backoff()
+                if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                    if rest > 0.001:
+                        self._wake.wait(rest)
+                    continue
+            for n, job in enumerate(jobs):
+                try:
+                    finish = self._process(job, claimed_at, defer=True)
+                    if finish is None:
+                        continue
+                    if n == len(jobs) - 1 and not self._stop_requested and finish.action is not Action.DROP:
+                        ready = self._finish_and_claim(finish, step)
+                    else:
+                        self._finish(finish)
                 except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
                     self._trouble(exc, "processing a job", job)
+
+    def _finish_and_claim(self, finish: Finish, step: ClaimStep) -> tuple[list[Job], float] | None:
+        """Send a job's end and the next claim in one round trip; the jobs claimed, if any.
+
+        Each keeps its own safety: the end is fenced by the job's token (a
+        repeat answers its first reply), the claim carries its REQ (a repeat
+        answers the jobs it took).  Without an answer, the end goes the
+        ordinary way (``_finish``, retried until its lease ends) and the
+        claim step remembers its REQ was maybe served (``ClaimStep.failed``).
+        """
+        job = finish.job
+        end = self._end_call(finish)
+        claim, claimed_at = step.next(lambda: self._claim_call(False), time.monotonic())
+        try:
+            left = max(finish.held.confirmed_until - claimed_at, 0.0)
+            timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, left)
+            end_reply, claim_reply = self.client._attempt_many([end, claim], timeout)
+        except Exception as exc:
+            step.failed()
+            self._trouble(exc, finish.action.value, job)
+            self._finish(finish)
+            return None
+        try:
+            where = proto.read_reply(end, end_reply)
+        except LeaseLost as exc:
+            with self._lock:
+                self._refused(finish, exc)
+        except Exception as exc:  # an answer that is no verdict: the ordinary way, with its retries
+            self._trouble(exc, finish.action.value, job)
+            self._finish(finish)
+        else:
+            with self._lock:
+                self._healed()
+                self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+        try:
+            jobs = proto.read_reply(claim, claim_reply)
+        except Exception as exc:
+            self._trouble(exc, "claim")
+            return None
+        step.answered(jobs)
+        if not jobs:
+            step.call = None  # answered: nothing claimed for this REQ, and the next claim may wait
+            return None
+        return jobs, claimed_at
 
     def work_one(self) -> bool:
         """Claim and process one job in this thread; False when the queue had none."""
@@ -374,12 +430,14 @@ class Worker(WorkerCore[Client, Handler]):
             self._healed()
             return reply
 
-    def _process(self, job: Job, claimed_at: float) -> None:
+    def _process(self, job: Job, claimed_at: float, defer: bool = False) -> Finish | None:
+        """Run ``job``'s handler under its lease; send its end, or with ``defer`` return it to send."""
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         keeper._troubles = self._troubles
+        keeper._shared = self._keepers
         held = keeper._held
         with self._lock:
             run_it = self._took(held)
@@ -389,12 +447,12 @@ class Worker(WorkerCore[Client, Handler]):
         try:
             if not run_it:  # the claim was in flight when stop() came: give it back unrun
                 self._give_back(held, held.confirmed_until)
-                return
+                return None
             if held.needs_confirmation(time.monotonic()) and not keeper._confirm(ATTEMPT_TIMEOUT_S):
                 with self._lock:
                     self._let_go(held)
                     self._decide(held, None)  # lost: counted, nothing sent
-                return
+                return None
             error: BaseException | None = None
             interrupted = False
             keeper.start()
@@ -417,7 +475,10 @@ class Worker(WorkerCore[Client, Handler]):
                     self._interrupted(error, time.monotonic())
             if interrupted:
                 self._wake.set()
+            if defer:
+                return finish
             self._finish(finish)
+            return None
         finally:
             CURRENT_JOB.reset(context)
 
