@@ -23,6 +23,7 @@ deadline), the same retries, the same shutdown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import signal
@@ -75,6 +76,7 @@ from ._runtime import (
     ReaperCore,
     Trouble,
     WorkerCore,
+    worker_log,
 )
 from ._scripts import (
     PROBE,
@@ -100,6 +102,8 @@ T = TypeVar("T")
 # How long a forced stop waits for the jobs still held to be given back, then
 # for the worker's tasks to end, before it cancels them.
 FORCE_BUDGET_S = 0.4
+# How long the cancel listener waits for a message before it looks again.
+CANCEL_POLL_S = 0.2
 
 
 class Client:
@@ -646,12 +650,15 @@ class _Keepers:
 
     def __init__(self) -> None:
         self._keepers: dict[LeaseKeeper, None] = {}
+        self._by_id: dict[str, LeaseKeeper] = {}  # for a pushed cancel: the job's keeper
         self._wake = asyncio.Event()
         self._wakes_at = math.inf
         self._task: asyncio.Task[None] | None = None
+        self._pushes: set[asyncio.Task[Any]] = set()
 
     def add(self, keeper: LeaseKeeper) -> None:
         self._keepers[keeper] = None
+        self._by_id[keeper.job.id] = keeper
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="echomq-lease-keeper")
         elif keeper._held.next_checkpoint < self._wakes_at:
@@ -659,12 +666,30 @@ class _Keepers:
 
     def discard(self, keeper: LeaseKeeper) -> None:
         self._keepers.pop(keeper, None)
+        if self._by_id.get(keeper.job.id) is keeper:
+            del self._by_id[keeper.job.id]
+
+    def pushed(self, job_id: str) -> bool:
+        """A cancel of ``job_id`` was published: checkpoint it now (which delivers the reason).
+
+        False when this worker does not hold the job.  The checkpoint runs in
+        a task of its own, so the listener goes on reading.
+        """
+        keeper = self._by_id.get(job_id)
+        if keeper is None:
+            return False
+        task = asyncio.create_task(keeper.checkpoint(), name=f"echomq-cancel-{job_id}")
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+        return True
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task])
+        tasks = [t for t in [task, *self._pushes] if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def _run(self) -> None:
         while True:
@@ -860,6 +885,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self._loops: list[asyncio.Task[None]] = []
         self._handlers: dict[HeldJob, asyncio.Task[Any]] = {}  # the task running each handler
         self._keepers = _Keepers()  # one task keeps every held job's lease
+        self._listener: asyncio.Task[None] | None = None  # pushed cancels (<base>cancel)
+        self._listening = True
         self._coalescer = _Coalescer(self.client)  # jobs' ends go out together
         self._jobs: asyncio.Queue[tuple[Job, float] | None] | None = None  # claimed, for the runners
         self._free = 0  # runners neither running a job nor about to
@@ -935,6 +962,9 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             ]
             claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
             self._loops.append(claimer)
+            self._listener = asyncio.create_task(
+                self._listen_for_cancels(), name=f"echomq-worker-{self.queue}-cancels"
+            )
             try:
                 await self._supervise()
             except asyncio.CancelledError:
@@ -950,6 +980,13 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 t.cancel()
             if left:
                 await asyncio.wait(left)
+            if self._listener is not None:
+                # It looks up every CANCEL_POLL_S (redis-py's pub/sub read does not
+                # always end when its task is cancelled); a cancel only if it hangs.
+                self._listening = False
+                _, late = await asyncio.wait([self._listener], timeout=CANCEL_POLL_S + 1.0)
+                for t in late:
+                    t.cancel()
             await self._keepers.close()
             WATCH.release()
             self._stopped()
@@ -1016,6 +1053,36 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         rest = [t for t in [*pending, *give_back] if not t.done()]
         if rest:
             await asyncio.wait(rest)
+
+    # -- pushed cancels ----------------------------------------------------------
+
+    async def _listen_for_cancels(self) -> None:
+        """Subscribe to ``<base>cancel`` (see ``echomq.Worker._listen_for_cancels``) until the worker ends."""
+        channel = proto.keys_of(self.queue).base + "cancel"
+        pubsub: Any = None
+        try:
+            while self._listening:
+                try:
+                    if pubsub is None:
+                        pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
+                        await pubsub.subscribe(channel)
+                    message = await pubsub.get_message(timeout=CANCEL_POLL_S)
+                    if message is not None and message.get("type") == "message":
+                        self._keepers.pushed(proto.text(message["data"]))
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
+                    worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
+                    if pubsub is not None:
+                        with contextlib.suppress(Exception):
+                            await pubsub.aclose()
+                    pubsub = None
+                    if self._listening:
+                        await asyncio.sleep(CANCEL_POLL_S)
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     # -- a worker task -----------------------------------------------------------
 
@@ -1147,7 +1214,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         keeper._troubles = self._troubles
-        keeper._shared = self._keepers
+        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
+            keeper._shared = self._keepers
         held = keeper._held
         context = CURRENT_JOB.set(job)
         try:

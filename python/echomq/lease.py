@@ -191,6 +191,7 @@ class SharedKeeper:
         self._name = name
         self._cond = threading.Condition()
         self._keepers: dict[LeaseKeeper, None] = {}
+        self._by_id: dict[str, LeaseKeeper] = {}  # for a pushed cancel: the job's keeper
         self._wakes_at = math.inf
         self._closed = False
         self._changes = 0  # additions, so one made while the thread looked is not slept past
@@ -199,6 +200,7 @@ class SharedKeeper:
     def add(self, keeper: LeaseKeeper) -> None:
         with self._cond:
             self._keepers[keeper] = None
+            self._by_id[keeper.job.id] = keeper
             self._changes += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -209,6 +211,21 @@ class SharedKeeper:
     def discard(self, keeper: LeaseKeeper) -> None:
         with self._cond:
             self._keepers.pop(keeper, None)
+            if self._by_id.get(keeper.job.id) is keeper:
+                del self._by_id[keeper.job.id]
+
+    def pushed(self, job_id: str) -> bool:
+        """A cancel of ``job_id`` was published: checkpoint it now (which delivers the reason).
+
+        Runs in the caller's thread (the worker's cancel listener); False
+        when this worker does not hold the job.
+        """
+        with self._cond:
+            keeper = self._by_id.get(job_id)
+        if keeper is None:
+            return False
+        keeper.checkpoint()
+        return True
 
     def close(self) -> None:
         with self._cond:

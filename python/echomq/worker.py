@@ -19,6 +19,7 @@ when a handler ends, how a shutdown proceeds, and the stats are
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import signal
 import threading
@@ -29,6 +30,7 @@ from typing import TypeVar, cast
 
 from . import _protocol as proto
 from ._log import CURRENT_JOB
+from ._protocol import keys_of
 from ._runtime import (
     ATTEMPT_TIMEOUT_S,
     Action,
@@ -40,6 +42,7 @@ from ._runtime import (
     WorkerCore,
     WorkerStats,
     error_text,
+    worker_log,
 )
 from ._watch import WATCH
 from .cancel import CancelToken
@@ -56,6 +59,8 @@ Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
 
 # How often the supervising thread looks at signals, the grace and its threads.
 TICK_S = 0.05
+# How often the cancel listener looks up from its subscription (to see the worker stop).
+CANCEL_POLL_S = 0.2
 # After a forced stop, how long the jobs still held may take to be given back.
 FORCE_BUDGET_S = 0.4
 
@@ -115,6 +120,8 @@ class Worker(WorkerCore[Client, Handler]):
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
         self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
+        self._listener: threading.Thread | None = None  # pushed cancels (<base>cancel)
+        self._done_listening = threading.Event()
 
     # -- control ---------------------------------------------------------------
 
@@ -195,6 +202,10 @@ class Worker(WorkerCore[Client, Handler]):
 
     def _spawn_loops(self) -> None:
         WATCH.retain()  # one deadline-watch thread for all this worker's jobs
+        self._listener = threading.Thread(
+            target=self._listen_for_cancels, name=f"echomq-worker-{self.queue}-cancels", daemon=True
+        )
+        self._listener.start()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -248,6 +259,9 @@ class Worker(WorkerCore[Client, Handler]):
             for t in self._threads:
                 t.join(0 if self._forced else None)
             self._keepers.close()
+            self._done_listening.set()
+            if self._listener is not None:
+                self._listener.join(CANCEL_POLL_S + 1.0)
             WATCH.release()
             self._stopped()
 
@@ -281,6 +295,39 @@ class Worker(WorkerCore[Client, Handler]):
         until = time.monotonic() + FORCE_BUDGET_S
         for held in stuck:
             self._give_back(held, until)
+
+    # -- pushed cancels ----------------------------------------------------------
+
+    def _listen_for_cancels(self) -> None:
+        """Subscribe to ``<base>cancel``: a cancel of a job held here is checkpointed at once.
+
+        EMQ.CANCEL publishes the job's id there when it records a request
+        for a running job; the checkpoint it triggers delivers the reason to
+        the handler's token (and is fenced as any checkpoint).  One
+        connection for the worker; a lost message, or a lost connection, is
+        harmless: the lease keeper's next checkpoint delivers the cancel
+        anyway, as it always did.
+        """
+        channel = keys_of(self.queue).base + "cancel"
+        pubsub = None
+        while not self._done_listening.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    pubsub.subscribe(channel)
+                message = pubsub.get_message(timeout=CANCEL_POLL_S)
+                if message is not None and message.get("type") == "message":
+                    self._keepers.pushed(proto.text(message["data"]))
+            except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
+                worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                pubsub = None
+                self._done_listening.wait(CANCEL_POLL_S)
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
     # -- a worker thread -------------------------------------------------------
 
@@ -437,7 +484,8 @@ class Worker(WorkerCore[Client, Handler]):
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         keeper._troubles = self._troubles
-        keeper._shared = self._keepers
+        if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
+            keeper._shared = self._keepers
         held = keeper._held
         with self._lock:
             run_it = self._took(held)
