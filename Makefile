@@ -39,8 +39,8 @@ SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tes
 	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py
 
 test: setup lint memchecker browser
-	$(BIN)/python -m pytest --engine redis
-	$(BIN)/python -m pytest --engine valkey
+	$(BIN)/python -m pytest -n 2 --dist loadfile --engine redis
+	$(BIN)/python -m pytest -n 2 --dist loadfile --engine valkey
 	$(BIN)/python -m pytest --engine redis62 $(SMOKE_TESTS)
 	$(BIN)/python -m pytest --engine valkey9 $(SMOKE_TESTS)
 	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python

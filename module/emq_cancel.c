@@ -45,9 +45,7 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     emq_fx_begin(&fx, ctx);
     int decision = EMQ_CANCEL_GONE;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
-    else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
-        err = EMQ_ERR_WRONGTYPE;
+    else err = emq_open_row(ctx, &user, &row, row_name);
     if (err) goto reply;
 
     /* read and decide */

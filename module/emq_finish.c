@@ -135,10 +135,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET) ||
         !emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET))
         err = EMQ_ERR_WRONGTYPE;
-    else if (!emq_acl_user(ctx, &user))
-        err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
-        err = EMQ_ERR_WRONGTYPE;
+    else err = emq_open_row(ctx, &user, &row, row_name);
     if (err) goto reply;
 
     /* read and decide */
@@ -248,10 +245,7 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     int reply_gone = 0, cancelled = 0;
     if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET))
         err = EMQ_ERR_WRONGTYPE;
-    else if (!emq_acl_user(ctx, &user))
-        err = EMQ_ERR_NOPERM_DERIVED;
-    else if (!(err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_READ_WRITE)) && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH))
-        err = EMQ_ERR_WRONGTYPE;
+    else err = emq_open_row(ctx, &user, &row, row_name);
     if (err) goto reply;
 
     /* read and decide */

@@ -183,6 +183,13 @@ int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, Redi
     return EMQ_OK;
 }
 
+int emq_open_row(RedisModuleCtx *ctx, RedisModuleUser **user, EmqKey *row, RedisModuleString *name) {
+    if (!emq_acl_user(ctx, user)) return EMQ_ERR_NOPERM_DERIVED;
+    int err = emq_open_derived(ctx, *user, row, name, EMQ_DERIVED_READ_WRITE);
+    if (!err && !emq_type_ok(row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    return err;
+}
+
 static int read_retention(EmqKey *k, RedisModuleString *field, long long *out) {
     RedisModuleString *v = emq_hget(k, field);
     if (v == NULL) return EMQ_OK;

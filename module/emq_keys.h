@@ -97,6 +97,12 @@ int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, Redi
  * is absent, so the common path costs nothing. */
 int emq_absent_key_is_final(RedisModuleCtx *ctx, RedisModuleString *name);
 
+/* Open a job row that the verb reads and then changes: the caller's ACL
+ * user is loaded into *user (emq_acl_user), the row opened with
+ * emq_open_derived(EMQ_DERIVED_READ_WRITE), and an existing row must be a
+ * hash.  EMQ_OK or the error; the row must be closed either way. */
+int emq_open_row(RedisModuleCtx *ctx, RedisModuleUser **user, EmqKey *row, RedisModuleString *name);
+
 /* Free what emq_absent_key_is_final() made (at unload). */
 void emq_keys_unload(void);
 

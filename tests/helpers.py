@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+from collections import defaultdict
+from typing import Any
 
 import redis
 
@@ -88,3 +91,61 @@ def cluster_args() -> list[str]:
         s.bind(("127.0.0.1", 0))
         bus = int(s.getsockname()[1])
     return ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
+
+
+def counter(token: str) -> int:
+    """The claim's number in a token ("<attempts>-<hex>"): a later claim has a larger one."""
+    return int(token.split("-")[0])
+
+
+def check_resumes(
+    events: list[dict[str, Any]], rows: dict[str, dict[bytes, bytes]], steps: int | None = None
+) -> int:
+    """Every claim resumed from a state at or after the last one confirmed before it, never a stale one.
+
+    For the chaos tests (issue 16).  ``events`` are the workers' history:
+    ``start`` (job, token, the step it resumed from and the token that stored
+    it, or None) and ``confirmed`` (job, token, step).  A state is (the
+    writer claim's counter, step); states order by writer, then step.  Claim
+    k must resume from a state written by an earlier claim and no older than
+    any confirmed by claims before k.  And once claim j took the job, only j
+    (or a later claim) may change its state: every claim j between the
+    writer w and k saw exactly the state k got (a stale holder's write, w's
+    landing after j's claim, would show as a newer step of w's).  The state a
+    done job ends with passes the same checks, names the claim that stored it
+    (``checkpoint_attempt``), and with ``steps`` is the last step (when no
+    fault can keep a checkpoint from being confirmed).  Returns how many
+    claims resumed mid-job.
+    """
+    confirmed: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    seen: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)  # job -> claim -> the state it got
+    for e in events:
+        if e["event"] == "confirmed":
+            confirmed[e["job"]].append((counter(e["token"]), e["step"]))
+        elif e["event"] == "start":
+            got = (counter(e["writer"]), e["step"]) if e["writer"] is not None else (0, 0)
+            seen[e["job"]][counter(e["token"])] = got
+
+    def check(job: str, k: int, got: tuple[int, int]) -> None:
+        floor = max((c for c in confirmed[job] if c[0] < k), default=(0, 0))
+        assert got[0] < k, f"{job}: claim {k} resumed from a state of claim {got[0]}"
+        assert got >= floor, f"{job}: claim {k} resumed from {got}, older than the confirmed {floor}"
+        for j, state in seen[job].items():
+            if got[0] < j < k:
+                assert state == got, f"{job}: claim {j} saw {state}, then claim {k} got {got}: a stale write"
+
+    resumed = 0
+    for job, claims in seen.items():
+        for k, got in claims.items():
+            check(job, k, got)
+            resumed += got[1] > 0
+    for job, row in rows.items():
+        if row.get(b"state") == b"done" and b"checkpoint" in row:
+            state = json.loads(row[b"checkpoint"])
+            writer = counter(state["data"]["token"])
+            assert row[b"checkpoint_attempt"] == str(writer).encode(), (job, row)
+            check(job, int(row[b"attempts"]) + 1, (writer, state["step"]))
+            assert steps is None or state["step"] == steps, (job, row)
+        elif row.get(b"state") == b"done":
+            assert steps is None, f"{job} is done without a stored state: {row}"
+    return resumed

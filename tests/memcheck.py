@@ -149,8 +149,11 @@ def run_suite(log_dir: Path, pytest_args: Sequence[str]) -> int:
     env.setdefault("ECHOMQ_FUZZ_EXAMPLES", "1500")
     env.setdefault("ECHOMQ_FUZZ_SECONDS", "120")
     env.setdefault("ECHOMQ_FUZZ_LIFECYCLE_EXAMPLES", "600")
-    # -s: the fuzz test prints its counts.
-    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *pytest_args]
+    # Two test processes (valgrind makes every server CPU-bound; a CI machine has two cores),
+    # a file's tests in one of them: a fuzz file's last test checks what its others counted.
+    # -s: the fuzz tests print those counts.
+    parallel = ["-n", "2", "--dist", "loadfile"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", *parallel, "-p", "no:cacheprovider", *pytest_args]
     print("memcheck:", shlex.join(cmd), flush=True)
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 

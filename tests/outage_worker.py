@@ -2,10 +2,13 @@
 
 ``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY``:
 
-Every handler run appends two lines to HISTORY (JSON): ``start`` with the
-job, its token and attempt, and ``end`` with how the handler ended and
-whether its lease was known lost by then.  Poison jobs (payload ``poison``)
-raise every time.  The worker runs until SIGTERM (a graceful stop), then
+Every handler run appends lines to HISTORY (JSON): ``start`` with the
+job, its token and attempt, and the step it resumed from and the token that
+stored it (issue 16); ``confirmed`` for each step whose checkpoint the
+server confirmed; and ``end`` with how the handler ended and whether its
+lease was known lost by then.  A job runs ``STEPS`` steps from where its last
+checkpoint left off, storing each (``ctx.checkpoint_step``).  Poison jobs
+(payload ``poison``) raise every time.  The worker runs until SIGTERM (a graceful stop), then
 prints its stats as one JSON line.
 """
 
@@ -25,6 +28,7 @@ import echomq
 import echomq.asyncio as emq
 
 LOST = "lease lost"
+STEPS = 6
 
 
 class History:
@@ -45,16 +49,25 @@ def ended(history: History, ctx: echomq.JobContext | emq.JobContext, outcome: st
     history.write(event="end", job=ctx.id, token=ctx.token, outcome=outcome, lost=lost, reason=c and c.reason)
 
 
+def started(history: History, ctx: echomq.JobContext | emq.JobContext) -> int:
+    done = ctx.resume_point
+    writer = done.data.get("token")
+    history.write(
+        event="start", job=ctx.id, token=ctx.token, attempt=ctx.attempt, step=done.step, writer=writer
+    )
+    return done.step
+
+
 def sync_handler(history: History) -> Any:
     def handler(ctx: echomq.JobContext) -> None:
-        history.write(event="start", job=ctx.id, token=ctx.token, attempt=ctx.attempt)
+        first = started(history, ctx)
         try:
             if ctx.payload == b"poison":
                 raise RuntimeError("poison")
-            for step in range(random.randint(3, 8)):
-                time.sleep(0.04)
-                if step == 2:
-                    ctx.checkpoint()  # raises Cancelled when cancelled
+            for step in range(first + 1, STEPS + 1):
+                time.sleep(random.uniform(0.02, 0.06))
+                if ctx.checkpoint_step(step, {"token": ctx.token}):  # raises Cancelled when cancelled
+                    history.write(event="confirmed", job=ctx.id, token=ctx.token, step=step)
                 ctx.raise_if_cancelled()
         except BaseException as exc:
             ended(history, ctx, type(exc).__name__)
@@ -66,14 +79,14 @@ def sync_handler(history: History) -> Any:
 
 def async_handler(history: History) -> Any:
     async def handler(ctx: emq.JobContext) -> None:
-        history.write(event="start", job=ctx.id, token=ctx.token, attempt=ctx.attempt)
+        first = started(history, ctx)
         try:
             if ctx.payload == b"poison":
                 raise RuntimeError("poison")
-            for step in range(random.randint(3, 8)):
-                await asyncio.sleep(0.04)
-                if step == 2:
-                    await ctx.checkpoint()
+            for step in range(first + 1, STEPS + 1):
+                await asyncio.sleep(random.uniform(0.02, 0.06))
+                if await ctx.checkpoint_step(step, {"token": ctx.token}):
+                    history.write(event="confirmed", job=ctx.id, token=ctx.token, step=step)
                 ctx.raise_if_cancelled()
         except BaseException as exc:
             ended(history, ctx, type(exc).__name__)

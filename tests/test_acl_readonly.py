@@ -185,7 +185,7 @@ def test_without_the_acl_key_api_derived_rows_are_not_checked(server_factory: Se
     try:
         with pytest.raises(redis.exceptions.NoPermissionError):
             user.hget("emq:{b}:job:j", "state")
-        assert user.execute_command(*sweep_args(queue_keys("b"), 9, 10)) == [["j"], []]
+        assert user.execute_command(*sweep_args(queue_keys("b"), 9, 10)) == [["j"], [], [], 0]
         assert admin.hget("emq:{b}:job:j", "stalled") == b"1"
     finally:
         user.close()

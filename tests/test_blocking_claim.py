@@ -395,10 +395,13 @@ def test_client_unblock_error_answers_unblocked(srv: EmbeddedServer, r: redis.Re
 
 
 def test_flushall_keeps_the_claim_waiting(srv: EmbeddedServer, r: redis.Redis) -> None:
-    enqueue(r, "later", "DELAY", 200)  # its timer fires after the flush and finds nothing
+    # Its timer fires after the flush and finds nothing.  The delay leaves the
+    # claim time to block first even under the memory checker.
+    due = time.monotonic() + 1.0
+    enqueue(r, "later", "DELAY", 1000)
     w = block(srv, r, "BLOCK", 5000)
     r.flushall()
-    time.sleep(0.3)
+    time.sleep(max(0.0, due - time.monotonic()) + 0.3)
     assert blocked_clients(r) == 1
     enqueue(r, "j")
     assert w.result()[0][0] == b"j"

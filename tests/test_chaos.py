@@ -3,10 +3,16 @@
 At the end every job is done exactly once or dead, none sits in two sets,
 no completion was accepted from a stale token, and every poison job is dead
 after exactly max-stalled stalls.
+
+The jobs run in steps and store each with its checkpoint (issue 16): every
+claim resumes from a state at or after the last checkpoint any earlier holder
+had confirmed, and never from a stale holder's state (one written by an older
+claim after a newer one had confirmed its own).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -20,7 +26,9 @@ import pytest
 import echomq
 from echomq.keyspace import queue_keys
 
+from . import chaos_worker
 from .conftest import ServerFactory
+from .helpers import check_resumes
 
 pytestmark = pytest.mark.backends
 
@@ -36,8 +44,8 @@ WORKER_SCRIPT = Path(__file__).with_name("chaos_worker.py")
 
 
 class Pool:
-    def __init__(self, url: str, backend: str) -> None:
-        self.url, self.backend = url, backend
+    def __init__(self, url: str, backend: str, history: Path) -> None:
+        self.url, self.backend, self.history = url, backend, history
         self.procs: list[subprocess.Popen[bytes]] = []
         self.frozen: dict[int, float] = {}  # pid -> when to resume
         self.started = 0
@@ -45,7 +53,7 @@ class Pool:
     def spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ, PYTHONPATH=str(WORKER_SCRIPT.parent.parent / "python"))
         proc = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), self.url, Q, str(LEASE_MS), self.backend],
+            [sys.executable, str(WORKER_SCRIPT), self.url, Q, str(LEASE_MS), self.backend, str(self.history)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -104,7 +112,8 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
 
     rng = random.Random(20261129)
     kills = freezes = crashes = 0
-    pool = Pool(server.url, backend)
+    history = server.dir / "history.jsonl"  # the workers' runs and confirmed checkpoints
+    pool = Pool(server.url, backend, history)
     pool.procs = [pool.spawn() for _ in range(WORKERS)]
     reaper = echomq.Reaper(client, Q, interval=0.05, max_stalled=MAX_STALLED, limit=50)
     deadline = time.monotonic() + TIME_BUDGET_S
@@ -144,11 +153,14 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
     rows = {f"job-{i:03}": r.hgetall(K.job(f"job-{i:03}")) for i in range(JOBS)}
     done = {j for j, row in rows.items() if row[b"state"] == b"done"}
     dead = {j for j, row in rows.items() if row[b"state"] == b"dead"}
+    events = [json.loads(line) for line in history.read_text().splitlines() if line.endswith("}")]
+    resumed = check_resumes(events, rows, chaos_worker.STEPS)
     print(
         f"\nchaos: jobs={JOBS} poison={len(poison)} kills={kills} freezes={freezes} "
         f"poison-crashes={crashes} recoveries={reaper.recovered} dead-letters={reaper.dead} "
         f"done={len(done)} dead={len(dead)} accepted-completions={accepted} "
-        f"rejected-stale-completions={rejected} worker-processes-started={pool.started} backend={backend}"
+        f"rejected-stale-completions={rejected} worker-processes-started={pool.started} "
+        f"runs={sum(e['event'] == 'start' for e in events)} resumed-mid-job={resumed} backend={backend}"
     )
 
     assert finished, "the queue did not drain within the time budget"
@@ -168,3 +180,4 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
         assert int(rows[job].get(b"stalled", b"0")) < MAX_STALLED
     assert int(r.hget(K.metrics_failed, "count") or 0) == len(dead)
     assert kills > 0 and crashes >= len(poison)
+    assert resumed > 0, "no claim resumed from a checkpoint: the chaos did not test resuming"

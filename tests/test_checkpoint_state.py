@@ -11,6 +11,8 @@ from echomq.keyspace import queue_keys
 from .conftest import ServerFactory
 from .helpers import digest, now_ms
 
+pytestmark = pytest.mark.backends  # the module and the scripts backend alike
+
 Q = queue_keys("q")
 
 
@@ -62,10 +64,13 @@ def test_state_past_the_ceiling_is_refused_with_nothing_written(
     assert len(r.hget(Q.job("j"), "checkpoint") or b"") == 65_536
 
 
-def test_past_maxmemory_state_is_refused_but_the_lease_still_extends(server_factory: ServerFactory) -> None:
-    srv = server_factory()
+def test_past_maxmemory_state_is_refused_but_the_lease_still_extends(
+    server_factory: ServerFactory, backend: str
+) -> None:
+    srv = server_factory(load_module=backend == "module")
     r = srv.client()
     client = echomq.Client(r)
+    assert client.backend == backend
     client.enqueue("full", b"x", job_id="j")
     job = client.claim("full", lease_ms=60_000)
     assert job is not None

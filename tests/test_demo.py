@@ -21,20 +21,32 @@ def test_demo_tells_the_whole_story() -> None:
     # Leases were checkpointed while handlers ran.
     assert story.checkpoints > 0 and "checkpoint, lease now ends at" in text
 
-    # Killed mid-job: recovered by the reaper and finished by another worker.
-    resize_holders = story.who("resize", "start")
-    assert len(resize_holders) >= 2 and resize_holders[-1] != resize_holders[0]
-    assert story.states["resize"] == "done"
-    assert any(e["kind"] == "sweep" and "resize" in e["what"] for e in story.events)
+    # Killed mid-export: recovered by the reaper, and another worker resumed it from
+    # the step of its last checkpoint (not from step 1), the state's server time shown.
+    holders = story.who("export", "start")
+    assert len(holders) == 2 and holders[0] != holders[1]
+    assert any(e["kind"] == "sweep" and "export" in e["what"] for e in story.events)
+    last = story.killed_at_step
+    assert last >= demo.KILL_AT_STEP - 1  # killed right after reporting the step, maybe before storing it
+    (resume,) = [e for e in story.events if e["job"] == "export" and e["kind"] == "resume"]
+    assert resume["who"] == holders[1] and resume["step"] == last + 1
+    assert re.search(r"stored \d\d:\d\d:\d\d\.\d{3} server time by attempt 1", resume["what"])
+    assert re.search(rf"export's last checkpoint: step {last} done, stored \d\d:\d\d:\d\d\.\d{{3}}", text)
+    steps = story.steps("export")
+    first = [step for who, step in steps if who == holders[0]]
+    second = [step for who, step in steps if who == holders[1]]
+    assert first[: last] == list(range(1, last + 1))  # (it may have run a step past its last checkpoint)
+    assert second == list(range(last + 1, 41))  # resumed at the next step, none done twice since it
+    assert story.states["export"] == "done"
 
     # Poison: one crash per stall, dead-lettered at max-stalled.
     assert story.kinds("poison").count("crash") == demo.MAX_STALLED
     assert story.states["poison"] == "dead"
 
     # Cancelled from outside: the handler stopped at its next check.
-    stopped = [e["what"] for e in story.events if e["job"] == "export" and e["kind"] == "stopped"]
-    assert stopped and "the customer withdrew the export" in stopped[0]
-    assert story.states["export"] == "cancelled"
+    stopped = [e["what"] for e in story.events if e["job"] == "resize" and e["kind"] == "stopped"]
+    assert stopped and "the customer withdrew the resize" in stopped[0]
+    assert story.states["resize"] == "cancelled"
 
     # Frozen past its lease: the keeper stopped the handler; another worker finished.
     lost = [e for e in story.events if e["job"] == "upload" and e["kind"] == "stopped"]

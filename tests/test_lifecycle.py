@@ -247,8 +247,12 @@ def test_claim_with_req_answers_its_own_retry(r: redis.Redis) -> None:
     assert isinstance(first, list) and [j[0] for j in first] == [b"a", b"b"]
     record = K.base + "req:rq"
     assert 0 < r.pttl(record) <= 30_000
-    expires_at = r.execute_command("PEXPIRETIME", record)  # the lease deadline of the claim
-    assert before + 30_000 <= expires_at == r.zscore(K.active, "a") == r.zscore(K.active, "b")
+    deadline = r.zscore(K.active, "a")
+    assert before + 30_000 <= deadline == r.zscore(K.active, "b")
+    try:  # the record expires at the lease deadline of the claim
+        assert r.execute_command("PEXPIRETIME", record) == deadline
+    except redis.ResponseError:  # Redis 6.2 has no PEXPIRETIME: from PTTL, within a few ms
+        assert abs(now_ms(r) + r.pttl(record) - deadline) <= 5
     snapshot = digest(r)
     # The retry of a lost reply: the same jobs with the same tokens, nothing written, no new claim.
     assert claim(r, 30_000, "COUNT", 2, "REQ", "rq") == first

@@ -34,7 +34,7 @@ from .client import (
     ScriptLimits,
     SweepResult,
 )
-from .context import JobContext
+from .context import JobContext, Progress
 from .errors import (
     BadArgument,
     Cancelled,
@@ -77,6 +77,7 @@ __all__ = [
     "NotRetryable",
     "ObliterateResult",
     "PendingJob",
+    "Progress",
     "QueueBusy",
     "QueueCounters",
     "QueueCounts",

@@ -5,16 +5,18 @@ redis-server with emq.so on a free loopback port, runs three worker
 *processes* and a reaper against it, and plays the story with real signals
 and real commands; every line is stamped with the server's clock:
 
-- workers checkpoint their leases while their handlers run;
-- a worker is killed (SIGKILL) mid-job: the reaper recovers the job and
-  another worker finishes it;
+- workers checkpoint their leases while their handlers run, and each step
+  of a job stores where it got to (``ctx.checkpoint_step``);
+- a worker is killed (SIGKILL) mid-export: the reaper recovers the job and
+  another worker resumes it from the step of its last checkpoint, not from
+  step 1 (the state's server-clock time and attempt are printed);
 - a poison job crashes every worker that takes it: dead-lettered after
   max-stalled stalls;
 - a running job is cancelled from outside: its handler stops at its next
   check;
 - a worker is frozen (SIGSTOP) past its lease: when it wakes, its lease keeper
   has cancelled its handler, which stops instead of racing the worker that
-  now owns the job.
+  now owns the job (its stale checkpoints are refused: never stored).
 
 It ends with the queue's counts.  Nothing is simulated: these are the module
 and the package the tests use.
@@ -34,8 +36,9 @@ from typing import Any, TextIO, cast
 import redis
 
 from ._protocol import server_ms, text
-from .cancel import CancelToken
-from .client import Client, Job
+from .client import Client
+from .context import JobContext, Progress
+from .errors import Cancelled
 from .keyspace import queue_keys
 from .reaper import Reaper
 from .testing import EmbeddedServer
@@ -46,6 +49,7 @@ EVENTS = "demo:events"  # a plain list beside the queue: workers report here
 LEASE_MS = 600
 STEP_S = 0.15
 MAX_STALLED = 2
+KILL_AT_STEP = 6  # the export's holder is killed once it has reported this step
 JOBS = {  # id -> payload: steps of work, or poison
     "report": "steps:3",
     "resize": "steps:12",
@@ -56,9 +60,14 @@ JOBS = {  # id -> payload: steps of work, or poison
 }
 
 
-def _report(r: redis.Redis, who: str, kind: str, job: str, what: str) -> None:
-    event = {"t": server_ms(r.time()), "who": who, "kind": kind, "job": job, "what": what}
+def _report(r: redis.Redis, who: str, kind: str, job: str, what: str, step: int | None = None) -> None:
+    event = {"t": server_ms(r.time()), "who": who, "kind": kind, "job": job, "what": what, "step": step}
     r.rpush(EVENTS, json.dumps(event))
+
+
+def stamp(t: int) -> str:
+    """A server-clock time in ms as HH:MM:SS.mmm (UTC)."""
+    return time.strftime("%H:%M:%S", time.gmtime(t / 1000)) + f".{t % 1000:03d}"
 
 
 # -- the worker process ------------------------------------------------------------
@@ -69,19 +78,37 @@ def worker_main(name: str, url: str) -> None:
     r = redis.Redis.from_url(url)
     client = Client(r)
 
-    def handler(job: Job, cancel: CancelToken) -> None:
+    def handler(ctx: JobContext) -> None:
+        job = ctx.job
         payload = job.payload.decode()
         _report(r, name, "start", job.id, f"claimed {job.id} (token {job.token})")
         if payload == "poison":
             _report(r, name, "crash", job.id, f"{job.id} crashes the whole process")
             os.kill(os.getpid(), signal.SIGKILL)
         steps = int(payload.split(":")[1])
-        for step in range(1, steps + 1):
-            stop = cancel.sleep(STEP_S)
+        done = ctx.resume_point  # Progress(0, {}) on a first attempt
+        if ctx.resume_state is not None:
+            info = client.job(QUEUE, job.id)  # when and by which attempt the state was stored
+            when = stamp(info.checkpoint_at) if info and info.checkpoint_at else "?"
+            by = info.checkpoint_attempt if info else "?"
+            _report(
+                r, name, "resume", job.id,
+                f"{job.id} resumes at step {done.step + 1}/{steps}: its last checkpoint "
+                f"(step {done.step} done, stored {when} server time by attempt {by})",
+                done.step + 1,
+            )  # fmt: skip
+        for step in range(done.step + 1, steps + 1):
+            stop = ctx.cancel.sleep(STEP_S)
             if stop:
                 _report(r, name, "stopped", job.id, f"{job.id} stopped at step {step}/{steps}: {stop.reason}")
-                cancel.raise_if_cancelled()
-            _report(r, name, "step", job.id, f"{job.id} step {step}/{steps}")
+                ctx.raise_if_cancelled()
+            _report(r, name, "step", job.id, f"{job.id} step {step}/{steps}", step)
+            try:
+                ctx.checkpoint_step(step, {"of": steps})  # the lease, and where this job got to
+            except Cancelled as exc:
+                why = f"{job.id} stopped after step {step}/{steps}: {exc.reason}"
+                _report(r, name, "stopped", job.id, why)
+                raise
         _report(r, name, "finished", job.id, f"{job.id} finished its work")
 
     # run() stops on SIGTERM by itself; a short grace keeps the demo's end quick.
@@ -100,6 +127,11 @@ class Story:
     counts: dict[str, int] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)
     checkpoints: int = 0
+    killed_at_step: int = 0  # the step of the export's last checkpoint when its holder was killed
+
+    def steps(self, job: str) -> list[tuple[str, int]]:
+        """(who, step) of every step of ``job`` in order."""
+        return [(e["who"], e["step"]) for e in self.events if e["job"] == job and e["kind"] == "step"]
 
     def kinds(self, job: str) -> list[str]:
         return [e["kind"] for e in self.events if e["job"] == job]
@@ -127,8 +159,7 @@ class Director:
 
     def say(self, who: str, what: str, t: int | None = None) -> None:
         t = server_ms(self.r.time()) if t is None else t
-        stamp = time.strftime("%H:%M:%S", time.gmtime(t / 1000)) + f".{t % 1000:03d}"
-        self.out.write(f"  {stamp}  +{t - self.start_ms:>5} ms  {who:<10} {what}\n")
+        self.out.write(f"  {stamp(t)}  +{t - self.start_ms:>5} ms  {who:<10} {what}\n")
         self.out.flush()
 
     def record(self, who: str, kind: str, job: str, what: str) -> None:
@@ -227,17 +258,28 @@ class Director:
             for _ in range(3):
                 self.spawn()
 
-            # A worker killed mid-job: the reaper recovers it, another finishes it.
-            victim = self.wait_for("resize to start", lambda: self.holder_at_step("resize", 2))
-            self.say("operator", f"kill -9 {victim} while it holds resize")
-            self.workers[victim].kill()
-            self.wait_for("resize to be done", lambda: self.state("resize") == "done")
-
             # Cancel from outside: the handler stops at its next check.
-            self.wait_for("export to run", lambda: self.holder_at_step("export", 3))
-            outcome = self.client.cancel(QUEUE, "export", "the customer withdrew the export")
-            self.say("operator", f"echomq cancel demo export -> {outcome}")
-            self.wait_for("export to be cancelled", lambda: self.state("export") == "cancelled")
+            self.wait_for("resize to run", lambda: self.holder_at_step("resize", 3))
+            outcome = self.client.cancel(QUEUE, "resize", "the customer withdrew the resize")
+            self.say("operator", f"echomq cancel demo resize -> {outcome}")
+            self.wait_for("resize to be cancelled", lambda: self.state("resize") == "cancelled")
+
+            # A worker killed mid-export: the reaper recovers the job, another worker
+            # resumes it from the step of its last checkpoint.
+            victim = self.wait_for("export to run", lambda: self.holder_at_step("export", KILL_AT_STEP))
+            self.say("operator", f"kill -9 {victim} while it holds export")
+            self.workers[victim].kill()
+            self.workers[victim].wait()
+            info = self.client.job(QUEUE, "export")
+            if info is not None and info.checkpoint_at is not None:
+                done = Progress.decode(cast("bytes", self.r.hget(self.keys.job("export"), "checkpoint")))
+                self.story.killed_at_step = done.step
+                self.say(
+                    "queue",
+                    f"export's last checkpoint: step {done.step} done, stored {stamp(info.checkpoint_at)} "
+                    f"server time by attempt {info.checkpoint_attempt}",
+                )
+            self.wait_for("export to be resumed", lambda: self.story.who("export", "resume"))
 
             # Frozen past its lease: the lease keeper stops the handler when it wakes.
             sleeper = self.wait_for("upload to run", lambda: self.holder_at_step("upload", 2))

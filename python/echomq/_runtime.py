@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import json
 import logging
 import math
 import random
@@ -41,8 +42,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from redis import exceptions as rx
 
@@ -161,6 +162,17 @@ def lost_reason(exc: BaseException) -> str | None:
     if isinstance(exc, JobGone):
         return LOST_GONE
     return None
+
+
+def state_refused(exc: BaseException) -> bool:
+    """A checkpoint with state was refused for storing state (past maxmemory): extend without it.
+
+    State grows memory, so a server past maxmemory refuses a checkpoint that
+    carries it (and stores nothing, not even the lease); one without state
+    still extends the lease.  A state past ``emq.max-state-bytes`` is
+    ``BadArgument``: the handler's mistake, raised to it.
+    """
+    return isinstance(exc, rx.OutOfMemoryError)
 
 
 def error_text(error: BaseException) -> str:
@@ -546,10 +558,34 @@ class KeeperCore(Generic[ClientT]):
         self._clock = clock
         # A worker hands its own in, so its stats count its keepers' errors.
         self._troubles = Troubles(lease_log, f"lease keeper of {job.id!r}")
+        # Checkpoint states the server refused past maxmemory (the lease was extended without them).
+        self.states_refused = 0
         self._init_driver()
 
     def _init_driver(self) -> None:
         """Make the driver's own thread or task primitives."""
+
+    def _checkpoint_call(self, state: bytes | None) -> Call[Any]:
+        """EMQ.CHECKPOINT (always with state: EXTEND takes none), or EMQ.EXTEND without ``deliver_cancel``.
+
+        Checks ``state`` (TypeError) before anything is sent.
+        """
+        job = self.job
+        if self.deliver_cancel or state is not None:
+            return proto.checkpoint(job.queue, job.id, job.token, self.lease_ms, state)
+        return proto.extend(job.queue, job.id, job.token, self.lease_ms)  # answers None
+
+    def _state_not_stored(self, exc: BaseException) -> None:
+        """A checkpoint's state was refused past maxmemory: logged once per job; the lease goes on."""
+        self.states_refused += 1
+        if self.states_refused == 1:
+            lease_log.warning(
+                "job %s of %s: checkpoint state not stored (%s); the lease is extended without it",
+                self.job.id,
+                self.job.queue,
+                exc,
+                extra=job_fields(self.job),
+            )
 
     @property
     def lost(self) -> str | None:
@@ -743,12 +779,50 @@ class Finish:
         return self.held.job
 
 
-class ContextCore(Generic[KeeperT]):
-    """What a handler's ``JobContext`` shows in both drivers: the job, its token, the safe points.
+@dataclass(frozen=True)
+class Progress:
+    """Where a job got to: a step counter and a small JSON dict (``JobContext.resume_point``).
 
-    The drivers add ``checkpoint()`` (a plain call in threads, a coroutine
-    in asyncio); a later ``checkpoint(state=...)`` and ``resume_state`` go
-    there too.
+    ``step`` is what the handler's last ``checkpoint_step(step, data)``
+    stored (0 when nothing was: a first attempt); by convention the number
+    of steps done, so a resumed handler goes on with step ``step``.
+    ``data`` is the dict stored with it (JSON: str keys; values str, int,
+    float, bool, None, lists and dicts of those).
+    """
+
+    step: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        """The checkpoint state: compact JSON ``{"step": <int>, "data": {...}}``, UTF-8."""
+        check_int("step", self.step, 0)
+        if not isinstance(self.data, dict):
+            raise TypeError(f"data must be a dict, not {type(self.data).__name__}")
+        body = {"step": self.step, "data": self.data}
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+    @classmethod
+    def decode(cls, state: bytes) -> Progress:
+        """The Progress in ``state`` (what ``encode()`` made); ValueError for anything else."""
+        try:
+            body = json.loads(state)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            body = None
+        step = body.get("step") if isinstance(body, dict) else None
+        data = body.get("data", {}) if isinstance(body, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(data, dict):
+            raise ValueError(
+                f"the job's resume_state is not a checkpoint_step() state: {bytes(state[:80])!r}"
+            )
+        return cls(step, data)
+
+
+class ContextCore(Generic[KeeperT]):
+    """What a handler's ``JobContext`` shows in both drivers: the job, its token, the safe points,
+    and the state the job's last checkpoint stored (``resume_state``, ``resume_point``).
+
+    The drivers add ``checkpoint(state=...)`` and ``checkpoint_step(step,
+    data)`` (plain calls in threads, coroutines in asyncio).
     """
 
     __slots__ = ("_keeper", "cancel", "job")
@@ -779,6 +853,30 @@ class ContextCore(Generic[KeeperT]):
     def attempt(self) -> int:
         """This claim's number within the job's retry budget (1 on a first run)."""
         return self.job.attempt
+
+    @property
+    def resume_state(self) -> bytes | None:
+        """The state the job's last checkpoint stored, handed back by this claim; None if none was.
+
+        None on a first attempt.  On a later one (the job was recovered after
+        its holder died, or failed and retried), the bytes of the last
+        ``checkpoint(state=...)`` the server accepted from any earlier
+        attempt.  It stays what this claim brought: this attempt's own
+        checkpoints do not change it.
+        """
+        return self.job.resume_state
+
+    @property
+    def resume_point(self) -> Progress:
+        """Where this attempt resumes: the step and data of the last ``checkpoint_step()``.
+
+        ``Progress(step=0, data={})`` when no state was stored (a first
+        attempt).  ValueError when the stored state is not one
+        ``checkpoint_step()`` wrote (bytes stored with
+        ``checkpoint(state=...)``: read ``resume_state`` instead).
+        """
+        state = self.job.resume_state
+        return Progress() if state is None else Progress.decode(state)
 
     @property
     def cancelled(self) -> bool:

@@ -73,9 +73,11 @@ from ._runtime import (
     HeldJob,
     KeeperCore,
     LeaseEvent,
+    Progress,
     ReaperCore,
     Trouble,
     WorkerCore,
+    state_refused,
     worker_log,
 )
 from ._scripts import (
@@ -93,7 +95,7 @@ from ._scripts import (
 from ._watch import WATCH
 from .cancel import Cancellation, CancelToken
 from .client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, check_redis_client, connection_defaults
-from .errors import LeaseLost
+from .errors import BadArgument, LeaseLost
 
 __all__ = ["AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker"]
 
@@ -579,9 +581,13 @@ class LeaseKeeper(KeeperCore[Client]):
             with self._lock:
                 self._held.expire(self._clock())
 
-    async def checkpoint(self) -> Cancellation | None:
-        """Checkpoint now (a handler's ``JobContext.checkpoint()``; see ``echomq.LeaseKeeper.checkpoint``)."""
-        return await self._checkpoint(own=False)
+    async def checkpoint(self, state: bytes | None = None) -> Cancellation | None:
+        """Checkpoint now, storing ``state`` if given (see ``echomq.LeaseKeeper.checkpoint``)."""
+        return (await self._checkpoint(own=False, state=state))[1]
+
+    async def _store(self, state: bytes | None) -> bool:
+        """A handler's checkpoint: True when the server confirmed it (and stored ``state``, if given)."""
+        return (await self._checkpoint(own=False, state=state))[0]
 
     async def _confirm(self, timeout: float) -> bool:
         """Before ``start()``: one checkpoint for a claim answered late (see ``echomq.LeaseKeeper``)."""
@@ -611,31 +617,41 @@ class LeaseKeeper(KeeperCore[Client]):
             if due:
                 await self._checkpoint(own=True)
 
-    async def _checkpoint(self, *, own: bool) -> Cancellation | None:
+    async def _checkpoint(
+        self, *, own: bool, state: bytes | None = None
+    ) -> tuple[bool, Cancellation | None]:
+        """One checkpoint: (confirmed, the cancel it delivered); as ``echomq.LeaseKeeper``'s."""
         with self._lock:
             sent = self._clock()
             timeout = self._held.checkpoint_timeout(sent)
-        job = self.job
+        call = self._checkpoint_call(state)
         self._sending = own
         try:
-            if self.deliver_cancel:
-                call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
-                requested = await self.client._attempt(call, timeout)
-            else:
-                await self.client._attempt(proto.extend(job.queue, job.id, job.token, self.lease_ms), timeout)
-                requested = None
+            requested = await self.client._attempt(call, timeout)
+        except BadArgument as exc:
+            if state is not None:  # a state past emq.max-state-bytes: the handler's to fix; nothing written
+                raise
+            return self._failed(exc)
         except Exception as exc:
-            with self._lock:
-                event = self._held.failed(exc, self._clock())
-            if event is LeaseEvent.RETRY:
-                self._troubles.report(exc, "checkpoint", job)
-            return None
+            if state is not None and state_refused(exc):  # past maxmemory: keep the lease without it
+                self._state_not_stored(exc)
+                self._sending = False
+                return False, (await self._checkpoint(own=own))[1]
+            return self._failed(exc)
         finally:
             self._sending = False
+        requested = requested if self.deliver_cancel else None
         with self._lock:
             self._held.confirmed(sent, self._clock(), requested)
         self._troubles.healed()
-        return requested
+        return True, requested
+
+    def _failed(self, exc: BaseException) -> tuple[bool, None]:
+        with self._lock:
+            event = self._held.failed(exc, self._clock())
+        if event is LeaseEvent.RETRY:
+            self._troubles.report(exc, "checkpoint", self.job)
+        return False, None
 
 
 class _Keepers:
@@ -781,14 +797,23 @@ class _Coalescer:
 
 
 class JobContext(ContextCore[LeaseKeeper]):
-    """``echomq.JobContext`` for asyncio handlers: the same, with ``await ctx.checkpoint()``."""
+    """``echomq.JobContext`` for asyncio handlers: the same, with ``await ctx.checkpoint(...)``
+    and ``await ctx.checkpoint_step(...)``; ``resume_state`` and ``resume_point`` are properties."""
 
     __slots__ = ()
 
-    async def checkpoint(self) -> None:
-        """Extend the lease now and deliver a remote cancel; raise ``Cancelled`` if the job is cancelled."""
-        await self._keeper.checkpoint()
+    async def checkpoint(self, state: bytes | None = None) -> bool:
+        """Extend the lease (storing ``state``); raise ``Cancelled`` if the job is cancelled.
+
+        See ``echomq.JobContext.checkpoint``: True when the server confirmed it.
+        """
+        stored = await self._keeper._store(state)
         self.cancel.raise_if_cancelled()
+        return stored
+
+    async def checkpoint_step(self, step: int, data: dict[str, Any] | None = None) -> bool:
+        """Store ``Progress(step, data)`` as the job's state (see ``echomq.JobContext.checkpoint_step``)."""
+        return await self.checkpoint(Progress(step, {} if data is None else data).encode())
 
 
 AsyncHandler = Callable[[JobContext], Awaitable[object]] | Callable[[Job, CancelToken], Awaitable[object]]

@@ -1,30 +1,43 @@
 """What a handler gets: ``JobContext``, the job and everything it may do about its own run.
 
     def handler(ctx: echomq.JobContext) -> None:
-        for chunk in chunks(ctx.payload):
-            process(chunk)
-            ctx.checkpoint()        # extend the lease now; raises Cancelled if the job was cancelled
+        done = ctx.resume_point         # Progress(step=0, data={}) on a first attempt
+        rows = done.data.get("rows", 0)
+        for step in range(done.step, 40):
+            rows += export_page(step)
+            ctx.checkpoint_step(step + 1, {"rows": rows})   # extend the lease, store where we are
 
-The asyncio twin is ``echomq.asyncio.JobContext`` (``await ctx.checkpoint()``).
+A job recovered after its holder died (or retried after a failure) is
+handed the state of its last checkpoint: the next attempt goes on from
+there instead of from step 1.  The asyncio twin is
+``echomq.asyncio.JobContext`` (``await ctx.checkpoint_step(...)``).
 """
 
 from __future__ import annotations
 
-from ._runtime import ContextCore
+from typing import Any
+
+from ._runtime import ContextCore, Progress
 from .lease import LeaseKeeper
 
-__all__ = ["JobContext"]
+__all__ = ["JobContext", "Progress"]
 
 
 class JobContext(ContextCore[LeaseKeeper]):
     """The job a handler runs (``job``, and ``id``, ``queue``, ``payload``, ``token``, ``attempt``),
-    its ``cancel`` token, and the safe points.
+    its ``cancel`` token, the safe points, and where an earlier attempt left off.
 
-    - ``checkpoint()``: extend the lease now (EMQ.CHECKPOINT, which also
-      brings a cancel requested from anywhere), then raise
-      ``echomq.Cancelled`` if the job is cancelled.  The worker's lease
-      keeper checkpoints on its own as well; call this where the handler
-      has made progress worth keeping the lease for.
+    - ``checkpoint(state=None)``: extend the lease now (EMQ.CHECKPOINT,
+      which also brings a cancel requested from anywhere), storing ``state``
+      (bytes) on the job if given, then raise ``echomq.Cancelled`` if the
+      job is cancelled.  The worker's lease keeper checkpoints on its own as
+      well (without state); call this where the handler has made progress
+      worth keeping.
+    - ``resume_state``: the bytes of the last state stored by an earlier
+      attempt of this job, handed back by this claim; None on a first
+      attempt or when none was stored.
+    - ``checkpoint_step(step, data)`` and ``resume_point``: the same for the
+      common case of a step counter and a small JSON dict (``Progress``).
     - ``raise_if_cancelled()``, ``check()``, ``cancelled``: the token's, without a
       round trip.  Cancelled means: a remote cancel (``Client.cancel``), the
       lease was lost, or the worker is shutting down.
@@ -32,12 +45,35 @@ class JobContext(ContextCore[LeaseKeeper]):
 
     __slots__ = ()
 
-    def checkpoint(self) -> None:
-        """Extend the lease now and deliver a remote cancel; raise ``Cancelled`` if the job is cancelled.
+    def checkpoint(self, state: bytes | None = None) -> bool:
+        """Extend the lease now, storing ``state`` if given; raise ``Cancelled`` if the job is cancelled.
 
-        Connection trouble is not raised here: the lease keeper retries, and
-        if no checkpoint is confirmed before the lease ends the token is
-        cancelled (``raise_if_cancelled`` then raises).
+        With ``state`` (bytes, at most the server's ``emq.max-state-bytes``,
+        64 KiB by default), the bytes are stored on the job in the same
+        atomic step as the lease, fenced by this claim's token: once this
+        attempt has lost the job (swept after its lease lapsed, or held by
+        another attempt) its state is refused and never stored, and the
+        handler's token is cancelled (so this raises ``Cancelled``).  The
+        next claim of the job hands the last stored state back
+        (``resume_state``).
+
+        Returns True when the server confirmed the checkpoint (and stored
+        the state).  False when it did not: connection trouble (the lease
+        keeper retries the lease; the state is not sent again, the next
+        checkpoint's supersedes it), or a server past maxmemory, which
+        refuses to store state (the lease is extended without it at once).
+        A state larger than the ceiling raises ``echomq.BadArgument``
+        (a ValueError) and writes nothing.
         """
-        self._keeper.checkpoint()
+        stored = self._keeper._store(state)
         self.cancel.raise_if_cancelled()
+        return stored
+
+    def checkpoint_step(self, step: int, data: dict[str, Any] | None = None) -> bool:
+        """``checkpoint()`` storing ``Progress(step, data)`` as JSON; ``resume_point`` reads it back.
+
+        ``step`` is an int >= 0, by convention the number of steps done;
+        ``data`` a small JSON-serialisable dict (TypeError/ValueError before
+        anything is sent if they are not).
+        """
+        return self.checkpoint(Progress(step, {} if data is None else data).encode())

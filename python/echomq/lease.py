@@ -37,10 +37,19 @@ import time
 from types import TracebackType
 
 from . import _protocol as proto
-from ._runtime import LOST_DEADLINE, LOST_GONE, LOST_STALE, KeeperCore, LeaseEvent, lost_reason
+from ._runtime import (
+    LOST_DEADLINE,
+    LOST_GONE,
+    LOST_STALE,
+    KeeperCore,
+    LeaseEvent,
+    lost_reason,
+    state_refused,
+)
 from ._watch import WATCH
 from .cancel import Cancellation
 from .client import Client, Cutter
+from .errors import BadArgument
 
 __all__ = ["LOST_DEADLINE", "LOST_GONE", "LOST_STALE", "LeaseKeeper", "lost_reason"]
 
@@ -113,14 +122,21 @@ class LeaseKeeper(KeeperCore[Client]):
         with self._lock:
             self._held.expire(self._clock())
 
-    def checkpoint(self) -> Cancellation | None:
+    def checkpoint(self, state: bytes | None = None) -> Cancellation | None:
         """Checkpoint now, from the caller's thread (a handler's ``JobContext.checkpoint()``).
 
         Returns the cancel the server delivered, if any.  Connection trouble
         is not raised: the keeper retries and the deadline decides; a lost
         lease cancels the token (both are seen by ``raise_if_cancelled``).
+        With ``state``, the bytes are stored on the job with the lease
+        (EMQ.CHECKPOINT ... STATE, fenced by the job's token), even when
+        ``deliver_cancel`` is off; see ``JobContext.checkpoint``.
         """
-        return self._checkpoint(None)
+        return self._checkpoint(None, state)[1]
+
+    def _store(self, state: bytes | None) -> bool:
+        """A handler's checkpoint: True when the server confirmed it (and stored ``state``, if given)."""
+        return self._checkpoint(None, state)[0]
 
     def _confirm(self, timeout: float) -> bool:
         """Before ``start()``: one checkpoint for a claim answered late; True if the server confirmed it."""
@@ -150,30 +166,37 @@ class LeaseKeeper(KeeperCore[Client]):
             if due:
                 self._checkpoint(self._cutter)
 
-    def _checkpoint(self, cutter: Cutter | None) -> Cancellation | None:
+    def _checkpoint(
+        self, cutter: Cutter | None, state: bytes | None = None
+    ) -> tuple[bool, Cancellation | None]:
+        """One checkpoint: (confirmed, the cancel it delivered)."""
         with self._lock:
             sent = self._clock()
             timeout = self._held.checkpoint_timeout(sent)
-        job = self.job
+        call = self._checkpoint_call(state)
         try:
-            if self.deliver_cancel:
-                call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
-                requested = self.client._attempt(call, timeout, cutter)
-            else:
-                self.client._attempt(
-                    proto.extend(job.queue, job.id, job.token, self.lease_ms), timeout, cutter
-                )
-                requested = None
+            requested = self.client._attempt(call, timeout, cutter)
+        except BadArgument as exc:
+            if state is not None:  # a state past emq.max-state-bytes: the handler's to fix; nothing written
+                raise
+            return self._failed(exc)
         except Exception as exc:
-            with self._lock:
-                event = self._held.failed(exc, self._clock())
-            if event is LeaseEvent.RETRY:  # not after stop(): a cut attempt is no trouble
-                self._troubles.report(exc, "checkpoint", job)
-            return None
+            if state is not None and state_refused(exc):  # past maxmemory: keep the lease without it
+                self._state_not_stored(exc)
+                return False, self._checkpoint(cutter)[1]
+            return self._failed(exc)
+        requested = requested if self.deliver_cancel else None
         with self._lock:
             self._held.confirmed(sent, self._clock(), requested)
         self._troubles.healed()
-        return requested
+        return True, requested
+
+    def _failed(self, exc: BaseException) -> tuple[bool, None]:
+        with self._lock:
+            event = self._held.failed(exc, self._clock())
+        if event is LeaseEvent.RETRY:  # not after stop(): a cut attempt is no trouble
+            self._troubles.report(exc, "checkpoint", self.job)
+        return False, None
 
 
 class SharedKeeper:

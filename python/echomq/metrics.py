@@ -104,6 +104,11 @@ class _Shared:
                 self._thread.start()
 
     def flush(self) -> None:
+        """Add the deltas to Redis now; the thread, woken, ends if nothing more comes."""
+        self._flush()
+        self._wake.set()
+
+    def _flush(self) -> None:
         with self._lock:
             deltas, self._deltas = self._deltas, {}
         if not deltas or self.redis is None:
@@ -124,10 +129,17 @@ class _Shared:
             log.warning("could not add to the shared counters (will retry): %r", exc)
 
     def _run(self) -> None:
+        # The thread lives while there is something to add: it ends after a flush
+        # that leaves nothing behind, and the next ``add`` starts another, so an
+        # idle process (or one whose workers stopped) keeps no thread of ours.
         while True:
             self._wake.wait(self.interval)
             self._wake.clear()
-            self.flush()
+            self._flush()
+            with self._lock:
+                if not self._deltas:
+                    self._thread = None
+                    return
 
 
 def _sync_twin(async_redis: Any) -> Any:

@@ -52,6 +52,14 @@ def server_wrapper() -> list[str]:
     return shlex.split(os.environ.get("ECHOMQ_SERVER_WRAPPER", ""))
 
 
+def _pid_answering(probe: redis.Redis) -> int | None:
+    """The pid of the server answering ``probe`` (None when nothing that speaks RESP answers)."""
+    try:
+        return int(probe.info("server")["process_id"])
+    except (redis.exceptions.RedisError, KeyError, ValueError):
+        return None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,6 +175,8 @@ class EmbeddedServer:
                     self.process = None
                     if "Address already in use" in log:
                         said = _server_says(log, "Address already in use")
+                        if other is None:  # ours gave up before the first probe: ask who is there
+                            other = _pid_answering(probe)
                         owner = f" (pid {other} answers there)" if other is not None else ""
                         raise _PortTaken(f"{said}{owner}")
                     raise RuntimeError(f"{self.binary} exited at start: {_server_says(log)}\n{log}")

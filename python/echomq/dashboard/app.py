@@ -526,7 +526,10 @@ class DashboardServer:
         """Stop serving and wait for the thread."""
         self.server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=5)  # the graceful shutdown gives connections 2 s
+            if self._thread.is_alive():  # a connection or task that would not end: stop anyway
+                self.server.force_exit = True
+                self._thread.join(timeout=5)
 
     def __enter__(self) -> DashboardServer:
         return self.start()
