@@ -745,6 +745,10 @@ class ClaimStep:
             self.since = now  # every earlier send was answered: nothing was claimed for it yet
         return self.call, self.since
 
+    def adopt(self, call: Call[list[Job]], sent: float) -> None:
+        """``call`` is this step's request now (the claim half of a COMPLETECLAIM sent at ``sent``, say)."""
+        self.call, self.since, self.troubled = call, sent, False
+
     def failed(self) -> None:
         """An attempt got no answer: the server may have claimed for it; keep counting from the first send."""
         self.troubled = True

@@ -48,7 +48,7 @@ from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Job
 from .context import JobContext
-from .errors import LeaseLost
+from .errors import JobGone, LeaseLost
 from .lease import LeaseKeeper, SharedKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
@@ -120,6 +120,7 @@ class Worker(WorkerCore[Client, Handler]):
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
         self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
+        self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
         self._listener: threading.Thread | None = None  # pushed cancels (<base>cancel)
         self._done_listening = threading.Event()
 
@@ -368,18 +369,46 @@ class Worker(WorkerCore[Client, Handler]):
     def _finish_and_claim(self, finish: Finish, step: ClaimStep) -> tuple[list[Job], float] | None:
         """Send a job's end and the next claim in one round trip; the jobs claimed, if any.
 
-        Each keeps its own safety: the end is fenced by the job's token (a
-        repeat answers its first reply), the claim carries its REQ (a repeat
-        answers the jobs it took).  Without an answer, the end goes the
-        ordinary way (``_finish``, retried until its lease ends) and the
-        claim step remembers its REQ was maybe served (``ClaimStep.failed``).
+        A COMPLETE goes as one EMQ.COMPLETECLAIM; a FAIL or RELEASE and the
+        claim go pipelined.  Each half keeps its own safety: the end is
+        fenced by the job's token (a repeat answers its first reply), the
+        claim carries its REQ (a repeat answers the jobs it took).  Without
+        an answer, the end goes the ordinary way (``_finish``, retried until
+        its lease ends) and the claim step keeps the REQ, so the loop's next
+        claim is answered with whatever this one took.
         """
         job = finish.job
+        sent = time.monotonic()
+        timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, max(finish.held.confirmed_until - sent, 0.0))
+        if finish.action is Action.COMPLETE and self._complete_claim:
+            call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
+            step.adopt(proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call)), sent)
+            try:
+                both = self.client._attempt(call, timeout)
+            except LeaseLost as exc:  # stale: nothing was written, nothing claimed
+                step.answered([])
+                with self._lock:
+                    self._refused(finish, exc)
+                return None
+            except Exception as exc:
+                if "unknown command" in str(exc).lower():  # an older module: send the two verbs
+                    self._complete_claim = False
+                    step.answered([])
+                else:
+                    step.failed()
+                    self._trouble(exc, finish.action.value, job)
+                self._finish(finish)
+                return None
+            with self._lock:
+                if both.gone:
+                    self._refused(finish, JobGone("the job row is gone", job.id))
+                else:
+                    self._healed()
+                    self._landed(finish)
+            return self._claimed(step, both.jobs, sent)
         end = self._end_call(finish)
-        claim, claimed_at = step.next(lambda: self._claim_call(False), time.monotonic())
+        claim, claimed_at = step.next(lambda: self._claim_call(False), sent)
         try:
-            left = max(finish.held.confirmed_until - claimed_at, 0.0)
-            timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, left)
             end_reply, claim_reply = self.client._attempt_many([end, claim], timeout)
         except Exception as exc:
             step.failed()
@@ -397,12 +426,16 @@ class Worker(WorkerCore[Client, Handler]):
         else:
             with self._lock:
                 self._healed()
-                self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+                self._landed(finish, where)  # type: ignore[arg-type]
         try:
             jobs = proto.read_reply(claim, claim_reply)
         except Exception as exc:
             self._trouble(exc, "claim")
             return None
+        return self._claimed(step, jobs, claimed_at)
+
+    @staticmethod
+    def _claimed(step: ClaimStep, jobs: list[Job], claimed_at: float) -> tuple[list[Job], float] | None:
         step.answered(jobs)
         if not jobs:
             step.call = None  # answered: nothing claimed for this REQ, and the next claim may wait
