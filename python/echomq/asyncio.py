@@ -95,7 +95,7 @@ from ._scripts import (
 from ._watch import WATCH
 from .cancel import Cancellation, CancelToken
 from .client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, check_redis_client, connection_defaults
-from .errors import BadArgument, LeaseLost
+from .errors import BadArgument, JobGone, LeaseLost
 
 __all__ = ["AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker"]
 
@@ -913,6 +913,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self._listener: asyncio.Task[None] | None = None  # pushed cancels (<base>cancel)
         self._listening = True
         self._coalescer = _Coalescer(self.client)  # jobs' ends go out together
+        self._complete_claim = True  # EMQ.COMPLETECLAIM: a runner's COMPLETE claims its next job
         self._jobs: asyncio.Queue[tuple[Job, float] | None] | None = None  # claimed, for the runners
         self._free = 0  # runners neither running a job nor about to
         self._slot: asyncio.Event | None = None  # set when a runner becomes free
@@ -1155,11 +1156,16 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         assert self._jobs is not None and self._slot is not None and self._wake is not None
         try:
             while (item := await self._jobs.get()) is not None:
-                job, claimed_at = item
+                # A job's end may bring the next jobs (EMQ.COMPLETECLAIM): this
+                # runner runs them before it is free for the claimer again.
+                chain: list[tuple[Job, float]] = [item]
                 try:
-                    await self._process(job, claimed_at)
-                except Exception as exc:  # a bug of ours: logged once with its traceback; the task goes on
-                    self._trouble(exc, "processing a job", job)
+                    while chain:
+                        job, claimed_at = chain.pop(0)
+                        try:
+                            chain += await self._process(job, claimed_at, chain=not chain)
+                        except Exception as exc:  # a bug of ours: logged once with its traceback
+                            self._trouble(exc, "processing a job", job)
                 finally:
                     self._free += 1
                     self._slot.set()
@@ -1233,7 +1239,13 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self._healed()
             return reply
 
-    async def _process(self, job: Job, claimed_at: float) -> None:
+    async def _process(self, job: Job, claimed_at: float, chain: bool = False) -> list[tuple[Job, float]]:
+        """Run ``job``'s handler under its lease and send its end.
+
+        With ``chain``, a COMPLETE also claims the next job in the same
+        command (EMQ.COMPLETECLAIM); the jobs it brought are returned, for
+        this task to run next.
+        """
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
@@ -1246,13 +1258,13 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         try:
             if not self._took(held):  # the claim was in flight when stop() came: give it back unrun
                 await self._give_back(held, held.confirmed_until)
-                return
+                return []
             if self.metrics is not None:
                 await self.metrics.aclaimed_with_wait(self.client, job)
             if held.needs_confirmation(time.monotonic()) and not await keeper._confirm(ATTEMPT_TIMEOUT_S):
                 self._let_go(held)
                 self._decide(held, None)  # lost: counted, nothing sent
-                return
+                return []
             keeper.start()
             # The handler runs in this task (a task of its own would cost a few
             # loop turns per job); a forced stop cancels this task while it is
@@ -1273,7 +1285,11 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 assert error is not None
                 self._interrupted(error, time.monotonic())
                 self._poke()
+            chained = chain and finish.action is Action.COMPLETE and self._complete_claim
+            if chained and not self._stop_requested:
+                return await self._complete_and_claim(finish)
             await self._finish(finish)
+            return []
         finally:
             CURRENT_JOB.reset(context)
 
@@ -1326,6 +1342,41 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self._unfinished(finish)
             return
         self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+
+    async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float]]:
+        """COMPLETE the job and claim the next in one command, sent with the others' (``_Coalescer``).
+
+        Retry-safe as ``echomq.Worker._finish_and_claim``: without an answer
+        the COMPLETE goes the ordinary way (``_finish``), then the claim half
+        is asked again by its REQ (a CLAIM with it answers the jobs it took).
+        """
+        job = finish.job
+        sent = time.monotonic()
+        call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
+        timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, max(finish.held.confirmed_until - sent, 0.0))
+        try:
+            both = await self._coalescer.attempt(call, timeout)
+        except LeaseLost as exc:  # stale: nothing was written, nothing claimed
+            self._refused(finish, exc)
+            return []
+        except Exception as exc:
+            if "unknown command" in str(exc).lower():  # an older module: the two verbs
+                self._complete_claim = False
+                await self._finish(finish)
+                return []
+            self._trouble(exc, finish.action.value, job)
+            await self._finish(finish)
+            again = proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call))
+            try:
+                jobs = await self._send_until(again, None, "claim", cap_s=self.lease_ms / 3000)
+            except _GaveUp:
+                return []
+            return [(j, sent) for j in jobs]
+        if both.gone:
+            self._refused(finish, JobGone("the job row is gone", job.id))
+        else:
+            self._landed(finish)
+        return [(j, sent) for j in both.jobs]
 
     async def _give_back(self, held: HeldJob, until: float) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""
