@@ -38,17 +38,21 @@ SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tes
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
 	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py
 
+# Two test processes (pytest-xdist): the suite mostly waits on servers.  A file's
+# tests stay in one process: a fuzz file's last test checks what the others counted.
+PYTEST = $(BIN)/python -m pytest -n 2 --dist loadfile
+
 test: setup lint memchecker browser
-	$(BIN)/python -m pytest -n 2 --dist loadfile --engine redis
-	$(BIN)/python -m pytest -n 2 --dist loadfile --engine valkey
-	$(BIN)/python -m pytest --engine redis62 $(SMOKE_TESTS)
-	$(BIN)/python -m pytest --engine valkey9 $(SMOKE_TESTS)
+	$(PYTEST) --engine redis
+	$(PYTEST) --engine valkey
+	$(PYTEST) --engine redis62 $(SMOKE_TESTS)
+	$(PYTEST) --engine valkey9 $(SMOKE_TESTS)
 	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
 
 # One engine's smoke run, e.g. `make smoke ENGINE=redis62`.
 ENGINE ?= redis
 smoke: setup
-	$(BIN)/python -m pytest --engine $(ENGINE) $(SMOKE_TESTS)
+	$(PYTEST) --engine $(ENGINE) $(SMOKE_TESTS)
 
 bench: setup
 	$(BIN)/python bench/run.py
