@@ -15,6 +15,7 @@ import echomq
 from echomq import _protocol as proto
 from echomq.keyspace import queue_keys
 
+from .conftest import ServerFactory, wait_for_replica
 from .helpers import digest, now_ms
 
 pytestmark = pytest.mark.backends
@@ -119,3 +120,45 @@ def test_the_client_call_reads_both_halves(client: echomq.Client, r: redis.Redis
     # The claim half's REQ, sent alone, answers the jobs the call took (a lost reply's recovery).
     again = client._run(proto.claim(Q, 10_000, request_id=proto.request_id_of(call)))
     assert [(j.id, j.token) for j in again] == [(j.id, j.token) for j in both.jobs]
+
+
+def test_a_replica_gets_the_same_data_and_the_events_are_completes_then_claims(
+    server_factory: ServerFactory,
+) -> None:
+    master = server_factory(["--repl-diskless-sync-delay", "0", "--notify-keyspace-events", "KEA"])
+    replica = server_factory(["--replicaof", master.host, str(master.port)])
+    m, s = master.client(), replica.client()
+    client = echomq.Client(m)
+    ids = client.enqueue_many(Q, [b"p"] * 30)
+    client.retention(Q, done_ms=600_000)
+    job = client.claim(Q, 60_000)
+    assert job is not None
+    sub = m.pubsub()
+    sub.psubscribe("__keyevent@0__:*")
+    assert sub.get_message(timeout=5) is not None
+    call = proto.complete_claim(Q, job.id, job.token, 60_000, count=2)
+    both = client._run(call)
+    events = []
+    while (msg := sub.get_message(timeout=0.5)) is not None:
+        events.append((msg["channel"].decode().split(":", 1)[1], msg["data"].decode()))
+    sub.close()
+    nxt = [j.id for j in both.jobs]
+    assert nxt == ids[1:3]
+    # COMPLETE's (its job was the only active one: the set goes, as ZREM's would)
+    expected = [("zrem", K.active), ("del", K.active), ("hset", K.job(job.id)), ("expire", K.job(job.id))]
+    for jid in nxt:  # then CLAIM's, job by job
+        expected += [("zrem", K.pending), ("hincrby", K.job(jid)), ("hset", K.job(jid)), ("zadd", K.active)]
+    req = K.base + "req:" + proto.request_id_of(call).decode()
+    assert events == [*expected, ("set", req), ("expire", req)]
+    # Traffic: each job completed and the next claimed in one call, some with REQ repeats.
+    current = both.jobs
+    while current:
+        j = current[0]
+        call = proto.complete_claim(Q, j.id, j.token, 5000 + len(current))
+        current = client._run(call).jobs + current[1:]
+        client._run(call)  # the repeat: the same answer, nothing written
+    m.execute_command("WAIT", 1, 5000)
+    wait_for_replica(m, s)
+    assert [m.hget(K.job(i), "state") for i in ids] == [b"done"] * 30
+    assert digest(s) == digest(m)
+    assert [s.pexpiretime(K.job(i)) for i in ids] == [m.pexpiretime(K.job(i)) for i in ids]  # absolute
