@@ -58,7 +58,8 @@ WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail", b"
 # Every error the verbs may answer here, with the words README.md's tables
 # document it by (None: "-" and the error itself).
 ERRORS: list[tuple[bytes, str | None]] = [
-    (rb"ERR wrong number of arguments for 'emq\.(enqueue|claim|complete|completeclaim|fail|cancel|checkpoint)' command",
+    (rb"ERR wrong number of arguments for "
+     rb"'emq\.(enqueue|claim|complete|completeclaim|fail|cancel|checkpoint)' command",
      "-ERR wrong number of arguments"),
     (rb"ERR <pending> must be <base>pending", None),
     (rb"ERR <pending> and <active> must be <base>pending and <base>active", None),
