@@ -1070,9 +1070,14 @@ class WorkerCore(Generic[ClientT, HandlerT]):
 
     # -- jobs ------------------------------------------------------------------
 
-    def _took(self, held: HeldJob) -> bool:
-        """A job was claimed and its keeper made.  False if the worker is stopping: give it back unrun."""
-        if self._stop_requested:
+    def _took(self, held: HeldJob, landed: bool = False) -> bool:
+        """A job was claimed and its keeper made.  False if the worker is stopping: give it back unrun.
+
+        ``landed``: its claim was answered before the stop was requested
+        (the asyncio claimer hands jobs to its runners a loop turn later):
+        it runs, within the grace, as a job already started would.
+        """
+        if self._stop_requested and not landed:
             held.given_back = True
             return False
         held.metrics = self.metrics

@@ -914,7 +914,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self._listening = True
         self._coalescer = _Coalescer(self.client)  # jobs' ends go out together
         self._complete_claim = True  # EMQ.COMPLETECLAIM: a runner's COMPLETE claims its next job
-        self._jobs: asyncio.Queue[tuple[Job, float] | None] | None = None  # claimed, for the runners
+        # claimed (job, when, whether before any stop), for the runners
+        self._jobs: asyncio.Queue[tuple[Job, float, bool] | None] | None = None
         self._free = 0  # runners neither running a job nor about to
         self._slot: asyncio.Event | None = None  # set when a runner becomes free
 
@@ -1144,8 +1145,9 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                         await _wait(self._stopping, rest)
                     continue
                 self._free -= len(jobs)
+                landed = not self._stop_requested  # answered before any stop: they run
                 for job in jobs:
-                    self._jobs.put_nowait((job, claimed_at))
+                    self._jobs.put_nowait((job, claimed_at, landed))
         finally:
             for _ in range(self.concurrency):  # the runners give back what is queued, then end
                 self._jobs.put_nowait(None)
@@ -1158,12 +1160,12 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             while (item := await self._jobs.get()) is not None:
                 # A job's end may bring the next jobs (EMQ.COMPLETECLAIM): this
                 # runner runs them before it is free for the claimer again.
-                chain: list[tuple[Job, float]] = [item]
+                chain: list[tuple[Job, float, bool]] = [item]
                 try:
                     while chain:
-                        job, claimed_at = chain.pop(0)
+                        job, claimed_at, landed = chain.pop(0)
                         try:
-                            chain += await self._process(job, claimed_at, chain=not chain)
+                            chain += await self._process(job, claimed_at, chain=not chain, landed=landed)
                         except Exception as exc:  # a bug of ours: logged once with its traceback
                             self._trouble(exc, "processing a job", job)
                 finally:
@@ -1239,12 +1241,14 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self._healed()
             return reply
 
-    async def _process(self, job: Job, claimed_at: float, chain: bool = False) -> list[tuple[Job, float]]:
+    async def _process(
+        self, job: Job, claimed_at: float, chain: bool = False, landed: bool = False
+    ) -> list[tuple[Job, float, bool]]:
         """Run ``job``'s handler under its lease and send its end.
 
         With ``chain``, a COMPLETE also claims the next job in the same
         command (EMQ.COMPLETECLAIM); the jobs it brought are returned, for
-        this task to run next.
+        this task to run next.  ``landed``: see ``WorkerCore._took``.
         """
         cancel = CancelToken()
         keeper = LeaseKeeper(
@@ -1256,7 +1260,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         held = keeper._held
         context = CURRENT_JOB.set(job)
         try:
-            if not self._took(held):  # the claim was in flight when stop() came: give it back unrun
+            if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
                 await self._give_back(held, held.confirmed_until)
                 return []
             if self.metrics is not None:
@@ -1343,7 +1347,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             return
         self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
 
-    async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float]]:
+    async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float, bool]]:
         """COMPLETE the job and claim the next in one command, sent with the others' (``_Coalescer``).
 
         Retry-safe as ``echomq.Worker._finish_and_claim``: without an answer
@@ -1371,12 +1375,12 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 jobs = await self._send_until(again, None, "claim", cap_s=self.lease_ms / 3000)
             except _GaveUp:
                 return []
-            return [(j, sent) for j in jobs]
+            return [(j, sent, False) for j in jobs]
         if both.gone:
             self._refused(finish, JobGone("the job row is gone", job.id))
         else:
             self._landed(finish)
-        return [(j, sent) for j in both.jobs]
+        return [(j, sent, False) for j in both.jobs]
 
     async def _give_back(self, held: HeldJob, until: float) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""
