@@ -12,6 +12,12 @@
 #   make soak   set everything up, then the soak (bench/soak.py): 1,000,000 jobs through a
 #               queue with a short retention; memory before and after, the invariant at
 #               the end (minutes; not part of `make bench`)
+#   make chaos  set everything up, then the failover chaos test at length
+#               (tests/test_failover_chaos.py; the suite runs it with 3 kills): CHAOS_KILLS
+#               (12) SIGKILLed masters that three Sentinels replace, on Redis 7.0 and Valkey 8,
+#               with the workers' replicas=0 and then replicas=1, seeded (CHAOS_SEED, 20);
+#               prints the overlap of two runs of a job against its bound and the re-runs per
+#               failover (minutes; not part of `make test` or `make bench`)
 #
 # Set-up is idempotent: Debian's redis-server, valgrind and chromium (apt-get, only when
 # missing; chromium is the real browser of the dashboard's test, driven by Playwright),
@@ -23,7 +29,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke bench soak lint setup server-binary memchecker browser module clean
+.PHONY: demo test smoke bench soak chaos lint setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -59,6 +65,15 @@ bench: setup
 
 soak: setup
 	$(BIN)/python bench/soak.py
+
+CHAOS_KILLS ?= 12
+CHAOS_SEED  ?= 20
+CHAOS_RUN    = ECHOMQ_FAILOVER_KILLS=$(CHAOS_KILLS) ECHOMQ_FAILOVER_SEED=$(CHAOS_SEED) $(BIN)/python -m pytest -s -q
+chaos: setup
+	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine redis tests/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine redis tests/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench docs

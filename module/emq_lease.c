@@ -26,8 +26,8 @@
  *
  * State grows memory, the lease does not: past maxmemory a checkpoint WITH
  * state is refused (-OOM, nothing written) while one without state still
- * extends the lease -- the worker retries without the state and keeps it for
- * its next checkpoint.  The size is capped (emq.max-state-bytes).
+ * extends the lease -- the worker sends the checkpoint again without the
+ * state at once (its next checkpoint with state replaces what was lost).  The size is capped (emq.max-state-bytes).
  * ------------------------------------------------------------------------ */
 static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int with_cancel) {
     /* parse */

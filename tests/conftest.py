@@ -145,6 +145,8 @@ FEATURES = {
     # Not the module's: script flags (#!lua shebangs, allow-oom) and EXPIRE's GT, which
     # the scripts backend needs (Redis 7.0)
     "script_flags": {"redis": (7, 0), "valkey": (7, 2)},
+    # Not the module's either: WAITAOF, for a claim that waits for replicas' AOF (Redis 7.2)
+    "waitaof": {"redis": (7, 2), "valkey": (8, 0)},
 }
 # The optional module API functions (module/emq_rm.h) behind each feature.
 FEATURE_FUNCTIONS = {
@@ -154,6 +156,7 @@ FEATURE_FUNCTIONS = {
     "module_configs": {"RegisterNumericConfig", "LoadConfigs"},
     "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckKeyPermissions"},
     "script_flags": set(),
+    "waitaof": set(),
 }
 
 

@@ -50,7 +50,9 @@ class SentinelProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_sentinel(master: EmbeddedServer, quorum: int, down_after_ms: int) -> SentinelProcess:
+def start_sentinel(
+    master: EmbeddedServer, quorum: int, down_after_ms: int, failover_timeout_ms: int = 5000
+) -> SentinelProcess:
     directory = Path(tempfile.mkdtemp(prefix="echomq-sentinel-"))
     port = free_port()
     conf = directory / "sentinel.conf"
@@ -61,7 +63,7 @@ def start_sentinel(master: EmbeddedServer, quorum: int, down_after_ms: int) -> S
         f"logfile {directory / 'sentinel.log'}\n"
         f"sentinel monitor {MASTER} {master.host} {master.port} {quorum}\n"
         f"sentinel down-after-milliseconds {MASTER} {down_after_ms}\n"
-        f"sentinel failover-timeout {MASTER} 5000\n"
+        f"sentinel failover-timeout {MASTER} {failover_timeout_ms}\n"
         f"sentinel parallel-syncs {MASTER} 1\n"
     )
     process = subprocess.Popen(
@@ -133,12 +135,19 @@ class Failover:
 
 
 def start_failover(
-    server_factory: ServerFactory, replicas: int = 2, down_after_ms: int = 400
+    server_factory: ServerFactory,
+    replicas: int = 2,
+    down_after_ms: int = 400,
+    failover_timeout_ms: int = 5000,
+    **server_options: object,
 ) -> Failover:
-    master = server_factory(FAST_SYNC)
+    """A master, ``replicas`` replicas and three Sentinels (quorum 2); ``server_options`` for each server."""
+    master = server_factory(FAST_SYNC, **server_options)
     servers = [master]
     for _ in range(replicas):
-        servers.append(server_factory([*FAST_SYNC, "--replicaof", master.host, str(master.port)]))
+        servers.append(
+            server_factory([*FAST_SYNC, "--replicaof", master.host, str(master.port)], **server_options)
+        )
     m = master.client()
 
     def replicas_online() -> bool:
@@ -146,7 +155,7 @@ def start_failover(
 
     wait_for(replicas_online, "replicas connected")
     failover = Failover(servers)
-    failover.sentinels = [start_sentinel(master, 2, down_after_ms) for _ in range(3)]
+    failover.sentinels = [start_sentinel(master, 2, down_after_ms, failover_timeout_ms) for _ in range(3)]
 
     def sentinels_see_everyone() -> bool:
         for s in failover.sentinels:

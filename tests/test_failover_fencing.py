@@ -84,6 +84,7 @@ def test_a_claim_the_new_master_never_saw_is_stale_on_every_fenced_verb(
         "checkpoint": ["EMQ.CHECKPOINT", Q.active, Q.job("job1"), "job1", a_token, 60_000],
         "complete": ["EMQ.COMPLETE", Q.active, Q.job("job1"), "job1", a_token],
         "fail": ["EMQ.FAIL", Q.active, Q.pending, Q.dead, Q.base, "job1", a_token, 3, "A failed"],
+        "release": ["EMQ.RELEASE", Q.active, Q.pending, Q.base, "job1", a_token],
     }
     for verb, args in fenced.items():
         stale = "extend" if verb == "checkpoint" else verb

@@ -504,6 +504,104 @@ def request_id_of(call: Call[Any]) -> bytes:
     return rid
 
 
+# -- a claim that waits for replicas (issue 20) ------------------------------------
+# WAIT counts the replicas that acknowledged the replication offset of the
+# connection's own last write.  A claim answered again by its REQ (a lost
+# reply), or by a wake on the server (CLAIM ... BLOCK), may have written on
+# another connection, or never on this one: so the wait goes out on one
+# connection after a write of its own that is newer than the claim -- an
+# EXTEND of each claimed job to one millisecond past the claim's lease (a
+# deadline later than the claim's even within the same millisecond, so the
+# extension always writes and always replicates) -- and covers the claim too.
+
+
+@dataclass(frozen=True)
+class ReplicaWait:
+    """How a claim waits for replicas: checked once, from ``replicas=`` and its companions.
+
+    ``replicas``: how many replicas must have the claim; ``timeout_ms``: how
+    long to wait for them; ``aof``: also wait (WAITAOF) until those replicas
+    have written it to their append-only file.
+    """
+
+    replicas: int
+    timeout_ms: int
+    aof: bool = False
+
+    def commands(self) -> list[tuple[Any, ...]]:
+        """The wait's command lines, sent after the claimed jobs' extensions on the same connection."""
+        lines: list[tuple[Any, ...]] = [("WAIT", self.replicas, self.timeout_ms)]
+        if self.aof:
+            lines.append(("WAITAOF", 0, self.replicas, self.timeout_ms))
+        return lines
+
+    def acked(self, replies: Sequence[Any]) -> int:
+        """How many replicas had the claim when the wait ended (the least of WAIT's and WAITAOF's counts)."""
+        counts = []
+        for line, reply in zip(self.commands(), replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            counts.append(int(reply[1]) if line[0] == "WAITAOF" else int(reply))
+        return min(counts)
+
+
+MAX_REPLICAS = 1_000
+
+
+def replica_wait(replicas: object, timeout_ms: object, aof: object) -> ReplicaWait | None:
+    """``replicas=``, ``replicas_timeout_ms=``, ``replicas_aof=`` checked; None when no wait is asked for."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise TypeError(f"replicas must be an int, not {type(replicas).__name__}")
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be between 0 and {MAX_REPLICAS}, got {replicas}")
+    # 0 would make WAIT wait for ever: a claim must give up some time.
+    timeout = positive_int("replicas_timeout_ms", timeout_ms, MAX_MS)
+    if not isinstance(aof, bool):
+        raise TypeError(f"replicas_aof must be a bool, not {type(aof).__name__}")
+    if replicas == 0:
+        if aof:
+            raise ValueError("replicas_aof=True needs replicas >= 1")
+        return None
+    return ReplicaWait(replicas, timeout, aof)
+
+
+def check_wait_fits(wait: ReplicaWait, socket_timeout: float | None) -> None:
+    """The connection must outwait the wait: a ValueError when ``socket_timeout`` would cut it."""
+    if socket_timeout is not None and wait.timeout_ms / 1000 >= socket_timeout:
+        raise ValueError(
+            f"replicas_timeout_ms ({wait.timeout_ms} ms) must be shorter than the connection's "
+            f"socket_timeout ({socket_timeout} s), or the wait is cut before it ends"
+        )
+
+
+def held_extensions(jobs: Sequence[Job], lease_ms: int, past_ms: int = 1) -> list[Call[None]]:
+    """The write the wait covers: each claimed job's lease, ``past_ms`` past the claim's."""
+    return [extend(job.queue, job.id, job.token, min(lease_ms + past_ms, MAX_MS)) for job in jobs]
+
+
+def still_held(jobs: Sequence[Job], calls: Sequence[Call[None]], replies: Sequence[Any]) -> list[Job]:
+    """The jobs whose extension went through; a job lost since its claim (gone, stale) is left out."""
+    held = []
+    for job, call, reply in zip(jobs, calls, replies, strict=True):
+        if extend_outcome(call, reply) is ExtendOutcome.OK:
+            held.append(job)
+    return held
+
+
+def waitaof_probe() -> tuple[Any, ...]:
+    """WAITAOF for nothing: answered at once where the command exists (Redis 7.2+, Valkey 8+)."""
+    return ("WAITAOF", 0, 0, 0)
+
+
+def probe_says_no_waitaof(exc: ResponseError) -> bool:
+    """The probe's error: the server does not know WAITAOF (any other error is raised as it is)."""
+    return str(exc).lower().startswith("unknown command")
+
+
+def no_waitaof() -> BadArgument:
+    return BadArgument("replicas_aof=True needs WAITAOF (Redis 7.2+, Valkey 8+); this server lacks it")
+
+
 def socket_timeout_of(redis_client: Any) -> float | None:
     """The read timeout (seconds) of a redis-py client's connections, None when it has none.
 

@@ -58,6 +58,7 @@ from .errors import (
     JobGone,
     LeaseLost,
     ModuleNotLoaded,
+    NotReplicated,
     StaleToken,
 )
 from .retry import RetryPolicy
@@ -707,6 +708,7 @@ class WorkerStats:
     connection_errors: int = 0  # commands that met a connection error or timeout (each was retried)
     permanent_errors: int = 0  # refusals retrying will not heal: NOPERM, READONLY, WRONGTYPE, no module
     last_permanent_error: str | None = None
+    not_replicated: int = 0  # claimed jobs given back unrun: the replicas did not confirm them (replicas=)
 
     def record_fail(self, where: str) -> None:
         """Count a FAIL by where it sent the job."""
@@ -933,6 +935,9 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         grace: float = 10.0,
         retry: RetryPolicy | None = None,
         metrics: Metrics | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
     ) -> None:
         check_client("client", client, self._client_type)
         keys_of(queue)
@@ -963,6 +968,10 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         if metrics is not None:
             metrics.bind(client)
         self.lease_ms, self.max_attempts = lease_ms, max_attempts
+        # replicas=N: a claimed job runs once N replicas have its claim (the client's claim(replicas=)).
+        self.replica_wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        if self.replica_wait is not None:
+            proto.check_wait_fits(self.replica_wait, proto.socket_timeout_of(getattr(client, "redis", None)))
         self.concurrency, self.poll_interval = concurrency, poll_interval
         self.extend_interval = extend_interval
         self.grace = grace
@@ -979,6 +988,11 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         self._forced = False
         self._interrupt: BaseException | None = None  # what run() raises when it is done
         self._init_driver()
+
+    def _not_replicated(self, exc: NotReplicated) -> None:
+        """A claim's wait for replicas ran out: its jobs were given back unrun; counted and logged."""
+        self.stats.not_replicated += len(exc.job_ids)
+        worker_log.warning("worker of %r: %s", self.queue, exc)
 
     def _check_handler(self, handler: object) -> None:
         """The driver refuses a handler of the other kind (a coroutine function in threads, say)."""

@@ -94,8 +94,8 @@ from ._scripts import (
 )
 from ._watch import WATCH
 from .cancel import Cancellation, CancelToken
-from .client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, check_redis_client, connection_defaults
-from .errors import BadArgument, JobGone, LeaseLost
+from .client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, _missing, check_redis_client, connection_defaults
+from .errors import BadArgument, EchoMQError, JobGone, LeaseLost, NotReplicated
 
 __all__ = ["AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker"]
 
@@ -128,6 +128,7 @@ class Client:
         self._limits = script_limits if script_limits is not None else ScriptLimits()
         choice = check_backend(backend)
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
+        self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
 
     @classmethod
     def from_url(
@@ -310,7 +311,20 @@ class Client:
             ids += added
         return ids
 
-    async def _claim(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+    async def _claim(
+        self,
+        queue: str,
+        lease_ms: int,
+        count: int,
+        block_ms: int | None,
+        wait: proto.ReplicaWait | None = None,
+    ) -> list[Job]:
+        if wait is not None:
+            await self._check_wait(wait)
+        jobs = await self._claim_jobs(queue, lease_ms, count, block_ms)
+        return jobs if wait is None else await self._wait_for_replicas(jobs, lease_ms, wait)
+
+    async def _claim_jobs(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
         if block_ms is None:
             return await self._run(proto.claim(queue, lease_ms, count))
         if (await self._render()).name == "scripts":  # a script cannot wait: poll, with backoff
@@ -330,16 +344,99 @@ class Client:
                 return jobs
         return []
 
-    async def claim(self, queue: str, lease_ms: int, *, block_ms: int | None = None) -> Job | None:
-        """Take the next pending job, waiting up to ``block_ms`` for one (see ``echomq.Client.claim``)."""
-        jobs = await self._claim(queue, lease_ms, 1, block_ms)
+    async def claim(
+        self,
+        queue: str,
+        lease_ms: int,
+        *,
+        block_ms: int | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
+    ) -> Job | None:
+        """Take the next pending job, waiting up to ``block_ms`` for one (see ``echomq.Client.claim``).
+
+        The token is a ``str``, ``"<attempts>-<16 hex digits>"``.  With
+        ``replicas=N``: returned once N replicas acknowledged the claim,
+        else given back and ``NotReplicated`` (see ``echomq.Client.claim``).
+        """
+        wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        jobs = await self._claim(queue, lease_ms, 1, block_ms, wait)
         return jobs[0] if jobs else None
 
     async def claim_many(
-        self, queue: str, lease_ms: int, count: int, *, block_ms: int | None = None
+        self,
+        queue: str,
+        lease_ms: int,
+        count: int,
+        *,
+        block_ms: int | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
     ) -> list[Job]:
         """Take up to ``count`` jobs in one round trip (see ``echomq.Client.claim_many``)."""
-        return await self._claim(queue, lease_ms, count, block_ms)
+        wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        return await self._claim(queue, lease_ms, count, block_ms, wait)
+
+    async def _check_wait(self, wait: proto.ReplicaWait) -> None:
+        """Before anything is claimed: a client and a server that can wait as asked."""
+        if not isinstance(self.redis, aioredis.Redis):
+            raise ValueError("replicas= needs a redis.asyncio.Redis client (a master with replicas)")
+        proto.check_wait_fits(wait, proto.socket_timeout_of(self.redis))
+        if wait.aof:
+            if self._waitaof is None:
+                try:
+                    await self.redis.execute_command(*proto.waitaof_probe())  # type: ignore[no-untyped-call]
+                    self._waitaof = True
+                except ResponseError as exc:
+                    if not proto.probe_says_no_waitaof(exc):
+                        raise
+                    self._waitaof = False
+            if not self._waitaof:
+                raise proto.no_waitaof()
+
+    async def _wait_for_replicas(self, jobs: list[Job], lease_ms: int, wait: proto.ReplicaWait) -> list[Job]:
+        """The claimed ``jobs`` once replicas have them (see ``echomq.Client._wait_for_replicas``)."""
+        if not jobs:
+            return jobs
+        held, acked, cause = list(jobs), 0, None
+        try:
+            for past_ms in (1, 2):  # 2: again, past the extension that loaded the script
+                calls = proto.held_extensions(jobs, lease_ms, past_ms)
+                rendering = await self._render()
+                pipe = self.redis.pipeline(transaction=False)
+                for call in calls:
+                    pipe.execute_command(*rendering.command(call.args))
+                for line in wait.commands():
+                    pipe.execute_command(*line)
+                replies = await pipe.execute(raise_on_error=False)
+                missing = [c for c, r in zip(calls, replies, strict=False) if _missing(r)]
+                if not missing:
+                    break
+                await self._send(missing[0].args)  # nothing ran: load the script (it extends), again
+            held = proto.still_held(jobs, calls, replies[: len(calls)])
+            acked = wait.acked(replies[len(calls) :])
+        except (redis.RedisError, EchoMQError) as exc:  # the wait failed (a dead master, a demoted one)
+            cause = exc
+        if cause is None and acked >= wait.replicas:
+            return held
+        released = []
+        for job in held:
+            try:
+                await self.release(job.queue, job.id, job.token)
+                released.append(job.id)
+            except (LeaseLost, redis.RedisError):  # left to its lease (and the reaper)
+                pass
+        raise NotReplicated(
+            f"{acked} of {wait.replicas} replicas acknowledged the claim within {wait.timeout_ms} ms"
+            + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
+            + f"; given back: {released}",
+            [job.id for job in held],
+            released,
+            acked,
+            wait.replicas,
+        ) from cause
 
     async def complete(self, queue: str, job_id: JobId, token: str) -> None:
         """Mark the job done (see ``echomq.Client.complete``)."""
@@ -973,6 +1070,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
     async def _run(self, handle_signals: bool) -> None:
         if self._started:
             raise RuntimeError("this worker has already run; make a new one")
+        if self.replica_wait is not None:  # a server that can wait as asked, before anything is claimed
+            await self.client._check_wait(self.replica_wait)
         self._started = True
         if self._stop_requested:  # stop() came first: never start
             return
@@ -1139,6 +1238,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                     await _wait(self._stopping, self.poll_interval)
                     continue
                 pause = Backoff()
+                jobs = await self._replicated(jobs)
                 if not jobs:  # the claim waited on the server; the rest of poll_interval here
                     rest = self.poll_interval - (time.monotonic() - claimed_at)
                     if rest > 0.001:
@@ -1174,12 +1274,27 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         finally:
             self._wake.set()
 
+    async def _replicated(self, jobs: list[Job], *, loop: bool = True) -> list[Job]:
+        """With ``replicas=``: the jobs once replicas have them (see ``echomq.Worker._replicated``)."""
+        if self.replica_wait is None or not jobs:
+            return jobs
+        try:
+            return await self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
+        except NotReplicated as exc:
+            self._not_replicated(exc)
+            if not loop:
+                raise
+            assert self._stopping is not None
+            await _wait(self._stopping, self.poll_interval)
+            return []
+
     async def work_one(self) -> bool:
-        """Claim and process one job; False when the queue had none."""
+        """Claim and process one job; False when the queue had none (see ``echomq.Worker.work_one``)."""
         try:
             jobs, claimed_at = await self._claim(wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
+        jobs = await self._replicated(jobs, loop=False)
         for job in jobs:
             await self._process(job, claimed_at)
         return bool(jobs)
@@ -1375,12 +1490,12 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 jobs = await self._send_until(again, None, "claim", cap_s=self.lease_ms / 3000)
             except _GaveUp:
                 return []
-            return [(j, sent, False) for j in jobs]
+            return [(j, sent, False) for j in await self._replicated(jobs)]
         if both.gone:
             self._refused(finish, JobGone("the job row is gone", job.id))
         else:
             self._landed(finish)
-        return [(j, sent, False) for j in both.jobs]
+        return [(j, sent, False) for j in await self._replicated(both.jobs)]
 
     async def _give_back(self, held: HeldJob, until: float) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""

@@ -10,6 +10,7 @@ Catch at the level you care about::
     ├── NotRetryable       retry of a job that is not dead or cancelled
     ├── QueueBusy          obliterate of a queue with active jobs, without force
     ├── Unblocked          the server ended a waiting claim without a job
+    ├── NotReplicated      a claim's wait for replicas ran out; its jobs were given back
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
@@ -63,6 +64,28 @@ class Unblocked(EchoMQError):
     (``REPLICAOF``, a failover): it answers ``-UNBLOCKED ...`` and, in the
     second case, closes the connection.  Claim again (from the new master).
     """
+
+
+class NotReplicated(EchoMQError):
+    """A claim that waits for replicas (``replicas=N``) did not see N of them acknowledge it in time.
+
+    The claimed jobs were given back (RELEASE: pending again at the head of
+    the queue, no try of their retry budget used, no stall counted) and no
+    handler ran them.  ``job_ids``: the jobs that claim took and still held;
+    ``released``: those given back (a release that failed too -- a dead
+    connection -- leaves its job to its lease and the reaper);
+    ``acked``: how many replicas had acknowledged when the wait ended (0
+    when the wait itself failed); ``wanted``: ``replicas``.
+    """
+
+    def __init__(
+        self, message: str, job_ids: list[str], released: list[str], acked: int, wanted: int
+    ) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids
+        self.released = released
+        self.acked = acked
+        self.wanted = wanted
 
 
 class ModuleNotLoaded(EchoMQError):

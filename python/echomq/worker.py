@@ -48,7 +48,7 @@ from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Job
 from .context import JobContext
-from .errors import JobGone, LeaseLost
+from .errors import JobGone, LeaseLost, NotReplicated
 from .lease import LeaseKeeper, SharedKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
@@ -74,7 +74,8 @@ class Worker(WorkerCore[Client, Handler]):
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
     concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
-    retry=None)``:
+    retry=None, metrics=None, replicas=0, replicas_timeout_ms=1000,
+    replicas_aof=False)``:
 
     - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
       ``checkpoint()``); a handler taking two arguments gets ``(job,
@@ -96,6 +97,12 @@ class Worker(WorkerCore[Client, Handler]):
       take to finish before their tokens are cancelled with "shutdown".
     - ``metrics``: an ``echomq.metrics.Metrics`` to count into (claims,
       ends and run times, lost leases, delivered cancels), or None.
+    - ``replicas``, ``replicas_timeout_ms``, ``replicas_aof``: a handler
+      starts only once that many replicas have the job's claim (as
+      ``Client.claim(replicas=...)``); a job they do not confirm in time is
+      given back unrun (no try used), counted in ``stats.not_replicated``,
+      and the thread waits ``poll_interval`` before it claims again.
+      Fewer re-runs after a failover; still at least once.
     - ``stats``: a ``WorkerStats``.
 
     Every argument is checked here: TypeError or ValueError naming it.  A
@@ -139,6 +146,7 @@ class Worker(WorkerCore[Client, Handler]):
         KeyboardInterrupt here is a graceful stop (a second one, a forced
         one) and is raised again at the end.
         """
+        self._check_replicas()
         if not self._begin():
             return
         restore = self._install_signals() if handle_signals else None
@@ -155,6 +163,7 @@ class Worker(WorkerCore[Client, Handler]):
 
     def start(self) -> Worker:
         """Work in background threads; returns at once (``stop()`` or leaving ``with`` ends it)."""
+        self._check_replicas()
         if self._begin():
             self._spawn_loops()
             self._supervisor = threading.Thread(
@@ -164,6 +173,28 @@ class Worker(WorkerCore[Client, Handler]):
             )
             self._supervisor.start()
         return self
+
+    def _check_replicas(self) -> None:
+        """With ``replicas=``: a server that can wait as asked (WAITAOF), before anything is claimed."""
+        if self.replica_wait is not None:
+            self.client._check_wait(self.replica_wait)
+
+    def _replicated(self, jobs: list[Job], *, loop: bool = True) -> list[Job]:
+        """With ``replicas=``: the claimed jobs once the replicas have them; none if they were given back.
+
+        In a claim loop the thread then pauses ``poll_interval``; for ``work_one`` (``loop=False``)
+        ``NotReplicated`` is raised to its caller.
+        """
+        if self.replica_wait is None or not jobs:
+            return jobs
+        try:
+            return self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
+        except NotReplicated as exc:
+            self._not_replicated(exc)
+            if not loop:
+                raise
+            self._wake.wait(self.poll_interval)
+            return []
 
     def stop(self, grace: float | None = None) -> None:
         """Stop claiming now; handlers get ``grace`` seconds (default: the worker's) to finish.
@@ -338,6 +369,9 @@ class Worker(WorkerCore[Client, Handler]):
         while not self._stop_requested:
             if ready is not None:
                 (jobs, claimed_at), ready = ready, None
+                jobs = self._replicated(jobs)
+                if not jobs:
+                    continue
             else:
                 try:
                     jobs, claimed_at = self._claim(step)
@@ -349,6 +383,7 @@ class Worker(WorkerCore[Client, Handler]):
                     self._wake.wait(self.poll_interval)
                     continue
                 pause = Backoff()
+                jobs = self._replicated(jobs)
                 if not jobs:  # the claim waited on the server; the rest of poll_interval here
                     rest = self.poll_interval - (time.monotonic() - claimed_at)
                     if rest > 0.001:
@@ -443,11 +478,15 @@ class Worker(WorkerCore[Client, Handler]):
         return jobs, claimed_at
 
     def work_one(self) -> bool:
-        """Claim and process one job in this thread; False when the queue had none."""
+        """Claim and process one job in this thread; False when the queue had none.
+
+        With ``replicas=``: ``NotReplicated`` when the replicas did not confirm the claim (given back).
+        """
         try:
             jobs, claimed_at = self._claim(wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
+        jobs = self._replicated(jobs, loop=False)
         for job in jobs:
             self._process(job, claimed_at)
         return bool(jobs)
