@@ -112,6 +112,24 @@ int EmqResume_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
 int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
+int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+/* COMPLETE's steps (emq_finish.c), which EMQ.COMPLETECLAIM (emq_claim.c)
+ * runs before its claim: check the arguments; open, read and decide (an
+ * error: nothing may be written; c->reply is :1 or :-1, c->write whether
+ * apply writes); apply; close (always, after prepare). */
+typedef struct {
+    EmqKey active, row;
+    RedisModuleUser *user;
+    EmqMeta meta;
+    int reply, write;
+} EmqCompleting;
+int emq_complete_check(RedisModuleString *active, RedisModuleString *job, RedisModuleString *id);
+int emq_complete_prepare(RedisModuleCtx *ctx, EmqCompleting *c, RedisModuleString *active, RedisModuleString *job,
+                         RedisModuleString *id, RedisModuleString *token);
+void emq_complete_apply(EmqFx *fx, EmqCompleting *c, RedisModuleString *id, long long now);
+void emq_complete_close(EmqCompleting *c);
+
 /* Answer an error from the core's table. */
 int emq_reply_error(RedisModuleCtx *ctx, int err);
 

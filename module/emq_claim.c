@@ -31,7 +31,9 @@ typedef struct {
     RedisModuleString *base;
     Claimed *jobs;
     long n;
-    EmqKey pending, active, record;
+    int reanswered; /* the jobs are a retry's: answered, never applied */
+    EmqKey pending, own_active, record;
+    EmqKey *active; /* own_active, or COMPLETECLAIM's (opened by its complete) */
     RedisModuleString *record_name;
 } Claim;
 
@@ -44,7 +46,7 @@ static void claim_release(Claim *c) {
     RedisModule_Free(c->jobs);
     emq_key_close(&c->record);
     if (c->record_name) RedisModule_FreeString(c->ctx, c->record_name);
-    emq_key_close(&c->active);
+    if (c->active == &c->own_active) emq_key_close(&c->own_active);
     emq_key_close(&c->pending);
     if (c->user) RedisModule_FreeModuleUser(c->user);
 }
@@ -129,7 +131,7 @@ static int reanswer(Claim *c, const char *rec, size_t reclen) {
         const char *cur = current ? RedisModule_StringPtrLen(current, &curlen) : NULL;
         double score;
         int held = cur && curlen == toklen && memcmp(cur, tok, toklen) == 0 &&
-                   RedisModule_ZsetScore(c->active.key, j->id, &score) == REDISMODULE_OK;
+                   RedisModule_ZsetScore(c->active->key, j->id, &score) == REDISMODULE_OK;
         if (current) RedisModule_FreeString(NULL, current);
         if (!held) {
             emq_key_close(&j->row);
@@ -179,7 +181,7 @@ static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
         emq_fx_hset(fx, &j->row, "hset", 4, emq_str.tries, emq_fx_number(fx, j->tries), emq_str.token, token,
                     emq_str.state, emq_str.active, emq_str.claimed_at, emq_fx_number(fx, now));
         emq_fx_hdel(fx, &j->row, emq_str.closed_by);
-        emq_fx_zadd(fx, &c->active, deadline, j->id, 0);
+        emq_fx_zadd(fx, c->active, deadline, j->id, 0);
         RedisModule_FreeString(c->ctx, token);
         size_t idlen;
         RedisModule_StringPtrLen(j->id, &idlen);
@@ -230,13 +232,14 @@ typedef struct {
     long long deadline;
 } ClaimArgs;
 
-/* Everything but the arity, in the order the errors are answered. */
-static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, long long now, ClaimArgs *a) {
+/* The options from argv[first] on (BLOCK only where `block`), in the order
+ * the errors are answered. */
+static int parse_options(RedisModuleString **argv, int argc, int first, int block, long long now, ClaimArgs *a) {
     a->count = 1;
     a->req = NULL;
     a->block = -1;
     int seen_count = 0;
-    for (int i = 5; i < argc; i += 2) {
+    for (int i = first; i < argc; i += 2) {
         size_t len;
         const char *opt = RedisModule_StringPtrLen(argv[i], &len);
         if (i + 1 >= argc) return EMQ_ERR_SYNTAX;
@@ -249,14 +252,21 @@ static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, l
         } else if (emq_option_is(opt, len, "REQ") && !a->req) {
             if (vlen == 0) return EMQ_ERR_REQ_EMPTY;
             a->req = argv[i + 1];
-        } else if (emq_option_is(opt, len, "BLOCK") && a->block < 0) {
+        } else if (block && emq_option_is(opt, len, "BLOCK") && a->block < 0) {
             int err = emq_parse_block(now, val, vlen, &a->block);
             if (err) return err;
         } else {
             return EMQ_ERR_SYNTAX;
         }
     }
-    int err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_KEYS);
+    return EMQ_OK;
+}
+
+/* Everything but the arity, in the order the errors are answered. */
+static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, long long now, ClaimArgs *a) {
+    int err = parse_options(argv, argc, 5, 1, now, a);
+    if (err) return err;
+    err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_KEYS);
     if (err) return err;
     if (a->count > EMQ_MAX_CLAIM_COUNT) a->count = EMQ_MAX_CLAIM_COUNT;
     size_t lease_len;
@@ -282,66 +292,68 @@ static long long next_due(EmqKey *pending, long long now) {
 
 enum { CLAIM_ANSWERED, CLAIM_NOTHING };
 
-/* Open, read, decide, apply and answer -- unless nothing is claimable:
- * then CLAIM_NOTHING, nothing written, nothing answered, and *due the
- * earliest future due time in <pending> (or -1).  `waiting`: the call of a
- * blocked claim, which keeps waiting (is not answered WRONGTYPE) when
- * <pending> holds another type. */
-static int claim_run(RedisModuleCtx *ctx, RedisModuleString **argv, const ClaimArgs *a, long long now,
-                     int waiting, long long *due) {
+/* Open, type-check, read and decide, writing nothing: EMQ_OK and *outcome
+ * CLAIM_ANSWERED (c->n jobs to apply, or a retry's to answer as they are)
+ * or CLAIM_NOTHING (then *due is the earliest future due time in <pending>,
+ * or -1).  c->active is open already.  `waiting`: the call of a blocked
+ * claim, which keeps waiting (is not answered WRONGTYPE) when <pending>
+ * holds another type. */
+static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *a, long long now, int waiting,
+                         int *outcome, long long *due) {
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
-    Claim c = {.ctx = ctx, .base = argv[3]};
-    int outcome = CLAIM_ANSWERED, err = EMQ_OK;
+    *outcome = CLAIM_ANSWERED;
     *due = -1;
-    emq_key_open(ctx, &c.pending, argv[1], rw);
-    emq_key_open(ctx, &c.active, argv[2], rw);
-    EmqFx fx;
-    emq_fx_begin(&fx, ctx);
-
-    /* open and type-check */
-    if (!emq_type_ok(&c.pending, REDISMODULE_KEYTYPE_ZSET)) {
-        if (waiting) outcome = CLAIM_NOTHING;
-        else err = EMQ_ERR_WRONGTYPE;
-        goto reply;
+    emq_key_open(c->ctx, &c->pending, pending, rw);
+    if (!emq_type_ok(&c->pending, REDISMODULE_KEYTYPE_ZSET)) {
+        if (!waiting) return EMQ_ERR_WRONGTYPE;
+        *outcome = CLAIM_NOTHING;
+        return EMQ_OK;
     }
-    if (!emq_type_ok(&c.active, REDISMODULE_KEYTYPE_ZSET))
-        err = EMQ_ERR_WRONGTYPE;
-    else if (!emq_acl_user(ctx, &c.user))
-        err = EMQ_ERR_NOPERM_DERIVED;
-    if (!err && a->req) {
-        c.record_name = emq_derived_key(ctx, argv[3], "req:", a->req);
-        err = emq_open_derived(ctx, c.user, &c.record, c.record_name, EMQ_DERIVED_READ_WRITE);
-        if (!err && !emq_type_ok(&c.record, REDISMODULE_KEYTYPE_STRING)) err = EMQ_ERR_WRONGTYPE;
+    if (!emq_type_ok(c->active, REDISMODULE_KEYTYPE_ZSET)) return EMQ_ERR_WRONGTYPE;
+    if (!emq_acl_user(c->ctx, &c->user)) return EMQ_ERR_NOPERM_DERIVED;
+    int err = EMQ_OK;
+    if (a->req) {
+        c->record_name = emq_derived_key(c->ctx, c->base, "req:", a->req);
+        err = emq_open_derived(c->ctx, c->user, &c->record, c->record_name, EMQ_DERIVED_READ_WRITE);
+        if (!err && !emq_type_ok(&c->record, REDISMODULE_KEYTYPE_STRING)) err = EMQ_ERR_WRONGTYPE;
+        if (err) return err;
     }
-    if (err) goto reply;
-
-    /* read and decide */
-    if (a->req && !emq_key_empty(&c.record)) { /* a retry: answered from the record, never waits */
-        RedisModuleString *rec = emq_get_string(&c.record);
+    if (a->req && !emq_key_empty(&c->record)) { /* a retry: answered from the record, never waits */
+        RedisModuleString *rec = emq_get_string(&c->record);
         size_t reclen;
         const char *p = RedisModule_StringPtrLen(rec, &reclen);
-        err = reanswer(&c, p, reclen);
+        err = reanswer(c, p, reclen);
         RedisModule_FreeString(NULL, rec);
-        goto reply;
+        c->reanswered = 1;
+        return err;
     }
     EmqMeta meta;
-    err = emq_read_meta(ctx, c.user, c.base, &meta);
+    err = emq_read_meta(c->ctx, c->user, c->base, &meta);
     if (!err && meta.paused) {
-        outcome = CLAIM_NOTHING; /* RESUME wakes the waiting claims */
-        goto reply;
+        *outcome = CLAIM_NOTHING; /* RESUME wakes the waiting claims */
+        return EMQ_OK;
     }
-    if (!err) err = collect(&c, now, (long)a->count);
-    if (err) goto reply;
-    if (c.n == 0) {
-        outcome = CLAIM_NOTHING;
-        *due = next_due(&c.pending, now);
-        goto reply;
+    if (!err) err = collect(c, now, (long)a->count);
+    if (!err && c->n == 0) {
+        *outcome = CLAIM_NOTHING;
+        *due = next_due(&c->pending, now);
     }
+    return err;
+}
 
-    /* apply */
-    apply(&c, &fx, now, a->deadline);
-
-reply:
+/* Open, read, decide, apply and answer -- unless nothing is claimable:
+ * then CLAIM_NOTHING, nothing written, nothing answered, and *due the
+ * earliest future due time in <pending> (or -1). */
+static int claim_run(RedisModuleCtx *ctx, RedisModuleString **argv, const ClaimArgs *a, long long now,
+                     int waiting, long long *due) {
+    Claim c = {.ctx = ctx, .base = argv[3]};
+    c.active = &c.own_active;
+    emq_key_open(ctx, &c.own_active, argv[2], REDISMODULE_READ | REDISMODULE_WRITE);
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    int outcome;
+    int err = claim_prepare(&c, argv[1], a, now, waiting, &outcome, due);
+    if (!err && outcome == CLAIM_ANSWERED && !c.reanswered) apply(&c, &fx, now, a->deadline);
     if (err) emq_reply_error(ctx, err);
     else if (outcome == CLAIM_ANSWERED) reply_jobs(&c);
     emq_fx_commit(&fx);
@@ -385,5 +397,72 @@ int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     /* nothing claimable: answer null, or wait */
     if (a.block < 0 || !emq_may_block(ctx)) return RedisModule_ReplyWithNull(ctx);
     emq_wait(ctx, argv[1], a.block, due, now, claim_when_ready, claim_timed_out);
+    return REDISMODULE_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * EMQ.COMPLETECLAIM <active> <job> <pending> <id> <token> <lease-ms>
+ *                   [COUNT <n>] [REQ <request-id>]
+ *
+ * EMQ.COMPLETE <active> <job> <id> <token>, then EMQ.CLAIM <pending>
+ * <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>] (<base> from
+ * <active>), in one call: a worker finishes a job and takes the next in
+ * one round trip.  Everything both check comes first: an error answers
+ * as its verb would, and then nothing was written, neither the complete
+ * nor the claim.  Reply: [COMPLETE's reply (:1 or :-1), CLAIM's reply (an
+ * array of jobs, or null)].  No BLOCK: a worker that got null claims with
+ * BLOCK next.  Retry-safe as its two halves: a repeat answers :1
+ * (closed_by) and, with REQ, the jobs the first call took.
+ * ------------------------------------------------------------------------ */
+int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
+    /* parse */
+    if (argc < 7) return RedisModule_WrongArity(ctx);
+    RedisModuleString *id = argv[4], *token = argv[5];
+    int err = emq_complete_check(argv[1], argv[2], id);
+    if (err) return emq_reply_error(ctx, err);
+    long long now = RedisModule_Milliseconds();
+    ClaimArgs a;
+    err = parse_options(argv, argc, 7, 0, now, &a);
+    RedisModuleString *base = err ? NULL : emq_base_of(ctx, argv[1], "active");
+    if (!err) {
+        RedisModuleString *keys[2] = {argv[3], argv[1]};
+        err = emq_check_queue(ctx, keys, PENDING_ACTIVE, 2, base, EMQ_ERR_PENDING_ACTIVE_KEYS);
+    }
+    if (!err) {
+        if (a.count > EMQ_MAX_CLAIM_COUNT) a.count = EMQ_MAX_CLAIM_COUNT;
+        size_t lease_len;
+        const char *lease = RedisModule_StringPtrLen(argv[6], &lease_len);
+        err = emq_lease_deadline(now, lease, lease_len, &a.deadline);
+    }
+    if (err) {
+        if (base) RedisModule_FreeString(ctx, base);
+        return emq_reply_error(ctx, err);
+    }
+
+    /* open, read, decide: the complete's, then the claim's */
+    EmqCompleting done;
+    EmqFx fx;
+    emq_fx_begin(&fx, ctx);
+    Claim c = {.ctx = ctx, .base = base, .active = &done.active};
+    int outcome = CLAIM_NOTHING;
+    long long due;
+    err = emq_complete_prepare(ctx, &done, argv[1], argv[2], id, token);
+    if (!err) err = claim_prepare(&c, argv[3], &a, now, 0, &outcome, &due);
+
+    /* apply, reply */
+    if (!err) {
+        emq_complete_apply(&fx, &done, id, now);
+        if (outcome == CLAIM_ANSWERED && !c.reanswered) apply(&c, &fx, now, a.deadline);
+        RedisModule_ReplyWithArray(ctx, 2);
+        RedisModule_ReplyWithLongLong(ctx, done.reply);
+        if (outcome == CLAIM_ANSWERED) reply_jobs(&c);
+        else RedisModule_ReplyWithNull(ctx);
+    } else {
+        emq_reply_error(ctx, err);
+    }
+    emq_fx_commit(&fx);
+    claim_release(&c);
+    emq_complete_close(&done);
+    RedisModule_FreeString(ctx, base);
     return REDISMODULE_OK;
 }

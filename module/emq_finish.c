@@ -29,56 +29,75 @@ static int check_job_key(RedisModuleString *active, RedisModuleString *job, Redi
  * :1 the job leaves <active>; its row gets state=done and finished_at, and
  * expires after the queue's done retention.  :-1 gone; -EMQSTALE wrong
  * token or no longer active (nothing written).
+ *
+ * Its steps are shared with EMQ.COMPLETECLAIM (emq_claim.c), which
+ * completes and claims in one call: everything both check comes before
+ * anything either writes.
  * ------------------------------------------------------------------------ */
+int emq_complete_check(RedisModuleString *active, RedisModuleString *job, RedisModuleString *id) {
+    if (emq_str_equal(active, job)) return EMQ_ERR_SAME_KEY;
+    return check_job_key(active, job, id);
+}
+
+int emq_complete_prepare(RedisModuleCtx *ctx, EmqCompleting *c, RedisModuleString *active, RedisModuleString *job,
+                         RedisModuleString *id, RedisModuleString *token) {
+    /* open and type-check */
+    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
+    c->user = NULL;
+    c->reply = 1;
+    c->write = 0;
+    emq_key_open(ctx, &c->active, active, rw);
+    emq_key_open(ctx, &c->row, job, rw);
+    if (!emq_type_ok(&c->active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&c->row, REDISMODULE_KEYTYPE_HASH))
+        return EMQ_ERR_WRONGTYPE;
+
+    /* read and decide */
+    int retry, first_route, err = EMQ_OK;
+    int holder = emq_check_holder_or_retry(&c->active, &c->row, id, token, EMQ_VERB_COMPLETE, &retry, &first_route);
+    if (holder == EMQ_HOLDER_GONE) c->reply = -1;
+    else if (!retry) err = emq_holder_error(EMQ_VERB_COMPLETE, holder);
+    if (holder != EMQ_HOLDER_OK || err) return err;
+    RedisModuleString *base = emq_base_of(ctx, active, "active");
+    if (!emq_acl_user(ctx, &c->user)) err = EMQ_ERR_NOPERM_DERIVED;
+    else err = emq_read_meta(ctx, c->user, base, &c->meta);
+    RedisModule_FreeString(ctx, base);
+    c->write = !err;
+    return err;
+}
+
+void emq_complete_apply(EmqFx *fx, EmqCompleting *c, RedisModuleString *id, long long now) {
+    if (!c->write) return;
+    emq_fx_zrem(fx, &c->active, id);
+    emq_fx_hset(fx, &c->row, "hset", 3, emq_str.state, emq_str.done, emq_str.finished_at, emq_fx_number(fx, now),
+                emq_str.closed_by, emq_str.complete);
+    emq_fx_retain(fx, &c->row, now, c->meta.done_ttl);
+}
+
+void emq_complete_close(EmqCompleting *c) {
+    emq_key_close(&c->row);
+    emq_key_close(&c->active);
+    if (c->user) RedisModule_FreeModuleUser(c->user);
+}
+
 int EmqComplete_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
     if (argc != 5) return RedisModule_WrongArity(ctx);
-    if (emq_str_equal(argv[1], argv[2])) return emq_reply_error(ctx, EMQ_ERR_SAME_KEY);
-    RedisModuleString *id = argv[3], *token = argv[4];
-    int err = check_job_key(argv[1], argv[2], id);
+    int err = emq_complete_check(argv[1], argv[2], argv[3]);
     if (err) return emq_reply_error(ctx, err);
     long long now = RedisModule_Milliseconds();
 
-    /* open and type-check */
-    const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
-    RedisModuleUser *user = NULL;
-    EmqKey active, row;
-    emq_key_open(ctx, &active, argv[1], rw);
-    emq_key_open(ctx, &row, argv[2], rw);
+    /* open, read, decide */
+    EmqCompleting c;
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    int reply = 1;
-    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
-        err = EMQ_ERR_WRONGTYPE;
-        goto reply;
-    }
+    err = emq_complete_prepare(ctx, &c, argv[1], argv[2], argv[3], argv[4]);
 
-    /* read and decide */
-    int retry, first_route;
-    int holder = emq_check_holder_or_retry(&active, &row, id, token, EMQ_VERB_COMPLETE, &retry, &first_route);
-    if (holder == EMQ_HOLDER_GONE) reply = -1;
-    else if (!retry) err = emq_holder_error(EMQ_VERB_COMPLETE, holder);
-    if (holder != EMQ_HOLDER_OK || err) goto reply;
-    EmqMeta meta;
-    RedisModuleString *base = emq_base_of(ctx, argv[1], "active");
-    if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
-    else err = emq_read_meta(ctx, user, base, &meta);
-    RedisModule_FreeString(ctx, base);
-    if (err) goto reply;
-
-    /* apply */
-    emq_fx_zrem(&fx, &active, id);
-    emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.done, emq_str.finished_at, emq_fx_number(&fx, now),
-                emq_str.closed_by, emq_str.complete);
-    emq_fx_retain(&fx, &row, now, meta.done_ttl);
-
-reply:
+    /* apply, reply */
+    if (!err) emq_complete_apply(&fx, &c, argv[3], now);
     if (err) emq_reply_error(ctx, err);
-    else RedisModule_ReplyWithLongLong(ctx, reply);
+    else RedisModule_ReplyWithLongLong(ctx, c.reply);
     emq_fx_commit(&fx);
-    emq_key_close(&row);
-    emq_key_close(&active);
-    if (user) RedisModule_FreeModuleUser(user);
+    emq_complete_close(&c);
     return REDISMODULE_OK;
 }
 

@@ -46,7 +46,8 @@ from echomq.client import Cutter
 
 T = TypeVar("T")
 STEP_S = 0.01
-FINISHES = {"EMQ.COMPLETE": "complete", "EMQ.FAIL": "fail", "EMQ.RELEASE": "release"}
+FINISHES = {"EMQ.COMPLETE": "complete", "EMQ.FAIL": "fail", "EMQ.RELEASE": "release",
+            "EMQ.COMPLETECLAIM": "complete"}  # fmt: skip
 
 # The port of the server whose reply this thread (sync) or task (asyncio) read last.
 _SEEN_SYNC = threading.local()
@@ -87,7 +88,7 @@ class AsyncSeenConnection(async_sentinel.SentinelManagedConnection):
 def token_of(call: proto.Call[Any]) -> str:
     """The token argument of a COMPLETE, FAIL or RELEASE command line."""
     verb = str(call.args[0]).upper()
-    position = {"EMQ.COMPLETE": 4, "EMQ.FAIL": 6, "EMQ.RELEASE": 5}[verb]
+    position = {"EMQ.COMPLETE": 4, "EMQ.FAIL": 6, "EMQ.RELEASE": 5, "EMQ.COMPLETECLAIM": 5}[verb]
     return proto.text(call.args[position])
 
 
@@ -98,6 +99,11 @@ def record(call: proto.Call[Any], outcome: str, port: int, sent: float, reply: A
         for job in reply or ():
             HISTORY.write(event="claim", job=job.id, token=job.token, port=port, sent=sent)
         return
+    if name == "EMQ.COMPLETECLAIM" and outcome == "accepted":  # a finish, then a claim (issue 18)
+        for job in reply.jobs:
+            HISTORY.write(event="claim", job=job.id, token=job.token, port=port, sent=sent)
+        if reply.gone:
+            outcome = "gone"
     verb = FINISHES.get(name)
     if verb is not None:
         HISTORY.write(
@@ -111,7 +117,34 @@ def record(call: proto.Call[Any], outcome: str, port: int, sent: float, reply: A
         )
 
 
+def record_pipeline(calls: list[proto.Call[Any]], replies: list[Any] | None, port: int, sent: float) -> None:
+    """The calls a worker sent in one pipeline (its jobs' ends together, a finish and a claim)."""
+    for n, call in enumerate(calls):
+        if replies is None:
+            record(call, "unanswered", port, sent)
+            continue
+        try:
+            value = proto.read_reply(call, replies[n])
+        except echomq.LeaseLost as exc:
+            record(call, "gone" if isinstance(exc, echomq.JobGone) else "stale", port, sent)
+        except Exception:  # an error that is no verdict: nothing applied
+            record(call, "unanswered", port, sent)
+        else:
+            record(call, "accepted", port, sent, value)
+
+
 class RecordingClient(echomq.Client):
+    def _attempt_many(self, calls: list[proto.Call[Any]], timeout: float) -> list[Any]:
+        _SEEN_SYNC.port = 0
+        sent = time.time()
+        try:
+            replies = super()._attempt_many(calls, timeout)
+        except Exception:
+            record_pipeline(calls, None, _SEEN_SYNC.port, sent)
+            raise
+        record_pipeline(calls, replies, _SEEN_SYNC.port, sent)
+        return replies
+
     def _attempt(self, call: proto.Call[T], timeout: float, cutter: Cutter | None = None) -> T:
         _SEEN_SYNC.port = 0
         sent = time.time()
@@ -128,6 +161,17 @@ class RecordingClient(echomq.Client):
 
 
 class AsyncRecordingClient(emq.Client):
+    async def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
+        _SEEN_ASYNC.set(0)
+        sent = time.time()
+        try:
+            replies = await super()._pipeline_run(calls)
+        except BaseException:
+            record_pipeline(calls, None, _SEEN_ASYNC.get(), sent)
+            raise
+        record_pipeline(calls, replies, _SEEN_ASYNC.get(), sent)
+        return replies
+
     async def _attempt(self, call: proto.Call[T], timeout: float) -> T:
         _SEEN_ASYNC.set(0)
         sent = time.time()

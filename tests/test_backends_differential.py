@@ -264,6 +264,21 @@ class Gen:
             "EMQ.CLAIM", [self.key("pending"), self.key("active"), self.base(), self.number(LEASES), *opts]
         )
 
+    def completeclaim(self) -> Step:
+        job = self.job()
+        active = self.key("active")
+        row = (lambda s: active(s)) if self.chance(0.01) else self.row(job)
+        opts: list[bytes] = []
+        if self.chance(0.5):
+            opts += [self.pick([b"COUNT", b"count"]), self.number([b"1", b"2", b"3", b"1001"])]
+        if self.chance(0.4):
+            opts += [b"REQ", self.pick(REQS)]
+        bad = [[b"COUNT"], [b"REQ", b""], [b"BLOCK", b"1"], [b"COUNT", b"1", b"COUNT", b"2"]]
+        opts = self.options(bad, [opts])
+        return self.line("EMQ.COMPLETECLAIM", [
+            active, row, self.key("pending"), job, self.tokenize(job), self.number(LEASES), *opts,
+        ])  # fmt: skip
+
     def extend(self, verb: str = "EMQ.EXTEND") -> Step:
         job = self.job()
         same = self.chance(0.01)
@@ -387,7 +402,8 @@ class Gen:
         verbs: list[tuple[Callable[[], Step], int]] = [
             (self.enqueue, 12), (self.enqueuemany, 4), (self.claim, 12), (self.extend, 7),
             (lambda: self.extend("EMQ.CHECKPOINT"), 6),
-            (self.complete, 7), (self.fail, 7), (self.release, 4), (self.cancel, 5), (self.sweep, 6),
+            (self.complete, 7), (self.completeclaim, 6), (self.fail, 7), (self.release, 4), (self.cancel, 5),
+            (self.sweep, 6),
             (self.retention, 3), (self.retry, 4), (self.retrydead, 2), (self.purge, 2), (self.pause, 3),
             (self.obliterate, 1), (self.forget, 2), (self.harness, 9),
         ]  # fmt: skip
@@ -641,9 +657,9 @@ class Differential:
             for snap_before, snap_after in ((before_m, after_m), (before_s, after_s)):
                 for what, ms in times_written(snap_before, snap_after, t1):
                     assert t0 <= ms <= t1, f"{where}: {what} = {ms}, outside the step [{t0}, {t1}]"
-            if step.verb == "EMQ.CLAIM":
+            if step.verb in ("EMQ.CLAIM", "EMQ.COMPLETECLAIM"):
                 for side, reply, snap in ((self.m, m_reply, after_m), (self.s, s_reply, after_s)):
-                    self.claimed(side, reply, snap, where)
+                    self.claimed(side, reply, snap, where, step.verb == "EMQ.COMPLETECLAIM")
             if self.resync(diff):
                 after_s = snapshot(self.r, "emq:{s*", True)
             before_m, before_s = after_m, after_s
@@ -653,9 +669,13 @@ class Differential:
             self.stats.outcomes[f"{step.verb} {kind}"] += 1
         return self.stats
 
-    def claimed(self, side: Side, reply: bytes, snap: Snapshot, where: str) -> None:
-        """A claim's tokens: the shape, the row's counter and token, a random part never seen before."""
+    def claimed(self, side: Side, reply: bytes, snap: Snapshot, where: str, second: bool = False) -> None:
+        """A claim's tokens: the shape, the row's counter and token, a random part never seen before.
+
+        ``second``: the claim's reply is the second element (EMQ.COMPLETECLAIM's)."""
         jobs = parse(reply)
+        if second:
+            jobs = jobs[1] if isinstance(jobs, list) else None
         if not isinstance(jobs, list):
             return
         for job in jobs:
@@ -817,7 +837,8 @@ def test_a_wrong_script_is_caught(diff_server: EmbeddedServer) -> None:
     of the row: what gives it away is the `attempts` field left behind and the
     `hincrby` event that never fired.
     """
-    source = _scripts._file("claim.lua")
+    # CLAIM's writes live in _claim.lua (shared with COMPLETECLAIM): inlined here, made wrong
+    source = _scripts._file("claim.lua").replace("-- include: _claim.lua", _scripts._file("_claim.lua"))
     assert WRONG_CLAIM[0] in source
     table = {**_scripts.scripts(), "EMQ.CLAIM": _scripts.compose("claim", source.replace(*WRONG_CLAIM))}
     caught, quiet = [], []

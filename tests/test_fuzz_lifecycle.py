@@ -53,12 +53,13 @@ PROVOKED: Counter[bytes] = Counter()  # how often each documented error was answ
 
 # The arguments before the options; ENQUEUE and CLAIM take options after them.
 ARITY = {b"emq.enqueue": 4, b"emq.claim": 4, b"emq.complete": 4, b"emq.fail": 8, b"emq.cancel": 4,
-         b"emq.checkpoint": 5}  # fmt: skip
-WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail")  # FAIL: [DELAY ms]
+         b"emq.checkpoint": 5, b"emq.completeclaim": 6}  # fmt: skip
+WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail", b"emq.completeclaim")
 # Every error the verbs may answer here, with the words the reference's tables (docs/reference/)
 # document it by (None: "-" and the error itself).
 ERRORS: list[tuple[bytes, str | None]] = [
-    (rb"ERR wrong number of arguments for 'emq\.(enqueue|claim|complete|fail|cancel|checkpoint)' command",
+    (rb"ERR wrong number of arguments for "
+     rb"'emq\.(enqueue|claim|complete|completeclaim|fail|cancel|checkpoint)' command",
      "-ERR wrong number of arguments"),
     (rb"ERR <pending> must be <base>pending", None),
     (rb"ERR <pending> and <active> must be <base>pending and <base>active", None),
@@ -126,6 +127,8 @@ def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
         b"emq.claim": [b"EMQ.CLAIM", base + b"pending", base + b"active", base, draw(number),
                        *draw(options(b"emq.claim"))],
         b"emq.complete": [b"EMQ.COMPLETE", base + b"active", row, job, token],
+        b"emq.completeclaim": [b"EMQ.COMPLETECLAIM", base + b"active", row, base + b"pending", job, token,
+                               draw(number), *draw(options(b"emq.claim"))],
         b"emq.fail": [b"EMQ.FAIL", base + b"active", base + b"pending", base + b"dead", base, job, token,
                       draw(number), draw(st.binary(max_size=8))],
         b"emq.cancel": [b"EMQ.CANCEL", base + b"pending", base, job, draw(st.binary(max_size=8))],
@@ -216,6 +219,12 @@ def check_value(name: bytes, reply: Any, fresh_tokens: bool = True) -> str:
             assert isinstance(token, bytes) and (TOKEN_RE.fullmatch(token) or not fresh_tokens), job
         assert len({job[0] for job in reply}) == len(reply), "one job claimed twice in one call"
         return "claimed"
+    if name == b"emq.completeclaim":
+        assert isinstance(reply, list) and len(reply) == 2 and reply[0] in (1, -1), reply
+        if reply[1] is None:
+            return "gone" if reply[0] == -1 else "completed"
+        check_value(b"emq.claim", reply[1], fresh_tokens=False)  # a REQ may re-answer its first jobs
+        return "claimed"
     if name == b"emq.fail":
         assert reply in (b"pending", b"dead", b"cancelled"), reply
         return reply.decode()
@@ -257,6 +266,9 @@ def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
         job_id = command[3] if name == b"emq.complete" else command[5]
         if probe(conn, b"ZSCORE", command[1], job_id) is None:
             quiet.update(("ok", "pending", "dead", "cancelled"))
+    elif name == b"emq.completeclaim" and n >= 7:
+        if probe(conn, b"ZSCORE", command[1], command[4]) is None:  # nothing to complete, nothing claimed
+            quiet.add("completed")
     elif name == b"emq.cancel" and n >= 4:
         quiet.add("finished")
         if probe(conn, b"HEXISTS", command[2] + b"job:" + command[3], b"cancel_requested"):

@@ -120,6 +120,13 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
         [("active", RW_DELETE), ("job", RW_ACCESS_UPDATE), ("id", "string"), ("token", "string")],
         [Q + "active", Q + "job:j", "j", "1"],
     ),
+    "emq.completeclaim": (
+        {"write", "denyoom", "fast"},
+        [("active", RW_UPDATE), ("job", RW_ACCESS_UPDATE), ("pending", RW_ACCESS_DELETE), ("id", "string"),
+         ("token", "string"), ("lease-ms", "integer"), ("count", Optional("COUNT", "integer")),
+         ("request-id", Optional("REQ", "string"))],
+        [Q + "active", Q + "job:j", Q + "pending", "j", "1", "1000"],
+    ),
     "emq.fail": (
         {"write", "denyoom", "fast"},
         [("active", RW_DELETE), ("pending", RW_INSERT), ("dead", RW_INSERT), BASE, ("id", "string"),

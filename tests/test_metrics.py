@@ -230,7 +230,9 @@ def test_cancels_are_counted_and_timed_from_request_to_the_job_ending_cancelled(
         samples, worker_samples = scrape(url), scrape(worker_url)
         assert value(samples, "echomq_cancels_requested_total", queue=Q) == 1
         latency = value(samples, "echomq_cancel_delivery_seconds_sum", queue=Q)
-        assert 0 < latency < 0.6 + 0.5, latency  # at most one checkpoint interval, plus the stop
+        # pushed (<base>cancel): often within the same server millisecond, so 0 is a
+        # measurement too; never more than one checkpoint interval, plus the stop
+        assert 0 <= latency < 0.6 + 0.5, latency
         assert value(worker_samples, "echomq_cancels_delivered_total", queue=Q) == 1
         assert value(worker_samples, "echomq_cancel_stop_seconds_count", queue=Q) == 1
         assert value(worker_samples, "echomq_jobs_cancelled_total", queue=Q, by="worker") == 1

@@ -298,6 +298,19 @@ def _claimed(call: Call[list[Job]], reply: Any) -> list[Job]:
     ]
 
 
+@dataclass(frozen=True)
+class CompletedAndClaimed:
+    """EMQ.COMPLETECLAIM's answer: whether the completed job's row was gone (:-1), and the jobs claimed."""
+
+    gone: bool
+    jobs: list[Job]
+
+
+def _completed_and_claimed(call: Call[CompletedAndClaimed], reply: Any) -> CompletedAndClaimed:
+    done, claimed = reply
+    return CompletedAndClaimed(done == -1, _claimed(call, claimed))  # type: ignore[arg-type]
+
+
 def _fail_outcome(call: Call[FailOutcome], reply: Any) -> FailOutcome:
     _check_gone(call, reply)
     outcome = text(reply)
@@ -450,7 +463,9 @@ def enqueue_many_halves(call: Call[list[str]]) -> list[Call[list[str]]]:
     return [_many_call(call.queue, keys, jobs[:half], when), _many_call(call.queue, keys, jobs[half:], when)]
 
 
-def claim(queue: str, lease_ms: int, count: int = 1, block_ms: int | None = None) -> Call[list[Job]]:
+def claim(
+    queue: str, lease_ms: int, count: int = 1, block_ms: int | None = None, request_id: bytes | None = None
+) -> Call[list[Job]]:
     """Up to ``count`` jobs, each with its payload: one round trip (waiting up to ``block_ms`` for one)."""
     keys = keys_of(queue)
     lease("lease_ms", lease_ms)
@@ -460,7 +475,33 @@ def claim(queue: str, lease_ms: int, count: int = 1, block_ms: int | None = None
         args += ("COUNT", count)
     if block_ms is not None:
         args += ("BLOCK", ms_int("block_ms", block_ms))
-    return Call((*args, "REQ", new_request_id()), _claimed, queue)
+    return Call((*args, "REQ", request_id or new_request_id()), _claimed, queue)
+
+
+def complete_claim(
+    queue: str, job_id: JobId, token: str, lease_ms: int, count: int = 1
+) -> Call[CompletedAndClaimed]:
+    """COMPLETE ``job_id``, then CLAIM up to ``count`` jobs, in one command (with a fresh REQ).
+
+    The claim's REQ is the call's last argument (``request_id_of``): a claim
+    sent with it answers the jobs this call took, should its reply be lost.
+    """
+    keys, wid = keys_of(queue), wire(job_id)
+    tok = check_token(token)
+    lease("lease_ms", lease_ms)
+    positive_int("count", count)
+    args: tuple[Any, ...] = ("EMQ.COMPLETECLAIM", keys.active, keys.job(wid), keys.pending, wid, tok)
+    args += (lease_ms,)
+    if count != 1:
+        args += ("COUNT", count)
+    return Call((*args, "REQ", new_request_id()), _completed_and_claimed, queue, wid)
+
+
+def request_id_of(call: Call[Any]) -> bytes:
+    """The REQ a call carries (its last argument)."""
+    rid = call.args[-1]
+    assert call.args[-2] == "REQ" and isinstance(rid, bytes)
+    return rid
 
 
 # -- a claim that waits for replicas (issue 20) ------------------------------------
@@ -707,6 +748,13 @@ _CORRUPT = (
     "the queue's meta hash ",
     "increment or decrement would overflow",
 )
+
+
+def read_reply(call: Call[T], reply: Any) -> T:
+    """A pipelined reply (an error comes as a value): ``call``'s answer, or its mapped exception."""
+    if isinstance(reply, ResponseError):
+        raise_mapped(reply, call)
+    return call.read(reply)
 
 
 def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:

@@ -747,6 +747,10 @@ class ClaimStep:
             self.since = now  # every earlier send was answered: nothing was claimed for it yet
         return self.call, self.since
 
+    def adopt(self, call: Call[list[Job]], sent: float) -> None:
+        """``call`` is this step's request now (the claim half of a COMPLETECLAIM sent at ``sent``, say)."""
+        self.call, self.since, self.troubled = call, sent, False
+
     def failed(self) -> None:
         """An attempt got no answer: the server may have claimed for it; keep counting from the first send."""
         self.troubled = True
@@ -1080,9 +1084,14 @@ class WorkerCore(Generic[ClientT, HandlerT]):
 
     # -- jobs ------------------------------------------------------------------
 
-    def _took(self, held: HeldJob) -> bool:
-        """A job was claimed and its keeper made.  False if the worker is stopping: give it back unrun."""
-        if self._stop_requested:
+    def _took(self, held: HeldJob, landed: bool = False) -> bool:
+        """A job was claimed and its keeper made.  False if the worker is stopping: give it back unrun.
+
+        ``landed``: its claim was answered before the stop was requested
+        (the asyncio claimer hands jobs to its runners a loop turn later):
+        it runs, within the grace, as a job already started would.
+        """
+        if self._stop_requested and not landed:
             held.given_back = True
             return False
         held.metrics = self.metrics
@@ -1170,14 +1179,14 @@ class WorkerCore(Generic[ClientT, HandlerT]):
 
     # -- what is sent: one small function each, for both drivers ----------------
 
-    def _claim_call(self, wait: bool = True) -> Call[list[Job]]:
+    def _claim_call(self, wait: bool = True, count: int = 1) -> Call[list[Job]]:
         """The claim step's command (one REQ, sent again until answered).
 
         With ``wait``, the idle wait happens on the server (EMQ.CLAIM ...
         BLOCK, ``claim_block_ms``): a job enqueued while the worker idles
         is claimed at once instead of at the next poll.
         """
-        return proto.claim(self.queue, self.lease_ms, 1, self.claim_block_ms if wait else None)
+        return proto.claim(self.queue, self.lease_ms, count, self.claim_block_ms if wait else None)
 
     def _fail_call(self, job: Job, error: str) -> Call[FailOutcome]:
         """Where a failed job goes: FAIL with its error, and the retry policy's delay if there is one."""

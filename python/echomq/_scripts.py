@@ -90,8 +90,9 @@ def check_backend(backend: object) -> BackendChoice:
 # -- the scripts ---------------------------------------------------------------------
 
 VERBS = (
-    "enqueue", "enqueuemany", "claim", "extend", "checkpoint", "complete", "fail", "release", "cancel",
-    "sweep", "retention", "retry", "retrydead", "purge", "pause", "resume", "obliterate", "forget",
+    "enqueue", "enqueuemany", "claim", "completeclaim", "extend", "checkpoint", "complete", "fail",
+    "release", "cancel", "sweep", "retention", "retry", "retrydead", "purge", "pause", "resume",
+    "obliterate", "forget",
 )  # fmt: skip
 
 _INCLUDE = re.compile(r"^-- include: (\S+)$", re.MULTILINE)
@@ -248,6 +249,21 @@ def _claim_keys(argv: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _completeclaim_keys(argv: Sequence[Any]) -> list[Any]:
+    out = list(argv[:3])
+    active = argv[0] if argv else ""
+    suffix = b"active" if isinstance(active, bytes) else "active"
+    if not active.endswith(suffix):  # type: ignore[arg-type]
+        return out  # the script answers the <job> key's error; nothing more to declare
+    base = active[: len(active) - len(suffix)]
+    out.append(_cat(base, "meta"))
+    for i in range(6, len(argv) - 1, 2):  # options after <lease-ms>: the first REQ names the record
+        if _b(argv[i]).upper() == b"REQ":
+            out.append(_cat(_cat(base, "req:"), argv[i + 1]))
+            break
+    return out
+
+
 def _enqueuemany_keys(argv: Sequence[Any]) -> list[Any]:
     out = list(argv[:1])
     try:
@@ -271,6 +287,7 @@ KEYS_OF: dict[str, KeyFn] = {
     "EMQ.ENQUEUE": _keys((1,), ((2, "job:", 3),)),
     "EMQ.ENQUEUEMANY": _enqueuemany_keys,
     "EMQ.CLAIM": _claim_keys,
+    "EMQ.COMPLETECLAIM": _completeclaim_keys,
     "EMQ.EXTEND": _keys((1, 2)),
     "EMQ.CHECKPOINT": _keys((1, 2)),
     "EMQ.COMPLETE": _keys((1, 2)),
@@ -299,7 +316,7 @@ def new_nonce() -> str:
 
 def setting(verb: str, limits: ScriptLimits) -> Any:
     """The one value the script of ``verb`` needs from the client (ARGV[1])."""
-    if verb == "EMQ.CLAIM":
+    if verb in ("EMQ.CLAIM", "EMQ.COMPLETECLAIM"):
         return new_nonce()
     if verb in ("EMQ.SWEEP", "EMQ.ENQUEUEMANY"):
         return limits.max_limit

@@ -23,7 +23,9 @@ deadline), the same retries, the same shutdown.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import math
 import signal
 import sys
 import threading
@@ -76,6 +78,7 @@ from ._runtime import (
     Trouble,
     WorkerCore,
     state_refused,
+    worker_log,
 )
 from ._scripts import (
     PROBE,
@@ -92,7 +95,7 @@ from ._scripts import (
 from ._watch import WATCH
 from .cancel import Cancellation, CancelToken
 from .client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, _missing, check_redis_client, connection_defaults
-from .errors import BadArgument, EchoMQError, LeaseLost, NotReplicated
+from .errors import BadArgument, EchoMQError, JobGone, LeaseLost, NotReplicated
 
 __all__ = ["AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker"]
 
@@ -101,6 +104,8 @@ T = TypeVar("T")
 # How long a forced stop waits for the jobs still held to be given back, then
 # for the worker's tasks to end, before it cancels them.
 FORCE_BUDGET_S = 0.4
+# How long the cancel listener waits for a message before it looks again.
+CANCEL_POLL_S = 0.2
 
 
 class Client:
@@ -603,6 +608,14 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> bool:
     return True
 
 
+async def _within(awaitable: Awaitable[T], timeout: float) -> T:
+    """``await awaitable``, at most ``timeout`` seconds (else asyncio.TimeoutError)."""
+    if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout=timeout)
+
+
 class LeaseKeeper(KeeperCore[Client]):
     """Async context manager: checkpoint ``job`` every ``interval`` while the block runs.
 
@@ -624,8 +637,9 @@ class LeaseKeeper(KeeperCore[Client]):
         # updates the HeldJob too.
         self._lock = threading.Lock()
         self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._sending = False
+        self._shared: _Keepers | None = None  # a worker's one keeper task checkpoints this job
 
     async def __aenter__(self) -> LeaseKeeper:
         self.start()
@@ -639,6 +653,9 @@ class LeaseKeeper(KeeperCore[Client]):
     def start(self) -> None:
         """Start checkpointing in a task of the running loop (and watching the deadline)."""
         WATCH.add(self._held, self._lock, self._clock)
+        if self._shared is not None:
+            self._shared.add(self)
+            return
         self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
 
     async def stop(self) -> None:
@@ -646,6 +663,8 @@ class LeaseKeeper(KeeperCore[Client]):
         with self._lock:
             self._held.stop()
         self._stop.set()
+        if self._shared is not None:
+            self._shared.discard(self)
         task = self._task
         try:
             if task is not None:
@@ -730,6 +749,148 @@ class LeaseKeeper(KeeperCore[Client]):
         if event is LeaseEvent.RETRY:
             self._troubles.report(exc, "checkpoint", self.job)
         return False, None
+
+
+class _Keepers:
+    """One task that checkpoints every job a worker holds, instead of a task per job.
+
+    Each held job keeps its ``LeaseKeeper`` (the handler's ``checkpoint()``,
+    the rules, ``stop()``); this task only wakes when the earliest held job
+    is due and starts that job's checkpoint, as the keeper's own task would
+    have (``stop()`` cancels one in flight the same way).  A worker that runs
+    a thousand short jobs a second starts no task for them.
+    """
+
+    def __init__(self) -> None:
+        self._keepers: dict[LeaseKeeper, None] = {}
+        self._by_id: dict[str, LeaseKeeper] = {}  # for a pushed cancel: the job's keeper
+        self._wake = asyncio.Event()
+        self._wakes_at = math.inf
+        self._task: asyncio.Task[None] | None = None
+        self._pushes: set[asyncio.Task[Any]] = set()
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        self._keepers[keeper] = None
+        self._by_id[keeper.job.id] = keeper
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="echomq-lease-keeper")
+        elif keeper._held.next_checkpoint < self._wakes_at:
+            self._wake.set()
+
+    def discard(self, keeper: LeaseKeeper) -> None:
+        self._keepers.pop(keeper, None)
+        if self._by_id.get(keeper.job.id) is keeper:
+            del self._by_id[keeper.job.id]
+
+    def pushed(self, job_id: str) -> bool:
+        """A cancel of ``job_id`` was published: checkpoint it now (which delivers the reason).
+
+        False when this worker does not hold the job.  The checkpoint runs in
+        a task of its own, so the listener goes on reading.
+        """
+        keeper = self._by_id.get(job_id)
+        if keeper is None:
+            return False
+        task = asyncio.create_task(keeper.checkpoint(), name=f"echomq-cancel-{job_id}")
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+        return True
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        tasks = [t for t in [task, *self._pushes] if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _run(self) -> None:
+        while True:
+            wait: float | None = None
+            for keeper in list(self._keepers):
+                with keeper._lock:
+                    now = keeper._clock()
+                    left = keeper._held.wait_before_checkpoint(now)
+                if left is None:
+                    continue
+                if left <= 0.0 and (keeper._task is None or keeper._task.done()):
+                    keeper._task = asyncio.create_task(
+                        keeper._checkpoint(own=True), name=f"echomq-lease-{keeper.job.id}"
+                    )
+                    left = keeper._held.interval
+                wait = left if wait is None else min(wait, left)
+            self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+            await _wait(self._wake, wait)
+            self._wake.clear()
+            self._wakes_at = -math.inf
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A caller that gave up waiting leaves its answer unread: read it, so asyncio does not warn."""
+    if not future.cancelled():
+        future.exception()
+
+
+class _Coalescer:
+    """Calls sent at about the same time go out together: one pipeline, one round trip.
+
+    A worker's tasks finish jobs at about the same time; while one batch is
+    on the wire the next one gathers, so a busy worker sends its COMPLETEs
+    (and the like) in a few round trips instead of one each.  Each call
+    keeps its own answer and its own error; each caller keeps its own
+    retries and deadline (the verbs sent this way are safe to send again).
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._waiting: list[tuple[proto.Call[Any], asyncio.Future[Any], float]] = []
+        self._flushing = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def attempt(self, call: proto.Call[T], timeout: float) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)
+        self._waiting.append((call, future, timeout))
+        if not self._flushing:  # the task starts next turn: calls made this turn join the batch
+            self._flushing = True
+            self._task = asyncio.create_task(self._flush(), name="echomq-send-together")
+        try:
+            return await _within(asyncio.shield(future), max(timeout, 0.001))
+        except asyncio.TimeoutError:
+            raise redis.TimeoutError(f"no reply to {call.args[0]} within {timeout:.3f} s") from None
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                live = [(c, f, t) for c, f, t in batch if not f.done()]
+                if not live:
+                    continue
+                calls = [c for c, _, _ in live]
+                try:
+                    replies = await _within(self.client._pipeline_run(calls), max(t for _, _, t in live))
+                except asyncio.CancelledError:
+                    for _, future, _ in live:
+                        future.cancel()
+                    raise
+                except Exception as exc:
+                    if isinstance(exc, asyncio.TimeoutError):
+                        exc = redis.TimeoutError(f"no reply to a batch of {len(calls)} calls")
+                    for _, future, _ in live:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (call, future, _), reply in zip(live, replies, strict=True):
+                    if future.done():
+                        continue
+                    try:
+                        if isinstance(reply, ResponseError):
+                            proto.raise_mapped(reply, call)
+                        future.set_result(call.read(reply))
+                    except Exception as exc:
+                        future.set_exception(exc)
+        finally:
+            self._flushing = False
 
 
 class JobContext(ContextCore[LeaseKeeper]):
@@ -845,6 +1006,15 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         self._force_pending = False
         self._loops: list[asyncio.Task[None]] = []
         self._handlers: dict[HeldJob, asyncio.Task[Any]] = {}  # the task running each handler
+        self._keepers = _Keepers()  # one task keeps every held job's lease
+        self._listener: asyncio.Task[None] | None = None  # pushed cancels (<base>cancel)
+        self._listening = True
+        self._coalescer = _Coalescer(self.client)  # jobs' ends go out together
+        self._complete_claim = True  # EMQ.COMPLETECLAIM: a runner's COMPLETE claims its next job
+        # claimed (job, when, whether before any stop), for the runners
+        self._jobs: asyncio.Queue[tuple[Job, float, bool] | None] | None = None
+        self._free = 0  # runners neither running a job nor about to
+        self._slot: asyncio.Event | None = None  # set when a runner becomes free
 
     # -- control ---------------------------------------------------------------
 
@@ -893,7 +1063,7 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             raise
 
     def _poke(self) -> None:
-        for event in (self._wake, self._stopping):
+        for event in (self._wake, self._stopping, self._slot):
             if event is not None:
                 event.set()
 
@@ -911,10 +1081,16 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         WATCH.retain()
         restore = self._install_signals(loop) if handle_signals else None
         try:
+            self._jobs, self._slot, self._free = asyncio.Queue(), asyncio.Event(), self.concurrency
             self._loops = [
-                asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-{n}")
+                asyncio.create_task(self._runner(), name=f"echomq-worker-{self.queue}-{n}")
                 for n in range(self.concurrency)
             ]
+            claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
+            self._loops.append(claimer)
+            self._listener = asyncio.create_task(
+                self._listen_for_cancels(), name=f"echomq-worker-{self.queue}-cancels"
+            )
             try:
                 await self._supervise()
             except asyncio.CancelledError:
@@ -930,6 +1106,14 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 t.cancel()
             if left:
                 await asyncio.wait(left)
+            if self._listener is not None:
+                # It looks up every CANCEL_POLL_S (redis-py's pub/sub read does not
+                # always end when its task is cancelled); a cancel only if it hangs.
+                self._listening = False
+                _, late = await asyncio.wait([self._listener], timeout=CANCEL_POLL_S + 1.0)
+                for t in late:
+                    t.cancel()
+            await self._keepers.close()
             WATCH.release()
             self._stopped()
 
@@ -996,15 +1180,56 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         if rest:
             await asyncio.wait(rest)
 
+    # -- pushed cancels ----------------------------------------------------------
+
+    async def _listen_for_cancels(self) -> None:
+        """Subscribe to ``<base>cancel`` (see ``echomq.Worker._listen_for_cancels``) until the worker ends."""
+        channel = proto.keys_of(self.queue).base + "cancel"
+        pubsub: Any = None
+        try:
+            while self._listening:
+                try:
+                    if pubsub is None:
+                        pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
+                        await pubsub.subscribe(channel)
+                    message = await pubsub.get_message(timeout=CANCEL_POLL_S)
+                    if message is not None and message.get("type") == "message":
+                        self._keepers.pushed(proto.text(message["data"]))
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
+                    worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
+                    if pubsub is not None:
+                        with contextlib.suppress(Exception):
+                            await pubsub.aclose()
+                    pubsub = None
+                    if self._listening:
+                        await asyncio.sleep(CANCEL_POLL_S)
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
     # -- a worker task -----------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        """The one claimer: as many jobs in one CLAIM as runners are free, handed to them.
+
+        A busy worker claims in batches (COUNT = its free runners), so a
+        claim costs a fraction of a command per job; an idle one waits on
+        the server (BLOCK) as before.
+        """
         assert self._stopping is not None and self._wake is not None
+        assert self._jobs is not None and self._slot is not None
         pause, step = Backoff(), ClaimStep()
         try:
             while not self._stop_requested:
+                if self._free <= 0:
+                    self._slot.clear()
+                    await self._slot.wait()
+                    continue
                 try:
-                    jobs, claimed_at = await self._claim(step)
+                    jobs, claimed_at = await self._claim(step, count=self._free)
                 except _GaveUp:
                     await _wait(self._stopping, pause.next_wait(time.monotonic()) or self.poll_interval)
                     continue
@@ -1019,13 +1244,33 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                     if rest > 0.001:
                         await _wait(self._stopping, rest)
                     continue
+                self._free -= len(jobs)
+                landed = not self._stop_requested  # answered before any stop: they run
                 for job in jobs:
-                    try:
-                        await self._process(job, claimed_at)
-                    except (
-                        Exception
-                    ) as exc:  # a bug of ours: logged once with its traceback; the task goes on
-                        self._trouble(exc, "processing a job", job)
+                    self._jobs.put_nowait((job, claimed_at, landed))
+        finally:
+            for _ in range(self.concurrency):  # the runners give back what is queued, then end
+                self._jobs.put_nowait(None)
+            self._wake.set()
+
+    async def _runner(self) -> None:
+        """One of ``concurrency`` tasks: run the jobs the claimer hands over, one at a time."""
+        assert self._jobs is not None and self._slot is not None and self._wake is not None
+        try:
+            while (item := await self._jobs.get()) is not None:
+                # A job's end may bring the next jobs (EMQ.COMPLETECLAIM): this
+                # runner runs them before it is free for the claimer again.
+                chain: list[tuple[Job, float, bool]] = [item]
+                try:
+                    while chain:
+                        job, claimed_at, landed = chain.pop(0)
+                        try:
+                            chain += await self._process(job, claimed_at, chain=not chain, landed=landed)
+                        except Exception as exc:  # a bug of ours: logged once with its traceback
+                            self._trouble(exc, "processing a job", job)
+                finally:
+                    self._free += 1
+                    self._slot.set()
         finally:
             self._wake.set()
 
@@ -1054,10 +1299,12 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             await self._process(job, claimed_at)
         return bool(jobs)
 
-    async def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+    async def _claim(
+        self, step: ClaimStep | None = None, wait: bool = True, count: int = 1
+    ) -> tuple[list[Job], float]:
         """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back)."""
         step = step if step is not None else ClaimStep()
-        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
+        call, claimed_at = step.next(lambda: self._claim_call(wait, count), time.monotonic())
         extra = self.claim_block_ms / 1000 if wait else 0.0
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
@@ -1077,14 +1324,21 @@ class Worker(WorkerCore[Client, AsyncHandler]):
         extra_s: float = 0.0,
         on_retry: Callable[[], None] | None = None,
         cap_s: float | None = None,
+        together: bool = False,
     ) -> T:
-        """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``)."""
+        """Send ``call`` until it is answered, ``until`` passes, or a forced stop (see ``echomq.Worker``).
+
+        ``together``: in one pipeline with the other calls sent meanwhile (``_Coalescer``).
+        """
         backoff = Backoff(until)
         while True:
             try:
                 timeout = backoff.timeout(time.monotonic())
                 timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
-                reply = await self.client._attempt(call, timeout)
+                if together:
+                    reply = await self._coalescer.attempt(call, timeout)
+                else:
+                    reply = await self.client._attempt(call, timeout)
             except LeaseLost:
                 raise
             except Exception as exc:
@@ -1102,24 +1356,34 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self._healed()
             return reply
 
-    async def _process(self, job: Job, claimed_at: float) -> None:
+    async def _process(
+        self, job: Job, claimed_at: float, chain: bool = False, landed: bool = False
+    ) -> list[tuple[Job, float, bool]]:
+        """Run ``job``'s handler under its lease and send its end.
+
+        With ``chain``, a COMPLETE also claims the next job in the same
+        command (EMQ.COMPLETECLAIM); the jobs it brought are returned, for
+        this task to run next.  ``landed``: see ``WorkerCore._took``.
+        """
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         keeper._troubles = self._troubles
+        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
+            keeper._shared = self._keepers
         held = keeper._held
         context = CURRENT_JOB.set(job)
         try:
-            if not self._took(held):  # the claim was in flight when stop() came: give it back unrun
+            if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
                 await self._give_back(held, held.confirmed_until)
-                return
+                return []
             if self.metrics is not None:
                 await self.metrics.aclaimed_with_wait(self.client, job)
             if held.needs_confirmation(time.monotonic()) and not await keeper._confirm(ATTEMPT_TIMEOUT_S):
                 self._let_go(held)
                 self._decide(held, None)  # lost: counted, nothing sent
-                return
+                return []
             keeper.start()
             # The handler runs in this task (a task of its own would cost a few
             # loop turns per job); a forced stop cancels this task while it is
@@ -1140,7 +1404,11 @@ class Worker(WorkerCore[Client, AsyncHandler]):
                 assert error is not None
                 self._interrupted(error, time.monotonic())
                 self._poke()
+            chained = chain and finish.action is Action.COMPLETE and self._complete_claim
+            if chained and not self._stop_requested:
+                return await self._complete_and_claim(finish)
             await self._finish(finish)
+            return []
         finally:
             CURRENT_JOB.reset(context)
 
@@ -1183,7 +1451,9 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             return
         call = self._end_call(finish)
         try:
-            where = await self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
+            where = await self._send_until(
+                call, finish.held.confirmed_until, finish.action.value, job, together=True
+            )
         except LeaseLost as exc:
             self._refused(finish, exc)
             return
@@ -1191,6 +1461,41 @@ class Worker(WorkerCore[Client, AsyncHandler]):
             self._unfinished(finish)
             return
         self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+
+    async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float, bool]]:
+        """COMPLETE the job and claim the next in one command, sent with the others' (``_Coalescer``).
+
+        Retry-safe as ``echomq.Worker._finish_and_claim``: without an answer
+        the COMPLETE goes the ordinary way (``_finish``), then the claim half
+        is asked again by its REQ (a CLAIM with it answers the jobs it took).
+        """
+        job = finish.job
+        sent = time.monotonic()
+        call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
+        timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, max(finish.held.confirmed_until - sent, 0.0))
+        try:
+            both = await self._coalescer.attempt(call, timeout)
+        except LeaseLost as exc:  # stale: nothing was written, nothing claimed
+            self._refused(finish, exc)
+            return []
+        except Exception as exc:
+            if "unknown command" in str(exc).lower():  # an older module: the two verbs
+                self._complete_claim = False
+                await self._finish(finish)
+                return []
+            self._trouble(exc, finish.action.value, job)
+            await self._finish(finish)
+            again = proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call))
+            try:
+                jobs = await self._send_until(again, None, "claim", cap_s=self.lease_ms / 3000)
+            except _GaveUp:
+                return []
+            return [(j, sent, False) for j in await self._replicated(jobs)]
+        if both.gone:
+            self._refused(finish, JobGone("the job row is gone", job.id))
+        else:
+            self._landed(finish)
+        return [(j, sent, False) for j in await self._replicated(both.jobs)]
 
     async def _give_back(self, held: HeldJob, until: float) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""

@@ -368,6 +368,45 @@ class Client:
         self._suspect = False
         return call.read(reply)
 
+    def _attempt_many(self, calls: list[proto.Call[Any]], timeout: float) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction), once; the replies, errors as values.
+
+        The worker's pipelined ``_attempt`` (a job's end and the next claim
+        together): the same connections, timeouts and suspicion.  A reply
+        is read by its caller (``Call.read``; a ResponseError is left for
+        ``proto.raise_mapped``).
+        """
+        r = self.redis
+        if not isinstance(r, redis.Redis) or r.connection is not None or self._suspect:
+            return self._pipeline_run(calls)
+        pool = self._worker_pool()
+        connection = pool.get_connection()
+        rendering = self._render()
+        try:
+            packed = connection.pack_commands(  # type: ignore[no-untyped-call]
+                [rendering.command(call.args) for call in calls]
+            )
+            connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
+            replies: list[Any] = []
+            for _ in calls:
+                try:
+                    replies.append(connection.read_response(timeout=max(timeout, 0.001)))
+                except ResponseError as exc:
+                    replies.append(exc)
+        except (redis.TimeoutError, redis.ConnectionError):
+            self._suspect = True
+            pool.disconnect(inuse_connections=False)  # the connection itself: read_response closed it
+            raise
+        finally:
+            pool.release(connection)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, ResponseError) and missing_code(reply):  # nothing ran: load, send again
+                try:
+                    replies[i] = self._send(calls[i].args)
+                except ResponseError as exc:
+                    replies[i] = exc
+        return replies
+
     def _worker_pool(self) -> redis.ConnectionPool:
         """The connections ``_attempt`` uses: the caller's settings, without redis-py's retries."""
         pool = self._pool

@@ -31,7 +31,9 @@ The rules are ``_runtime.HeldJob``'s; this file only waits and sends.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from types import TracebackType
 
 from . import _protocol as proto
@@ -82,6 +84,7 @@ class LeaseKeeper(KeeperCore[Client]):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cutter = Cutter()
+        self._shared: SharedKeeper | None = None  # a worker's one keeper thread checkpoints this job
 
     def __enter__(self) -> LeaseKeeper:
         self.start()
@@ -95,6 +98,9 @@ class LeaseKeeper(KeeperCore[Client]):
     def start(self) -> None:
         """Start checkpointing in a background thread (and watching the deadline)."""
         WATCH.add(self._held, self._lock, self._clock)
+        if self._shared is not None:
+            self._shared.add(self)
+            return
         self._thread = threading.Thread(target=self._run, name=f"echomq-lease-{self.job.id}", daemon=True)
         self._thread.start()
 
@@ -102,12 +108,14 @@ class LeaseKeeper(KeeperCore[Client]):
         """Stop checkpointing, cut a checkpoint in flight short, then look at the deadline a last time."""
         with self._lock:
             self._held.stop()
+            thread = self._thread
         self._stop.set()
+        if self._shared is not None:
+            self._shared.discard(self)
         if self._cutter.cut():
             # Its connection went back to the pool closed: the next attempt
             # must not reconnect through the pool's unbounded handshake.
             self.client._suspect = True
-        thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(STOP_JOIN_S)
         WATCH.remove(self._held)
@@ -189,3 +197,97 @@ class LeaseKeeper(KeeperCore[Client]):
         if event is LeaseEvent.RETRY:  # not after stop(): a cut attempt is no trouble
             self._troubles.report(exc, "checkpoint", self.job)
         return False, None
+
+
+class SharedKeeper:
+    """One thread that checkpoints every job a worker holds, instead of a thread per job.
+
+    Each held job keeps its ``LeaseKeeper`` (the handler's ``checkpoint()``,
+    the rules, ``stop()``); this thread only sleeps until the earliest held
+    job is due, then starts that job's checkpoint in a thread of its own,
+    set as the keeper's ``_thread`` under its lock, so ``stop()`` cuts and
+    joins it as it would the keeper's own.  A worker running a thousand
+    short jobs a second starts no thread for them.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._keepers: dict[LeaseKeeper, None] = {}
+        self._by_id: dict[str, LeaseKeeper] = {}  # for a pushed cancel: the job's keeper
+        self._wakes_at = math.inf
+        self._closed = False
+        self._changes = 0  # additions, so one made while the thread looked is not slept past
+        self._thread: threading.Thread | None = None
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._keepers[keeper] = None
+            self._by_id[keeper.job.id] = keeper
+            self._changes += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            elif keeper._held.next_checkpoint < self._wakes_at:
+                self._cond.notify()
+
+    def discard(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._keepers.pop(keeper, None)
+            if self._by_id.get(keeper.job.id) is keeper:
+                del self._by_id[keeper.job.id]
+
+    def pushed(self, job_id: str) -> bool:
+        """A cancel of ``job_id`` was published: checkpoint it now (which delivers the reason).
+
+        Runs in the caller's thread (the worker's cancel listener); False
+        when this worker does not hold the job.
+        """
+        with self._cond:
+            keeper = self._by_id.get(job_id)
+        if keeper is None:
+            return False
+        keeper.checkpoint()
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                keepers = list(self._keepers)
+                seen = self._changes
+            wait: float | None = None
+            for keeper in keepers:
+                with keeper._lock:
+                    left = keeper._held.wait_before_checkpoint(keeper._clock())
+                    if left is None:
+                        continue
+                    busy = keeper._thread is not None and keeper._thread.is_alive()
+                    if left <= 0.0 and not busy:
+                        keeper._thread = threading.Thread(
+                            target=keeper._checkpoint,
+                            args=(keeper._cutter,),
+                            name=f"echomq-lease-{keeper.job.id}",
+                            daemon=True,
+                        )
+                        keeper._thread.start()
+                    if left <= 0.0:
+                        left = keeper._held.interval
+                wait = left if wait is None else min(wait, left)
+            with self._cond:
+                if self._closed:
+                    return
+                if self._changes != seen:
+                    continue  # added while we looked: look again before sleeping
+                self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+                self._cond.wait(wait)
+                self._wakes_at = -math.inf

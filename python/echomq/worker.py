@@ -19,6 +19,7 @@ when a handler ends, how a shutdown proceeds, and the stats are
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import signal
 import threading
@@ -29,6 +30,7 @@ from typing import TypeVar, cast
 
 from . import _protocol as proto
 from ._log import CURRENT_JOB
+from ._protocol import keys_of
 from ._runtime import (
     ATTEMPT_TIMEOUT_S,
     Action,
@@ -40,13 +42,14 @@ from ._runtime import (
     WorkerCore,
     WorkerStats,
     error_text,
+    worker_log,
 )
 from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Job
 from .context import JobContext
-from .errors import LeaseLost, NotReplicated
-from .lease import LeaseKeeper
+from .errors import JobGone, LeaseLost, NotReplicated
+from .lease import LeaseKeeper, SharedKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
 
@@ -56,6 +59,8 @@ Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
 
 # How often the supervising thread looks at signals, the grace and its threads.
 TICK_S = 0.05
+# How often the cancel listener looks up from its subscription (to see the worker stop).
+CANCEL_POLL_S = 0.2
 # After a forced stop, how long the jobs still held may take to be given back.
 FORCE_BUDGET_S = 0.4
 
@@ -121,6 +126,10 @@ class Worker(WorkerCore[Client, Handler]):
         self._started = False
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
+        self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
+        self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
+        self._listener: threading.Thread | None = None  # pushed cancels (<base>cancel)
+        self._done_listening = threading.Event()
 
     # -- control ---------------------------------------------------------------
 
@@ -225,6 +234,10 @@ class Worker(WorkerCore[Client, Handler]):
 
     def _spawn_loops(self) -> None:
         WATCH.retain()  # one deadline-watch thread for all this worker's jobs
+        self._listener = threading.Thread(
+            target=self._listen_for_cancels, name=f"echomq-worker-{self.queue}-cancels", daemon=True
+        )
+        self._listener.start()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -277,6 +290,10 @@ class Worker(WorkerCore[Client, Handler]):
         finally:
             for t in self._threads:
                 t.join(0 if self._forced else None)
+            self._keepers.close()
+            self._done_listening.set()
+            if self._listener is not None:
+                self._listener.join(CANCEL_POLL_S + 1.0)
             WATCH.release()
             self._stopped()
 
@@ -311,32 +328,154 @@ class Worker(WorkerCore[Client, Handler]):
         for held in stuck:
             self._give_back(held, until)
 
+    # -- pushed cancels ----------------------------------------------------------
+
+    def _listen_for_cancels(self) -> None:
+        """Subscribe to ``<base>cancel``: a cancel of a job held here is checkpointed at once.
+
+        EMQ.CANCEL publishes the job's id there when it records a request
+        for a running job; the checkpoint it triggers delivers the reason to
+        the handler's token (and is fenced as any checkpoint).  One
+        connection for the worker; a lost message, or a lost connection, is
+        harmless: the lease keeper's next checkpoint delivers the cancel
+        anyway, as it always did.
+        """
+        channel = keys_of(self.queue).base + "cancel"
+        pubsub = None
+        while not self._done_listening.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    pubsub.subscribe(channel)
+                message = pubsub.get_message(timeout=CANCEL_POLL_S)
+                if message is not None and message.get("type") == "message":
+                    self._keepers.pushed(proto.text(message["data"]))
+            except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
+                worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                pubsub = None
+                self._done_listening.wait(CANCEL_POLL_S)
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
     # -- a worker thread -------------------------------------------------------
 
     def _loop(self) -> None:
         pause, step = Backoff(), ClaimStep()
+        ready: tuple[list[Job], float] | None = None  # claimed with the last job's end
         while not self._stop_requested:
-            try:
-                jobs, claimed_at = self._claim(step)
-            except _GaveUp:
-                self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
-                continue
-            except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
-                self._trouble(exc, "claim")
-                self._wake.wait(self.poll_interval)
-                continue
-            pause = Backoff()
-            jobs = self._replicated(jobs)
-            if not jobs:  # the claim waited on the server; the rest of poll_interval here
-                rest = self.poll_interval - (time.monotonic() - claimed_at)
-                if rest > 0.001:
-                    self._wake.wait(rest)
-                continue
-            for job in jobs:
+            if ready is not None:
+                (jobs, claimed_at), ready = ready, None
+                jobs = self._replicated(jobs)
+                if not jobs:
+                    continue
+            else:
                 try:
-                    self._process(job, claimed_at)
+                    jobs, claimed_at = self._claim(step)
+                except _GaveUp:
+                    self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
+                    continue
+                except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
+                    self._trouble(exc, "claim")
+                    self._wake.wait(self.poll_interval)
+                    continue
+                pause = Backoff()
+                jobs = self._replicated(jobs)
+                if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                    if rest > 0.001:
+                        self._wake.wait(rest)
+                    continue
+            for n, job in enumerate(jobs):
+                try:
+                    finish = self._process(job, claimed_at, defer=True)
+                    if finish is None:
+                        continue
+                    if n == len(jobs) - 1 and not self._stop_requested and finish.action is not Action.DROP:
+                        ready = self._finish_and_claim(finish, step)
+                    else:
+                        self._finish(finish)
                 except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
                     self._trouble(exc, "processing a job", job)
+
+    def _finish_and_claim(self, finish: Finish, step: ClaimStep) -> tuple[list[Job], float] | None:
+        """Send a job's end and the next claim in one round trip; the jobs claimed, if any.
+
+        A COMPLETE goes as one EMQ.COMPLETECLAIM; a FAIL or RELEASE and the
+        claim go pipelined.  Each half keeps its own safety: the end is
+        fenced by the job's token (a repeat answers its first reply), the
+        claim carries its REQ (a repeat answers the jobs it took).  Without
+        an answer, the end goes the ordinary way (``_finish``, retried until
+        its lease ends) and the claim step keeps the REQ, so the loop's next
+        claim is answered with whatever this one took.
+        """
+        job = finish.job
+        sent = time.monotonic()
+        timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, max(finish.held.confirmed_until - sent, 0.0))
+        if finish.action is Action.COMPLETE and self._complete_claim:
+            call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
+            step.adopt(proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call)), sent)
+            try:
+                both = self.client._attempt(call, timeout)
+            except LeaseLost as exc:  # stale: nothing was written, nothing claimed
+                step.answered([])
+                with self._lock:
+                    self._refused(finish, exc)
+                return None
+            except Exception as exc:
+                if "unknown command" in str(exc).lower():  # an older module: send the two verbs
+                    self._complete_claim = False
+                    step.answered([])
+                else:
+                    step.failed()
+                    self._trouble(exc, finish.action.value, job)
+                self._finish(finish)
+                return None
+            with self._lock:
+                if both.gone:
+                    self._refused(finish, JobGone("the job row is gone", job.id))
+                else:
+                    self._healed()
+                    self._landed(finish)
+            return self._claimed(step, both.jobs, sent)
+        end = self._end_call(finish)
+        claim, claimed_at = step.next(lambda: self._claim_call(False), sent)
+        try:
+            end_reply, claim_reply = self.client._attempt_many([end, claim], timeout)
+        except Exception as exc:
+            step.failed()
+            self._trouble(exc, finish.action.value, job)
+            self._finish(finish)
+            return None
+        try:
+            where = proto.read_reply(end, end_reply)
+        except LeaseLost as exc:
+            with self._lock:
+                self._refused(finish, exc)
+        except Exception as exc:  # an answer that is no verdict: the ordinary way, with its retries
+            self._trouble(exc, finish.action.value, job)
+            self._finish(finish)
+        else:
+            with self._lock:
+                self._healed()
+                self._landed(finish, where)  # type: ignore[arg-type]
+        try:
+            jobs = proto.read_reply(claim, claim_reply)
+        except Exception as exc:
+            self._trouble(exc, "claim")
+            return None
+        return self._claimed(step, jobs, claimed_at)
+
+    @staticmethod
+    def _claimed(step: ClaimStep, jobs: list[Job], claimed_at: float) -> tuple[list[Job], float] | None:
+        step.answered(jobs)
+        if not jobs:
+            step.call = None  # answered: nothing claimed for this REQ, and the next claim may wait
+            return None
+        return jobs, claimed_at
 
     def work_one(self) -> bool:
         """Claim and process one job in this thread; False when the queue had none.
@@ -410,12 +549,15 @@ class Worker(WorkerCore[Client, Handler]):
             self._healed()
             return reply
 
-    def _process(self, job: Job, claimed_at: float) -> None:
+    def _process(self, job: Job, claimed_at: float, defer: bool = False) -> Finish | None:
+        """Run ``job``'s handler under its lease; send its end, or with ``defer`` return it to send."""
         cancel = CancelToken()
         keeper = LeaseKeeper(
             self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
         )
         keeper._troubles = self._troubles
+        if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
+            keeper._shared = self._keepers
         held = keeper._held
         with self._lock:
             run_it = self._took(held)
@@ -425,12 +567,12 @@ class Worker(WorkerCore[Client, Handler]):
         try:
             if not run_it:  # the claim was in flight when stop() came: give it back unrun
                 self._give_back(held, held.confirmed_until)
-                return
+                return None
             if held.needs_confirmation(time.monotonic()) and not keeper._confirm(ATTEMPT_TIMEOUT_S):
                 with self._lock:
                     self._let_go(held)
                     self._decide(held, None)  # lost: counted, nothing sent
-                return
+                return None
             error: BaseException | None = None
             interrupted = False
             keeper.start()
@@ -453,7 +595,10 @@ class Worker(WorkerCore[Client, Handler]):
                     self._interrupted(error, time.monotonic())
             if interrupted:
                 self._wake.set()
+            if defer:
+                return finish
             self._finish(finish)
+            return None
         finally:
             CURRENT_JOB.reset(context)
 

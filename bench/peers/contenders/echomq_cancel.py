@@ -31,11 +31,10 @@ from protocol import emit, parser
 import echomq
 import echomq.asyncio as emq_async
 
-# ---- PLUG IN: push delivery ---------------------------------------------------
-# When a pushed cancel lands (for example a per-queue channel the worker
-# subscribes to), pass the Worker option that turns it on here, e.g.
-# {"push_cancel": True}; the measurement (client.cancel -> the handler's token)
-# does not change.  Empty today: delivery is the checkpoint every lease/3.
+# ---- Worker options -------------------------------------------------------------
+# None needed: a Worker listens on <base>cancel by itself (pushed cancels), and
+# its checkpoint every lease/3 is the fallback.  The measurement
+# (client.cancel -> the handler's token) is the same either way.
 WORKER_OPTIONS: dict[str, Any] = {}
 
 _lock = threading.Lock()
