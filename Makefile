@@ -1,10 +1,14 @@
 # EchoMQ native: the two commands.
 #
 #   make demo   set everything up, then run the demo on a server of its own
-#   make test   set everything up, then lint, type-check and run the full suite
+#   make test   set everything up, then lint, type-check, build the docs (make docs, --strict)
+#               and run the full suite (the docs' examples included: tests/test_examples.py)
 #               on Redis 7.0, then again on Valkey 8, the smoke subset on
 #               Redis 6.2 and Valkey 9, then the memory check
 #               (module/Makefile `check`: a subset of the tests under valgrind)
+#   make docs   set everything up, then build the documentation site (MkDocs + Material,
+#               mkdocs.yml, docs/) into site/ with --strict: a broken link, anchor or
+#               missing page fails; `make docs-serve` serves it on http://127.0.0.1:8000
 #   make bench  set everything up, then run the benchmark (bench/run.py), peers
 #               section included: it installs RQ, arq and saq into bench/.venv-peers
 #               (pip) and BullMQ into bench/peers/node/node_modules (npm ci) itself,
@@ -29,7 +33,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke bench soak chaos lint setup server-binary memchecker browser module clean
+.PHONY: demo test smoke bench soak chaos lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -42,13 +46,14 @@ demo: setup
 # (tests/conftest.py: FEATURES), never passed.
 SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tests/test_config.py \
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
-	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py
+	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py \
+	tests/test_docs_reference.py
 
 # Two test processes (pytest-xdist): the suite mostly waits on servers.  A file's
 # tests stay in one process: a fuzz file's last test checks what the others counted.
 PYTEST = $(BIN)/python -m pytest -n 2 --dist loadfile
 
-test: setup lint memchecker browser
+test: setup lint docs memchecker browser
 	$(PYTEST) --engine redis
 	$(PYTEST) --engine valkey
 	$(PYTEST) --engine redis62 $(SMOKE_TESTS)
@@ -59,6 +64,17 @@ test: setup lint memchecker browser
 ENGINE ?= redis
 smoke: setup
 	$(PYTEST) --engine $(ENGINE) $(SMOKE_TESTS)
+
+# The site is built, never fetched: every page, the Python API from docstrings
+# (mkdocstrings), the CLI from its own --help and the benchmark tables from
+# bench/RESULTS.md (docs/hooks/generated.py).  Its examples run in the suite
+# (tests/test_examples.py).
+docs: setup
+	@# not --quiet: mkdocs 1.6 then stops counting warnings, and --strict passes a broken site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 bench: setup
 	$(BIN)/python bench/run.py

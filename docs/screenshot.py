@@ -1,4 +1,4 @@
-"""The dashboard during a demo, as a picture: ``docs/dashboard.png`` (linked from the README).
+"""The dashboard during a demo, as a picture: ``docs/dashboard.png`` (shown in docs/guides/operating.md).
 
     .venv/bin/python docs/screenshot.py                 # writes docs/dashboard.png
     .venv/bin/python docs/screenshot.py --out /tmp/x.png --seconds 20

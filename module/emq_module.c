@@ -233,7 +233,7 @@ static const char *fallback_of(const char *fn) {
         {"SetCommandInfo", "COMMAND INFO shows arity -1 and one generic key spec, COMMAND DOCS nothing; "
                            "the commands check their arity themselves"},
         {"SetCommandACLCategories", "the EMQ commands are in no ACL category, so -@write does not deny them: "
-                                    "deny each by name (README, ACL)"},
+                                    "deny each by name (docs/reference/acl.md)"},
         {"AddACLCategory", "no @emq ACL category; the commands are still in @write and @fast or @slow"},
         {"RegisterNumericConfig", "no CONFIG SET emq.*: the settings are fixed at load (load arguments "
                                   "max-limit <n> max-state-bytes <n>)"},

@@ -128,8 +128,8 @@ def engine_version(binary: str | None = None) -> tuple[str, tuple[int, ...]]:
     return match.group(1).lower(), tuple(int(x) for x in match.groups()[1:])
 
 
-# What each server's module API offers emq.so, by version (the README's
-# engines table; test_engine.py checks it against what the module logs).
+# What each server's module API offers emq.so, by version (the engines
+# table, docs/reference/engines.md; test_engine.py checks it against what the module logs).
 FEATURES = {
     # SetCommandInfo: real arity, key specs, COMMAND DOCS (Redis 7.0)
     "command_info": {"redis": (7, 0), "valkey": (7, 2)},

@@ -4,8 +4,8 @@ Where the server lets a module put its commands in ACL categories (Redis
 7.2+, Valkey), every EMQ command is in @write (and @emq), so the usual
 `+@all -@write` user is read-only.  Redis 7.0 and 6.2 have no such API: the
 EMQ commands are in no category and `-@write` lets them through, so the
-README gives a recipe that denies each by name.  Both the recipe (copied
-from the README, word for word) and the allow-list form are tested here on
+reference (docs/reference/acl.md) gives a recipe that denies each by name.  Both the
+recipe (copied from that page, word for word) and the allow-list form are tested here on
 every engine, and the hole they close is shown where it exists.
 """
 
@@ -25,20 +25,20 @@ from .helpers import digest, now_ms, put_active, sweep_args
 from .test_fuzz import Resp
 from .test_metadata import SLOW, SPEC, as_text, command
 
-README = (ROOT / "README.md").read_text()
+ACL_PAGE = (ROOT / "docs" / "reference" / "acl.md").read_text()
 VERBS = sorted(SPEC)
 
 
-def readme_recipe(name: str) -> list[str]:
-    """The arguments of the README's `ACL SETUSER <name> ...` line."""
-    match = re.search(rf"^\s*ACL SETUSER {name} (.+)$", README, re.M)
-    assert match, f"the README has no ACL SETUSER {name} line"
+def documented_recipe(name: str) -> list[str]:
+    """The arguments of the ACL page's `ACL SETUSER <name> ...` line."""
+    match = re.search(rf"^\s*ACL SETUSER {name} (.+)$", ACL_PAGE, re.M)
+    assert match, f"docs/reference/acl.md has no ACL SETUSER {name} line"
     return match.group(1).split()
 
 
 USERS = {
-    "ro": readme_recipe("ro"),  # +@all -@write, and each EMQ command by name
-    "reader": readme_recipe("reader"),  # the allow-list: -@all +@read +@connection
+    "ro": documented_recipe("ro"),  # +@all -@write, and each EMQ command by name
+    "reader": documented_recipe("reader"),  # the allow-list: -@all +@read +@connection
     "nowrite": ["on", ">secret", "~*", "&*", "+@all", "-@write"],  # the issue's repro
     "writer": ["on", ">secret", "~*", "&*", "-@all", "+@write"],
     "noemq": ["on", ">secret", "~*", "&*", "+@all", "-@emq"],
@@ -94,7 +94,9 @@ def refused_everything(srv: EmbeddedServer, admin: redis.Redis, user: str) -> No
         c.close()
 
 
-def test_the_readme_recipe_names_every_emq_command(acl_server: EmbeddedServer, admin: redis.Redis) -> None:
+def test_the_documented_recipe_names_every_emq_command(
+    acl_server: EmbeddedServer, admin: redis.Redis
+) -> None:
     denied = {rule[1:] for rule in USERS["ro"] if rule.startswith("-emq.")}
     raw = Resp(acl_server.port)  # plain COMMAND: every command the server has (6.2 has no COMMAND LIST)
     try:
@@ -104,18 +106,18 @@ def test_the_readme_recipe_names_every_emq_command(acl_server: EmbeddedServer, a
     finally:
         raw.close()
     assert registered == set(VERBS)
-    assert denied == registered, "README: the read-only recipe must deny every EMQ command by name"
+    assert denied == registered, "acl.md: the read-only recipe must deny every EMQ command by name"
     assert USERS["ro"][USERS["ro"].index("+@all") + 1] == "-@write"
 
 
 @pytest.mark.parametrize("user", ["ro", "reader"])
-def test_the_readme_read_only_users_cannot_change_a_queue(
+def test_the_documented_read_only_users_cannot_change_a_queue(
     acl_server: EmbeddedServer, admin: redis.Redis, user: str
 ) -> None:
     refused_everything(acl_server, admin, user)
 
 
-@needs("acl_categories", "-@write lets the EMQ commands through: the README recipe denies them by name")
+@needs("acl_categories", "-@write lets the EMQ commands through: the documented recipe denies them by name")
 def test_minus_write_alone_denies_every_emq_command(acl_server: EmbeddedServer, admin: redis.Redis) -> None:
     refused_everything(acl_server, admin, "nowrite")
 
@@ -123,7 +125,7 @@ def test_minus_write_alone_denies_every_emq_command(acl_server: EmbeddedServer, 
 def test_without_categories_minus_write_alone_is_not_read_only(
     acl_server: EmbeddedServer, admin: redis.Redis
 ) -> None:
-    """The hole the README's recipe closes, shown where it exists."""
+    """The hole the documented recipe closes, shown where it exists."""
     if supports("acl_categories"):
         pytest.skip("this engine puts the EMQ commands in @write")
     c = login(acl_server, "nowrite")
@@ -173,7 +175,7 @@ def test_without_categories_command_list_shows_no_emq_command_as_write(admin: re
 
 
 def test_without_the_acl_key_api_derived_rows_are_not_checked(server_factory: ServerFactory) -> None:
-    """Redis 6.2: a user with a queue's sets but not its rows still writes the rows (README, Engines)."""
+    """Redis 6.2: a user with a queue's sets but not its rows still writes the rows (reference/engines.md)."""
     if supports("acl_keys"):
         pytest.skip("this engine lets the module check the derived keys (tests/test_acl.py)")
     srv = server_factory()

@@ -87,7 +87,7 @@ FAR_DELAY = b"3600000000"  # due in 41 days: never during a trace
 FAR_AT = b"99999999999999"  # due in the year 5138
 RETENTIONS = [b"-1", b"0", b"60000", b"3600000", b"86400000", b"9007199254740992"]
 # Corrupt and odd field values; counters stay below 2^53 where a claim would
-# answer them (see the README: the scripts answer integers above 2^53 rounded).
+# answer them (docs/guides/scripts-backend.md: the scripts answer integers above 2^53 rounded).
 FIELD_VALUES = [b"x", b"", b"1.5", b"-3", b"0", b"7", b"9223372036854775807", b"01", b"1 "]
 ROW_FIELDS = [b"attempts", b"tries", b"stalled", b"retries", b"token", b"closed_by", b"state",
               b"cancel_requested", b"request", b"payload"]  # fmt: skip

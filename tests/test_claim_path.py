@@ -616,12 +616,12 @@ def test_core_first_duplicate(core: Core) -> None:
 
 
 def test_every_new_error_is_documented() -> None:
-    from .test_core_cffi import README
+    from .test_core_cffi import REFERENCE
 
     for text in (DELAY_ERR, DELAY_BIG, AT_ERR, AT_BIG, BOTH, COUNT_ERR, COUNT_BIG, DUPLICATE,
                  "ERR BLOCK must be an integer >= 0 (0 waits forever)",
                  "ERR BLOCK is too large: the wait would not end at an exact time"):  # fmt: skip
-        assert f"-{text}" in README, text
+        assert f"-{text}" in REFERENCE, text
 
 
 # -- the blocking plan (sans I/O) -------------------------------------------------------------

@@ -25,12 +25,13 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from .conftest import ROOT, ServerFactory
+from .examples import reference_text
 from .helpers import cluster_args
 
 cffi = pytest.importorskip("cffi", reason="cffi is in the [test] extra: pip install -e '.[test]'")
 
 HEADER = ROOT / "module" / "emq_core.h"
-README = (ROOT / "README.md").read_text()
+REFERENCE = reference_text()  # docs/reference/: every error text, word for word
 
 LLONG_MIN, LLONG_MAX = -(2**63), 2**63 - 1
 MAX_EXACT = 2**53
@@ -281,7 +282,7 @@ def test_every_accepted_lease_round_trips_through_a_double(core: Core, now: int,
 
 def test_lease_refusals_are_the_documented_ones() -> None:
     for message in (NOT_INTEGER, LEASE_TOO_SMALL, "ERR lease-ms is too large"):
-        assert f"-{message}" in README, f"README.md does not document {message!r}"
+        assert f"-{message}" in REFERENCE, f"docs/reference/ does not document {message!r}"
 
 
 def test_a_clock_outside_the_exact_range_refuses_every_lease(core: Core) -> None:
@@ -302,7 +303,7 @@ def test_parse_count(core: Core, what: str, data: bytes) -> None:
         assert (err, out) == (None, value)
     else:
         assert (err, out) == (f"ERR {what} must be an integer >= 1", -7)
-        assert f"-{err}" in README
+        assert f"-{err}" in REFERENCE
 
 
 # -- emq_key_is and emq_base_has_hash_tag ----------------------------------------
@@ -431,7 +432,7 @@ def test_stall_is_dead_at_the_threshold(core: Core, stalled: int, max_stalled: i
 
 def test_sweep_refusals_are_documented() -> None:
     for message in (STALLED_NOT_INTEGER, COUNT_NOT_INTEGER, OVERFLOW):
-        assert f"-{message}" in README, f"README.md does not document {message!r}"
+        assert f"-{message}" in REFERENCE, f"docs/reference/ does not document {message!r}"
 
 
 def test_references_catch_a_wrong_core() -> None:
@@ -483,7 +484,7 @@ def test_job_key_matches(
         assert bool(verdict) == expected, (active, job, id_)
 
 
-# How the README's tables name the errors whose text they shorten.
+# How the reference's tables (docs/reference/) name the errors whose text they shorten.
 ABBREVIATED = {
     "WRONGTYPE ": "-WRONGTYPE ...",
     "NOPERM ": "-NOPERM ...",
@@ -507,4 +508,4 @@ def test_every_error_of_the_core_table_is_documented(core: Core) -> None:
         if text in NOT_ANSWERED_YET:
             continue
         words = next((w for prefix, w in ABBREVIATED.items() if text.startswith(prefix)), "-" + text)
-        assert words in README, f"README.md does not document {words!r}"
+        assert words in REFERENCE, f"docs/reference/ does not document {words!r}"

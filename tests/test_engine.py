@@ -3,7 +3,7 @@
 `make test` runs the suite on Redis 7.0 and Valkey 8, and its smoke subset on
 Redis 6.2 and Valkey 9 (`--engine redis|valkey|redis62|valkey9`).  These
 tests make sure each run really talks to the engine it names, and that the
-module found exactly the optional API the README's engines table says that
+module found exactly the optional API the engines table (docs/reference/engines.md) says that
 engine has: each function it lacks is named in the server log with what
 falls back, and nothing else is.
 """

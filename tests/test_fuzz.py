@@ -5,7 +5,7 @@ odd ids), sends one command line, and then checks, on the wire:
 
 - the server still answers PING (it did not crash);
 - the reply is a value of the command's shape, or an error whose message is
-  one the README documents (a clear message, never a generic failure);
+  one the reference (docs/reference/) documents (a clear message, never a generic failure);
 - when the reply is an error (or EXTEND's "gone" :-1, or a SWEEP that took
   nothing), DEBUG DIGEST is what it was before: nothing was partly written;
 - a successful SWEEP ([recovered, dead, cancelled, expired]) moved only lapsed
@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 
 from echomq.testing import EmbeddedServer
 
-from .conftest import ROOT, debug_args
+from .conftest import debug_args
+from .examples import reference_text
 from .helpers import cluster_args
 
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_EXAMPLES", "2500"))
@@ -160,9 +161,9 @@ def fuzz(module_so: Path) -> Iterator[FuzzServer]:
 
 # -- what a reply may be ----------------------------------------------------
 
-README = (ROOT / "README.md").read_text()
+REFERENCE = reference_text()  # docs/reference/: every error text, word for word
 
-# Every error either command may answer, with the words the README's tables
+# Every error either command may answer, with the words the reference's tables (docs/reference/)
 # document it by.
 ERRORS = [
     (rb"ERR wrong number of arguments for 'emq\.(extend|sweep)' command", "-ERR wrong number of arguments"),
@@ -196,7 +197,7 @@ ERROR_RE = re.compile(b"|".join(b"(?:%s)" % pattern for pattern, _ in ERRORS))
 def test_every_expected_error_is_documented() -> None:
     for pattern, words in ERRORS:
         words = words or "-" + pattern.decode()
-        assert words in README, f"README.md does not document {words!r}"
+        assert words in REFERENCE, f"docs/reference/ does not document {words!r}"
 
 
 # -- the generators ---------------------------------------------------------
@@ -584,7 +585,7 @@ def test_the_harness_notices_a_crash(module_so: Path) -> None:
 
 
 def test_non_integer_stalled_refuses_the_whole_sweep(fuzz: FuzzServer) -> None:
-    # README: a non-integer `stalled` in a row about to be swept refuses the
+    # docs/reference/: a non-integer `stalled` in a row about to be swept refuses the
     # sweep, writing nothing -- not even the sound rows swept before it.
     b = b"emq:{q}:"
     conn = fuzz.connect()

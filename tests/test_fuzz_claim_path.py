@@ -5,7 +5,7 @@ EMQ.ENQUEUEMANY, FAIL [DELAY] and CLAIM [COUNT] [REQ] [BLOCK]: random
 keyspaces and command lines, malformed numbers, binary and repeated ids,
 options repeated, mixed and cut short.  After each case: PING answers; the
 reply has the verb's shape or is one of the documented errors, word for word
-(and in the README); after an error (or a "gone" :-1) DEBUG DIGEST is
+(and in docs/reference/); after an error (or a "gone" :-1) DEBUG DIGEST is
 unchanged.  A claim that blocks is ended with CLIENT UNBLOCK from a second
 connection after a short wait (and must then answer null), so BLOCK 0 is
 fuzzed too; no case may leave a blocked client behind.

@@ -36,7 +36,7 @@ from .test_fuzz import (
     GOOD_NUMBERS,
     IDS,
     MALFORMED,
-    README,
+    REFERENCE,
     TOKENS,
     FuzzServer,
     ServerError,
@@ -55,7 +55,7 @@ PROVOKED: Counter[bytes] = Counter()  # how often each documented error was answ
 ARITY = {b"emq.enqueue": 4, b"emq.claim": 4, b"emq.complete": 4, b"emq.fail": 8, b"emq.cancel": 4,
          b"emq.checkpoint": 5, b"emq.completeclaim": 6}  # fmt: skip
 WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail", b"emq.completeclaim")
-# Every error the verbs may answer here, with the words README.md's tables
+# Every error the verbs may answer here, with the words the reference's tables (docs/reference/)
 # document it by (None: "-" and the error itself).
 ERRORS: list[tuple[bytes, str | None]] = [
     (rb"ERR wrong number of arguments for "
@@ -94,7 +94,7 @@ REQS = [b"r1", b"r1", b"r2", b"", b"\x00", b"x" * 40]
 def test_every_expected_error_is_documented() -> None:
     for pattern, words in ERRORS:
         words = words or "-" + pattern.decode()
-        assert words in README, f"README.md does not document {words!r}"
+        assert words in REFERENCE, f"docs/reference/ does not document {words!r}"
 
 
 @st.composite

@@ -6,7 +6,7 @@ random keyspaces (dead members with rows in every state, a meta hash with
 good and corrupt settings, wrong key types) and command lines of every
 arity, malformed numbers and options.  After each: PING answers; the reply
 has the verb's shape or is one of the documented errors, word for word (and
-the README documents each); after an error, a "gone" :-1 or a no-op, DEBUG
+the reference pages document each); after an error, a "gone" :-1 or a no-op, DEBUG
 DIGEST is unchanged.
 
 Bounded by ``ECHOMQ_FUZZ_OPERATOR_EXAMPLES`` (default 1500) and
@@ -31,7 +31,7 @@ from .test_fuzz import (
     GOOD_NUMBERS,
     IDS,
     MALFORMED,
-    README,
+    REFERENCE,
     FuzzServer,
     ServerError,
     fuzz,  # noqa: F401  (the module-scoped server fixture, used by name)
@@ -61,7 +61,7 @@ def arity_ok(name: bytes, n: int) -> bool:
     }[name]
 
 
-# Each error, with the words the README documents it by (None: the text itself).
+# Each error, with the words the reference (docs/reference/) documents it by (None: the text itself).
 ERRORS = [
     (rb"ERR wrong number of arguments for 'emq\.(%s)' command" % b"|".join(VERBS),
      "-ERR wrong number of arguments"),
@@ -91,7 +91,7 @@ ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 def test_every_operator_error_is_documented() -> None:
     for pattern, words in ERRORS:
         words = words or "-" + pattern.decode()
-        assert words in README, f"README.md does not document {words!r}"
+        assert words in REFERENCE, f"docs/reference/ does not document {words!r}"
 
 
 STATES = [b"dead", b"dead", b"dead", b"cancelled", b"pending", b"active", b"done", b"", b"weird"]

@@ -1,7 +1,7 @@
 """The operator's verbs (issue 13): every reply and every error of RETRY,
 RETRYDEAD, PURGE, RETENTION, PAUSE, RESUME, OBLITERATE and FORGET.
 
-Each error is checked word for word (the README documents these texts) and
+Each error is checked word for word (docs/reference/ documents these texts) and
 with DEBUG DIGEST unchanged: a refused command wrote nothing.  The queue
 invariants (echomq.testing.queue_problems) are checked at the end of the
 tests that move jobs.

@@ -25,7 +25,7 @@ The server is --url (or $ECHOMQ_URL, default redis://localhost:6379/0);
 URL's node.  --backend (or $ECHOMQ_BACKEND) is auto (the default: the
 module when the server has it, else the scripts), module or scripts;
 `echomq inspect` says which one is in use.
-URL's node.  Global options go before or after the command.  Logging:
+Global options go before or after the command.  Logging:
 --log-level (or $ECHOMQ_LOG_LEVEL) and --log-format text|json (or
 $ECHOMQ_LOG_FORMAT).  Errors are one line on stderr (a traceback only with
 --log-level debug); exit status 1, or 2 for bad usage.

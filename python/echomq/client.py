@@ -219,8 +219,8 @@ class Client:
         Unless ``kwargs`` say otherwise: a 5 s socket and connect timeout,
         TCP keepalive, and a command whose reply was lost (connection error
         or timeout) is sent again up to 10 times (50 ms, doubling to 1 s,
-        with jitter).  Every EMQ.* command is safe to send twice (see the
-        README, "Retries").  Raw commands you send through ``client.redis``
+        with jitter).  Every EMQ.* command is safe to send twice (see
+        docs/reference/python.md, "Retries").  Raw commands you send through ``client.redis``
         are retried the same way: use a client of your own for commands
         that are not safe to repeat.
         """

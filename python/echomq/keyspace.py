@@ -15,7 +15,7 @@ __all__ = ["QueueKeys", "queue_keys"]
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The keys of one queue (README.md's keyspace table says what each holds)."""
+    """The keys of one queue (docs/reference/keyspace.md says what each holds)."""
 
     queue: str
     base: str

@@ -21,7 +21,7 @@ Two sides, both with ``prometheus_client`` (``pip install 'echomq[metrics]'``):
 
 Labels stay bounded: ``queue`` (queues you run, or at most ``max_queues``
 discovered), and small fixed sets (``outcome``, ``reason``, ``state``,
-``by``); never a job id.  The README's "Metrics" section lists every name.
+``by``); never a job id.  docs/guides/operating.md ("Metrics") lists every name.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ second and builds the page with DOM text nodes only.
     with DashboardServer(Dashboard.from_url(url), port=0) as server:  # or uvicorn in a thread
         print(server.url)
 
-Security (README "The dashboard"): loopback by default; any other address
+Security (docs/guides/operating.md, "The dashboard"): loopback by default; any other address
 needs a token; actions are POSTs with a CSRF token; ``read_only`` removes
 them; payloads are never shown unless ``show_payloads``; everything that
 comes from Redis is text, never markup.
