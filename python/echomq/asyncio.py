@@ -1446,21 +1446,8 @@ class Worker(WorkerCore[Client, AsyncHandler]):
 
     async def _finish(self, finish: Finish) -> None:
         """Send the job's end, again after connection trouble, until it lands or its lease ends."""
-        job = finish.job
-        if finish.action is Action.DROP:
-            return
-        call = self._end_call(finish)
-        try:
-            where = await self._send_until(
-                call, finish.held.confirmed_until, finish.action.value, job, together=True
-            )
-        except LeaseLost as exc:
-            self._refused(finish, exc)
-            return
-        except _GaveUp:
-            self._unfinished(finish)
-            return
-        self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+        if finish.action is not Action.DROP:
+            await self._send_end(finish, self._end_call(finish), finish.held.confirmed_until, together=True)
 
     async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float, bool]]:
         """COMPLETE the job and claim the next in one command, sent with the others' (``_Coalescer``).
@@ -1499,14 +1486,19 @@ class Worker(WorkerCore[Client, AsyncHandler]):
 
     async def _give_back(self, held: HeldJob, until: float) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""
-        finish = Finish(held, Action.RELEASE)
         job = held.job
+        await self._send_end(Finish(held, Action.RELEASE), proto.release(job.queue, job.id, job.token), until)
+
+    async def _send_end(
+        self, finish: Finish, call: proto.Call[Any], until: float, *, together: bool = False
+    ) -> None:
+        """Send ``call`` (the job's end) until it lands or ``until``; settle the job by how it went."""
         try:
-            where = await self._send_until(proto.release(job.queue, job.id, job.token), until, "release", job)
+            where = await self._send_until(call, until, finish.action.value, finish.job, together=together)
         except LeaseLost as exc:
             self._refused(finish, exc)
             return
         except _GaveUp:
             self._unfinished(finish)
             return
-        self._landed(finish, where)
+        self._landed(finish, None if finish.action is Action.COMPLETE else where)

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from . import _protocol as proto
 from ._log import CURRENT_JOB
@@ -604,29 +604,18 @@ class Worker(WorkerCore[Client, Handler]):
 
     def _finish(self, finish: Finish) -> None:
         """Send the job's end, again after connection trouble, until it lands or its lease ends."""
-        job = finish.job
-        if finish.action is Action.DROP:
-            return
-        call = self._end_call(finish)
-        try:
-            where = self._send_until(call, finish.held.confirmed_until, finish.action.value, job)
-        except LeaseLost as exc:
-            with self._lock:
-                self._refused(finish, exc)
-            return
-        except _GaveUp:
-            with self._lock:
-                self._unfinished(finish)
-            return
-        with self._lock:
-            self._landed(finish, None if finish.action is Action.COMPLETE else where)  # type: ignore[arg-type]
+        if finish.action is not Action.DROP:
+            self._send_end(finish, self._end_call(finish), finish.held.confirmed_until)
 
     def _give_back(self, held: HeldJob, until: float) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""
-        finish = Finish(held, Action.RELEASE)
         job = held.job
+        self._send_end(Finish(held, Action.RELEASE), proto.release(job.queue, job.id, job.token), until)
+
+    def _send_end(self, finish: Finish, call: proto.Call[Any], until: float) -> None:
+        """Send ``call`` (the job's end) until it lands or ``until``; settle the job by how it went."""
         try:
-            where = self._send_until(proto.release(job.queue, job.id, job.token), until, "release", job)
+            where = self._send_until(call, until, finish.action.value, finish.job)
         except LeaseLost as exc:
             with self._lock:
                 self._refused(finish, exc)
@@ -636,4 +625,4 @@ class Worker(WorkerCore[Client, Handler]):
                 self._unfinished(finish)
             return
         with self._lock:
-            self._landed(finish, where)
+            self._landed(finish, None if finish.action is Action.COMPLETE else where)
