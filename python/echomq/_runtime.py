@@ -525,6 +525,7 @@ class KeeperCore(Generic[ClientT]):
     """
 
     _client_type: type | None = None
+    _lock: threading.Lock  # the driver's (``_init_driver``): held while ``_held`` changes
 
     def __init__(
         self,
@@ -575,6 +576,18 @@ class KeeperCore(Generic[ClientT]):
         if self.deliver_cancel or state is not None:
             return proto.checkpoint(job.queue, job.id, job.token, self.lease_ms, state)
         return proto.extend(job.queue, job.id, job.token, self.lease_ms)  # answers None
+
+    def _confirm_failed(self, exc: BaseException) -> None:
+        """``_confirm``'s checkpoint failed: unless it may be tried again, the job is not ours to run."""
+        with self._lock:
+            if self._held.failed(exc, self._clock()) is LeaseEvent.RETRY:
+                self._troubles.report(exc, "checkpoint", self.job)
+                self._held.lose(LOST_DEADLINE)  # no lease we can show: not ours to run
+
+    def _confirmed(self, sent: float, requested: Cancellation | None) -> None:
+        """``_confirm``'s checkpoint (sent at ``sent``) landed."""
+        with self._lock:
+            self._held.confirmed(sent, self._clock(), requested)
 
     def _state_not_stored(self, exc: BaseException) -> None:
         """A checkpoint's state was refused past maxmemory: logged once per job; the lease goes on."""

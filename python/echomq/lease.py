@@ -146,13 +146,9 @@ class LeaseKeeper(KeeperCore[Client]):
             call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
             requested = self.client._attempt(call, timeout)
         except Exception as exc:
-            with self._lock:
-                if self._held.failed(exc, self._clock()) is LeaseEvent.RETRY:
-                    self._troubles.report(exc, "checkpoint", job)
-                    self._held.lose(LOST_DEADLINE)  # no lease we can show: not ours to run
+            self._confirm_failed(exc)
             return False
-        with self._lock:
-            self._held.confirmed(sent, self._clock(), requested)
+        self._confirmed(sent, requested)
         return True
 
     def _run(self) -> None:
