@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -54,19 +55,23 @@ COMMANDS = (queues, jobs, worker, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False everywhere: a prefix is not an option (`--queu` must not start a worker)
     parser = argparse.ArgumentParser(
-        prog="echomq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="echomq",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"echomq {__version__}")
     global_options(parser, defaults=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     global_options(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
         name: str, helptext: str, func: Callable[[argparse.Namespace], int]
     ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=helptext, parents=[common])
+        p = sub.add_parser(name, help=helptext, parents=[common], allow_abbrev=False)
         p.set_defaults(func=func)
         return p
 
@@ -80,13 +85,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     128 + the signal when a second SIGINT/SIGTERM stopped a worker at once."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    settle = getattr(args, "settle", None)
+    if settle is not None:  # a command's settings from $ECHOMQ_* where no flag gave them (usage errors: 2)
+        settle(args)
     try:
         configure_logging(args.log_level, args.log_format)
     except ValueError as exc:  # $ECHOMQ_LOG_LEVEL / $ECHOMQ_LOG_FORMAT
         parser.error(str(exc))
     debug = logging.getLogger().isEnabledFor(logging.DEBUG)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a reader that left early is seen below
+        return code
+    except BrokenPipeError:
+        # `echomq job ... | head`: the reader has what it wanted; end quietly, as other tools do.
+        _quiet_stdout()
+        return 0
     except KeyboardInterrupt:  # a second Ctrl-C stopped a worker at once
         return 128 + signal.SIGINT
     except SystemExit as exc:  # a second SIGTERM did (the worker raises SystemExit(128 + signal))
@@ -97,6 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         known = isinstance(exc, (CliError, EchoMQError))
         _error(str(exc) if known else f"{type(exc).__name__}: {exc}", debug)
     return 1
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush must not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test's capture): nothing will flush to the pipe
+        pass
 
 
 def _error(message: str, debug: bool) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from .._log import LEVELS
@@ -80,11 +81,40 @@ def format_sweep(result: SweepResult) -> str:
     )
 
 
+# -- times: local time and age, never raw epoch ms ------------------------------------
+
+
+def duration(ms: int) -> str:
+    """A span as people read it: ``250 ms``, ``3.2 s``, ``5m 03s``, ``2h 05m``, ``3d 4h``."""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms} ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{s:.1f} s"
+    whole = int(s)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600}h"
+
+
 def ago(now: int, at: int | None) -> str:
+    """``at`` (server ms) from ``now``: ``3.2 s ago`` or ``in 5m 03s``."""
     if at is None:
         return ""
-    seconds = (now - at) / 1000
-    return f"{seconds:.1f} s ago" if seconds >= 0 else f"in {-seconds:.1f} s"
+    return f"{duration(now - at)} ago" if now >= at else f"in {duration(at - now)}"
+
+
+def local_time(ms: int) -> str:
+    """Server ms as this machine's local time, with its offset: ``2026-12-01 12:31:20 +0100``."""
+    return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+
+
+def when(now: int, at: int | None) -> str:
+    """``at`` as local time and age: ``2026-12-01 12:31:20 +0100  (3.2 s ago)``; empty for None."""
+    return "" if at is None else f"{local_time(at)}  ({ago(now, at)})"
 
 
 def stop_on_sigterm() -> Callable[[], bool]:

@@ -9,6 +9,7 @@ import time
 from typing import cast
 
 from .._protocol import SweepResult, text, wire
+from ..client import Client
 from ..errors import QueueBusy
 from ..keyspace import queue_keys
 from ._common import (
@@ -16,6 +17,7 @@ from ._common import (
     Command,
     connect,
     format_sweep,
+    local_time,
     positive,
     require_module,
     seconds,
@@ -23,10 +25,15 @@ from ._common import (
     table,
 )
 
-BACKEND_NOTE = {
-    "module": "the emq module's EMQ.* commands",
-    "scripts": "Lua scripts (EVALSHA): the server has no emq module",
-}
+
+def backend_note(client: Client) -> str:
+    """How the verbs really reach the server: the module's commands, or Lua by FCALL or by EVALSHA."""
+    rendering = client._render()  # asked once per client; a refused FUNCTION LOAD has moved it to EVALSHA
+    if rendering.name == "module":
+        return "module (the emq module's EMQ.* commands)"
+    if rendering.mode == "functions":
+        return "scripts (Lua, a Redis Functions library run by FCALL: the server has no emq module)"
+    return "scripts (Lua scripts run by EVALSHA: the server has no emq module, FUNCTION LOAD was refused)"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -37,9 +44,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     now, active = counts.server_time, counts.active
     out = sys.stdout
     paused = "  PAUSED (claims get nothing until 'echomq resume')" if counts.paused else ""
-    out.write(f"queue {args.queue}  (server time {now} ms){paused}\n")
-    out.write(f"  backend {client.backend} ({BACKEND_NOTE[client.backend]})\n")
-    out.write(f"  pending {counts.pending}   active {active}   dead {counts.dead}   failed {counts.failed}\n")
+    out.write(f"queue {args.queue}  (server time {local_time(now)}){paused}\n")
+    out.write(f"  backend {backend_note(client)}\n")
+    # dead is the dead set now; the metric counts every dead-lettering since the queue began
+    out.write(
+        f"  pending {counts.pending}   active {active}   dead {counts.dead}   "
+        f"dead-lettered ever {counts.failed}\n"
+    )
     out.write(
         f"  delayed {counts.delayed}   lapsed {counts.lapsed}   paused {'yes' if counts.paused else 'no'}\n"
     )
@@ -155,7 +166,7 @@ def cmd_obliterate(args: argparse.Namespace) -> int:
 
 
 def register(command: Command) -> None:
-    p = command("inspect", "counts, failed metric and the active jobs' leases", cmd_inspect)
+    p = command("inspect", "counts, deaths and the active jobs' leases", cmd_inspect)
     p.add_argument("queue")
     p.add_argument("--limit", type=positive, default=20, help="active jobs to list (default 20)")
 

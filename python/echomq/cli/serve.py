@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from ._common import CliError, Command, connect, log_to_stderr, port, positive, stop_on_sigterm
 
@@ -28,7 +31,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    server = serve(args.port, args.addr, registry)
+    server = serve(args.port, args.host, registry)
     host, bound = server.server_address[:2]
     print(f"metrics of {' '.join(args.queues) or 'every queue'} at http://{host}:{bound}/metrics", flush=True)
     try:
@@ -84,6 +87,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         raise CliError(str(exc).splitlines()[0]) from exc
     try:
         print(f"redis-server {server.url}  --loadmodule {server.module}", flush=True)
+        # The other commands go to $ECHOMQ_URL (else localhost:6379): say how to send them here.
+        print(f"point the CLI at it, in another shell:  export ECHOMQ_URL={server.url}", flush=True)
         print("Ctrl-C or SIGTERM stops it", flush=True)
         assert server.process is not None
         while server.process.poll() is None and not stopping():
@@ -114,11 +119,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class Deprecated(argparse.Action):
+    """An old option name: stores into the new one's ``dest`` and says, on stderr, to use the new one."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"echomq: {option_string} is deprecated and will go: use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def register(command: Command) -> None:
     p = command("exporter", "serve the queues' Prometheus metrics (echomq[metrics])", cmd_exporter)
     p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to export (default: discover them)")
     p.add_argument("--port", type=int, default=9640, help="HTTP port (default 9640; 0: a free one)")
-    p.add_argument("--addr", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--addr", dest="host", action=Deprecated, help="the old name of --host (deprecated: it warns)"
+    )
     p.add_argument("--max-queues", type=positive, default=100, help="queues discovered, at most (100)")
     p.add_argument(
         "--scan-budget", type=positive, default=100_000, help="keys one discovery SCAN examines at most"
