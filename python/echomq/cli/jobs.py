@@ -140,10 +140,10 @@ def dead_heading(queue: str, total: int, shown: int, offset: int) -> str:
         return f"no dead jobs in queue {queue}"
     head = f"dead {max(total, shown)} in queue {queue} (oldest first"
     if shown == 0:
-        return f"{head}; none from --offset {offset})"
+        return f"{head}; none after the first {offset}: --offset)"
     if offset == 0 and shown >= total:
         return f"{head})"
-    return f"{head}; {offset + 1}-{offset + shown} shown: --offset, --limit)"
+    return f"{head}; {shown} shown from #{offset + 1}: --offset, --limit)"
 
 
 def cmd_retry(args: argparse.Namespace) -> int:

@@ -6,9 +6,12 @@ import argparse
 import math
 import sys
 import time
-from typing import cast
+from typing import Any, cast
+
+import redis
 
 from .._protocol import SweepResult, text, wire
+from .._scripts import library, load_refused
 from ..client import Client
 from ..errors import QueueBusy
 from ..keyspace import queue_keys
@@ -26,14 +29,36 @@ from ._common import (
 )
 
 
-def backend_note(client: Client) -> str:
-    """How the verbs really reach the server: the module's commands, or Lua by FCALL or by EVALSHA."""
-    rendering = client._render()  # asked once per client; a refused FUNCTION LOAD has moved it to EVALSHA
+def backend_note(client: Client, queue: str) -> str:
+    """How the verbs really reach this server: the module's commands, or Lua by FCALL or by EVALSHA."""
+    rendering = client._render()  # the backend, asked once per client
     if rendering.name == "module":
         return "module (the emq module's EMQ.* commands)"
-    if rendering.mode == "functions":
-        return "scripts (Lua, a Redis Functions library run by FCALL: the server has no emq module)"
-    return "scripts (Lua scripts run by EVALSHA: the server has no emq module, FUNCTION LOAD was refused)"
+    if rendering.mode == "functions" and _library_loads(client, queue):
+        name = library().name
+        return f"scripts (Lua: the Functions library {name} run by FCALL; the server has no emq module)"
+    return "scripts (Lua scripts run by EVALSHA: the server has no emq module, and FUNCTION LOAD is refused)"
+
+
+def _library_loads(client: Client, queue: str) -> bool:
+    """Does the queue's node have the verbs' library, or take it (as the client's first verb would)?"""
+    r: Any = client.redis
+    node = (
+        {"target_nodes": r.get_node_from_key(queue_keys(queue).pending)}
+        if hasattr(r, "get_node_from_key")
+        else {}
+    )
+    name = library().name
+    try:
+        if r.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name, **node):
+            return True
+    except redis.ResponseError:  # FUNCTION LIST refused: LOAD says it all
+        pass
+    try:
+        r.execute_command("FUNCTION", "LOAD", library().source, **node)
+    except redis.ResponseError as exc:
+        return not load_refused(exc)  # "already exists": another client loaded it meanwhile
+    return True
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -45,7 +70,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out = sys.stdout
     paused = "  PAUSED (claims get nothing until 'echomq resume')" if counts.paused else ""
     out.write(f"queue {args.queue}  (server time {local_time(now)}){paused}\n")
-    out.write(f"  backend {backend_note(client)}\n")
+    out.write(f"  backend {backend_note(client, args.queue)}\n")
     # dead is the dead set now; the metric counts every dead-lettering since the queue began
     out.write(
         f"  pending {counts.pending}   active {active}   dead {counts.dead}   "
