@@ -201,15 +201,15 @@ def test_no_csp_violation_long_ids_stay_in_their_panel_and_times_are_local(
                 assert tab.evaluate("window.__csp") == []
                 assert not [line for line in console if "Content Security Policy" in line], console
 
-                panel = tab.locator("#detail").bounding_box()
-                assert panel is not None
+                panel = until(tab.locator("#detail").bounding_box, what="the detail panel")
                 for table, job_id, label in (
                     ("pending", LONG_ID, "Cancel"),
                     ("dead", "dead-" + LONG_ID, "Retry"),
                     ("active", "running", "Cancel"),
                 ):
-                    box = row(tab, table, job_id).get_by_role("button", name=label).bounding_box()
-                    assert box is not None
+                    button = row(tab, table, job_id).get_by_role("button", name=label)
+                    # None when a redraw replaced the row between finding and measuring it: again
+                    box = until(button.bounding_box, what=f"the {label} button of {table}")
                     assert box["x"] + box["width"] <= panel["x"] + panel["width"], (table, box, panel)
 
                 assert re.fullmatch(f"server time {LOCAL}", tab.locator("#clock").inner_text())
