@@ -21,7 +21,8 @@ Output is compared line by line, exactly, except for what differs from run to
 run, which is recognised by its shape: a fencing token (``<claim>-<16 hex>``:
 any token of the same claim number; the documentation's token, in a later
 command, stands for the one the server handed out), a duration or time in ms
-(``<n> ms``), an age (``<x> s ago``), an epoch time in ms (13 digits).  Lines
+(``<n> ms``), an age (``<x> s ago``, ``5m 03s ago``...), a local time
+(``2026-12-01 09:30:00 +0100``), an epoch time in ms (13 digits).  Lines
 with such a part are compared with runs of spaces as one (columns widen
 with their values).
 """
@@ -114,10 +115,13 @@ def all_blocks(language: str | None = None) -> list[Block]:
 # -- comparing output --------------------------------------------------------------------
 
 TOKEN = re.compile(r"\b([0-9]+)-[0-9a-f]{16}\b")
+AGE = r"(?:[0-9]+(?:\.[0-9]+)? s|[0-9]+m [0-9]{2}s|[0-9]+h [0-9]{2}m|[0-9]+d [0-9]+h) ago"
+LOCAL_TIME = r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4}"
 VARIABLE = re.compile(
     r"(?P<token>\b[0-9]+-[0-9a-f]{16}\b)"
     r"|(?P<ms>\b[0-9]+ ms\b)"
-    r"|(?P<ago>\b[0-9]+(?:\.[0-9]+)? s ago\b)"
+    rf"|(?P<ago>\b{AGE}\b)"
+    rf"|(?P<local>\b{LOCAL_TIME}\b)"
     r"|(?P<epoch>\b1[0-9]{12}\b)"
 )
 
@@ -136,7 +140,9 @@ def line_pattern(want: str) -> re.Pattern[str] | None:
         elif kind == "ms":
             out.append(r"-?[0-9]+ ms")
         elif kind == "ago":
-            out.append(r"[0-9]+(?:\.[0-9]+)? s ago")
+            out.append(AGE)
+        elif kind == "local":
+            out.append(LOCAL_TIME)
         else:
             out.append(r"[0-9]{13}")
         last = match.end()

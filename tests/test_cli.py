@@ -37,7 +37,7 @@ def test_inspect_shows_counts_and_leases(
     client.cancel(Q, job.id, "stop please")
     code, out, _ = run(server, capsys, "inspect", Q)
     assert code == 0
-    assert "pending 2   active 1   dead 0   failed 4" in out
+    assert "pending 2   active 1   dead 0   dead-lettered ever 4" in out
     assert "backend module (the emq module's EMQ.* commands)" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("j0"))
     assert " ms" in line and "stop please" in line

@@ -7,7 +7,11 @@ Both clients run the same table (``echomq.Client`` and ``echomq.asyncio.Client``
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +20,12 @@ import redis.asyncio as aioredis
 
 import echomq
 import echomq.asyncio as emq
+from echomq.client import default_async_retry
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .conftest import ServerFactory
+from .faults import AOF, restart
 from .helpers import digest, put_active
 
 Q = "typed"
@@ -142,3 +149,54 @@ def test_from_url_retries_a_lost_reply_deliberately(server: EmbeddedServer) -> N
     )  # the caller's own settings win
     aclient = emq.Client.from_url(server.url)
     assert aclient.redis.get_retry().get_retries() == 10  # type: ignore[union-attr]
+
+
+# A refused connection (issue 30): nothing listens there.  Before the client ever reached its
+# server that is a wrong URL or a server not started, reported at once (ten retries took 6.7 s);
+# once it has reached it, a refusal is a restart, and the retries ride it out.
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:  # bound, never listening: a connection to it is refused
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_refused_connection_to_a_server_never_reached_is_reported_at_once() -> None:
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    client = echomq.Client.from_url(url)
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError, match="refused") as info:
+        client.enqueue(Q, b"x")
+    assert time.monotonic() - started < 3.0  # 6.7 s at e64777a; milliseconds now
+    assert isinstance(info.value.__context__, ConnectionRefusedError)
+    assert client.redis.get_retry().get_retries() == 10  # a lost reply is still retried
+
+    async def refused() -> float:
+        aclient = emq.Client.from_url(url, retry=default_async_retry())
+        began = time.monotonic()
+        with pytest.raises(redis.ConnectionError, match="111"):
+            await aclient.enqueue(Q, b"x")
+        await aclient.aclose()
+        return time.monotonic() - began
+
+    assert asyncio.run(refused()) < 3.0
+
+
+def test_a_client_that_reached_its_server_rides_out_a_restart(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    server = server_factory(AOF, dir=tmp_path)
+    client = echomq.Client.from_url(server.url)
+    client.enqueue(Q, b"before", job_id="before")
+    down = threading.Event()
+    restarter = threading.Thread(
+        target=restart, args=(server,), kwargs={"down_for": 0.5, "on_down": down.set}
+    )
+    restarter.start()
+    try:
+        assert down.wait(10)
+        client.enqueue(Q, b"during", job_id="during")  # refused for 0.5 s, then sent
+    finally:
+        restarter.join()
+    assert client.counts(Q).pending == 2

@@ -7,6 +7,7 @@ apt-get chromium when missing, Playwright through the test extra)."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -155,5 +156,76 @@ def test_read_only_shows_no_action(server: EmbeddedServer, client: echomq.Client
             assert tab.locator("#retry-all, #purge-all").count() == 0
             assert tab.evaluate("document.body.innerText").count("Cancel") == 0
             browser.close()
+    finally:
+        web.stop()
+
+
+LONG_ID = "order-" + "0123456789abcdef" * 12  # 198 characters, no space to break at
+LOCAL = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+0530"  # the page's zone below: Asia/Kolkata, +05:30
+
+
+def test_no_csp_violation_long_ids_stay_in_their_panel_and_times_are_local(
+    server: EmbeddedServer, client: echomq.Client
+) -> None:
+    # At e64777a each active job's lease bar broke the CSP every second (an inline style
+    # attribute), a long id pushed the Waiting table's button out of its panel, and times
+    # showed as raw epoch ms (the job's details) or UTC (the clock).
+    client.enqueue(Q, b"p", job_id="running")
+    held = client.claim(Q, lease_ms=60_000)
+    assert held is not None and held.id == "running"
+    client.enqueue(Q, b"p", job_id="dead-" + LONG_ID)
+    doomed = client.claim(Q, lease_ms=60_000)
+    assert doomed is not None
+    client.fail(Q, doomed.id, doomed.token, "boom", max_attempts=1)
+    client.enqueue(Q, b"p", job_id=LONG_ID)
+    web = DashboardServer(Dashboard.from_url(server.url, queues=[Q], interval=0.2)).start()
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                tab = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id="Asia/Kolkata")
+                tab.set_default_timeout(10_000)
+                console: list[str] = []
+                tab.on("console", lambda message: console.append(message.text))
+                tab.add_init_script(
+                    "window.__csp = [];"
+                    "document.addEventListener('securitypolicyviolation',"
+                    " (e) => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));"
+                )
+                tab.goto(web.url + "#queue=" + Q)
+                running = row(tab, "active", "running")
+                running.wait_for()
+                row(tab, "pending", LONG_ID).wait_for()
+                row(tab, "dead", "dead-" + LONG_ID).wait_for()
+                time.sleep(2.5)  # a few refreshes (one a second), each redrawing the lease bars
+                assert tab.evaluate("window.__csp") == []
+                assert not [line for line in console if "Content Security Policy" in line], console
+
+                panel = until(tab.locator("#detail").bounding_box, what="the detail panel")
+                for table, job_id, label in (
+                    ("pending", LONG_ID, "Cancel"),
+                    ("dead", "dead-" + LONG_ID, "Retry"),
+                    ("active", "running", "Cancel"),
+                ):
+                    button = row(tab, table, job_id).get_by_role("button", name=label)
+                    # None when a redraw replaced the row between finding and measuring it: again
+                    box = until(button.bounding_box, what=f"the {label} button of {table}")
+                    assert box["x"] + box["width"] <= panel["x"] + panel["width"], (table, box, panel)
+
+                assert re.fullmatch(f"server time {LOCAL}", tab.locator("#clock").inner_text())
+                died = row(tab, "dead", "dead-" + LONG_ID).locator("td.when")
+                assert re.fullmatch(r"[0-9.]+ (ms|s) ago", died.inner_text())
+                assert re.fullmatch(LOCAL, died.get_attribute("title") or "")
+                running.locator("button.id").click()
+                tab.locator("#job-title").wait_for()
+                fields = tab.locator("#job-fields").inner_text()
+                assert not re.search(r"\b1[0-9]{12}\b", fields), fields  # no raw epoch ms
+                names = tab.locator("#job-fields dt").all_inner_texts()
+                shown = dict(zip(names, tab.locator("#job-fields dd").all_inner_texts(), strict=True))
+                for name in ("enqueued at", "claimed at", "lease deadline"):
+                    assert re.fullmatch(rf"{LOCAL} \((in )?[0-9.]+ (ms|s)( ago)?\)", shown[name]), shown
+                assert re.fullmatch(LOCAL, shown["server time"])
+            finally:
+                browser.close()
     finally:
         web.stop()

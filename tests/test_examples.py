@@ -145,11 +145,19 @@ def test_output_is_compared_exactly_except_what_varies() -> None:
     compare("a 1-0123456789abcdef\n", "a 1-fedcba9876543210\n", tokens, "t")
     assert tokens == {"1-0123456789abcdef": "1-fedcba9876543210"}
     compare("lease  29727 ms  0\n", "lease  9727 ms   0\n", tokens, "t")
+    compare(  # a local time and an age, in any of their shapes
+        "died  2026-12-01 09:31:20 +0000  (3.2 s ago)\n",
+        "died  2025-01-02 10:00:00 +0100  (5m 03s ago)\n",
+        tokens,
+        "t",
+    )
     wrong = [
         ("a 1-0123456789abcdef\n", "a 2-fedcba9876543210\n"),  # another claim number
         ("lease 5 ms 0\n", "lease 5 s 0\n"),
         ("pending 1\n", "pending  1\n"),  # nothing varies: exact
         ("pending 1\n", "pending 1\nactive 0\n"),
+        ("at 2026-12-01 09:31:20 +0000\n", "at 1796025080288\n"),  # a local time is not raw ms
+        ("at 2026-12-01 09:31:20 +0000\n", "at 2026-12-01 09:31:20\n"),  # nor one without its offset
     ]
     for want, got in wrong:
         with pytest.raises(AssertionError):

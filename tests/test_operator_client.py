@@ -206,7 +206,7 @@ def test_cli_pause_resume_retention_and_inspect(
     assert "already paused" in out
     code, out, _ = run(server, capsys, "inspect", "q")
     assert code == 0 and "PAUSED" in out and "delayed 1" in out and "paused yes" in out
-    assert "pending 1   active 0   dead 0   failed 0" in out
+    assert "pending 1   active 0   dead 0   dead-lettered ever 0" in out
     code, out, _ = run(server, capsys, "resume", "q")
     assert code == 0 and out.startswith("resumed")
     code, out, _ = run(server, capsys, "inspect", "q")

@@ -74,7 +74,10 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sdist and the wheel built from it, as `python -m build` does for a release."""
     out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], cwd=out)
+    argv = [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)]
+    proc = subprocess.run(argv, cwd=out, env=_clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{argv} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    (out / "build.log").write_text(proc.stdout + proc.stderr)
     return out
 
 
@@ -109,6 +112,18 @@ def test_wheel_is_platform_specific_and_carries_the_module(dist: Path) -> None:
     expected = {"setup.py", "module/Makefile", "module/emq_module.c", "module/emq_core.c", "module/emq_rm.h"}
     assert expected <= members
     assert not [m for m in members if m.endswith((".so", ".o"))], "the sdist ships compiled files"
+
+
+@pytest.mark.slow
+def test_the_build_warns_of_nothing_and_the_wheel_states_its_license(dist: Path) -> None:
+    # Every build (and `pip install`) printed setuptools' "`project.license` as a TOML table is
+    # deprecated" three times: the license is now an SPDX expression (PEP 639).
+    log = (dist / "build.log").read_text()
+    assert "deprecated" not in log.lower(), log
+    with zipfile.ZipFile(_wheel(dist)) as zf:
+        (metadata,) = (n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        headers = zf.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: BSD-3-Clause" in headers
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
@@ -92,9 +94,124 @@ def _missing(reply: object) -> bool:
     return isinstance(reply, ResponseError) and missing_code(reply)
 
 
+def _refused(error: BaseException) -> bool:
+    """Was ``error`` a connection the host refused (nothing listens there; nothing was sent)?"""
+    seen: BaseException | None = error
+    for _ in range(8):  # redis-py wraps the OSError once or twice; a cycle must not hang us
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _Unreached(Exception):
+    """Carries a refused connection past redis-py's retry loop, which would retry it."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Reached:
+    """Whether a client has reached its server once: shared by every copy of its ``Retry``."""
+
+    def __init__(self) -> None:
+        self.yes = False
+
+
+class _ReachedRetry(Retry):
+    """redis-py's ``Retry``, except that a refused connection is retried only once the server was reached.
+
+    A refusal before the client ever reached its server means nothing listens
+    at that address (a wrong URL, a server not started): retrying it only
+    delays the error (ten retries took 6.7 s).  Once the client has reached the
+    server, a refusal is that server restarting, and the retries ride it out.
+    redis-py copies the ``Retry`` into each connection: the copies share one
+    ``_Reached``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reached = _Reached()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ReachedRetry:
+        twin = copy.copy(self)
+        twin._backoff = copy.deepcopy(self._backoff, memo)
+        return twin
+
+    def call_with_retry(self, do: Callable[[], T], fail: Any, *args: Any, **kwargs: Any) -> T:
+        reached = self._reached
+
+        def once() -> T:
+            try:
+                result = do()
+            except redis.ConnectionError as exc:
+                if not reached.yes and _refused(exc):
+                    raise _Unreached(exc) from exc
+                raise
+            reached.yes = True
+            return result
+
+        try:
+            return super().call_with_retry(once, fail, *args, **kwargs)
+        except _Unreached as stop:
+            error = stop.error
+        raise error  # outside the handler: the error keeps its own cause
+
+
 def default_retry() -> Retry:
-    """The redis-py ``Retry`` that ``from_url`` gives its client (a fresh one each time)."""
-    return Retry(
+    """The redis-py ``Retry`` that ``from_url`` gives its client (a fresh one each time).
+
+    A reply lost to a timeout or a dropped connection is sent again, up to
+    ``RETRIES`` times with backoff; a refused connection only once the client
+    has reached its server (a restart), never before (nothing listens there).
+    """
+    return _ReachedRetry(
+        ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+        RETRIES,
+        supported_errors=(redis.ConnectionError, redis.TimeoutError),
+    )
+
+
+class _ReachedAsyncRetry(AsyncRetry):
+    """``_ReachedRetry`` for ``redis.asyncio``: refused connections retried once the server was reached."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reached = _Reached()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ReachedAsyncRetry:
+        twin = copy.copy(self)
+        twin._backoff = copy.deepcopy(self._backoff, memo)
+        return twin
+
+    async def call_with_retry(
+        self, do: Callable[[], Awaitable[T]], fail: Any, *args: Any, **kwargs: Any
+    ) -> T:
+        reached = self._reached
+
+        async def once() -> T:
+            try:
+                result = await do()
+            except redis.ConnectionError as exc:
+                if not reached.yes and _refused(exc):
+                    raise _Unreached(exc) from exc
+                raise
+            reached.yes = True
+            return result
+
+        try:
+            return cast(T, await super().call_with_retry(once, fail, *args, **kwargs))
+        except _Unreached as stop:
+            error = stop.error
+        raise error
+
+
+def default_async_retry() -> AsyncRetry:
+    """``default_retry`` for a ``redis.asyncio`` client."""
+    return _ReachedAsyncRetry(
         ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
         RETRIES,
         supported_errors=(redis.ConnectionError, redis.TimeoutError),

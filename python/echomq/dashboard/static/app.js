@@ -48,6 +48,35 @@
     return neg ? `-${out}` : out;
   }
 
+  // Times are this browser's local time with its offset (2026-12-01 09:31:20 +0100), as the CLI
+  // prints them, and an age; never raw epoch ms.
+  function localTime(ms) {
+    const d = new Date(ms);
+    const pad = (n, w) => String(n).padStart(w || 2, "0");
+    const offset = -d.getTimezoneOffset();
+    const sign = offset < 0 ? "-" : "+";
+    const zone = `${sign}${pad(Math.floor(Math.abs(offset) / 60))}${pad(Math.abs(offset) % 60)}`;
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+      `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone}`;
+  }
+
+  function age(now, at) {
+    return now >= at ? `${duration(now - at)} ago` : `in ${duration(at - now)}`;
+  }
+
+  function when(now, at) {
+    return `${localTime(at)} (${age(now, at)})`;
+  }
+
+  // A field of a job's details as people read it: times as local time and age, spans as durations.
+  function fieldText(key, value, now) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "number" && (key.endsWith("_at") || key === "lease_deadline")) return when(now, value);
+    if (typeof value === "number" && key === "server_time") return localTime(value);
+    if (typeof value === "number" && key.endsWith("_ms")) return duration(value);
+    return value;
+  }
+
   function toast(text, bad) {
     const node = document.getElementById("toast");
     node.textContent = text;
@@ -113,7 +142,7 @@
     } else {
       for (const [key, value] of Object.entries(info)) {
         if (key === "payload" || key === "payload_truncated") continue;
-        fields.append(el("dt", {}, key.replaceAll("_", " ")), el("dd", {}, value === null ? "" : value));
+        fields.append(el("dt", {}, key.replaceAll("_", " ")), el("dd", {}, fieldText(key, value, info.server_time)));
       }
       if (typeof info.payload === "string") {
         payload.textContent = info.payload + (info.payload_truncated ? "\n… (truncated)" : "");
@@ -179,7 +208,8 @@
       leaseSeen.set(j.id, longest);
       const share = j.lease_left_ms <= 0 ? 1 : Math.max(0.02, j.lease_left_ms / (longest || 1));
       const bar = el("div", { class: "bar" + (j.lease_left_ms <= 0 ? " lapsed" : share < 0.34 ? " low" : "") },
-        el("span", { style: "" }));
+        el("span"));
+      // Through the CSSOM, never a style attribute: the CSP (style-src 'self') refuses inline styles.
       bar.firstChild.style.width = `${Math.round(share * 100)}%`;
       return el("tr", { "data-job": j.id },
         el("td", {}, jobLink(queue, j.id)),
@@ -198,7 +228,8 @@
     if (!changed("pending", [queue, jobs.map((j) => [j.id, j.delayed, Math.round(j.waiting_ms / 1000)])])) return;
     document.querySelector("#pending tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
-      el("td", { class: "when" }, j.delayed ? `due in ${duration(j.due_at - lastState.server_time)}` : duration(j.waiting_ms)),
+      el("td", { class: "when", title: j.delayed ? localTime(j.due_at) : "" },
+        j.delayed ? `due in ${duration(j.due_at - lastState.server_time)}` : duration(j.waiting_ms)),
       el("td", { class: "num" }, `${j.tries}/${j.attempts}`),
       el("td", { class: "num" }, j.retries),
       el("td", {}, j.cancel_requested ? el("span", { class: "pill cancel" }, "requested") : ""),
@@ -210,7 +241,7 @@
     if (!changed("dead", [queue, jobs, Math.round(now / 5000)])) return;
     document.querySelector("#dead tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
-      el("td", { class: "when" }, `${duration(now - j.died_at)} ago`),
+      el("td", { class: "when", title: localTime(j.died_at) }, age(now, j.died_at)),
       el("td", { class: "num" }, `${j.tries}/${j.attempts}`),
       el("td", { class: "num" }, j.retries),
       el("td", { class: "error-text" }, j.last_error || ""),
@@ -275,7 +306,7 @@
     status.textContent = state.error ? "server unreachable" : "live";
     status.className = state.error ? "status bad" : "status";
     if (state.server_time) {
-      document.getElementById("clock").textContent = `server time ${new Date(state.server_time).toISOString().replace("T", " ").slice(0, 19)} UTC`;
+      document.getElementById("clock").textContent = `server time ${localTime(state.server_time)}`;
     }
     if (!selected && state.queues.length) select(state.queues[0].name, true);
     drawQueues(state);
