@@ -709,9 +709,7 @@ class LeaseKeeper(KeeperCore[Client]):
             if due:
                 await self._checkpoint(own=True)
 
-    async def _checkpoint(
-        self, *, own: bool, state: bytes | None = None
-    ) -> tuple[bool, Cancellation | None]:
+    async def _checkpoint(self, *, own: bool, state: bytes | None = None) -> tuple[bool, Cancellation | None]:
         """One checkpoint: (confirmed, the cancel it delivered); as ``echomq.LeaseKeeper``'s."""
         with self._lock:
             sent = self._clock()
