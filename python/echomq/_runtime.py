@@ -113,7 +113,7 @@ MAX_CLAIM_BLOCK_S = 1.0
 # has been silent this long, and given up (then subscribed again, and every
 # held job checkpointed at once) when no answer comes within PONG_WITHIN_S.
 # A half-open subscription is noticed within about their sum.
-HEALTH_EVERY_S = 1.5
+HEALTH_EVERY_S = 1.0
 PONG_WITHIN_S = 1.0
 
 

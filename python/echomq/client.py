@@ -313,7 +313,7 @@ class Client:
         """
         if not self._bounded():
             return self._run(call)
-        reply = self._attempt_many([call], timeout, cutter)[0]
+        reply = self._try([call], timeout, cutter)[0]
         if isinstance(reply, ResponseError):
             proto.raise_mapped(reply, call)
         return call.read(reply)
@@ -336,6 +336,9 @@ class Client:
         """
         if not self._bounded():
             return self._pipeline_run(calls)
+        return self._try(calls, timeout, cutter)
+
+    def _try(self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None) -> list[Any]:
         connections = self._connections()
         deadline = time.monotonic() + max(timeout, 0.001)
         try:

@@ -298,7 +298,8 @@ class Worker(WorkerCore[Client, Handler]):
         self._reserved = self.concurrency + OWN_LOOPS
         self.client._reserve(self._reserved)
         if self._push_cancels:
-            self._listener = CancelListener(self.client, self.queue, self._keepers, lambda: len(self._held) > 0)
+            holding: Callable[[], bool] = lambda: len(self._held) > 0  # noqa: E731 (the listener pings only then)
+            self._listener = CancelListener(self.client, self.queue, self._keepers, holding)
             self._listener.ensure()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
@@ -497,7 +498,7 @@ class Worker(WorkerCore[Client, Handler]):
         try:  # a server that cannot be reached at all is not waited for: the stop goes on
             jobs = self._send_until(
                 partial(self.client._attempt, call), until, "claim", cap_s=SETTLE_TRY_S,
-                refusal=lambda exc: isinstance(exc, NotSent),
+                refusal=lambda exc: isinstance(exc, NotSent), floor=now + SETTLE_TRY_S,
             )  # fmt: skip
         except (_GaveUp, _Refused, LeaseLost) as exc:
             self._unresolved(exc.__cause__ or exc)
@@ -514,9 +515,8 @@ class Worker(WorkerCore[Client, Handler]):
         self._settled_unrun(job)
         with self._lock:
             held.given_back = True
-        self._give_back(
-            held, max(held.confirmed_until, time.monotonic() + min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000))
-        )
+        now = time.monotonic()
+        self._give_back(held, max(held.confirmed_until, now + SETTLE_TRY_S), floor=now + SETTLE_TRY_S)
 
     def _finish_and_claim(self, finish: Finish, step: ClaimStep) -> tuple[list[Job], float] | None:
         """Send a job's end and the next claim in one round trip; the jobs claimed, if any.
@@ -658,6 +658,7 @@ class Worker(WorkerCore[Client, Handler]):
         cap_s: float | None = None,
         refusal: Callable[[BaseException], bool] | None = None,
         stop_ok: bool = False,
+        floor: float | None = None,
     ) -> T:
         """``send(timeout)`` until answered, ``until`` passes or a forced stop's budget ends (``_GaveUp``).
 
@@ -665,11 +666,14 @@ class Worker(WorkerCore[Client, Handler]):
         error while the worker is stopping (nothing to wait for), and an
         error ``refusal`` picks (``_Refused``).  ``on_lost_reply`` hears of
         each try whose reply was lost (it may have run).  With ``stop_ok``
-        (a loop's claim), a stop ends the tries (``_Stopped``).
+        (a loop's claim), a stop ends the tries (``_Stopped``).  ``floor``:
+        tries go on until then even after a forced stop's budget (one real
+        try to settle what a claim answered).
         """
         backoff = Backoff()
         while True:
-            backoff.until = self._bounded(until)
+            bound = self._bounded(until)
+            backoff.until = bound if floor is None or bound is None else max(bound, floor)
             if stop_ok and self._stop_requested:
                 raise _Stopped(doing)
             try:
@@ -681,6 +685,8 @@ class Worker(WorkerCore[Client, Handler]):
             except Exception as exc:
                 if on_lost_reply is not None and reply_lost(exc):
                     on_lost_reply()
+                if stop_ok and self._stop_requested:  # the stop cut the waiting claim: no trouble
+                    raise _Stopped(doing) from exc
                 if refusal is not None and not reply_lost(exc) and refusal(exc):
                     raise _Refused(doing) from exc
                 kind = self._trouble(exc, doing, job)
@@ -799,12 +805,15 @@ class Worker(WorkerCore[Client, Handler]):
         if finish.action is not Action.DROP:
             self._send_end(finish, self._end_call(finish), finish.held.confirmed_until)
 
-    def _give_back(self, held: HeldJob, until: float) -> None:
+    def _give_back(self, held: HeldJob, until: float, floor: float | None = None) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""
         job = held.job
-        self._send_end(Finish(held, Action.RELEASE), proto.release(job.queue, job.id, job.token), until)
+        release = proto.release(job.queue, job.id, job.token)
+        self._send_end(Finish(held, Action.RELEASE), release, until, floor)
 
-    def _send_end(self, finish: Finish, call: proto.Call[Any], until: float) -> None:
+    def _send_end(
+        self, finish: Finish, call: proto.Call[Any], until: float, floor: float | None = None
+    ) -> None:
         """Send ``call`` (the job's end) until it lands or ``until``; settle the job by how it went.
 
         A FAIL refused past maxmemory is tried again with the lease kept
@@ -816,7 +825,7 @@ class Worker(WorkerCore[Client, Handler]):
             try:
                 where = self._send_until(
                     partial(self.client._attempt, call), until, finish.action.value, finish.job,
-                    refusal=state_refused if finish.action is Action.FAIL else None,
+                    refusal=state_refused if finish.action is Action.FAIL else None, floor=floor,
                 )  # fmt: skip
             except LeaseLost as exc:
                 with self._lock:
