@@ -907,6 +907,18 @@ class ClaimStep:
         """
         return self.call is not None and self.doubt
 
+    @property
+    def waiting(self) -> bool:
+        """This step's claim waits on the server (BLOCK): one whose connection dropped claimed nothing.
+
+        Only a claim served in the instant before its connection dropped is
+        in doubt then; a stopping worker that cannot reach the server at all
+        does not wait for it.  A claim that does not wait (a COMPLETECLAIM's,
+        a pipelined one) may well have taken a job: that one is waited for,
+        within the stop's bound.
+        """
+        return self.call is not None and "BLOCK" in self.call.args
+
     def resolving(self) -> Call[list[Job]]:
         """This step's claim without BLOCK: answered at once by the REQ's record (the jobs it took)."""
         assert self.call is not None

@@ -495,10 +495,12 @@ class Worker(WorkerCore[Client, Handler]):
         call = step.resolving()
         now = time.monotonic()
         until = max(step.since + self.lease_ms / 1000, now + min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000))
-        try:  # a server that cannot be reached at all is not waited for: the stop goes on
+        # A waiting claim is not waited for when the server cannot be reached at all (ClaimStep.waiting).
+        unreachable = (lambda exc: isinstance(exc, NotSent)) if step.waiting else None
+        try:
             jobs = self._send_until(
                 partial(self.client._attempt, call), until, "claim", cap_s=SETTLE_TRY_S,
-                refusal=lambda exc: isinstance(exc, NotSent), floor=now + SETTLE_TRY_S,
+                refusal=unreachable, floor=now + SETTLE_TRY_S,
             )  # fmt: skip
         except (_GaveUp, _Refused, LeaseLost) as exc:
             self._unresolved(exc.__cause__ or exc)
