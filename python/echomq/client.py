@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import AbstractBackoff, EqualJitterBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
@@ -90,10 +90,24 @@ def _missing(reply: object) -> bool:
     return isinstance(reply, ResponseError) and missing_code(reply)
 
 
+def jittered_backoff() -> AbstractBackoff:
+    """Waits from ``RETRY_FIRST_S`` doubling to ``RETRY_CAP_S``, jittered, on every redis-py from 5.0.
+
+    ``ExponentialWithJitterBackoff`` came in redis-py 5.3 (it is redis-py's
+    default since 6); before it, ``EqualJitterBackoff`` draws the same kind
+    of wait: half of the doubled one, plus a random part of the other half.
+    """
+    try:
+        from redis.backoff import ExponentialWithJitterBackoff
+    except ImportError:  # redis-py < 5.3
+        return EqualJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S)
+    return ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S)
+
+
 def default_retry() -> Retry:
     """The redis-py ``Retry`` that ``from_url`` gives its client (a fresh one each time)."""
     return Retry(
-        ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+        jittered_backoff(),
         RETRIES,
         supported_errors=(redis.ConnectionError, redis.TimeoutError),
     )
@@ -103,6 +117,8 @@ def connection_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` for redis-py with echomq's deliberate defaults where the caller gave none."""
     out = dict(kwargs)
     out.setdefault("retry", default_retry())
+    # redis-py before 6 retries only the errors named here too, whatever the Retry supports.
+    out.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
     out.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
     out.setdefault("socket_connect_timeout", SOCKET_TIMEOUT_S)
     out.setdefault("socket_keepalive", True)

@@ -103,12 +103,13 @@ class _ClaimGate:
         self._taken = False
 
     def enter(self, stopping: Callable[[], bool]) -> bool:
-        """Wait for the turn; False when the worker stops first."""
+        """Wait for the turn; False when the worker stops first (``wake_all``).
+
+        No timed polling: a hundred idle threads sleep until the turn passes.
+        """
         with self._cond:
-            while self._taken:
-                if stopping():
-                    return False
-                self._cond.wait(TICK_S)
+            while self._taken and not stopping():
+                self._cond.wait()
             if stopping():
                 return False
             self._taken = True

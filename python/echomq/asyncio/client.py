@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
@@ -55,7 +55,7 @@ from .._scripts import (
     missing_code,
 )
 from ..cancel import Cancellation
-from ..client import RETRIES, RETRY_CAP_S, RETRY_FIRST_S, _missing, check_redis_client, connection_defaults
+from ..client import RETRIES, _missing, check_redis_client, connection_defaults, jittered_backoff
 from ..errors import EchoMQError, LeaseLost, NotReplicated
 from ._attempt import Progress, WorkerConnections
 
@@ -114,7 +114,7 @@ class Client:
         kwargs.setdefault(
             "retry",
             AsyncRetry(
-                ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+                jittered_backoff(),
                 RETRIES,
                 supported_errors=(redis.ConnectionError, redis.TimeoutError),
             ),
