@@ -218,7 +218,7 @@ class Worker(Finisher[Handler]):
         if self.replica_wait is not None:
             self.client._check_wait(self.replica_wait)
 
-    def _replicated(self, jobs: list[Job], *, loop: bool = True) -> list[Job]:
+    def _replicated(self, jobs: list[Job], claimed_at: float, *, loop: bool = True) -> list[Job]:
         """With ``replicas=``: the claimed jobs once the replicas have them; none if they were given back.
 
         In a claim loop the thread then pauses ``poll_interval``; for ``work_one`` (``loop=False``)
@@ -228,7 +228,12 @@ class Worker(Finisher[Handler]):
             return jobs
         try:
             return self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
-        except NotReplicated as exc:
+        except Exception as exc:
+            if not isinstance(exc, NotReplicated):  # a bug, not the replicas: logged, the jobs given back
+                self._trouble(exc, "waiting for replicas")
+                for job in jobs:
+                    self._give_back_unrun(job, claimed_at)
+                return []
             self._not_replicated(exc)
             if not loop:
                 raise
@@ -402,7 +407,7 @@ class Worker(Finisher[Handler]):
             while True:
                 if ready is not None:  # run, or given back unrun when stopping (_process)
                     (jobs, claimed_at), ready = ready, None
-                    jobs = self._replicated(jobs)
+                    jobs = self._replicated(jobs, claimed_at)
                 elif self._stop_requested:
                     return
                 else:
@@ -433,7 +438,7 @@ class Worker(Finisher[Handler]):
             self._trouble(exc, "claim")
             self._wake.wait(self.poll_interval)
             return None
-        jobs = self._replicated(jobs)
+        jobs = self._replicated(jobs, claimed_at)
         if not jobs:  # the claim waited on the server; the rest of poll_interval here
             rest = self.poll_interval - (time.monotonic() - claimed_at)
             if rest > 0.001:
@@ -469,7 +474,7 @@ class Worker(Finisher[Handler]):
             jobs, claimed_at = self._claim(step, wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
-        jobs = self._replicated(jobs, loop=False)
+        jobs = self._replicated(jobs, claimed_at, loop=False)
         for job in jobs:
             self._process(job, claimed_at)
         return bool(jobs)

@@ -75,13 +75,17 @@ class Finisher(WorkerCore[Client, HandlerT]):
     _stopping: asyncio.Event | None
     _complete_claim: bool
 
-    async def _replicated(self, jobs: list[Job], *, loop: bool = True) -> list[Job]:
+    async def _replicated(self, jobs: list[Job], claimed_at: float, *, loop: bool = True) -> list[Job]:
         """With ``replicas=``: the jobs once replicas have them (see ``echomq.Worker._replicated``)."""
         if self.replica_wait is None or not jobs:
             return jobs
         try:
             held = await self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
-        except NotReplicated as exc:
+        except Exception as exc:
+            if not isinstance(exc, NotReplicated):  # a bug, not the replicas: logged, the jobs given back
+                self._trouble(exc, "waiting for replicas")
+                await self._give_back_these(jobs, claimed_at)
+                return []
             for job in jobs:  # given back by the client (or left to their leases): not ours any more
                 self._unowned.pop(job.token, None)
             self._not_replicated(exc)
@@ -103,8 +107,11 @@ class Finisher(WorkerCore[Client, HandlerT]):
 
     def _orphaned(self, jobs: list[Job], claimed_at: float) -> None:
         """A claim's answer whose caller was cancelled: its jobs are given back, in a task of their own."""
-        self._hand(jobs, claimed_at)
-        task = asyncio.get_running_loop().create_task(self._give_back_unowned(), name="echomq-give-back")
+        if not jobs:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._give_back_these(jobs, claimed_at), name="echomq-give-back"
+        )
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
@@ -140,8 +147,15 @@ class Finisher(WorkerCore[Client, HandlerT]):
         self._hand(jobs, step.since)
 
     async def _give_back_unowned(self) -> None:
+        """Every job a claim answered that no runner took (the runners have ended)."""
         while self._unowned:
             _, (job, claimed_at) = self._unowned.popitem()
+            await self._give_back_these([job], claimed_at)
+
+    async def _give_back_these(self, jobs: list[Job], claimed_at: float) -> None:
+        """Give back ``jobs``, claimed at ``claimed_at``, unrun (no try used); none is a runner's."""
+        for job in jobs:
+            self._unowned.pop(job.token, None)
             held = HeldJob.claimed(
                 job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
             )
@@ -303,7 +317,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
         else:
             self._landed(finish)
         self._hand(both.jobs, sent)
-        return [(j, sent, False) for j in await self._replicated(both.jobs)]
+        return [(j, sent, False) for j in await self._replicated(both.jobs, sent)]
 
     async def _ask_again(self, step: ClaimStep) -> list[tuple[Job, float, bool]]:
         """A COMPLETECLAIM whose claim half got no answer: its REQ, sent again, answers what it took."""
@@ -320,7 +334,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
         step.answered(jobs)
         step.call = None
         self._hand(jobs, step.since)
-        return [(j, step.since, False) for j in await self._replicated(jobs)]
+        return [(j, step.since, False) for j in await self._replicated(jobs, step.since)]
 
     async def _give_back(self, held: HeldJob, until: float, floor: float | None = None) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""

@@ -305,7 +305,7 @@ class Worker(Finisher[AsyncHandler]):
                     continue
                 pause = Backoff()
                 self._hand(jobs, claimed_at)
-                jobs = await self._replicated(jobs)
+                jobs = await self._replicated(jobs, claimed_at)
                 if not jobs:  # the claim waited on the server; the rest of poll_interval here
                     rest = self.poll_interval - (time.monotonic() - claimed_at)
                     if rest > 0.001:
@@ -348,7 +348,7 @@ class Worker(Finisher[AsyncHandler]):
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         self._hand(jobs, claimed_at)
-        jobs = await self._replicated(jobs, loop=False)
+        jobs = await self._replicated(jobs, claimed_at, loop=False)
         for job in jobs:
             await self._process(job, claimed_at)
         return bool(jobs)
