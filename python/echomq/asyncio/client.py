@@ -134,7 +134,14 @@ class Client:
         prefer ``await client.detect_backend()``, which does not block it).
         """
         if self._rendering is None:
-            self._rendering = Rendering(self._probe_blocking(), self._limits)
+            try:
+                name = self._probe_blocking()
+            except (redis.RedisError, OSError, AttributeError, StopIteration) as exc:
+                raise RuntimeError(
+                    f"the backend is not known yet and the server could not be asked ({exc!r}): "
+                    "await client.detect_backend()"
+                ) from exc
+            self._rendering = Rendering(name, self._limits)
         return self._rendering.name
 
     def _probe_blocking(self) -> BackendName:
