@@ -25,6 +25,8 @@ from .._attempt import NotSent
 from .._protocol import Job
 from .._runtime import (
     ATTEMPT_TIMEOUT_S,
+    FORCE_AFTER_S,
+    FORCE_BUDGET_S,
     Action,
     Backoff,
     ClaimStep,
@@ -121,6 +123,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
         Bounded by the jobs' leases and by the stop (after a forced stop or a
         cancelled ``run()``, by its budget).
         """
+        # No supervisor ticks any more: the stop's bound is where a forced stop would have ended.
+        self._force_until = min(self._force_until, self._grace_until + FORCE_AFTER_S + FORCE_BUDGET_S)
         await self._coalescer.drain()  # answers whose callers were cancelled reach _orphaned first
         for step in [self._claim_step, *self._doubts]:
             if step.unresolved:
