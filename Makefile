@@ -22,6 +22,10 @@
 #               with the workers' replicas=0 and then replicas=1, seeded (CHAOS_SEED, 20);
 #               prints the overlap of two runs of a job against its bound and the re-runs per
 #               failover (minutes; not part of `make test` or `make bench`)
+#   make outage set everything up, then the outage chaos test at length
+#               (tests/test_outage_chaos.py; the suite runs one layout mixing 1, 100 and 500
+#               slots): the whole scenario once per slot count (OUTAGE_SLOTS, 1,100,500),
+#               every worker at it, on Redis 7.0 and Valkey 8 (minutes)
 #
 # Set-up is idempotent: Debian's redis-server, valgrind and chromium (apt-get, only when
 # missing; chromium is the real browser of the dashboard's test, driven by Playwright),
@@ -33,7 +37,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke bench soak chaos lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke bench soak chaos outage lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -90,6 +94,11 @@ chaos: setup
 	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine redis tests/test_failover_chaos.py
 	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
 	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
+
+OUTAGE_SLOTS ?= 1,100,500
+outage: setup
+	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine redis tests/test_outage_chaos.py
+	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine valkey tests/test_outage_chaos.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench docs

@@ -12,7 +12,7 @@ master again.  Its connection class notes which server answered each reply
 line per COMPLETE/FAIL/RELEASE answer it got -- accepted, refused as
 stale or gone, or unanswered -- with the token and the port of the server that answered.
 So the test knows which server accepted each completion without touching the
-worker runtime: the runtime sends every command through ``client._attempt``.
+worker runtime: the runtime sends every command through ``client._attempt`` or ``_attempt_many``.
 
 Every handler run appends ``start`` (job, token, attempt) and ``end`` (how
 it ended, whether its lease was known lost, the cancel's reason) to HISTORY,
@@ -161,11 +161,13 @@ class RecordingClient(echomq.Client):
 
 
 class AsyncRecordingClient(emq.Client):
-    async def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
+    async def _attempt_many(
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None
+    ) -> list[Any]:
         _SEEN_ASYNC.set(0)
         sent = time.time()
         try:
-            replies = await super()._pipeline_run(calls)
+            replies = await super()._attempt_many(calls, timeout, progress)
         except BaseException:
             record_pipeline(calls, None, _SEEN_ASYNC.get(), sent)
             raise

@@ -103,11 +103,18 @@ class Proxy:
     ACKs them) but nothing is forwarded either way and nothing is closed:
     a client reading a reply waits for ever, or until its own timeout.
     Connections opened later work.
+
+    Two hooks see each chunk as it passes: ``hold_reply(data)`` returns how
+    long to hold a chunk from the server (a slow network), and
+    ``reset_request(data)`` True closes the connection instead of
+    forwarding a chunk from the client (a reset).
     """
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.generation = 0
+        self.hold_reply: Callable[[bytes], float] | None = None
+        self.reset_request: Callable[[bytes], bool] | None = None
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -139,12 +146,12 @@ class Proxy:
                 continue
             self._sockets += [client, upstream]
             gen = self.generation
-            for a, b in ((client, upstream), (upstream, client)):
+            for a, b, up in ((client, upstream, True), (upstream, client, False)):
                 threading.Thread(
-                    target=self._pump, args=(a, b, gen), name="test-proxy-pump", daemon=True
+                    target=self._pump, args=(a, b, gen, up), name="test-proxy-pump", daemon=True
                 ).start()
 
-    def _pump(self, a: socket.socket, b: socket.socket, generation: int) -> None:
+    def _pump(self, a: socket.socket, b: socket.socket, generation: int, up: bool) -> None:
         try:
             while True:
                 data = a.recv(65536)
@@ -152,8 +159,16 @@ class Proxy:
                     if self.generation == generation:
                         b.shutdown(socket.SHUT_WR)
                     return
-                if self.generation == generation:  # after blackhole(): dropped on the floor
-                    b.sendall(data)
+                if self.generation != generation:  # after blackhole(): dropped on the floor
+                    continue
+                if up and self.reset_request is not None and self.reset_request(data):
+                    for s in (a, b):
+                        with contextlib.suppress(OSError):
+                            s.close()
+                    return
+                if not up and self.hold_reply is not None:
+                    time.sleep(self.hold_reply(data))
+                b.sendall(data)
         except OSError:
             return
 

@@ -1,12 +1,16 @@
 """A worker process for the outage chaos test.
 
-``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY``:
+``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS]``:
 
 Every handler run appends lines to HISTORY (JSON): ``start`` with the
 job, its token and attempt, and the step it resumed from and the token that
 stored it (issue 16); ``confirmed`` for each step whose checkpoint the
 server confirmed; and ``end`` with how the handler ended and whether its
-lease was known lost by then.  A job runs ``STEPS`` steps from where its last
+lease was known lost by then.  Every claim answered to the worker (a CLAIM,
+a COMPLETECLAIM, alone or in a pipeline) appends ``claim`` with the job and
+its token (issue 27): a job still held with a token of a worker that has
+exited is held by nobody.  SLOTS is the worker's concurrency (default: 2
+threads, or 4 tasks).  A job runs ``STEPS`` steps from where its last
 checkpoint left off, storing each (``ctx.checkpoint_step``).  Poison jobs
 (payload ``poison``) raise every time.  The worker runs until SIGTERM (a graceful stop), then
 prints its stats as one JSON line.
@@ -26,6 +30,7 @@ from typing import Any
 
 import echomq
 import echomq.asyncio as emq
+from echomq import _protocol as proto
 
 LOST = "lease lost"
 STEPS = 6
@@ -41,6 +46,57 @@ class History:
         event["t"] = time.time()
         with self._lock:
             self._file.write(json.dumps(event) + "\n")
+
+
+HISTORY: History
+
+
+def record_claims(calls: list[proto.Call[Any]], replies: list[Any]) -> None:
+    """The jobs the answers to ``calls`` handed this worker (error replies hand none)."""
+    for call, reply in zip(calls, replies, strict=True):
+        name = str(call.args[0]).upper()
+        if name not in ("EMQ.CLAIM", "EMQ.COMPLETECLAIM") or isinstance(reply, BaseException):
+            continue
+        try:
+            value = call.read(reply)
+        except Exception:
+            continue
+        for job in value if name == "EMQ.CLAIM" else value.jobs:
+            HISTORY.write(event="claim", job=job.id, token=job.token)
+
+
+def record_answer(call: proto.Call[Any], value: Any) -> None:
+    """The jobs a single CLAIM's or COMPLETECLAIM's answer (already read) handed this worker."""
+    name = str(call.args[0]).upper()
+    jobs = value if name == "EMQ.CLAIM" else value.jobs if name == "EMQ.COMPLETECLAIM" else []
+    for job in jobs:
+        HISTORY.write(event="claim", job=job.id, token=job.token)
+
+
+class RecordingClient(echomq.Client):
+    def _attempt(self, call: proto.Call[Any], timeout: float, cutter: Any = None) -> Any:
+        reply = super()._attempt(call, timeout, cutter)
+        record_answer(call, reply)
+        return reply
+
+    def _attempt_many(self, calls: list[proto.Call[Any]], timeout: float, cutter: Any = None) -> list[Any]:
+        replies = super()._attempt_many(calls, timeout, cutter)
+        record_claims(calls, replies)
+        return replies
+
+
+class AsyncRecordingClient(emq.Client):
+    async def _attempt(self, call: proto.Call[Any], timeout: float) -> Any:
+        reply = await super()._attempt(call, timeout)
+        record_answer(call, reply)
+        return reply
+
+    async def _attempt_many(
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None
+    ) -> list[Any]:
+        replies = await super()._attempt_many(calls, timeout, progress)
+        record_claims(calls, replies)
+        return replies
 
 
 def ended(history: History, ctx: echomq.JobContext | emq.JobContext, outcome: str) -> None:
@@ -97,20 +153,22 @@ def async_handler(history: History) -> Any:
 
 
 def main() -> None:
+    global HISTORY
     url, queue, lease_ms, mode, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    slots = int(sys.argv[6]) if len(sys.argv) > 6 else (2 if mode == "sync" else 4)
     echomq.configure_logging("warning")
-    history = History(path)
+    history = HISTORY = History(path)
     settings: dict[str, Any] = {"lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0}
     if mode == "sync":
-        client = echomq.Client.from_url(url)
-        worker = echomq.Worker(client, queue, sync_handler(history), concurrency=2, **settings)
+        client = RecordingClient.from_url(url)
+        worker = echomq.Worker(client, queue, sync_handler(history), concurrency=slots, **settings)
         worker.run()
         stats = worker.stats
     else:
 
         async def run() -> echomq.WorkerStats:
-            aclient = emq.Client.from_url(url)
-            aworker = emq.Worker(aclient, queue, async_handler(history), concurrency=4, **settings)
+            aclient = AsyncRecordingClient.from_url(url)
+            aworker = emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings)
             try:
                 await aworker.run()
             finally:

@@ -244,6 +244,7 @@ def test_asyncio_client_from_url_with_cluster_true(cluster_nodes: list[EmbeddedS
         # Any node's URL will do, as for the sync client.
         client = emq.Client.from_url(cluster_nodes[-1].url, cluster=True)
         assert isinstance(client.redis, AsyncRedisCluster)
+        assert client.backend == "module"  # asked before any command (issue 30: it raised)
         try:
             for q in QUEUES[6:12]:
                 keys = queue_keys(q)

@@ -1,6 +1,14 @@
-"""Outage chaos (issue 23): worker processes (threads and asyncio) keep working while the server is
+"""Outage chaos (issues 23, 27): worker processes (threads and asyncio) keep working while the server is
 stalled (DEBUG SLEEP), frozen (SIGSTOP/SIGCONT), restarted with its data (AOF, SIGTERM, the same port and
-directory) and reached through connections that go half-open.
+directory) and reached through connections that go half-open, and while busy workers get a SIGTERM (a
+deploy) and are replaced.
+
+The workers run at 1, 100 and 500 slots: ``make test`` runs one layout
+mixing them (a thread worker and an asyncio one of 1 slot, threads of 100,
+tasks of 500); ``ECHOMQ_OUTAGE_SLOTS=1,100,500`` (``make outage``) runs the
+whole scenario once per slot count, every worker at it.  After each SIGTERM
+no job may still be held with a token the exited worker was handed (it
+records every claim's answer): a job a claim answered is run or given back.
 
 Afterwards every job is done, dead (only the poison ones, after running) or
 cancelled (only those the test asked to cancel), and no job was completed
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 import echomq
 from echomq.keyspace import queue_keys
@@ -39,11 +48,25 @@ SCRIPT = Path(__file__).with_name("outage_worker.py")
 Q = "outage"
 K = queue_keys(Q)
 LEASE_MS = 1500
-PRODUCE_S = 16.0  # jobs arrive for this long, one every ENQUEUE_EVERY_S
+PRODUCE_S = 16.0  # jobs arrive for this long, one every ENQUEUE_EVERY_S, and in bursts (BURST)
 ENQUEUE_EVERY_S = 0.06
+BURST = 250  # jobs at once (at most 10 per slot), just before each SIGTERM: the workers it hits are busy
 POISON_EVERY = 25
 CANCEL_EVERY = 40  # job i with i % CANCEL_EVERY == 7 gets a cancel request soon after it is enqueued
-BUDGET_S = 40.0
+BUDGET_S = 45.0
+# The workers' (mode, slots); a SIGTERM hits the third, then the fourth, each replaced at once.
+MIXED = [("sync", 1), ("asyncio", 1), ("sync", 100), ("asyncio", 500)]
+
+
+def layouts() -> list[str]:
+    """``ECHOMQ_OUTAGE_SLOTS``: "mixed" (the default), or slot counts, one run each ("1,100,500")."""
+    return [x.strip() for x in os.environ.get("ECHOMQ_OUTAGE_SLOTS", "mixed").split(",") if x.strip()]
+
+
+def workers_of(layout: str) -> list[tuple[str, int]]:
+    if layout == "mixed":
+        return MIXED
+    return [("sync", int(layout)), ("asyncio", int(layout))] * 2
 
 
 def job_id(i: int) -> str:
@@ -60,11 +83,31 @@ class Producer(threading.Thread):
         self.poison: set[str] = set()
         self.cancel_asked: set[str] = set()
         self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def _take(self, n: int) -> list[int]:
+        with self._lock:
+            first, self._next = self._next, self._next + n
+        return list(range(first, first + n))
+
+    def burst(self, n: int = BURST) -> None:
+        """``n`` jobs in one ENQUEUEMANY (a poison one among them as in the trickle)."""
+        numbers = self._take(n)
+        items = [(job_id(i), b"poison" if i % POISON_EVERY == 3 else b"work") for i in numbers]
+        try:
+            self.client.enqueue_many(Q, items)
+        except Exception as exc:  # counted, shown; the jobs were not enqueued
+            self.errors.append(f"burst {items[0][0]}: {type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            self.enqueued += [jid for jid, _ in items]
+            self.poison |= {jid for jid, payload in items if payload == b"poison"}
 
     def run(self) -> None:
         started = time.monotonic()
-        i = 0
         while time.monotonic() - started < PRODUCE_S:
+            (i,) = self._take(1)
             jid = job_id(i)
             poison = i % POISON_EVERY == 3
             try:
@@ -80,16 +123,67 @@ class Producer(threading.Thread):
                 self.enqueued.append(jid)
             except Exception as exc:  # counted, shown; the job was not enqueued
                 self.errors.append(f"{jid}: {type(exc).__name__}: {exc}")
-            i += 1
             time.sleep(ENQUEUE_EVERY_S)
 
 
-def spawn(url: str, mode: str, history: Path) -> subprocess.Popen[str]:
+def spawn(url: str, mode: str, slots: int, history: Path) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=pythonpath(ROOT / "python"))
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), url, Q, str(LEASE_MS), mode, str(history)],
+        [sys.executable, str(SCRIPT), url, Q, str(LEASE_MS), mode, str(history), str(slots)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+class Workers:
+    """The worker processes, each with its history; ``deploy(n)`` SIGTERMs one and starts its replacement."""
+
+    def __init__(self, url: str, layout: list[tuple[str, int]], tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+        self.layout = list(layout)
+        self.histories: list[Path] = []
+        self.procs: list[subprocess.Popen[str]] = []
+        self.paths: list[Path] = []  # the history of each process in procs
+        for mode, slots in layout:
+            proc, path = self._spawn(mode, slots)
+            self.procs.append(proc)
+            self.paths.append(path)
+        self.outputs: list[tuple[str, str]] = []
+        self.codes: list[int] = []
+        self.held_by_nobody: list[tuple[str, str, str]] = []
+        self.deploys: list[str] = []
+
+    def _spawn(self, mode: str, slots: int) -> tuple[subprocess.Popen[str], Path]:
+        path = self.tmp / f"history-{len(self.histories)}.jsonl"
+        self.histories.append(path)
+        return spawn(self.url, mode, slots, path), path
+
+    def deploy(self, n: int, admin: redis.Redis) -> float:
+        """SIGTERM worker ``n`` (busy), wait for it to exit, then check what it held; returns the seconds."""
+        proc, path = self.procs[n], self.paths[n]
+        mode, slots = self.layout[n]
+        self.procs[n], self.paths[n] = self._spawn(mode, slots)  # the replacement starts at once
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - started
+        self.outputs.append((out, err))
+        self.codes.append(proc.returncode)
+        claimed = {e["token"] for e in read_history([path]) if e["event"] == "claim"}
+        for raw in admin.zrange(K.active, 0, -1):
+            token = (admin.hget(K.job(raw.decode()), "token") or b"").decode()
+            if token in claimed:  # still held with a token only the exited worker had
+                self.held_by_nobody.append((f"{mode}@{slots}", raw.decode(), token))
+        self.deploys.append(f"{mode}@{slots} stopped in {took:.2f} s ({len(claimed)} claims)")
+        return took
+
+    def stop_all(self) -> float:
+        started = time.monotonic()
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            self.outputs.append(proc.communicate(timeout=30))
+            self.codes.append(proc.returncode)
+        return time.monotonic() - started
 
 
 def read_history(paths: list[Path]) -> list[dict[str, Any]]:
@@ -101,18 +195,17 @@ def read_history(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connections(
-    server_factory: ServerFactory, tmp_path: Path
+@pytest.mark.parametrize("layout", layouts())
+def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_and_deploys(
+    server_factory: ServerFactory, tmp_path: Path, layout: str
 ) -> None:
     (tmp_path / "data").mkdir()
     server = server_factory(AOF, dir=tmp_path / "data")
     proxy = Proxy(server.port)  # the workers' only way to the server
     worker_url = f"redis://127.0.0.1:{proxy.port}/0"
     faults: Counter[str] = Counter()
-    histories = [tmp_path / f"history-{n}.jsonl" for n in range(4)]
-    procs = [
-        spawn(worker_url, mode, path) for mode, path in zip(("sync", "asyncio") * 2, histories, strict=True)
-    ]
+    workers = Workers(worker_url, workers_of(layout), tmp_path)
+    burst = min(BURST, 10 * sum(slots for _, slots in workers_of(layout)))
     producer = Producer(server.url)
     reaper = echomq.Reaper(echomq.Client.from_url(server.url), Q, interval=0.2, max_stalled=3, limit=100)
     started = time.monotonic()
@@ -121,43 +214,56 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connection
         time.sleep(max(0.0, started + second - time.monotonic()))
 
     admin = echomq.Client.from_url(server.url)
+    r = admin.redis
     try:
         producer.start()
         reaper.start()
-        at(2.0)
+        at(1.5)
         stall(server, 1.0).join()  # shorter than a lease
         faults["DEBUG SLEEP 1.0 s"] += 1
-        at(4.5)
+        at(2.8)
+        producer.burst(burst)
+        proxy.blackhole()  # every worker connection open now goes half-open; new ones work
+        faults["half-open (all connections)"] += 1
+        at(3.2)
+        workers.deploy(2, r)  # a SIGTERM to a busy worker whose connections are half-open
+        faults["SIGTERM to a busy worker (half-open), replaced"] += 1
+        at(5.0)
         with frozen(server):  # as long as a lease: some holders cannot show theirs
             time.sleep(1.5)
         faults["SIGSTOP 1.5 s"] += 1
         at(7.5)
         restart(server, down_for=1.0)  # SIGTERM: the AOF is flushed; the same port and directory
         faults["restart (SIGTERM, down 1.0 s)"] += 1
+        at(9.6)
+        producer.burst(burst)
+        at(9.8)
+        workers.deploy(3, r)  # a SIGTERM to a busy worker
+        faults["SIGTERM to a busy worker, replaced"] += 1
         at(10.5)
-        proxy.blackhole()  # every worker connection open now goes half-open
+        proxy.blackhole()
         faults["half-open (all connections)"] += 1
         at(12.0)
         stall(server, 2.5).join()  # longer than a lease
         faults["DEBUG SLEEP 2.5 s"] += 1
+        at(14.5)
+        proxy.blackhole()
+        faults["half-open (all connections)"] += 1
         at(15.0)
         restart(server, down_for=0.5)
         faults["restart (SIGTERM, down 0.5 s)"] += 1
         producer.join()
-        r = admin.redis
         drained = wait_until(
             lambda: r.zcard(K.pending) == 0 and r.zcard(K.active) == 0,
             timeout=BUDGET_S - (time.monotonic() - started),
         )
     finally:
-        stopped_at = time.monotonic()
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        outputs = [proc.communicate(timeout=20) for proc in procs]
-        stop_took = time.monotonic() - stopped_at
+        stop_took = workers.stop_all()
         reaper.stop()
         proxy.close()
     took = time.monotonic() - started
+    outputs = workers.outputs
+    histories = workers.histories
 
     r = admin.redis
     stats = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs if out.strip()]
@@ -193,13 +299,15 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connection
         f"claims that never ran {claims - runs}: {never_ran}); "
         f"stalls counted {stalls}; claims resumed mid-job {resumed}; "
         f"worker totals {dict(total)}; producer errors {len(producer.errors)}; "
-        f"workers stopped (SIGTERM) in {stop_took:.2f} s, exit statuses {[p.returncode for p in procs]}"
+        f"deploys: {workers.deploys}; workers stopped (SIGTERM) in {stop_took:.2f} s, "
+        f"exit statuses {workers.codes}"
     )
 
     assert drained, f"the queue did not drain: pending {r.zcard(K.pending)}, active {r.zcard(K.active)}"
     assert not producer.errors, producer.errors
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-2000:] for _, err in outputs]
-    assert len(stats) == 4
+    assert workers.held_by_nobody == [], "jobs a SIGTERMed worker was handed and neither ran nor gave back"
+    assert workers.codes == [0] * len(workers.codes), [err[-2000:] for _, err in outputs]
+    assert len(stats) == len(workers.codes) == 6
     assert set(states) <= {"done", "dead", "cancelled"}, states
     for jid, row in rows.items():
         state = row["state"]
@@ -219,4 +327,4 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_and_half_open_connection
     for jid in producer.poison - producer.cancel_asked:
         assert rows[jid]["state"] == "dead"
     assert all(s["rejected"] == 0 or s["leases_lost"] >= 0 for s in stats)
-    assert sum(faults.values()) == 6
+    assert sum(faults.values()) == 10

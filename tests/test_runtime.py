@@ -434,3 +434,112 @@ def test_a_claim_keeps_its_request_id_until_jobs_come_back() -> None:
     fresh, since = step.next(make, 16.0)
     assert fresh is not first and since == 16.0 and len(made) == 2
     assert fresh.args[-1] != first.args[-1]  # a new REQ
+
+
+# -- issue 27: settling claims, batched checkpoints, refused ends, the subscription ----------
+
+
+def test_a_claim_whose_answer_was_lost_is_unresolved_until_an_answer_comes() -> None:
+    from echomq._protocol import claim
+
+    step = ClaimStep()
+    call, _ = step.next(lambda: claim("q", 1000, 4, 200), 10.0)
+    assert not step.unresolved and step.waiting  # a waiting claim (BLOCK)
+    step.failed()  # no answer: the server may hold jobs for this REQ that nobody runs
+    assert step.unresolved
+    again = step.resolving()  # the same REQ, without BLOCK: answered at once from its record
+    assert "BLOCK" not in again.args and again.args[-1] == call.args[-1] and "COUNT" in again.args
+    step.answered([])
+    assert not step.unresolved and step.troubled  # answered; the lease still counts from the first send
+    step.adopt(claim("q", 1000, request_id=b"r1"), 20.0)  # a COMPLETECLAIM's claim half
+    step.failed()
+    assert step.unresolved and not step.waiting  # one that does not wait may well have taken a job
+
+
+def test_an_error_reply_is_no_lost_reply() -> None:
+    from echomq._attempt import NotSent
+    from echomq._runtime import reply_lost
+
+    assert reply_lost(TimeoutError("no reply")) and reply_lost(ConnectionError("reset"))
+    assert not reply_lost(NotSent("no free connection"))  # nothing left
+    assert not reply_lost(OutOfMemoryError("OOM"))  # the server answered: nothing ran
+
+
+def keepers_at(*due_in: float, interval: float = 1.0) -> list[Any]:
+    """Stand-ins for the worker's keepers (their lock, their HeldJob, a clock at 100.0)."""
+    import threading
+    from types import SimpleNamespace
+
+    out = []
+    for n, left in enumerate(due_in):
+        h = held(lease_ms=3000, claimed_at=100.0 - interval + left, interval=interval)
+        h.confirmed_until = 103.0 + n * 0.001
+        out.append(SimpleNamespace(_lock=threading.Lock(), _held=h, _clock=lambda: 100.0, name=n))
+    return out
+
+
+def test_a_keeper_round_batches_the_jobs_due_and_those_due_soon() -> None:
+    from echomq._runtime import CHECKPOINT_EARLY, checkpoint_round
+
+    keepers = keepers_at(0.0, -0.5, 0.1, CHECKPOINT_EARLY + 0.1, 0.9)
+    batch, wait = checkpoint_round(keepers)  # type: ignore[arg-type]
+    assert [k.name for k in batch] == [0, 1, 2]  # due now, and within a quarter interval: one pipeline
+    assert wait == pytest.approx(CHECKPOINT_EARLY + 0.1)  # the next one not taken
+    none_due, wait = checkpoint_round(keepers_at(0.2, 0.6))  # type: ignore[arg-type]
+    assert none_due == [] and wait == pytest.approx(0.2)  # nothing due: sleep until the first
+    many, wait = checkpoint_round(keepers_at(*[0.0] * 7), limit=5)  # type: ignore[arg-type]
+    assert len(many) == 5 and wait == 0.0  # a bounded batch; the rest at once
+    assert checkpoint_round([]) == ([], None)
+
+
+def test_a_checkpoint_waits_longer_after_each_one_without_an_answer() -> None:
+    h = held(lease_ms=30_000)  # interval 10 s
+    assert h.checkpoint_timeout(100.0) == pytest.approx(2.0)  # not a whole interval: a half-open connection
+    h.failed(TimeoutError(), 100.0)
+    assert h.checkpoint_timeout(101.0) == pytest.approx(4.0)
+    h.confirmed(101.0, 101.5)
+    assert h.checkpoint_timeout(102.0) == pytest.approx(2.0)
+
+
+def test_a_job_given_back_loses_no_lease_to_its_own_release() -> None:
+    w, h = worker(), held()
+    w._took(h)
+    assert w._force() == [h] and h.given_back
+    assert not h.active  # no more checkpoints for it
+    assert h.failed(StaleToken("stale", "j"), 101.0) is LeaseEvent.IGNORED  # its own RELEASE's doing
+    assert h.lost is None and h.cancel.check() == Cancellation(SHUTDOWN)
+    assert w._decide(h, Cancelled(SHUTDOWN)).action is Action.DROP and w.stats.leases_lost == 0
+
+
+def test_a_refused_fail_is_tried_again_until_the_worker_stops_then_given_back() -> None:
+    w, h = worker(), held()
+    w._took(h)
+    fail = w._decide(h, ValueError("boom"))
+    assert fail.action is Action.FAIL
+    again = w._fail_refused(fail, OutOfMemoryError("OOM"), 100.0, 100.0)
+    assert again is fail  # the driver keeps the lease with EXTEND and sends it again
+    assert w._fail_refused(fail, OutOfMemoryError("OOM"), 100.0, 160.0) is fail  # a minute: still
+    w._request_stop(161.0)
+    back = w._fail_refused(fail, OutOfMemoryError("OOM"), 100.0, 161.0)
+    assert back.action is Action.RELEASE and back.error == "ValueError: boom"
+
+
+def test_a_forced_stop_bounds_every_command() -> None:
+    w = worker()
+    assert w._bounded(None) is None and w._bounded(200.0) == 200.0
+    w._force(now=100.0)
+    assert w._bounded(None) == pytest.approx(100.4) and w._bounded(200.0) == pytest.approx(100.4)
+    assert w._bounded(100.1) == 100.1
+
+
+def test_a_subscription_is_pinged_only_while_jobs_are_held() -> None:
+    from echomq._runtime import HEALTH_EVERY_S, PONG_WITHIN_S, SubscriptionHealth
+
+    health = SubscriptionHealth(100.0)
+    assert health.next(100.0 + 10 * HEALTH_EVERY_S, holding=False) == "ok"  # idle: no pings
+    assert health.next(101.0 + HEALTH_EVERY_S, holding=True) == "ping"
+    assert health.next(101.0 + HEALTH_EVERY_S, holding=True) == "ok"  # waiting for the pong
+    health.heard_from(101.5 + HEALTH_EVERY_S)  # it came
+    later = 101.5 + 2 * HEALTH_EVERY_S
+    assert health.next(later, holding=True) == "ping"
+    assert health.next(later + PONG_WITHIN_S, holding=True) == "dead"  # half-open: subscribe again

@@ -41,13 +41,14 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from redis import exceptions as rx
 
 from . import _protocol as proto
+from ._attempt import NotSent
 from ._protocol import MAX_MS, Call, FailOutcome, Job, ReleaseOutcome, SweepResult, check_token, keys_of
 from .cancel import Cancellation, CancelToken
 from .errors import (
@@ -78,6 +79,7 @@ KeeperT = TypeVar("KeeperT")
 LOST_STALE = "lease lost: stale token (the job was swept or another attempt holds it)"
 LOST_GONE = "lease lost: the job row is gone"
 LOST_DEADLINE = "lease lost: no extend confirmed before the deadline passed"
+LOST_UNCONFIRMED = "lease lost: a claim answered late could not be confirmed within a lease"
 # The reason a stopping worker gives its running handlers when their grace is over.
 SHUTDOWN = "shutdown"
 # A sweep that took `limit` jobs may have left more behind: sweep again, but
@@ -87,6 +89,9 @@ MAX_SWEEPS_PER_TICK = 100
 # to return; then the worker gives their jobs back itself and stops waiting:
 # a process exits within grace + 1 s.
 FORCE_AFTER_S = 0.5
+# After a forced stop, how long the worker's commands still in flight or to
+# send (the jobs given back, a claim's answer to settle) may take.
+FORCE_BUDGET_S = 0.4
 # Retrying one command: waits from 50 ms doubling to 1 s (jittered); each
 # attempt's reply awaited 2 s, doubling to 30 s (a slow server still answers
 # in time; a half-open connection is given up and the next attempt opens a
@@ -97,8 +102,19 @@ ATTEMPT_TIMEOUT_S = 2.0
 ATTEMPT_TIMEOUT_CAP_S = 30.0
 # A keeper retries a checkpoint that got no answer this soon, or sooner.
 CHECKPOINT_RETRY_S = 1.0
+# A worker's keeper checkpoints every held job that is due in one batch (one
+# pipeline), with those due within this fraction of their interval: one
+# command per tick whatever the number of jobs, at most this many in it.
+CHECKPOINT_EARLY = 0.25
+MAX_CHECKPOINT_BATCH = 500
 # An idle worker's claim waits on the server at most this long per command.
 MAX_CLAIM_BLOCK_S = 1.0
+# The pushed-cancel subscription, while the worker holds jobs: pinged when it
+# has been silent this long, and given up (then subscribed again, and every
+# held job checkpointed at once) when no answer comes within PONG_WITHIN_S.
+# A half-open subscription is noticed within about their sum.
+HEALTH_EVERY_S = 1.0
+PONG_WITHIN_S = 1.0
 
 
 # -- arguments -------------------------------------------------------------------
@@ -131,11 +147,10 @@ def check_client(name: str, client: object, expected: type | None) -> None:
     """The driver's own client class: a sync worker cannot drive an asyncio client, nor the reverse."""
     if expected is None or isinstance(client, expected):
         return
-    other = "echomq.asyncio.Client" if expected.__module__ == "echomq.client" else "echomq.Client"
+    package = "echomq.asyncio" if expected.__module__.startswith("echomq.asyncio") else "echomq"
+    other = "echomq.Client" if package == "echomq.asyncio" else "echomq.asyncio.Client"
     hint = f" ({other} goes with the other package's classes)" if type(client).__name__ == "Client" else ""
-    raise TypeError(
-        f"{name} must be an {expected.__module__}.{expected.__name__}, not {type(client).__name__}{hint}"
-    )
+    raise TypeError(f"{name} must be an {package}.{expected.__name__}, not {type(client).__name__}{hint}")
 
 
 def takes_context(handler: Callable[..., object]) -> bool:
@@ -174,6 +189,17 @@ def state_refused(exc: BaseException) -> bool:
     ``BadArgument``: the handler's mistake, raised to it.
     """
     return isinstance(exc, rx.OutOfMemoryError)
+
+
+def reply_lost(exc: BaseException) -> bool:
+    """The command may have reached the server, and its answer was not read (a timeout, a lost connection).
+
+    Then a claim may have taken jobs for its REQ.  An error reply is an
+    answer (nothing ran), and ``NotSent`` never left: neither is a lost reply.
+    """
+    if isinstance(exc, (NotSent, rx.ResponseError)):
+        return False
+    return isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError))
 
 
 def error_text(error: BaseException) -> str:
@@ -353,7 +379,9 @@ class HeldJob:
     ``finishing`` is set when the worker starts sending the job's end
     (complete, fail or release); ``given_back`` when a forced shutdown gave
     the job back while its handler still ran (the worker sends nothing more
-    for it).
+    for it: no checkpoint, and the stale answers its own RELEASE causes are
+    no lost lease).  ``failures`` counts the checkpoints in a row that got
+    no answer: each waits longer for one (``checkpoint_timeout``).
     """
 
     job: Job
@@ -368,6 +396,7 @@ class HeldJob:
     metrics: Metrics | None = None  # told of delivered cancels and lost leases
     finishing: bool = False
     given_back: bool = False
+    failures: int = 0
 
     @classmethod
     def claimed(
@@ -383,8 +412,8 @@ class HeldJob:
 
     @property
     def active(self) -> bool:
-        """True while the keeper should keep checkpointing: not lost, not let go."""
-        return self.lost is None and not self.stopped
+        """True while the keeper should keep checkpointing: not lost, not let go, not given back."""
+        return self.lost is None and not self.stopped and not self.given_back
 
     def time_left(self, now: float) -> float:
         """Seconds until the confirmed lease ends (negative once it has)."""
@@ -402,12 +431,19 @@ class HeldJob:
         return self.lost is None and self.time_left(now) < self.interval
 
     def checkpoint_timeout(self, now: float) -> float:
-        """How long to wait for one checkpoint's answer: an interval, never past the deadline.
+        """How long to wait for one checkpoint's answer: ``ATTEMPT_TIMEOUT_S``, doubling with each
+        checkpoint in a row that got none, never more than an interval nor past the deadline.
 
         A checkpoint that takes longer is given up (its connection may be
-        half-open) and the next one is sent on a fresh connection.
+        half-open) and the next one is sent on a fresh connection: a long
+        lease does not wait a third of itself to notice a dead connection.
         """
-        return max(0.001, min(self.interval, self.time_left(now)))
+        grown = ATTEMPT_TIMEOUT_S * 2.0 ** min(self.failures, 16)
+        return max(0.001, min(self.interval, grown, self.time_left(now)))
+
+    def due_within(self, now: float, early: float) -> bool:
+        """Kept, and its checkpoint due by ``now + early`` (a batch takes it a little early)."""
+        return self.active and self.next_checkpoint <= now + early
 
     def wait_before_checkpoint(self, now: float) -> float | None:
         """What the keeper does next: wait this many seconds, checkpoint now (0.0), or stop (None).
@@ -438,6 +474,7 @@ class HeldJob:
         if self.lost is not None:
             return LeaseEvent.IGNORED
         self.extends += 1
+        self.failures = 0
         self.confirmed_until = max(self.confirmed_until, sent_at + self.lease_ms / 1000.0)
         self.next_checkpoint = now + self.interval
         if requested is None:
@@ -460,12 +497,17 @@ class HeldJob:
         if not self.active:
             return LeaseEvent.IGNORED
         lease_log.debug("checkpoint of %s failed: %r", self.job.id, exc, extra=job_fields(self.job))
+        self.failures += 1
         self.next_checkpoint = now + min(self.interval, CHECKPOINT_RETRY_S)
         return LeaseEvent.RETRY
 
     def lose(self, reason: str) -> LeaseEvent:
-        """Mark the lease lost and cancel the handler's token with ``reason`` (the first reason stays)."""
-        if self.lost is not None:
+        """Mark the lease lost and cancel the handler's token with ``reason`` (the first reason stays).
+
+        Not once the worker gave the job back itself: a checkpoint then
+        answered stale is its own RELEASE's doing, not a lost lease.
+        """
+        if self.lost is not None or self.given_back:
             return LeaseEvent.IGNORED
         self.lost = reason
         lease_log.warning("job %s of %s: %s", self.job.id, self.job.queue, reason, extra=job_fields(self.job))
@@ -513,6 +555,49 @@ class Leases:
     def cancel_all(self, reason: str) -> None:
         for held in self._held:
             held.cancel.cancel(reason)
+
+
+def checkpoint_round(
+    keepers: Iterable[KeeperCore[Any]], limit: int = MAX_CHECKPOINT_BATCH
+) -> tuple[list[KeeperCore[Any]], float | None]:
+    """One tick of a worker's keeper: the keepers to checkpoint now in one batch, and when to look next.
+
+    A batch is every job whose checkpoint is due, with those due within
+    ``CHECKPOINT_EARLY`` of their interval (a little early costs nothing:
+    the lease runs from when the batch is sent; their next checkpoints then
+    fall together too), the nearest deadlines first, at most ``limit`` (the
+    rest go in the next batch, at once).  Many held jobs cost one command
+    per tick, and a batch that fails is retried as one.  The wait is None
+    when no job is kept; 0.0 when more are due at once.  Expires the
+    leases whose deadline passed (each under its keeper's lock).
+    """
+    due: list[tuple[float, KeeperCore[Any]]] = []
+    soon: list[tuple[float, float, KeeperCore[Any]]] = []
+    wait: float | None = None
+    for keeper in keepers:
+        with keeper._lock:
+            held = keeper._held
+            now = keeper._clock()
+            left = held.wait_before_checkpoint(now)
+            if left is None:
+                continue
+            if held.checkpoint_due(now):
+                due.append((held.confirmed_until, keeper))
+            elif held.due_within(now, held.interval * CHECKPOINT_EARLY):
+                soon.append((held.confirmed_until, left, keeper))
+            else:
+                wait = left if wait is None else min(wait, left)
+    if not due:
+        for _, left, _ in soon:
+            wait = left if wait is None else min(wait, left)
+        return [], wait
+    ranked = sorted(due, key=lambda d: d[0]) + [
+        (until, k) for until, _, k in sorted(soon, key=lambda d: d[0])
+    ]
+    batch = [keeper for _, keeper in ranked[:limit]]
+    if len(ranked) > limit:
+        wait = 0.0
+    return batch, wait
 
 
 class KeeperCore(Generic[ClientT]):
@@ -577,17 +662,47 @@ class KeeperCore(Generic[ClientT]):
             return proto.checkpoint(job.queue, job.id, job.token, self.lease_ms, state)
         return proto.extend(job.queue, job.id, job.token, self.lease_ms)  # answers None
 
-    def _confirm_failed(self, exc: BaseException) -> None:
-        """``_confirm``'s checkpoint failed: unless it may be tried again, the job is not ours to run."""
+    def _checkpoint_answered(self, sent: float, requested: Cancellation | None) -> Cancellation | None:
+        """A checkpoint sent at ``sent`` was confirmed; the cancel it delivered (with ``deliver_cancel``)."""
+        requested = requested if self.deliver_cancel else None
         with self._lock:
-            if self._held.failed(exc, self._clock()) is LeaseEvent.RETRY:
-                self._troubles.report(exc, "checkpoint", self.job)
-                self._held.lose(LOST_DEADLINE)  # no lease we can show: not ours to run
+            self._held.confirmed(sent, self._clock(), requested)
+        self._troubles.healed()
+        return requested
+
+    def _checkpoint_failed(self, exc: BaseException, report: bool = True) -> LeaseEvent:
+        """A checkpoint raised ``exc``: lost (stale, gone) or to retry, counted and logged once per outage."""
+        with self._lock:
+            event = self._held.failed(exc, self._clock())
+        if event is LeaseEvent.RETRY and report:  # not after stop(): a cut attempt is no trouble
+            self._troubles.report(exc, "checkpoint", self.job)
+        return event
+
+    def _checkpoint_replied(self, sent: float, call: Call[Any], reply: Any) -> LeaseEvent:
+        """One reply of a batch of checkpoints (an error reply is a value in a pipeline's answer)."""
+        try:
+            if isinstance(reply, BaseException):
+                if isinstance(reply, rx.ResponseError):
+                    proto.raise_mapped(reply, call)
+                raise reply
+            requested = call.read(reply)
+        except Exception as exc:
+            return self._checkpoint_failed(exc, report=False)
+        self._checkpoint_answered(sent, requested)
+        return LeaseEvent.CONFIRMED
+
+    def _confirm_failed(self, exc: BaseException) -> bool:
+        """``_confirm``'s checkpoint failed: True when the job is not ours (stale, gone), else False."""
+        return self._checkpoint_failed(exc) is not LeaseEvent.RETRY
+
+    def _confirm_gave_up(self) -> None:
+        """No confirming checkpoint was answered within a lease: the job is not ours to run."""
+        with self._lock:
+            self._held.lose(LOST_UNCONFIRMED)
 
     def _confirmed(self, sent: float, requested: Cancellation | None) -> None:
         """``_confirm``'s checkpoint (sent at ``sent``) landed."""
-        with self._lock:
-            self._held.confirmed(sent, self._clock(), requested)
+        self._checkpoint_answered(sent, requested)
 
     def _state_not_stored(self, exc: BaseException) -> None:
         """A checkpoint's state was refused past maxmemory: logged once per job; the lease goes on."""
@@ -751,27 +866,94 @@ class ClaimStep:
         self.call: Call[list[Job]] | None = None
         self.since = 0.0
         self.troubled = False
+        self.doubt = False  # a try got no answer, and no answer came since
 
     def next(self, make: Callable[[], Call[list[Job]]], now: float) -> tuple[Call[list[Job]], float]:
         """The call to send now, and ``since``."""
         if self.call is None:
-            self.call, self.since, self.troubled = make(), now, False
+            self.call, self.since, self.troubled, self.doubt = make(), now, False, False
         elif not self.troubled:
             self.since = now  # every earlier send was answered: nothing was claimed for it yet
         return self.call, self.since
 
     def adopt(self, call: Call[list[Job]], sent: float) -> None:
         """``call`` is this step's request now (the claim half of a COMPLETECLAIM sent at ``sent``, say)."""
-        self.call, self.since, self.troubled = call, sent, False
+        self.call, self.since, self.troubled, self.doubt = call, sent, False, False
 
     def failed(self) -> None:
         """An attempt got no answer: the server may have claimed for it; keep counting from the first send."""
-        self.troubled = True
+        self.troubled = self.doubt = True
 
     def answered(self, jobs: list[Job]) -> None:
-        """A reply came: jobs end this request (the next claim is a new one); nothing keeps it."""
+        """A reply came: jobs end this request (the next claim is a new one); nothing keeps it.
+
+        An answer to the REQ answers what every earlier try took (``doubt``
+        ends; ``troubled`` stays: a try stuck in a dead connection's buffer
+        on a stalled server may still run later, and its jobs would then be
+        answered to this REQ).  An error reply is no answer (a claim refused
+        past maxmemory never reads the record): callers do not call this
+        for one.
+        """
+        self.doubt = False
         if jobs:
             self.call = None
+
+    @property
+    def unresolved(self) -> bool:
+        """A try of this REQ got no answer since the last one: the server may hold jobs nobody runs yet.
+
+        A worker that stops sends it again (``resolving``) and gives back
+        what comes: a job a claim answered is run or released.
+        """
+        return self.call is not None and self.doubt
+
+    @property
+    def waiting(self) -> bool:
+        """This step's claim waits on the server (BLOCK): one whose connection dropped claimed nothing.
+
+        Only a claim served in the instant before its connection dropped is
+        in doubt then; a stopping worker that cannot reach the server at all
+        does not wait for it.  A claim that does not wait (a COMPLETECLAIM's,
+        a pipelined one) may well have taken a job: that one is waited for,
+        within the stop's bound.
+        """
+        return self.call is not None and "BLOCK" in self.call.args
+
+    def resolving(self) -> Call[list[Job]]:
+        """This step's claim without BLOCK: answered at once by the REQ's record (the jobs it took)."""
+        assert self.call is not None
+        args = self.call.args
+        if "BLOCK" in args:
+            at = args.index("BLOCK")
+            args = args[:at] + args[at + 2 :]
+        return Call(args, self.call.parse, self.call.queue)
+
+
+class SubscriptionHealth:
+    """Whether a worker's pushed-cancel subscription still hears the server (a half-open one does not).
+
+    Nothing comes on a quiet channel, so silence proves nothing: while the
+    worker holds jobs (pushes matter only then), a subscription silent for
+    ``HEALTH_EVERY_S`` is pinged, and one that answers nothing within
+    ``PONG_WITHIN_S`` is dead.  An idle worker sends no pings.
+    """
+
+    def __init__(self, now: float) -> None:
+        self.heard = now
+        self.pinged: float | None = None
+
+    def heard_from(self, now: float) -> None:
+        """A message or a pong came."""
+        self.heard, self.pinged = now, None
+
+    def next(self, now: float, holding: bool) -> str:
+        """``"ping"`` (send one now), ``"dead"`` (subscribe again), or ``"ok"``."""
+        if self.pinged is not None:
+            return "dead" if now - self.pinged >= PONG_WITHIN_S else "ok"
+        if holding and now - self.heard >= HEALTH_EVERY_S:
+            self.pinged = now
+            return "ping"
+        return "ok"
 
 
 class Action(enum.Enum):
@@ -999,6 +1181,7 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         self._grace_until = math.inf
         self._tokens_cancelled = False
         self._forced = False
+        self._force_until = math.inf  # after a forced stop: the end of FORCE_BUDGET_S
         self._interrupt: BaseException | None = None  # what run() raises when it is done
         self._init_driver()
 
@@ -1053,13 +1236,16 @@ class WorkerCore(Generic[ClientT, HandlerT]):
             return self._grace_until - now
         return max(0.0, self._grace_until + FORCE_AFTER_S - now)
 
-    def _force(self) -> list[HeldJob]:
+    def _force(self, now: float | None = None) -> list[HeldJob]:
         """Stop at once: every token cancelled; returns the jobs whose handlers still run.
 
         The driver gives those back itself (``RELEASE``) and stops waiting
         for their handlers; when one ends later, its job is ``DROP``ped.
-        Jobs being finished already are left to their finish.
+        Jobs being finished already are left to their finish, and every
+        command still to send gets ``FORCE_BUDGET_S`` (``_bounded``).
         """
+        now = time.monotonic() if now is None else now
+        self._force_until = min(self._force_until, now + FORCE_BUDGET_S)
         self._stop_requested = self._tokens_cancelled = self._forced = True
         self._held.cancel_all(SHUTDOWN)
         out = [h for h in self._held if not h.finishing and not h.given_back and h.lost is None]
@@ -1125,11 +1311,11 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         (``interrupted``) or came after "shutdown"; COMPLETE if it returned;
         else FAIL with the error's text.
         """
+        if held.given_back:  # a forced stop gave it back while its handler ran: nothing more to send
+            return Finish(held, Action.DROP)
         if held.lost is not None:
             self.stats.leases_lost += 1
             self._ended(held.job, "lost")
-            return Finish(held, Action.DROP)
-        if held.given_back:
             return Finish(held, Action.DROP)
         held.finishing = True
         if interrupted:
@@ -1177,6 +1363,52 @@ class WorkerCore(Generic[ClientT, HandlerT]):
         """The worker has stopped: what the metrics still hold goes out now."""
         if self.metrics is not None:
             self.metrics.flush()
+
+    def _bounded(self, until: float | None) -> float | None:
+        """A command's deadline, and after a forced stop no later than its budget: bounded by stop."""
+        if self._force_until == math.inf:
+            return until
+        return self._force_until if until is None else min(until, self._force_until)
+
+    def _fail_refused(self, finish: Finish, exc: BaseException, since: float, now: float) -> Finish:
+        """FAIL was refused past maxmemory (``state_refused``; it is deny-oom, nothing was written).
+
+        What to send next: the same FAIL, while the driver keeps the lease
+        alive with EXTEND (not deny-oom) between tries; nothing can claim the
+        job meanwhile anyway (CLAIM is deny-oom too), and the FAIL lands with
+        its error and its try once memory is freed.  A worker that stops
+        gives the job back instead (RELEASE, not deny-oom either): no try
+        used, and its error, which the row cannot take now, is logged here.
+        A refused end never becomes a stall.
+        """
+        fields = job_fields(finish.job)
+        if not self._stop_requested:
+            if now == since:
+                worker_log.warning(
+                    "job %s: FAIL refused (%s); its lease is kept while it is tried again",
+                    finish.job.id, exc, extra=fields,
+                )  # fmt: skip
+            return finish
+        worker_log.warning(
+            "job %s: FAIL refused for %.1f s (%s) and the worker stops; giving the job back (RELEASE: no "
+            "try used) with its error kept here: %s",
+            finish.job.id, now - since, exc, finish.error, extra=fields,
+        )  # fmt: skip
+        return Finish(finish.held, Action.RELEASE, finish.error)
+
+    def _settled_unrun(self, job: Job) -> None:
+        """A job claimed for a REQ nobody ran is being given back (a stop settling its claims)."""
+        worker_log.info(
+            "job %s: claimed as the worker stopped; giving it back unrun", job.id, extra=job_fields(job)
+        )
+
+    def _unresolved(self, exc: BaseException | None) -> None:
+        """A stopping worker could not learn what a claim took (the server did not answer in time)."""
+        worker_log.warning(
+            "worker of %r: a claim's answer was lost and could not be asked again before the stop's end "
+            "(%s); a job it took, if any, is recovered when its lease lapses",
+            self.queue, exc,
+        )  # fmt: skip
 
     def _unfinished(self, finish: Finish) -> None:
         """The job's end could not be sent before its lease ended (the server stayed unreachable)."""

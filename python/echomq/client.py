@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.backoff import AbstractBackoff, EqualJitterBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from . import _protocol as proto
+from ._attempt import NotSent, WorkerConnections
 from ._protocol import (
     ActiveJob,
     CancelOutcome,
@@ -84,14 +85,25 @@ RETRIES = 10
 RETRY_FIRST_S = 0.05
 RETRY_CAP_S = 1.0
 SOCKET_TIMEOUT_S = 5.0
-# A worker's own connections (Client._attempt) connect and shake hands within
-# this, or the attempt fails and the worker tries again on its own schedule.
-WORKER_CONNECT_S = 2.0
 
 
 def _missing(reply: object) -> bool:
     """A pipelined reply saying the node lacked the script: nothing ran."""
     return isinstance(reply, ResponseError) and missing_code(reply)
+
+
+def jittered_backoff() -> AbstractBackoff:
+    """Waits from ``RETRY_FIRST_S`` doubling to ``RETRY_CAP_S``, jittered, on every redis-py from 5.0.
+
+    ``ExponentialWithJitterBackoff`` came in redis-py 5.3 (it is redis-py's
+    default since 6); before it, ``EqualJitterBackoff`` draws the same kind
+    of wait: half of the doubled one, plus a random part of the other half.
+    """
+    try:
+        from redis.backoff import ExponentialWithJitterBackoff
+    except ImportError:  # redis-py < 5.3
+        return EqualJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S)
+    return ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S)
 
 
 def _refused(error: BaseException) -> bool:
@@ -169,7 +181,7 @@ def default_retry() -> Retry:
     has reached its server (a restart), never before (nothing listens there).
     """
     return _ReachedRetry(
-        ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+        jittered_backoff(),
         RETRIES,
         supported_errors=(redis.ConnectionError, redis.TimeoutError),
     )
@@ -212,7 +224,7 @@ class _ReachedAsyncRetry(AsyncRetry):
 def default_async_retry() -> AsyncRetry:
     """``default_retry`` for a ``redis.asyncio`` client."""
     return _ReachedAsyncRetry(
-        ExponentialWithJitterBackoff(base=RETRY_FIRST_S, cap=RETRY_CAP_S),
+        jittered_backoff(),
         RETRIES,
         supported_errors=(redis.ConnectionError, redis.TimeoutError),
     )
@@ -222,6 +234,8 @@ def connection_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` for redis-py with echomq's deliberate defaults where the caller gave none."""
     out = dict(kwargs)
     out.setdefault("retry", default_retry())
+    # redis-py before 6 retries only the errors named here too, whatever the Retry supports.
+    out.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
     out.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
     out.setdefault("socket_connect_timeout", SOCKET_TIMEOUT_S)
     out.setdefault("socket_keepalive", True)
@@ -310,10 +324,8 @@ class Client:
         self._limits = script_limits if script_limits is not None else ScriptLimits()
         choice = check_backend(backend)
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
-        # For a worker's attempts (see _attempt): its own connections, and
-        # whether the last attempt met a timeout or a lost connection.
-        self._pool: redis.ConnectionPool | None = None
-        self._suspect = False
+        # For a worker's attempts (see _attempt_many): its own connections.
+        self._pool: WorkerConnections | None = None
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
 
     @classmethod
@@ -427,115 +439,113 @@ class Client:
         """Send ``call`` once and wait at most ``timeout`` seconds for its reply (the worker's retries).
 
         The worker retries on its own schedule, bounded by a lease, with the
-        same REQ or token each time, so each call here is one try: it goes
-        out on connections of the worker's own (``_worker_pool``: the
-        caller's connection settings, no redis-py retries, connect and
-        handshake bounded by ``WORKER_CONNECT_S``), never through the
-        caller's pool and its retries.  A reply that does not come in time
-        disconnects its connection (it may be half-open) and the pool's idle
-        ones with it.  Until an attempt succeeds again, attempts go out on a
-        connection of their own whose connect and handshake are bounded by
-        ``timeout`` too (a frozen server accepts connections and never
-        answers the handshake), closed after the attempt.  ``cutter`` lets
-        another thread end the wait.  On Redis Cluster (routing by slot) and
-        on a single-connection client this is ``_run``: redis-py's own
-        timeouts and retries apply.
+        same REQ or token each time, so each call here is one try
+        (``_attempt_many``).  On Redis Cluster (routing by slot) and on a
+        single-connection client this is ``_run``: redis-py's own timeouts
+        and retries apply.
         """
-        r = self.redis
-        if not isinstance(r, redis.Redis) or r.connection is not None:
+        if not self._bounded():
             return self._run(call)
-        pool = self._worker_pool()
-        own = self._suspect
-        if own:
-            options = dict(pool.connection_kwargs)
-            options.update(socket_timeout=timeout, socket_connect_timeout=timeout)
-            connection = pool.connection_class(**options)
-        else:
-            connection = pool.get_connection()
-        try:
-            if cutter is not None and not cutter.hold(connection):
-                raise redis.ConnectionError("the attempt was cut before it started")
-            try:
-                if own:
-                    connection.connect()
-                connection.send_command(*self._render().command(call.args))
-                reply = connection.read_response(timeout=max(timeout, 0.001))
-            except ResponseError as exc:
-                self._suspect = False
-                if missing_code(exc):  # nothing ran: the node lacks the scripts; load them, send again
-                    return self._run(call)
-                proto.raise_mapped(exc, call)
-            except (redis.TimeoutError, redis.ConnectionError):
-                self._suspect = True
-                pool.disconnect(inuse_connections=False)
-                raise
-            except redis.RedisError:
-                raise
-            except Exception as exc:  # a cut from another thread tore the parser down mid-read
-                self._suspect = True
-                connection.disconnect()
-                raise redis.ConnectionError(f"the attempt was cut: {exc!r}") from exc
-        finally:
-            if cutter is not None:
-                cutter.drop()
-            if own:
-                connection.disconnect()
-            else:
-                pool.release(connection)
-        self._suspect = False
+        reply = self._try([call], timeout, cutter)[0]
+        if isinstance(reply, ResponseError):
+            proto.raise_mapped(reply, call)
         return call.read(reply)
 
-    def _attempt_many(self, calls: list[proto.Call[Any]], timeout: float) -> list[Any]:
-        """Send ``calls`` in one round trip (no transaction), once; the replies, errors as values.
+    def _attempt_many(
+        self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None = None
+    ) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction), once, within ``timeout``; the replies.
 
-        The worker's pipelined ``_attempt`` (a job's end and the next claim
-        together): the same connections, timeouts and suspicion.  A reply
-        is read by its caller (``Call.read``; a ResponseError is left for
-        ``proto.raise_mapped``).
+        Every step is bounded (``_attempt.WorkerConnections``): a free
+        connection of the worker's own, connecting and its handshake, the
+        send, each reply.  A reply that does not come in time raises
+        ``redis.TimeoutError`` and gives its connection up with the idle
+        ones (they may be half-open); ``NotSent`` says nothing left.  Error
+        replies are values, read by the caller (``Call.read``,
+        ``proto.raise_mapped``).  A node without the scripts gets them on the
+        same connection, within the same time.  ``cutter`` lets another
+        thread end the wait.  On Redis Cluster and on a single-connection
+        client this is ``_pipeline_run``.
         """
-        r = self.redis
-        if not isinstance(r, redis.Redis) or r.connection is not None or self._suspect:
+        if not self._bounded():
             return self._pipeline_run(calls)
-        pool = self._worker_pool()
-        connection = pool.get_connection()
-        rendering = self._render()
+        return self._try(calls, timeout, cutter)
+
+    def _try(self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None) -> list[Any]:
+        connections = self._connections()
+        deadline = time.monotonic() + max(timeout, 0.001)
         try:
-            packed = connection.pack_commands(  # type: ignore[no-untyped-call]
-                [rendering.command(call.args) for call in calls]
-            )
-            connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
-            replies: list[Any] = []
-            for _ in calls:
-                try:
-                    replies.append(connection.read_response(timeout=max(timeout, 0.001)))
-                except ResponseError as exc:
-                    replies.append(exc)
-        except (redis.TimeoutError, redis.ConnectionError):
-            self._suspect = True
-            pool.disconnect(inuse_connections=False)  # the connection itself: read_response closed it
+            with connections.connection(deadline) as connection:
+                rendering = self._rendering or self._probe_on(connections, connection, deadline)
+                commands = [rendering.command(call.args) for call in calls]
+                replies = connections.round_trip(connection, commands, deadline, cutter)
+                if any(_missing(reply) for reply in replies):
+                    self._load_on(connections, connection, rendering, calls, replies, deadline)
+        except NotSent:
             raise
-        finally:
-            pool.release(connection)
-        for i, reply in enumerate(replies):
-            if isinstance(reply, ResponseError) and missing_code(reply):  # nothing ran: load, send again
-                try:
-                    replies[i] = self._send(calls[i].args)
-                except ResponseError as exc:
-                    replies[i] = exc
+        except (redis.TimeoutError, redis.ConnectionError):
+            connections.drop_idle()
+            raise
         return replies
 
-    def _worker_pool(self) -> redis.ConnectionPool:
-        """The connections ``_attempt`` uses: the caller's settings, without redis-py's retries."""
-        pool = self._pool
-        if pool is None:
-            base = cast("redis.Redis", self.redis).connection_pool
-            options = dict(base.connection_kwargs)
-            options["retry"] = Retry(NoBackoff(), 0)
-            for name in ("socket_timeout", "socket_connect_timeout"):
-                given = options.get(name)
-                options[name] = WORKER_CONNECT_S if given is None else min(float(given), WORKER_CONNECT_S)
-            pool = self._pool = redis.ConnectionPool(connection_class=base.connection_class, **options)
-        return pool
+    def _bounded(self) -> bool:
+        """Whether this client's worker commands go through bounded attempts (a plain pooled Redis)."""
+        r = self.redis
+        return isinstance(r, redis.Redis) and r.connection is None
+
+    def _connections(self) -> WorkerConnections:
+        connections = self._pool
+        if connections is None:
+            connections = self._pool = WorkerConnections(cast("redis.Redis", self.redis).connection_pool)
+        return connections
+
+    def _reserve(self, n: int) -> None:
+        """A worker's share of the bounded attempts' connections (its slots and its own loops)."""
+        if self._bounded():
+            self._connections().reserve(n)
+
+    def _unreserve(self, n: int) -> None:
+        if self._pool is not None:
+            self._pool.unreserve(n)
+
+    def _subscriber(self) -> Any:
+        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+        if self._bounded():
+            return self._connections().subscriber()
+        return self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+
+    def _distrust(self) -> None:
+        """Something suggests the connections are half-open (a dead subscription): open fresh ones."""
+        if self._pool is not None:
+            self._pool.drop_idle()
+
+    def _probe_on(self, connections: WorkerConnections, connection: Any, deadline: float) -> Rendering:
+        """``_render`` for a bounded attempt: the backend probe on the attempt's own connection."""
+        (reply,) = connections.round_trip(connection, [PROBE], deadline)
+        rendering = self._rendering = Rendering(
+            backend_from_probe(None if isinstance(reply, ResponseError) else reply), self._limits
+        )
+        return rendering
+
+    def _load_on(
+        self,
+        connections: WorkerConnections,
+        connection: Any,
+        rendering: Rendering,
+        calls: list[proto.Call[Any]],
+        replies: list[Any],
+        deadline: float,
+    ) -> None:
+        """The node lacked the scripts (nothing ran): load them on this connection, send those calls again."""
+        load = rendering.load()
+        if load is not None:
+            (loaded,) = connections.round_trip(connection, [load], deadline)
+            if isinstance(loaded, ResponseError) and load_refused(loaded):  # no FUNCTION LOAD here: EVAL
+                rendering = self._rendering = rendering.as_eval()
+        again = [i for i, reply in enumerate(replies) if _missing(reply)]
+        commands = [rendering.again(rendering.command(calls[i].args)) for i in again]
+        for i, reply in zip(again, connections.round_trip(connection, commands, deadline), strict=True):
+            replies[i] = reply
 
     def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease: the job's deadline becomes server-now + ``lease_ms``.
@@ -1027,5 +1037,5 @@ class Client:
     def close(self) -> None:
         """Close the redis client's connections (and a worker's own)."""
         if self._pool is not None:
-            self._pool.disconnect()
+            self._pool.close()
         self.redis.close()

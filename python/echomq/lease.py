@@ -20,11 +20,16 @@ EMQ.CHECKPOINT also brings back a cancel requested with ``Client.cancel``
 from anywhere: the token is cancelled with that request's reason and the
 lease keeps running while the handler winds down.
 
-A checkpoint's answer is awaited at most an interval (never past the
-deadline): one that takes longer is given up with its connection, which may
-be half-open, and the next goes out on a fresh one.  ``stop()`` does not
-wait for a checkpoint in flight (its answer can no longer change anything):
-it cuts it short.
+A checkpoint's answer is awaited ``ATTEMPT_TIMEOUT_S`` (longer after each
+one that got none, at most an interval, never past the deadline): one that
+takes longer is given up with its connection, which may be half-open, and
+the next goes out on a fresh one.  ``stop()`` does not wait for a
+checkpoint in flight (its answer can no longer change anything): it cuts it
+short.
+
+A worker's keepers share one thread (``SharedKeeper``) that checkpoints
+every held job that is due in one batch: one pipeline per tick, however
+many jobs the worker holds (``_runtime.checkpoint_round``).
 
 The rules are ``_runtime.HeldJob``'s; this file only waits and sends.
 """
@@ -35,6 +40,7 @@ import math
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 from . import _protocol as proto
 from ._runtime import (
@@ -43,6 +49,8 @@ from ._runtime import (
     LOST_STALE,
     KeeperCore,
     LeaseEvent,
+    checkpoint_round,
+    lease_log,
     lost_reason,
     state_refused,
 )
@@ -112,10 +120,7 @@ class LeaseKeeper(KeeperCore[Client]):
         self._stop.set()
         if self._shared is not None:
             self._shared.discard(self)
-        if self._cutter.cut():
-            # Its connection went back to the pool closed: the next attempt
-            # must not reconnect through the pool's unbounded handshake.
-            self.client._suspect = True
+        self._cutter.cut()
         if thread is not None and thread is not threading.current_thread():
             thread.join(STOP_JOIN_S)
         WATCH.remove(self._held)
@@ -138,16 +143,20 @@ class LeaseKeeper(KeeperCore[Client]):
         """A handler's checkpoint: True when the server confirmed it (and stored ``state``, if given)."""
         return self._checkpoint(None, state)[0]
 
-    def _confirm(self, timeout: float) -> bool:
-        """Before ``start()``: one checkpoint for a claim answered late; True if the server confirmed it."""
+    def _confirm(self, timeout: float) -> bool | None:
+        """Before ``start()``: one try to confirm a claim answered late.
+
+        True: confirmed (the lease runs from this send); False: the job is
+        not ours (stale, gone); None: no answer, try again (the worker
+        does, within a lease).
+        """
         sent = self._clock()
         job = self.job
         try:
             call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
             requested = self.client._attempt(call, timeout)
         except Exception as exc:
-            self._confirm_failed(exc)
-            return False
+            return False if self._confirm_failed(exc) else None
         self._confirmed(sent, requested)
         return True
 
@@ -175,35 +184,28 @@ class LeaseKeeper(KeeperCore[Client]):
         except BadArgument as exc:
             if state is not None:  # a state past emq.max-state-bytes: the handler's to fix; nothing written
                 raise
-            return self._failed(exc)
+            self._checkpoint_failed(exc)
+            return False, None
         except Exception as exc:
             if state is not None and state_refused(exc):  # past maxmemory: keep the lease without it
                 self._state_not_stored(exc)
                 return False, self._checkpoint(cutter)[1]
-            return self._failed(exc)
-        requested = requested if self.deliver_cancel else None
-        with self._lock:
-            self._held.confirmed(sent, self._clock(), requested)
-        self._troubles.healed()
-        return True, requested
-
-    def _failed(self, exc: BaseException) -> tuple[bool, None]:
-        with self._lock:
-            event = self._held.failed(exc, self._clock())
-        if event is LeaseEvent.RETRY:  # not after stop(): a cut attempt is no trouble
-            self._troubles.report(exc, "checkpoint", self.job)
-        return False, None
+            self._checkpoint_failed(exc)
+            return False, None
+        return True, self._checkpoint_answered(sent, requested)
 
 
 class SharedKeeper:
-    """One thread that checkpoints every job a worker holds, instead of a thread per job.
+    """One thread that checkpoints every job a worker holds, in batches, instead of a thread per job.
 
     Each held job keeps its ``LeaseKeeper`` (the handler's ``checkpoint()``,
-    the rules, ``stop()``); this thread only sleeps until the earliest held
-    job is due, then starts that job's checkpoint in a thread of its own,
-    set as the keeper's ``_thread`` under its lock, so ``stop()`` cuts and
-    joins it as it would the keeper's own.  A worker running a thousand
-    short jobs a second starts no thread for them.
+    the rules, ``stop()``); this thread sleeps until the earliest held job
+    is due, then checkpoints every job due (and those due soon) in one
+    pipeline (``_runtime.checkpoint_round``): a worker holding five hundred
+    jobs sends one command per tick, not five hundred at once.  It starts
+    no thread per checkpoint; if its own thread cannot be started (a
+    process at its limits) or dies, ``ensure()`` (the worker's supervisor
+    calls it every tick) starts it again.
     """
 
     def __init__(self, name: str) -> None:
@@ -215,17 +217,38 @@ class SharedKeeper:
         self._closed = False
         self._changes = 0  # additions, so one made while the thread looked is not slept past
         self._thread: threading.Thread | None = None
+        self._start_failed = False
 
     def add(self, keeper: LeaseKeeper) -> None:
         with self._cond:
             self._keepers[keeper] = None
             self._by_id[keeper.job.id] = keeper
             self._changes += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            elif keeper._held.next_checkpoint < self._wakes_at:
+            if keeper._held.next_checkpoint < self._wakes_at:
                 self._cond.notify()
+        self.ensure()
+
+    def ensure(self) -> bool:
+        """Start the thread unless it runs (never started, could not start, died); True if it runs."""
+        with self._cond:
+            if self._closed or (self._thread is not None and self._thread.is_alive()):
+                return not self._closed
+            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": the next add() or tick tries again
+                if not self._start_failed:
+                    lease_log.error(
+                        "%s: cannot start the lease keeper's thread (%s); trying again", self._name, exc
+                    )
+                self._start_failed = True
+                self._thread = None
+                return False
+            if self._start_failed:
+                lease_log.warning("%s: the lease keeper's thread runs again", self._name)
+            self._start_failed = False
+            self._thread = thread
+            return True
 
     def discard(self, keeper: LeaseKeeper) -> None:
         with self._cond:
@@ -246,12 +269,24 @@ class SharedKeeper:
         keeper.checkpoint()
         return True
 
+    def checkpoint_all(self) -> None:
+        """Checkpoint every held job now, in one batch (cancels published while nobody listened)."""
+        with self._cond:
+            keepers = list(self._keepers)
+        for keeper in keepers:
+            with keeper._lock:
+                if keeper._held.active:
+                    keeper._held.next_checkpoint = min(keeper._held.next_checkpoint, keeper._clock())
+        with self._cond:
+            self._changes += 1
+            self._cond.notify()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify()
             thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread.ident is not None and thread is not threading.current_thread():
             thread.join()
 
     def _run(self) -> None:
@@ -261,24 +296,14 @@ class SharedKeeper:
                     return
                 keepers = list(self._keepers)
                 seen = self._changes
-            wait: float | None = None
-            for keeper in keepers:
-                with keeper._lock:
-                    left = keeper._held.wait_before_checkpoint(keeper._clock())
-                    if left is None:
-                        continue
-                    busy = keeper._thread is not None and keeper._thread.is_alive()
-                    if left <= 0.0 and not busy:
-                        keeper._thread = threading.Thread(
-                            target=keeper._checkpoint,
-                            args=(keeper._cutter,),
-                            name=f"echomq-lease-{keeper.job.id}",
-                            daemon=True,
-                        )
-                        keeper._thread.start()
-                    if left <= 0.0:
-                        left = keeper._held.interval
-                wait = left if wait is None else min(wait, left)
+            try:
+                batch, wait = checkpoint_round(keepers)
+                if batch:
+                    self._send(batch)  # type: ignore[arg-type]
+                    continue  # look again at once: the answers moved every deadline
+            except Exception as exc:  # a bug, or memory: logged, and the keeper goes on
+                lease_log.error("%s: a checkpoint round failed: %r", self._name, exc, exc_info=exc)
+                wait = 0.1
             with self._cond:
                 if self._closed:
                     return
@@ -287,3 +312,20 @@ class SharedKeeper:
                 self._wakes_at = math.inf if wait is None else time.monotonic() + wait
                 self._cond.wait(wait)
                 self._wakes_at = -math.inf
+
+    @staticmethod
+    def _send(batch: list[LeaseKeeper]) -> None:
+        """One pipeline of checkpoints; each reply settles its own job, a failure all of them."""
+        client = batch[0].client
+        calls: list[proto.Call[Any]] = [keeper._checkpoint_call(None) for keeper in batch]
+        sent = time.monotonic()
+        timeout = min(keeper._held.checkpoint_timeout(sent) for keeper in batch)
+        try:
+            replies = client._attempt_many(calls, timeout)
+        except Exception as exc:
+            events = [keeper._checkpoint_failed(exc, report=False) for keeper in batch]
+            if LeaseEvent.RETRY in events:  # once per batch, not once per job
+                batch[0]._troubles.report(exc, f"checkpoint of {len(batch)} jobs")
+            return
+        for keeper, call, reply in zip(batch, calls, replies, strict=True):
+            keeper._checkpoint_replied(sent, call, reply)

@@ -14,41 +14,45 @@ period, and gives jobs back.  A job whose lease was lost is never completed
 or failed by this worker: it belongs to whoever holds it now.  What to do
 when a handler ends, how a shutdown proceeds, and the stats are
 ``_runtime.WorkerCore``'s; this file only runs threads and sends commands.
+
+Two rules hold on every path out of a thread's loop, a second signal's
+included: a job a claim answered is run or given back (``_settle``: the
+jobs a job's end brought, and the jobs a claim whose answer was lost may
+have taken, asked again by its REQ); and every command is bounded, by its
+job's lease and by the stop (``WorkerCore._bounded``).  Idle threads take
+turns at one waiting claim (``_ClaimGate``), so they never hold the
+connections the running jobs' ends and checkpoints need.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import inspect
 import signal
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from types import FrameType, TracebackType
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
-from . import _protocol as proto
+from ._finisher import Finisher, _GaveUp, _Stopped
 from ._log import CURRENT_JOB
-from ._protocol import keys_of
+from ._pushes import CancelListener
 from ._runtime import (
     ATTEMPT_TIMEOUT_S,
     Action,
     Backoff,
     ClaimStep,
     Finish,
-    HeldJob,
-    Trouble,
-    WorkerCore,
     WorkerStats,
     error_text,
-    worker_log,
 )
 from ._watch import WATCH
 from .cancel import CancelToken
-from .client import Client, Job
+from .client import Client, Cutter, Job
 from .context import JobContext
-from .errors import JobGone, LeaseLost, NotReplicated
+from .errors import NotReplicated
 from .lease import LeaseKeeper, SharedKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
@@ -59,17 +63,48 @@ Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
 
 # How often the supervising thread looks at signals, the grace and its threads.
 TICK_S = 0.05
-# How often the cancel listener looks up from its subscription (to see the worker stop).
-CANCEL_POLL_S = 0.2
-# After a forced stop, how long the jobs still held may take to be given back.
-FORCE_BUDGET_S = 0.4
+# Connections a worker needs besides one per slot: its keeper's batch, a
+# pushed cancel's checkpoint, the supervisor's give-backs.
+OWN_LOOPS = 3
 
 
-class _GaveUp(Exception):
-    """A command could not be sent before its deadline (or a forced stop); the last error is the cause."""
+class _ClaimGate:
+    """One waiting claim per worker: idle threads take turns at it instead of each waiting on the server.
+
+    A waiting claim holds a connection for up to a second; a hundred idle
+    threads would hold a hundred, and the running jobs' ends and
+    checkpoints would find none.  A thread whose turn comes claims (and is
+    answered at once while jobs are there), then lets the next one go.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._taken = False
+
+    def enter(self, stopping: Callable[[], bool]) -> bool:
+        """Wait for the turn; False when the worker stops first (``wake_all``).
+
+        No timed polling: a hundred idle threads sleep until the turn passes.
+        """
+        with self._cond:
+            while self._taken and not stopping():
+                self._cond.wait()
+            if stopping():
+                return False
+            self._taken = True
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            self._taken = False
+            self._cond.notify()
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
 
-class Worker(WorkerCore[Client, Handler]):
+class Worker(Finisher[Handler]):
     """Runs ``handler`` for the jobs of ``queue``, ``concurrency`` at a time, in threads.
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
@@ -110,6 +145,7 @@ class Worker(WorkerCore[Client, Handler]):
     """
 
     _client_type = Client
+    _push_cancels = True  # subscribe to <base>cancel (tests switch it off: then only checkpoints deliver)
 
     def _check_handler(self, handler: object) -> None:
         call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
@@ -121,15 +157,18 @@ class Worker(WorkerCore[Client, Handler]):
         self._wake = threading.Event()  # set when stopping: idle and backing-off threads look again
         self._forced_event = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._handling: set[threading.Thread] = set()  # threads in a handler now (a forced stop leaves them)
         self._supervisor: threading.Thread | None = None
         self._supervisor_ident: int | None = None
         self._started = False
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
         self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
+        self._gate = _ClaimGate()
+        self._claim_cutter = Cutter()  # stop() cuts the waiting claim (one at a time: _ClaimGate)
         self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
-        self._listener: threading.Thread | None = None  # pushed cancels (<base>cancel)
-        self._done_listening = threading.Event()
+        self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
+        self._reserved = 0
 
     # -- control ---------------------------------------------------------------
 
@@ -179,7 +218,7 @@ class Worker(WorkerCore[Client, Handler]):
         if self.replica_wait is not None:
             self.client._check_wait(self.replica_wait)
 
-    def _replicated(self, jobs: list[Job], *, loop: bool = True) -> list[Job]:
+    def _replicated(self, jobs: list[Job], claimed_at: float, *, loop: bool = True) -> list[Job]:
         """With ``replicas=``: the claimed jobs once the replicas have them; none if they were given back.
 
         In a claim loop the thread then pauses ``poll_interval``; for ``work_one`` (``loop=False``)
@@ -189,7 +228,12 @@ class Worker(WorkerCore[Client, Handler]):
             return jobs
         try:
             return self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
-        except NotReplicated as exc:
+        except Exception as exc:
+            if not isinstance(exc, NotReplicated):  # a bug, not the replicas: logged, the jobs given back
+                self._trouble(exc, "waiting for replicas")
+                for job in jobs:
+                    self._give_back_unrun(job, claimed_at)
+                return []
             self._not_replicated(exc)
             if not loop:
                 raise
@@ -209,6 +253,8 @@ class Worker(WorkerCore[Client, Handler]):
         with self._lock:
             self._request_stop(time.monotonic(), grace)
         self._wake.set()
+        self._gate.wake_all()
+        self._claim_cutter.cut()
         me = threading.get_ident()
         if not self._started or me == self._supervisor_ident or threading.current_thread() in self._threads:
             return
@@ -234,10 +280,12 @@ class Worker(WorkerCore[Client, Handler]):
 
     def _spawn_loops(self) -> None:
         WATCH.retain()  # one deadline-watch thread for all this worker's jobs
-        self._listener = threading.Thread(
-            target=self._listen_for_cancels, name=f"echomq-worker-{self.queue}-cancels", daemon=True
-        )
-        self._listener.start()
+        self._reserved = self.concurrency + OWN_LOOPS
+        self.client._reserve(self._reserved)
+        if self._push_cancels:
+            holding: Callable[[], bool] = lambda: len(self._held) > 0  # noqa: E731 (the listener pings only then)
+            self._listener = CancelListener(self.client, self.queue, self._keepers, holding)
+            self._listener.ensure()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -284,18 +332,34 @@ class Worker(WorkerCore[Client, Handler]):
                             self._interrupt = exc
                         first = self._request_stop(time.monotonic())
                     self._wake.set()
+                    self._gate.wake_all()
                     if not first:
                         self._go_forced()
                         return
         finally:
-            for t in self._threads:
-                t.join(0 if self._forced else None)
+            self._join_threads()
             self._keepers.close()
-            self._done_listening.set()
             if self._listener is not None:
-                self._listener.join(CANCEL_POLL_S + 1.0)
+                self._listener.close()
+            self.client._unreserve(self._reserved)
             WATCH.release()
             self._stopped()
+
+    def _join_threads(self) -> None:
+        """Wait for the threads; after a forced stop, only for those not in a handler, within the budget.
+
+        Those threads are giving jobs back or settling a claim's answer,
+        every command bounded by the force's budget: a job a claim answered
+        is released before the process goes, a second signal or not.
+        """
+        for t in self._threads:
+            if not self._forced:
+                t.join()
+                continue
+            with self._lock:
+                in_handler = t in self._handling
+            if not in_handler:
+                t.join(max(0.0, self._force_until - time.monotonic()) + 0.2)
 
     def _supervise_step(self) -> bool:
         """One look at signals, the grace and the threads; True when the worker is done."""
@@ -308,13 +372,19 @@ class Worker(WorkerCore[Client, Handler]):
             wait = self._shutdown_tick(now)
             if wait == 0.0:
                 force = True
+            holding = len(self._held) > 0
         if stopping:
             self._wake.set()
+            self._gate.wake_all()
         if force:
             self._go_forced()
             return True
         if not any(t.is_alive() for t in self._threads):
             return True
+        if holding:
+            self._keepers.ensure()  # a keeper thread that could not start (or died) runs again
+        if self._listener is not None and not stopping:
+            self._listener.ensure()
         time.sleep(TICK_S if wait is None else min(wait, TICK_S))
         return False
 
@@ -324,230 +394,119 @@ class Worker(WorkerCore[Client, Handler]):
             stuck = self._force()
         self._forced_event.set()
         self._wake.set()
-        until = time.monotonic() + FORCE_BUDGET_S
+        self._gate.wake_all()
         for held in stuck:
-            self._give_back(held, until)
-
-    # -- pushed cancels ----------------------------------------------------------
-
-    def _listen_for_cancels(self) -> None:
-        """Subscribe to ``<base>cancel``: a cancel of a job held here is checkpointed at once.
-
-        EMQ.CANCEL publishes the job's id there when it records a request
-        for a running job; the checkpoint it triggers delivers the reason to
-        the handler's token (and is fenced as any checkpoint).  One
-        connection for the worker; a lost message, or a lost connection, is
-        harmless: the lease keeper's next checkpoint delivers the cancel
-        anyway, as it always did.
-        """
-        channel = keys_of(self.queue).base + "cancel"
-        pubsub = None
-        while not self._done_listening.is_set():
-            try:
-                if pubsub is None:
-                    pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                    pubsub.subscribe(channel)
-                message = pubsub.get_message(timeout=CANCEL_POLL_S)
-                if message is not None and message.get("type") == "message":
-                    self._keepers.pushed(proto.text(message["data"]))
-            except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
-                worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
-                pubsub = None
-                self._done_listening.wait(CANCEL_POLL_S)
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+            self._give_back(held, self._force_until)
 
     # -- a worker thread -------------------------------------------------------
 
     def _loop(self) -> None:
         pause, step = Backoff(), ClaimStep()
         ready: tuple[list[Job], float] | None = None  # claimed with the last job's end
-        while not self._stop_requested:
-            if ready is not None:
-                (jobs, claimed_at), ready = ready, None
-                jobs = self._replicated(jobs)
-                if not jobs:
-                    continue
-            else:
-                try:
-                    jobs, claimed_at = self._claim(step)
-                except _GaveUp:
-                    self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
-                    continue
-                except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
-                    self._trouble(exc, "claim")
-                    self._wake.wait(self.poll_interval)
-                    continue
-                pause = Backoff()
-                jobs = self._replicated(jobs)
-                if not jobs:  # the claim waited on the server; the rest of poll_interval here
-                    rest = self.poll_interval - (time.monotonic() - claimed_at)
-                    if rest > 0.001:
-                        self._wake.wait(rest)
-                    continue
-            for n, job in enumerate(jobs):
-                try:
-                    finish = self._process(job, claimed_at, defer=True)
-                    if finish is None:
+        try:
+            while True:
+                if ready is not None:  # run, or given back unrun when stopping (_process)
+                    (jobs, claimed_at), ready = ready, None
+                    jobs = self._replicated(jobs, claimed_at)
+                elif self._stop_requested:
+                    return
+                else:
+                    claimed = self._take_turn(step, pause)
+                    if claimed is None:
                         continue
-                    if n == len(jobs) - 1 and not self._stop_requested and finish.action is not Action.DROP:
-                        ready = self._finish_and_claim(finish, step)
-                    else:
-                        self._finish(finish)
-                except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
-                    self._trouble(exc, "processing a job", job)
+                    pause = Backoff()
+                    jobs, claimed_at = claimed
+                ready = self._run_jobs(jobs, claimed_at, step)
+        finally:
+            self._settle(step, ready)
 
-    def _finish_and_claim(self, finish: Finish, step: ClaimStep) -> tuple[list[Job], float] | None:
-        """Send a job's end and the next claim in one round trip; the jobs claimed, if any.
-
-        A COMPLETE goes as one EMQ.COMPLETECLAIM; a FAIL or RELEASE and the
-        claim go pipelined.  Each half keeps its own safety: the end is
-        fenced by the job's token (a repeat answers its first reply), the
-        claim carries its REQ (a repeat answers the jobs it took).  Without
-        an answer, the end goes the ordinary way (``_finish``, retried until
-        its lease ends) and the claim step keeps the REQ, so the loop's next
-        claim is answered with whatever this one took.
-        """
-        job = finish.job
-        sent = time.monotonic()
-        timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000, max(finish.held.confirmed_until - sent, 0.0))
-        if finish.action is Action.COMPLETE and self._complete_claim:
-            call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
-            step.adopt(proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call)), sent)
+    def _take_turn(self, step: ClaimStep, pause: Backoff) -> tuple[list[Job], float] | None:
+        """This thread's turn at the worker's one waiting claim; the jobs it brought, or None."""
+        if not self._gate.enter(lambda: self._stop_requested):
+            return None
+        try:
             try:
-                both = self.client._attempt(call, timeout)
-            except LeaseLost as exc:  # stale: nothing was written, nothing claimed
-                step.answered([])
-                with self._lock:
-                    self._refused(finish, exc)
-                return None
-            except Exception as exc:
-                if "unknown command" in str(exc).lower():  # an older module: send the two verbs
-                    self._complete_claim = False
-                    step.answered([])
-                else:
-                    step.failed()
-                    self._trouble(exc, finish.action.value, job)
-                self._finish(finish)
-                return None
-            with self._lock:
-                if both.gone:
-                    self._refused(finish, JobGone("the job row is gone", job.id))
-                else:
-                    self._healed()
-                    self._landed(finish)
-            return self._claimed(step, both.jobs, sent)
-        end = self._end_call(finish)
-        claim, claimed_at = step.next(lambda: self._claim_call(False), sent)
-        try:
-            end_reply, claim_reply = self.client._attempt_many([end, claim], timeout)
-        except Exception as exc:
-            step.failed()
-            self._trouble(exc, finish.action.value, job)
-            self._finish(finish)
+                jobs, claimed_at = self._claim(step, settle=True)
+            finally:
+                self._gate.leave()
+        except _Stopped:
             return None
-        try:
-            where = proto.read_reply(end, end_reply)
-        except LeaseLost as exc:
-            with self._lock:
-                self._refused(finish, exc)
-        except Exception as exc:  # an answer that is no verdict: the ordinary way, with its retries
-            self._trouble(exc, finish.action.value, job)
-            self._finish(finish)
-        else:
-            with self._lock:
-                self._healed()
-                self._landed(finish, where)  # type: ignore[arg-type]
-        try:
-            jobs = proto.read_reply(claim, claim_reply)
-        except Exception as exc:
+        except _GaveUp:
+            self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
+            return None
+        except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
             self._trouble(exc, "claim")
+            self._wake.wait(self.poll_interval)
             return None
-        return self._claimed(step, jobs, claimed_at)
-
-    @staticmethod
-    def _claimed(step: ClaimStep, jobs: list[Job], claimed_at: float) -> tuple[list[Job], float] | None:
-        step.answered(jobs)
-        if not jobs:
-            step.call = None  # answered: nothing claimed for this REQ, and the next claim may wait
+        jobs = self._replicated(jobs, claimed_at)
+        if not jobs:  # the claim waited on the server; the rest of poll_interval here
+            rest = self.poll_interval - (time.monotonic() - claimed_at)
+            if rest > 0.001:
+                self._wake.wait(rest)
             return None
         return jobs, claimed_at
+
+    def _run_jobs(
+        self, jobs: list[Job], claimed_at: float, step: ClaimStep
+    ) -> tuple[list[Job], float] | None:
+        """Run (or, stopping, give back) each job; the last one's end claims the next: what it brought."""
+        ready = None
+        for n, job in enumerate(jobs):
+            try:
+                finish = self._process(job, claimed_at, defer=True)
+                if finish is None:
+                    continue
+                if n == len(jobs) - 1 and not self._stop_requested and finish.action is not Action.DROP:
+                    ready = self._finish_and_claim(finish, step)
+                else:
+                    self._finish(finish)
+            except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
+                self._trouble(exc, "processing a job", job)
+        return ready
 
     def work_one(self) -> bool:
         """Claim and process one job in this thread; False when the queue had none.
 
         With ``replicas=``: ``NotReplicated`` when the replicas did not confirm the claim (given back).
         """
+        step = ClaimStep()
         try:
-            jobs, claimed_at = self._claim(wait=False)
+            jobs, claimed_at = self._claim(step, wait=False)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
-        jobs = self._replicated(jobs, loop=False)
+        jobs = self._replicated(jobs, claimed_at, loop=False)
         for job in jobs:
             self._process(job, claimed_at)
         return bool(jobs)
 
-    def _claim(self, step: ClaimStep | None = None, wait: bool = True) -> tuple[list[Job], float]:
+    def _claim(self, step: ClaimStep, wait: bool = True, settle: bool = False) -> tuple[list[Job], float]:
         """One claim step: the jobs of one EMQ.CLAIM, and when (``time.monotonic()``) its REQ was first sent.
 
         The same call (so the same REQ) is sent again after a lost reply
         until it is answered (or a forced stop), and by the loop's next
         steps until it brings jobs back (``ClaimStep``): a job the server
         handed to a reply we did not get comes back to us, and one answered
-        late has its lease confirmed before it runs (``_process``).  With ``wait``
-        the claim waits on the server for a job (``claim_block_ms``).  The
-        command is ``_claim_call()``'s, shared with the asyncio worker.
+        late has its lease confirmed before it runs (``_process``).  With
+        ``wait`` the claim waits on the server for a job (``claim_block_ms``).
+        With ``settle``, a stop ends the tries at once unless one got no
+        answer (``_Stopped``); then the thread's ``_settle`` asks again.
+        The waiting claim can be cut by ``stop()`` (``_claim_cutter``): a
+        waiting claim whose connection drops claims nothing, and a frozen
+        server cannot hold the stop for a whole try.
+        The command is ``_claim_call()``'s, shared with the asyncio worker.
         """
-        step = step if step is not None else ClaimStep()
         call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
         extra = self.claim_block_ms / 1000 if wait else 0.0
+        cutter = self._claim_cutter if settle else None
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
         # attempt waits at most a third of the lease, plus the server-side wait.
         jobs = self._send_until(
-            call, None, "claim", extra_s=extra, on_retry=step.failed, cap_s=self.lease_ms / 3000
-        )
+            partial(self.client._attempt, call, cutter=cutter), None, "claim", extra_s=extra,
+            on_lost_reply=step.failed, cap_s=self.lease_ms / 3000, stop_ok=settle,
+        )  # fmt: skip
         step.answered(jobs)
         return jobs, claimed_at
-
-    def _send_until(
-        self,
-        call: proto.Call[T],
-        until: float | None,
-        doing: str,
-        job: Job | None = None,
-        extra_s: float = 0.0,
-        on_retry: Callable[[], None] | None = None,
-        cap_s: float | None = None,
-    ) -> T:
-        """Send ``call`` until it is answered, ``until`` passes, or a forced stop: then ``_GaveUp``.
-
-        ``LeaseLost`` is an answer: it is raised as is.  So is a permanent
-        error while the worker is stopping (nothing to wait for).
-        """
-        backoff = Backoff(until)
-        while True:
-            try:
-                timeout = backoff.timeout(time.monotonic())
-                timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
-                reply = self.client._attempt(call, timeout)
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                kind = self._trouble(exc, doing, job)
-                if on_retry is not None:
-                    on_retry()
-                wait = backoff.next_wait(time.monotonic())
-                if wait is None or self._forced or (kind is Trouble.PERMANENT and self._stop_requested):
-                    raise _GaveUp(doing) from exc
-                self._forced_event.wait(wait)
-                continue
-            self._healed()
-            return reply
 
     def _process(self, job: Job, claimed_at: float, defer: bool = False) -> Finish | None:
         """Run ``job``'s handler under its lease; send its end, or with ``defer`` return it to send."""
@@ -561,32 +520,28 @@ class Worker(WorkerCore[Client, Handler]):
         held = keeper._held
         with self._lock:
             run_it = self._took(held)
-        if run_it and self.metrics is not None:
-            self.metrics.claimed_with_wait(self.client, job)
         context = CURRENT_JOB.set(job)
         try:
             if not run_it:  # the claim was in flight when stop() came: give it back unrun
-                self._give_back(held, held.confirmed_until)
+                self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
                 return None
-            if held.needs_confirmation(time.monotonic()) and not keeper._confirm(ATTEMPT_TIMEOUT_S):
+            if self.metrics is not None:
+                self.metrics.claimed_with_wait(self.client, job)
+            if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
                 with self._lock:
                     self._let_go(held)
                     self._decide(held, None)  # lost: counted, nothing sent
                 return None
-            error: BaseException | None = None
-            interrupted = False
-            keeper.start()
             try:
-                if self._context_style:
-                    cast("Callable[[JobContext], object]", self.handler)(JobContext(job, cancel, keeper))
-                else:
-                    cast("Callable[[Job, CancelToken], object]", self.handler)(job, cancel)
-            except Exception as exc:  # the handler's failure is the job's, not the worker's
-                error = exc
-            except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
-                error, interrupted = exc, True
-            finally:
+                keeper.start()
+            except BaseException:  # no keeper (a thread that cannot start): not run, given back
                 keeper.stop()
+                with self._lock:
+                    self._let_go(held)
+                    held.given_back = True
+                self._give_back(held, held.confirmed_until)
+                raise
+            error, interrupted = self._call_handler(job, cancel, keeper)
             with self._lock:
                 self._let_go(held)
                 finish = self._decide(held, error, interrupted)
@@ -595,6 +550,7 @@ class Worker(WorkerCore[Client, Handler]):
                     self._interrupted(error, time.monotonic())
             if interrupted:
                 self._wake.set()
+                self._gate.wake_all()
             if defer:
                 return finish
             self._finish(finish)
@@ -602,27 +558,48 @@ class Worker(WorkerCore[Client, Handler]):
         finally:
             CURRENT_JOB.reset(context)
 
-    def _finish(self, finish: Finish) -> None:
-        """Send the job's end, again after connection trouble, until it lands or its lease ends."""
-        if finish.action is not Action.DROP:
-            self._send_end(finish, self._end_call(finish), finish.held.confirmed_until)
-
-    def _give_back(self, held: HeldJob, until: float) -> None:
-        """RELEASE a job this worker will not run (or not finish): no attempt used."""
-        job = held.job
-        self._send_end(Finish(held, Action.RELEASE), proto.release(job.queue, job.id, job.token), until)
-
-    def _send_end(self, finish: Finish, call: proto.Call[Any], until: float) -> None:
-        """Send ``call`` (the job's end) until it lands or ``until``; settle the job by how it went."""
-        try:
-            where = self._send_until(call, until, finish.action.value, finish.job)
-        except LeaseLost as exc:
-            with self._lock:
-                self._refused(finish, exc)
-            return
-        except _GaveUp:
-            with self._lock:
-                self._unfinished(finish)
-            return
+    def _call_handler(
+        self, job: Job, cancel: CancelToken, keeper: LeaseKeeper
+    ) -> tuple[BaseException | None, bool]:
+        """Run the handler; (its exception or None, whether that exception asks the worker to stop)."""
+        me = threading.current_thread()
         with self._lock:
-            self._landed(finish, None if finish.action is Action.COMPLETE else where)
+            self._handling.add(me)
+        error: BaseException | None = None
+        interrupted = False
+        try:
+            if self._context_style:
+                cast("Callable[[JobContext], object]", self.handler)(JobContext(job, cancel, keeper))
+            else:
+                cast("Callable[[Job, CancelToken], object]", self.handler)(job, cancel)
+        except Exception as exc:  # the handler's failure is the job's, not the worker's
+            error = exc
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
+            error, interrupted = exc, True
+        finally:
+            with self._lock:
+                self._handling.discard(me)
+            keeper.stop()
+        return error, interrupted
+
+    def _confirm(self, keeper: LeaseKeeper) -> bool:
+        """A claim answered late: confirm its lease before the handler runs; True when confirmed.
+
+        Tried again after a lost answer (EXTEND takes a job still active with
+        its token, its lease lapsed or not: the server decides) within a
+        lease and the stop's bound; a stale or gone answer means it is not
+        ours; no answer in time, it is not ours to run (``LOST_UNCONFIRMED``).
+        """
+        backoff = Backoff()
+        until = time.monotonic() + self.lease_ms / 1000
+        while True:
+            backoff.until = self._bounded(until)
+            timeout = min(backoff.timeout(time.monotonic()), ATTEMPT_TIMEOUT_S)
+            confirmed = keeper._confirm(timeout)
+            if confirmed is not None:
+                return confirmed
+            wait = backoff.next_wait(time.monotonic())
+            if wait is None:
+                keeper._confirm_gave_up()
+                return False
+            self._forced_event.wait(wait)

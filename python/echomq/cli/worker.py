@@ -12,7 +12,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, cast
 
-from ..client import default_async_retry
 from ..errors import ModuleNotLoaded
 from ..retry import RetryPolicy
 from ._common import (
@@ -253,7 +252,7 @@ async def _run_async_worker(args: argparse.Namespace, handler: Any, settings: di
     from .. import asyncio as emq
 
     client = emq.Client.from_url(
-        args.url, cluster=args.cluster, backend=args.backend, retry=default_async_retry()
+        args.url, cluster=args.cluster, backend=args.backend
     )
     try:
         if args.backend == "module":  # as require_module: a server without it would look empty

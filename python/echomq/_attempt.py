@@ -1,0 +1,229 @@
+"""A worker's bounded attempts (threads): one try of a command, or of a pipeline, within a deadline.
+
+A worker retries every command itself, on its own schedule, with the same
+REQ or token each time (``_runtime.Backoff``); so each try here is one
+round trip whose every step ends by a deadline: waiting for a connection,
+connecting and shaking hands, sending, and reading each reply.  A reply
+that does not come in time gives its connection up (it may be half-open)
+and the idle ones with it, so the next try opens a fresh one.
+
+The connections are the worker's own (``WorkerConnections``), made with
+the caller's settings but without redis-py's retries, and at most
+``limit`` of them at once: a worker reserves what it needs (its slots and
+its own loops), never more than the caller's ``max_connections``.  A try
+that finds none free waits for one within its deadline; it then fails
+with ``NotSent`` (nothing left: a claim's REQ has nothing to resolve).
+
+The read's deadline is set on the socket itself rather than passed to
+``read_response(timeout=...)``, which redis-py before 6.0 does not take.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from .client import Cutter
+
+__all__ = ["NotSent", "WorkerConnections", "read_within"]
+
+# A worker's connections connect and shake hands within this (or the try's
+# deadline, if sooner).
+WORKER_CONNECT_S = 2.0
+# Connections a client keeps beyond what its workers reserved: a lone
+# LeaseKeeper's checkpoints, the backend probe.
+SPARE = 4
+# A pushed-cancel subscription connects, shakes hands and reads within this:
+# a worker that stops never waits long for its listener.
+SUBSCRIBER_TIMEOUT_S = 1.0
+
+
+class NotSent(redis.ConnectionError):
+    """A try that never reached the wire: no connection was free, or none could be opened, in time.
+
+    Nothing was sent, so nothing ran: a claim's REQ is no more in doubt than it was.
+    """
+
+
+def read_within(connection: Any, deadline: float) -> Any:
+    """``connection.read_response()``, waiting no later than ``deadline`` (``time.monotonic``).
+
+    The socket's own timeout bounds the read: every redis-py from 5.0 reads
+    through it, whether the parser is hiredis or Python's.  A ResponseError
+    (an error reply) is raised as redis-py raises it; a timeout disconnects
+    the connection and raises ``redis.TimeoutError``.
+    """
+    sock = connection._sock
+    if sock is None:
+        raise redis.ConnectionError("the connection was closed")
+    sock.settimeout(max(deadline - time.monotonic(), 0.001))
+    return connection.read_response()
+
+
+class WorkerConnections:
+    """The connections behind a client's bounded attempts: the caller's settings, no retries, a limit.
+
+    ``limit`` is what the workers on this client reserved (``reserve``),
+    plus ``SPARE``, never above the caller's pool's ``max_connections``;
+    with no worker, the caller's limit.  Thread-safe.
+    """
+
+    def __init__(self, base: redis.ConnectionPool) -> None:
+        options = dict(base.connection_kwargs)
+        options["retry"] = Retry(NoBackoff(), 0)
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            given = options.get(name)
+            options[name] = WORKER_CONNECT_S if given is None else min(float(given), WORKER_CONNECT_S)
+        self._options = options
+        self._class = base.connection_class
+        self.cap = max(1, int(getattr(base, "max_connections", 0) or 2**31))
+        self._cond = threading.Condition()
+        self._idle: list[Any] = []
+        self._busy = 0
+        self._reserved = 0
+        self._generation = 0  # bumped by drop_idle(): connections older than it are not kept
+        self._subscribers: redis.ConnectionPool | None = None
+
+    @property
+    def limit(self) -> int:
+        """How many connections may be open at once now."""
+        return self.cap if self._reserved == 0 else min(self.cap, self._reserved + SPARE)
+
+    def reserve(self, n: int) -> None:
+        """A worker starts: ``n`` more connections may be open at once (within the caller's limit)."""
+        with self._cond:
+            self._reserved += n
+            self._cond.notify_all()
+
+    def unreserve(self, n: int) -> None:
+        with self._cond:
+            self._reserved = max(0, self._reserved - n)
+
+    def drop_idle(self) -> None:
+        """Close the idle connections (after a timeout they may be half-open too)."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._generation += 1
+        for connection in idle:
+            connection.disconnect()
+
+    def subscriber(self) -> Any:
+        """A PubSub on a connection of its own (a worker's pushed cancels), every step bounded."""
+        with self._cond:
+            pool = self._subscribers
+            if pool is None:
+                options = dict(self._options)
+                for name in ("socket_timeout", "socket_connect_timeout"):
+                    options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
+                pool = self._subscribers = redis.ConnectionPool(connection_class=self._class, **options)
+        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        self.drop_idle()
+        if self._subscribers is not None:
+            self._subscribers.disconnect()
+
+    @contextmanager
+    def connection(self, deadline: float) -> Iterator[Any]:
+        """A connected connection, within ``deadline``; ``NotSent`` if none could be had in time.
+
+        It goes back to the idle ones after a clean use, and is closed after
+        an error (the caller's exception propagates).
+        """
+        with self._cond:
+            while self._busy >= self.limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NotSent(f"no free connection within the attempt's time ({self.limit} in use)")
+                self._cond.wait(left)
+            self._busy += 1
+            generation = self._generation
+            connection = self._idle.pop() if self._idle else None
+        clean = False
+        try:
+            if connection is None or _stale(connection):
+                connection = connection or self._class(**self._options)
+                self._connect(connection, deadline)
+            yield connection
+            clean = True
+        finally:
+            with self._cond:
+                self._busy -= 1
+                keep = clean and generation == self._generation and connection is not None
+                if keep:
+                    self._idle.append(connection)
+                self._cond.notify()
+            if not keep and connection is not None:
+                connection.disconnect()
+
+    @staticmethod
+    def _connect(connection: Any, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NotSent("no time left to connect")
+        # A frozen server's kernel accepts the connection and nothing answers
+        # the handshake: both are bounded by what the try has left.
+        timeout = min(left, WORKER_CONNECT_S)
+        connection.socket_connect_timeout = timeout
+        connection.socket_timeout = timeout
+        try:
+            connection.connect()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            connection.disconnect()
+            raise NotSent(f"could not connect: {exc}") from exc
+
+    def round_trip(
+        self, connection: Any, commands: list[tuple[Any, ...]], deadline: float, cutter: Cutter | None = None
+    ) -> list[Any]:
+        """Send ``commands`` pipelined on ``connection`` and read every reply by ``deadline``.
+
+        Error replies are values (ResponseError).  ``cutter`` lets another
+        thread end the wait (the connection is then disconnected: a
+        ConnectionError).  Connection trouble and timeouts raise.
+        """
+        if cutter is not None and not cutter.hold(connection):
+            raise NotSent("the attempt was cut before it started")
+        try:
+            sock = connection._sock
+            if sock is None:
+                raise NotSent("the connection was closed")
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(read_within(connection, deadline))
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # a cut from another thread tore the parser down mid-read
+            connection.disconnect()
+            raise redis.ConnectionError(f"the attempt was cut: {exc!r}") from exc
+        finally:
+            if cutter is not None:
+                cutter.drop()
+
+
+def _stale(connection: Any) -> bool:
+    """An idle connection the server closed (or that has bytes nobody asked for): not to be used."""
+    if connection._sock is None:
+        return True
+    try:
+        if connection.can_read(0):
+            connection.disconnect()
+            return True
+    except (redis.RedisError, OSError):
+        connection.disconnect()
+        return True
+    return False

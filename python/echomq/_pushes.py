@@ -1,0 +1,131 @@
+"""A thread worker's pushed cancels: the ``<base>cancel`` subscription, kept alive.
+
+EMQ.CANCEL publishes a job's id on ``<base>cancel`` when it records a
+request for a running job; a worker holding that job checkpoints it at
+once, which delivers the reason to the handler's token (fenced as any
+checkpoint).  A lost message or a lost subscription is harmless: the lease
+keeper's next checkpoint delivers the cancel anyway.
+
+A subscription can die without a word (a half-open connection: nothing
+arrives, nothing fails), so while the worker holds jobs a silent one is
+pinged, and one that does not answer is given up and made again
+(``_runtime.SubscriptionHealth``).  After any lost subscription every held
+job is checkpointed at once: a cancel published meanwhile is delivered
+then, not an interval later.  The subscription's connection is its own,
+its every step bounded (``_attempt.SUBSCRIBER_TIMEOUT_S``), and ``close()``
+cuts it: a stopping worker never waits on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from . import _protocol as proto
+from ._runtime import SubscriptionHealth, worker_log
+from .client import Client
+from .lease import SharedKeeper
+
+__all__ = ["CANCEL_POLL_S", "CancelListener"]
+
+# How often the listener looks up from its subscription (to see the worker stop, or ping).
+CANCEL_POLL_S = 0.2
+# How long close() waits for the thread, once it cut its connection.
+CLOSE_JOIN_S = 2.0
+
+
+class CancelListener:
+    """One thread per worker that turns ``<base>cancel`` messages into checkpoints of the jobs it holds."""
+
+    def __init__(
+        self, client: Client, queue: str, keepers: SharedKeeper, holding: Callable[[], bool]
+    ) -> None:
+        self.client, self.queue = client, queue
+        self._keepers, self._holding = keepers, holding
+        self._channel = proto.keys_of(queue).base + "cancel"
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+        self.resubscribed = 0  # subscriptions made again after one was lost (or found dead)
+
+    def ensure(self) -> None:
+        """Start the thread if it is not running (a thread that could not start is tried again)."""
+        if self._done.is_set() or (self._thread is not None and self._thread.is_alive()):
+            return
+        thread = threading.Thread(target=self._run, name=f"echomq-worker-{self.queue}-cancels", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # the checkpoints deliver meanwhile; the supervisor tries again
+            worker_log.debug("worker of %r: cannot start the cancel listener: %r", self.queue, exc)
+            return
+        self._thread = thread
+
+    def close(self) -> None:
+        """Stop listening: cut the subscription's connection, and wait (bounded) for the thread."""
+        self._done.set()
+        with self._lock:
+            pubsub = self._pubsub
+        connection = getattr(pubsub, "connection", None)
+        if connection is not None:
+            # redis-py's PubSub reconnects once after a failed read: on our own
+            # connection, make that one fail at once rather than wait on a frozen server.
+            connection.socket_connect_timeout = connection.socket_timeout = 0.001
+        sock = getattr(connection, "_sock", None)
+        if sock is not None:  # a read or a handshake blocked on it returns now
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        thread = self._thread
+        if thread is not None and thread.ident is not None:
+            thread.join(CLOSE_JOIN_S)
+
+    def _run(self) -> None:
+        lost = False
+        health = SubscriptionHealth(time.monotonic())
+        while not self._done.is_set():
+            try:
+                pubsub = self._pubsub
+                if pubsub is None:
+                    pubsub = self.client._subscriber()
+                    with self._lock:
+                        self._pubsub = pubsub
+                    pubsub.subscribe(self._channel)
+                    health = SubscriptionHealth(time.monotonic())
+                    if lost:  # a cancel published while nobody listened: every held job asks now
+                        lost = False
+                        self.resubscribed += 1
+                        self._keepers.checkpoint_all()
+                message = pubsub.get_message(timeout=CANCEL_POLL_S)
+                now = time.monotonic()
+                if message is not None:
+                    health.heard_from(now)
+                    if message.get("type") == "message":
+                        self._keepers.pushed(proto.text(message["data"]))
+                verdict = health.next(now, self._holding())
+                if verdict == "ping":
+                    pubsub.ping()
+                elif verdict == "dead":
+                    raise redis.ConnectionError("the cancel subscription answered no PING (half-open?)")
+            except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
+                if not self._done.is_set():
+                    worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
+                if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                    # the worker's other connections on the same path may be half-open too
+                    self.client._distrust()
+                self._drop()
+                lost = True
+                self._done.wait(CANCEL_POLL_S)
+        self._drop()
+
+    def _drop(self) -> None:
+        with self._lock:
+            pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()

@@ -1,0 +1,176 @@
+"""A worker's bounded attempts (asyncio): one try of a command, or of a pipeline, on its own connections.
+
+The twin of ``echomq._attempt`` for ``redis.asyncio``: the worker's
+connections, made with the caller's settings but without redis-py's
+retries, at most ``limit`` at once (what its workers reserved, never more
+than the caller's ``max_connections``); a try waits for a free one, then
+connects, sends and reads, all under one deadline (the caller's
+``asyncio.timeout``).  A try that timed out before anything was sent, or
+could not connect, is ``NotSent``: nothing ran.  After a timeout the idle
+connections are given up as well (they may be half-open), when next taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+
+from .._attempt import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
+
+__all__ = ["Progress", "WorkerConnections"]
+
+
+class Progress:
+    """How far one try got: ``sent`` once its bytes may have left (a timeout then is a lost reply).
+
+    ``timer`` is the try's ``asyncio.timeout`` (Python 3.11+): ``stretch``
+    moves its end later (a forced stop lets a try in flight hear its answer).
+    """
+
+    __slots__ = ("sent", "timer")
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.timer: Any = None
+
+    def stretch(self, until: float) -> None:
+        """Let the try wait until ``until`` (``time.monotonic``) if that is later than its own end."""
+        timer = self.timer
+        when = None if timer is None else timer.when()
+        if when is None:
+            return
+        loop_until = asyncio.get_running_loop().time() + (until - time.monotonic())
+        if loop_until > when:
+            timer.reschedule(loop_until)
+
+
+class WorkerConnections:
+    """The connections behind an asyncio client's bounded attempts (see ``echomq._attempt``)."""
+
+    def __init__(self, base: aioredis.ConnectionPool) -> None:
+        options = dict(base.connection_kwargs)
+        options["retry"] = AsyncRetry(NoBackoff(), 0)
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            given = options.get(name)
+            options[name] = WORKER_CONNECT_S if given is None else min(float(given), WORKER_CONNECT_S)
+        self._options = options
+        self._class = base.connection_class
+        self.cap = max(1, int(getattr(base, "max_connections", 0) or 2**31))
+        self._idle: list[tuple[Any, int]] = []
+        self._busy = 0
+        self._reserved = 0
+        self._generation = 0  # bumped by drop_idle(): older idle connections are closed when taken
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._subscribers: aioredis.ConnectionPool | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.cap if self._reserved == 0 else min(self.cap, self._reserved + SPARE)
+
+    def reserve(self, n: int) -> None:
+        self._reserved += n
+        self._wake()
+
+    def unreserve(self, n: int) -> None:
+        self._reserved = max(0, self._reserved - n)
+
+    def drop_idle(self) -> None:
+        """The idle connections may be half-open: each is closed, not used, when next taken."""
+        self._generation += 1
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection, _ in idle:
+            await connection.disconnect()
+        if self._subscribers is not None:
+            await self._subscribers.disconnect()
+
+    def subscriber(self) -> Any:
+        """A PubSub on a connection of its own (a worker's pushed cancels), every step bounded."""
+        if self._subscribers is None:
+            options = dict(self._options)
+            for name in ("socket_timeout", "socket_connect_timeout"):
+                options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
+            self._subscribers = aioredis.ConnectionPool(connection_class=self._class, **options)
+        return aioredis.Redis(connection_pool=self._subscribers).pubsub(ignore_subscribe_messages=True)
+
+    def _wake(self) -> None:
+        while self._waiters and self._busy < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    @asynccontextmanager
+    async def connection(self, progress: Progress) -> AsyncIterator[Any]:
+        """A connected connection (the caller's timeout bounds the wait); ``NotSent`` if it cannot connect."""
+        while self._busy >= self.limit:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # our turn came as we were cancelled: the next one's
+                raise
+        self._busy += 1
+        generation = self._generation
+        connection: Any = None
+        clean = False
+        try:
+            while self._idle:
+                candidate, born = self._idle.pop()
+                if born == generation and await _usable(candidate):
+                    connection = candidate
+                    break
+                await candidate.disconnect()
+            if connection is None:
+                connection = self._class(**self._options)
+                try:
+                    await connection.connect()
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                    raise NotSent(f"could not connect: {exc}") from exc
+            yield connection
+            clean = True
+        finally:
+            self._busy -= 1
+            self._wake()
+            if connection is not None:
+                if clean and generation == self._generation:
+                    self._idle.append((connection, generation))
+                else:
+                    await connection.disconnect(nowait=True)
+
+    @staticmethod
+    async def round_trip(connection: Any, commands: list[tuple[Any, ...]], progress: Progress) -> list[Any]:
+        """Send ``commands`` pipelined and read every reply; error replies are values (ResponseError)."""
+        progress.sent = True
+        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+
+async def _usable(connection: Any) -> bool:
+    """An idle connection still open, with no bytes nobody asked for (the server may have closed it)."""
+    if not connection.is_connected:
+        return False
+    peek = getattr(connection, "can_read", None) or connection.can_read_destructive  # can_read: redis-py 8
+    try:
+        return not await peek()
+    except (redis.RedisError, OSError):
+        return False

@@ -1,0 +1,422 @@
+"""How an asyncio worker sends what ends a job's hold, and settles what its claims answered.
+
+The twin of ``echomq._finisher``: a job's end (a COMPLETE with the next
+claim as one EMQ.COMPLETECLAIM), sent with the other runners' in one
+pipeline (``_together.Coalescer``), again after a lost reply until it lands
+or the job's lease ends and a forced stop's budget; a FAIL refused past
+maxmemory keeps its lease with EXTEND.  And what the worker does as it ends
+(``_settle``): a claim whose answer was lost is asked again by its REQ,
+and every job a claim answered that no runner took (``_unowned``), or whose
+caller was cancelled (``_orphaned``), is given back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis
+
+from .. import _protocol as proto
+from .._attempt import NotSent
+from .._protocol import Job
+from .._runtime import (
+    ATTEMPT_TIMEOUT_S,
+    FORCE_AFTER_S,
+    FORCE_BUDGET_S,
+    Action,
+    Backoff,
+    ClaimStep,
+    Finish,
+    HeldJob,
+    Trouble,
+    WorkerCore,
+    reply_lost,
+    state_refused,
+)
+from ..cancel import CancelToken
+from ..errors import JobGone, LeaseLost, NotReplicated
+from ._together import Coalescer, Orphan
+from ._waits import wait_event
+from .client import Client
+
+__all__ = ["Finisher"]
+
+T = TypeVar("T")
+HandlerT = TypeVar("HandlerT")
+
+# A stopping worker asks a lost claim's answer again with tries of at most this long each.
+SETTLE_TRY_S = 1.0
+
+
+class _GaveUp(Exception):
+    """No answer before the deadline (or a forced stop's budget); the cause is the last error."""
+
+
+class _Refused(Exception):
+    """The server refused a command with an error that ends its tries (the cause); nothing was written."""
+
+
+class _Stopped(Exception):
+    """A claim not sent (again): the worker stops; ``_settle`` asks a lost answer again."""
+
+
+class Finisher(WorkerCore[Client, HandlerT]):
+    """The sending half of the asyncio ``Worker`` (see the module docstring)."""
+
+    _coalescer: Coalescer
+    _unowned: dict[str, tuple[Job, float]]
+    _claim_step: ClaimStep
+    _doubts: set[ClaimStep]
+    _settling: set[asyncio.Task[Any]]
+    _claim_attempt: asyncio.Future[Any] | None
+    _forced_event: asyncio.Event | None
+    _stopping: asyncio.Event | None
+    _complete_claim: bool
+
+    async def _replicated(self, jobs: list[Job], claimed_at: float, *, loop: bool = True) -> list[Job]:
+        """With ``replicas=``: the jobs once replicas have them (see ``echomq.Worker._replicated``)."""
+        if self.replica_wait is None or not jobs:
+            return jobs
+        try:
+            held = await self.client._wait_for_replicas(jobs, self.lease_ms, self.replica_wait)
+        except Exception as exc:
+            if not isinstance(exc, NotReplicated):  # a bug, not the replicas: logged, the jobs given back
+                self._trouble(exc, "waiting for replicas")
+                await self._give_back_these(jobs, claimed_at)
+                return []
+            for job in jobs:  # given back by the client (or left to their leases): not ours any more
+                self._unowned.pop(job.token, None)
+            self._not_replicated(exc)
+            if not loop:
+                raise
+            assert self._stopping is not None
+            await wait_event(self._stopping, self.poll_interval)
+            return []
+        for job in jobs:
+            if job not in held:
+                self._unowned.pop(job.token, None)
+        return held
+
+    def _hand(self, jobs: list[Job], claimed_at: float) -> list[tuple[Job, float]]:
+        """Jobs a claim answered: nobody's until a runner takes them (``_process``), then its."""
+        for job in jobs:
+            self._unowned[job.token] = (job, claimed_at)
+        return [(job, claimed_at) for job in jobs]
+
+    def _orphaned(self, jobs: list[Job], claimed_at: float) -> None:
+        """A claim's answer whose caller was cancelled: its jobs are given back, in a task of their own."""
+        if not jobs:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._give_back_these(jobs, claimed_at), name="echomq-give-back"
+        )
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self) -> None:
+        """The worker ends: a lost claim answer is asked again, and every job nobody ran is given back.
+
+        Bounded by the jobs' leases and by the stop (after a forced stop or a
+        cancelled ``run()``, by its budget).
+        """
+        # No supervisor ticks any more: the stop's bound is where a forced stop would have ended.
+        self._force_until = min(self._force_until, self._grace_until + FORCE_AFTER_S + FORCE_BUDGET_S)
+        await self._coalescer.drain()  # answers whose callers were cancelled reach _orphaned first
+        for step in [self._claim_step, *self._doubts]:
+            if step.unresolved:
+                await self._resolve(step)
+        await self._give_back_unowned()
+        if self._settling:
+            await asyncio.wait(list(self._settling))
+
+    async def _resolve(self, step: ClaimStep) -> None:
+        call = step.resolving()
+        now = time.monotonic()
+        until = max(step.since + self.lease_ms / 1000, now + min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000))
+        # A waiting claim is not waited for when the server cannot be reached at all (ClaimStep.waiting).
+        unreachable = (lambda exc: isinstance(exc, NotSent)) if step.waiting else None
+        try:
+            jobs = await self._send_until(
+                call, until, "claim", cap_s=SETTLE_TRY_S, refusal=unreachable, floor=now + SETTLE_TRY_S
+            )
+        except (_GaveUp, _Refused, LeaseLost) as exc:
+            self._unresolved(exc.__cause__ or exc)
+            return
+        step.answered(jobs)
+        step.call = None
+        self._hand(jobs, step.since)
+
+    async def _give_back_unowned(self) -> None:
+        """Every job a claim answered that no runner took (the runners have ended)."""
+        while self._unowned:
+            _, (job, claimed_at) = self._unowned.popitem()
+            await self._give_back_these([job], claimed_at)
+
+    async def _give_back_these(self, jobs: list[Job], claimed_at: float) -> None:
+        """Give back ``jobs``, claimed at ``claimed_at``, unrun (no try used); none is a runner's."""
+        for job in jobs:
+            self._unowned.pop(job.token, None)
+            held = HeldJob.claimed(
+                job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
+            )
+            held.given_back = True
+            self._settled_unrun(job)
+            now = time.monotonic()
+            await self._give_back(
+                held, max(held.confirmed_until, now + SETTLE_TRY_S), floor=now + SETTLE_TRY_S
+            )
+
+    async def _send_until(
+        self,
+        call: proto.Call[T],
+        until: float | None,
+        doing: str,
+        job: Job | None = None,
+        *,
+        extra_s: float = 0.0,
+        on_lost_reply: Callable[[], None] | None = None,
+        cap_s: float | None = None,
+        together: bool = False,
+        orphan: Orphan | None = None,
+        refusal: Callable[[BaseException], bool] | None = None,
+        stop_ok: bool = False,
+        floor: float | None = None,
+    ) -> T:
+        """Send ``call`` until answered, ``until`` passes or a forced stop's budget ends (``_GaveUp``).
+
+        ``together``: in one pipeline with the other calls sent meanwhile
+        (``Coalescer``), ``orphan`` taking its answer should this task be
+        cancelled while it waits.  ``stop_ok``: the claimer's claim, whose
+        waiting try a stop cuts.  ``floor``: tries go on until then even
+        after a forced stop's budget (one real try to settle a claim's answer).
+        """
+        backoff = Backoff()
+        while True:
+            bound = self._bounded(until)
+            backoff.until = bound if floor is None or bound is None else max(bound, floor)
+            if stop_ok and self._stop_requested:
+                raise _Stopped(doing)
+            try:
+                timeout = backoff.timeout(time.monotonic())
+                timeout = (timeout if cap_s is None else min(timeout, cap_s)) + extra_s
+                if together:
+                    reply = await self._coalescer.attempt(call, timeout, orphan)
+                elif stop_ok:
+                    reply = await self._cuttable(self.client._attempt(call, timeout))
+                else:
+                    reply = await self.client._attempt(call, timeout)
+            except LeaseLost:
+                raise
+            except asyncio.CancelledError:
+                if (
+                    on_lost_reply is not None and not together
+                ):  # a try cut off may have run (an orphan's tells)
+                    on_lost_reply()
+                raise
+            except Exception as exc:
+                if on_lost_reply is not None and reply_lost(exc):
+                    on_lost_reply()
+                if stop_ok and self._stop_requested:  # the stop cut the waiting claim: no trouble
+                    raise _Stopped(doing) from exc
+                if refusal is not None and not reply_lost(exc) and refusal(exc):
+                    raise _Refused(doing) from exc
+                kind = self._trouble(exc, doing, job)
+                wait = backoff.next_wait(time.monotonic())
+                if wait is None or (kind is Trouble.PERMANENT and self._stop_requested):
+                    raise _GaveUp(doing) from exc
+                if self._forced:
+                    await asyncio.sleep(wait)  # within the force's budget (backoff.until)
+                elif stop_ok and self._stopping is not None:
+                    await wait_event(self._stopping, wait)
+                elif self._forced_event is not None:
+                    await wait_event(self._forced_event, wait)
+                else:
+                    await asyncio.sleep(wait)
+                continue
+            self._healed()
+            return reply
+
+    async def _cuttable(self, attempt: Awaitable[T]) -> T:
+        """The claimer's try, which a stop may cut (``_poke``): then a lost reply, not a cancelled claimer."""
+        future = asyncio.ensure_future(attempt)
+        self._claim_attempt = future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.cancelled() and self._stop_requested and not _cancelling():
+                raise redis.ConnectionError("the waiting claim was cut by the stop") from None
+            raise
+        finally:
+            self._claim_attempt = None
+            if not future.done():
+                future.cancel()
+
+    async def _finish(self, finish: Finish) -> None:
+        """Send the job's end, again after connection trouble, until it lands or its lease ends."""
+        if finish.action is not Action.DROP:
+            await self._send_end(finish, self._end_call(finish), finish.held.confirmed_until, together=True)
+
+    async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float, bool]]:
+        """COMPLETE the job and claim the next in one command, sent with the others' (``Coalescer``).
+
+        Retry-safe as ``echomq.Worker._finish_and_claim``, and sent again as
+        a pair after a lost reply, until the job's lease ends.  Without an
+        answer, the claim is asked again by its REQ at once (and by
+        ``_settle`` if that gets none either); an answer this task cannot
+        read (it was cancelled) goes to ``_orphaned``.
+        """
+        job = finish.job
+        sent = time.monotonic()
+        call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
+        step = ClaimStep()
+        step.adopt(proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call)), sent)
+        self._doubts.add(step)  # until its answer is read: _settle asks again if this task is cancelled
+
+        def orphan(outcome: Any) -> None:  # this task was cancelled: the answer is still someone's
+            if isinstance(outcome, proto.CompletedAndClaimed):
+                step.answered(outcome.jobs)
+                step.call = None
+                self._landed(finish)
+                self._orphaned(outcome.jobs, sent)
+            elif isinstance(outcome, BaseException) and reply_lost(outcome):
+                step.failed()
+
+        try:
+            return await self._completed_and_claimed(finish, call, step, orphan)
+        finally:
+            if not step.unresolved:
+                self._doubts.discard(step)
+
+    async def _completed_and_claimed(
+        self, finish: Finish, call: proto.Call[proto.CompletedAndClaimed], step: ClaimStep, orphan: Orphan
+    ) -> list[tuple[Job, float, bool]]:
+        job, sent = finish.job, step.since
+        try:
+            both = await self._send_until(
+                call, finish.held.confirmed_until, finish.action.value, job, on_lost_reply=step.failed,
+                cap_s=self.lease_ms / 3000, together=True, orphan=orphan, refusal=lambda exc: True,
+            )  # fmt: skip
+        except LeaseLost as exc:  # stale: nothing was written, nothing claimed
+            self._refused(finish, exc)
+            return []
+        except _Refused as refused:  # COMPLETECLAIM refused (past maxmemory, an older module): COMPLETE
+            cause = refused.__cause__
+            if "unknown command" in str(cause).lower():
+                self._complete_claim = False
+            elif cause is not None:
+                self._trouble(cause, finish.action.value, job)
+            await self._finish(finish)
+            return await self._ask_again(step)
+        except _GaveUp:
+            self._unfinished(finish)
+            return await self._ask_again(step)
+        step.answered(both.jobs)
+        step.call = None
+        if both.gone:
+            self._refused(finish, JobGone("the job row is gone", job.id))
+        else:
+            self._landed(finish)
+        self._hand(both.jobs, sent)
+        return [(j, sent, False) for j in await self._replicated(both.jobs, sent)]
+
+    async def _ask_again(self, step: ClaimStep) -> list[tuple[Job, float, bool]]:
+        """A COMPLETECLAIM whose claim half got no answer: its REQ, sent again, answers what it took."""
+        if not step.unresolved:
+            return []
+        call = step.resolving()
+        try:
+            jobs = await self._send_until(
+                call, step.since + self.lease_ms / 1000, "claim", on_lost_reply=step.failed,
+                cap_s=self.lease_ms / 3000,
+            )  # fmt: skip
+        except (_GaveUp, LeaseLost):
+            return []  # still in doubt: asked once more as the worker ends (_settle)
+        step.answered(jobs)
+        step.call = None
+        self._hand(jobs, step.since)
+        return [(j, step.since, False) for j in await self._replicated(jobs, step.since)]
+
+    async def _give_back(self, held: HeldJob, until: float, floor: float | None = None) -> None:
+        """RELEASE a job this worker will not run (or not finish): no attempt used."""
+        job = held.job
+        release = proto.release(job.queue, job.id, job.token)
+        await self._send_end(Finish(held, Action.RELEASE), release, until, floor=floor)
+
+    async def _send_end(
+        self,
+        finish: Finish,
+        call: proto.Call[Any],
+        until: float,
+        *,
+        together: bool = False,
+        floor: float | None = None,
+    ) -> None:
+        """Send ``call`` (the job's end) until it lands or ``until``; settle the job by how it went.
+
+        A FAIL refused past maxmemory is tried again with the lease kept
+        alive by EXTEND, then the job is given back (``_fail_refused``).
+        """
+        refused_since: float | None = None
+        pause = Backoff()
+        while True:
+
+            def orphan(outcome: Any, finish: Finish = finish) -> None:  # this task was cancelled: count it
+                if not isinstance(outcome, BaseException):
+                    self._landed(finish, None if finish.action is Action.COMPLETE else outcome)
+
+            try:
+                where = await self._send_until(
+                    call, until, finish.action.value, finish.job, together=together, orphan=orphan,
+                    refusal=state_refused if finish.action is Action.FAIL else None, floor=floor,
+                )  # fmt: skip
+            except LeaseLost as exc:
+                self._refused(finish, exc)
+                return
+            except _Refused as refused:
+                now = time.monotonic()
+                refused_since = now if refused_since is None else refused_since
+                finish = self._fail_refused(finish, refused.__cause__ or refused, refused_since, now)
+                if finish.action is Action.RELEASE:
+                    job = finish.job
+                    call = proto.release(job.queue, job.id, job.token)
+                    continue
+                kept = await self._keep_lease(finish, until)
+                if kept is None:
+                    return
+                until = kept
+                wait = pause.next_wait(time.monotonic()) or 0.0
+                if self._forced_event is not None:
+                    await wait_event(self._forced_event, wait)
+                else:
+                    await asyncio.sleep(wait)
+                continue
+            except _GaveUp:
+                self._unfinished(finish)
+                return
+            self._landed(finish, None if finish.action is Action.COMPLETE else where)
+            return
+
+    async def _keep_lease(self, finish: Finish, until: float) -> float | None:
+        """EXTEND a job whose end cannot land yet; its new deadline, or None once it is settled (lost)."""
+        job = finish.job
+        call = proto.extend(job.queue, job.id, job.token, self.lease_ms)
+        sent = time.monotonic()
+        try:
+            await self._send_until(call, until, "extend", job)
+        except LeaseLost as exc:
+            self._refused(finish, exc)
+            return None
+        except _GaveUp:
+            self._unfinished(finish)
+            return None
+        return sent + self.lease_ms / 1000
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (Python 3.11+; before it, not known: False)."""
+    task = asyncio.current_task()
+    return task is not None and sys.version_info >= (3, 11) and task.cancelling() > 0

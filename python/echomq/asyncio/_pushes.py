@@ -1,0 +1,103 @@
+"""An asyncio worker's pushed cancels: the ``<base>cancel`` subscription, kept alive.
+
+The twin of ``echomq._pushes``: a message checkpoints its job at once; a
+silent subscription is pinged while the worker holds jobs, and one that
+does not answer is given up and made again, every held job then
+checkpointed (``_runtime.SubscriptionHealth``); its connection is its own,
+every step bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from .. import _protocol as proto
+from .._pushes import CANCEL_POLL_S
+from .._runtime import SubscriptionHealth, worker_log
+from .client import Client
+from .lease import Keepers
+
+__all__ = ["CancelListener"]
+
+
+class CancelListener:
+    """One task per worker that turns ``<base>cancel`` messages into checkpoints of the jobs it holds."""
+
+    def __init__(self, client: Client, queue: str, keepers: Keepers, holding: Callable[[], bool]) -> None:
+        self.client, self.queue = client, queue
+        self._keepers, self._holding = keepers, holding
+        self._channel = proto.keys_of(queue).base + "cancel"
+        self._listening = True
+        self._task: asyncio.Task[None] | None = None
+        self.resubscribed = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"echomq-worker-{self.queue}-cancels")
+
+    async def close(self) -> None:
+        """Stop listening; it looks up every ``CANCEL_POLL_S`` (redis-py's pub/sub read does not always
+        end when its task is cancelled): cancelled only if it does not end by itself soon."""
+        self._listening = False
+        task = self._task
+        if task is None:
+            return
+        _, late = await asyncio.wait([task], timeout=CANCEL_POLL_S + 1.0)
+        for t in late:
+            t.cancel()
+        if late:
+            await asyncio.wait(late, timeout=1.0)
+
+    async def _run(self) -> None:
+        pubsub: Any = None
+        lost = False
+        health = SubscriptionHealth(time.monotonic())
+        try:
+            while self._listening:
+                try:
+                    if pubsub is None:
+                        pubsub = self.client._subscriber()
+                        await pubsub.subscribe(self._channel)
+                        health = SubscriptionHealth(time.monotonic())
+                        if lost:  # a cancel published while nobody listened: every held job asks now
+                            lost = False
+                            self.resubscribed += 1
+                            self._keepers.checkpoint_all()
+                    message = await pubsub.get_message(timeout=CANCEL_POLL_S)
+                    now = time.monotonic()
+                    if message is not None:
+                        health.heard_from(now)
+                        if message.get("type") == "message":
+                            self._keepers.pushed(proto.text(message["data"]))
+                    verdict = health.next(now, self._holding())
+                    if verdict == "ping":
+                        await pubsub.ping()
+                    elif verdict == "dead":
+                        raise redis.ConnectionError("the cancel subscription answered no PING (half-open?)")
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as exc:  # the checkpoints deliver meanwhile; subscribe again soon
+                    worker_log.debug("worker of %r: cancel subscription: %r", self.queue, exc)
+                    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                        self.client._distrust()  # the worker's other connections may be half-open too
+                    if pubsub is not None:
+                        with contextlib.suppress(Exception):
+                            await _close(pubsub)
+                    pubsub = None
+                    lost = True
+                    if self._listening:
+                        await asyncio.sleep(CANCEL_POLL_S)
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await _close(pubsub)
+
+
+async def _close(pubsub: Any) -> None:
+    closing = getattr(pubsub, "aclose", None) or pubsub.close  # aclose() from redis-py 5.0.1
+    await closing()

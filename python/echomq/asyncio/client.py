@@ -1,0 +1,696 @@
+"""``echomq.Client`` for asyncio: the same commands and contracts over ``redis.asyncio``.
+
+A worker's commands go through ``_attempt``/``_attempt_many``: one try each,
+bounded, on connections of the worker's own (``_attempt.WorkerConnections``),
+as in the thread driver's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar, cast
+
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+
+from .. import _protocol as proto
+from .._attempt import NotSent
+from .._protocol import (
+    ActiveJob,
+    CancelOutcome,
+    DeadJob,
+    EnqueueItem,
+    ExtendOutcome,
+    FailOutcome,
+    Job,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    PendingJob,
+    QueueCounters,
+    QueueCounts,
+    ReleaseOutcome,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
+from .._scripts import (
+    PROBE,
+    BackendChoice,
+    BackendName,
+    ClaimPoll,
+    Rendering,
+    ScriptLimits,
+    backend_from_probe,
+    check_backend,
+    load_refused,
+    missing_code,
+)
+from ..cancel import Cancellation
+from ..client import _missing, check_redis_client, connection_defaults, default_async_retry
+from ..errors import EchoMQError, LeaseLost, NotReplicated
+from ._attempt import Progress, WorkerConnections
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+
+# The most a blocking backend probe (``client.backend`` before any command) waits.
+PROBE_TIMEOUT_S = 5.0
+
+
+class Client:
+    """``echomq.Client`` for asyncio; every method is a coroutine with the same contract.
+
+    ``backend`` and ``script_limits`` as for ``echomq.Client``.  With ``"auto"``
+    the server is asked at the first command (or ``await
+    client.detect_backend()``); ``client.backend`` asks it itself when no
+    command has yet (see ``backend``).
+    """
+
+    def __init__(
+        self,
+        redis_client: aioredis.Redis | aioredis.RedisCluster,
+        backend: BackendChoice = "auto",
+        *,
+        script_limits: ScriptLimits | None = None,
+    ) -> None:
+        check_redis_client(redis_client, want_async=True)
+        self.redis = redis_client
+        self._limits = script_limits if script_limits is not None else ScriptLimits()
+        choice = check_backend(backend)
+        self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
+        self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
+        self._pool: WorkerConnections | None = None  # a worker's attempts: its own connections
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        backend: BackendChoice = "auto",
+        script_limits: ScriptLimits | None = None,
+        **kwargs: Any,
+    ) -> Client:
+        """Connect with ``redis.asyncio.Redis.from_url(url, **kwargs)``.
+
+        With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
+        client is ``redis.asyncio.RedisCluster``: each command goes to the node
+        that owns its queue's slot.  ``backend`` and ``script_limits`` as for
+        ``Client``; the same deliberate timeouts and retries as
+        ``echomq.Client.from_url``.
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, not {type(url).__name__}")
+        kwargs.setdefault("retry", default_async_retry())
+        options = connection_defaults(kwargs)
+        if cluster:
+            return cls(aioredis.RedisCluster.from_url(url, **options), backend, script_limits=script_limits)
+        return cls(aioredis.Redis.from_url(url, **options), backend, script_limits=script_limits)
+
+    @property
+    def backend(self) -> BackendName:
+        """``"module"`` or ``"scripts"``: how this client's commands run (asks the server once).
+
+        With "auto" and no command sent yet, a property cannot await: the
+        server is asked on a short-lived connection of its own, a blocking
+        round trip of at most ``PROBE_TIMEOUT_S`` (inside a running loop,
+        prefer ``await client.detect_backend()``, which does not block it).
+        """
+        if self._rendering is None:
+            try:
+                name = self._probe_blocking()
+            except (redis.RedisError, OSError, AttributeError, StopIteration) as exc:
+                raise RuntimeError(
+                    f"the backend is not known yet and the server could not be asked ({exc!r}): "
+                    "await client.detect_backend()"
+                ) from exc
+            self._rendering = Rendering(name, self._limits)
+        return self._rendering.name
+
+    def _probe_blocking(self) -> BackendName:
+        """The backend probe over a synchronous connection made with this client's settings."""
+        r = self.redis
+        if isinstance(r, aioredis.RedisCluster):
+            manager = r.nodes_manager
+            node = next(iter(manager.startup_nodes.values()))
+            kwargs, async_class = (
+                dict(manager.connection_kwargs),
+                manager.connection_kwargs.get("connection_class"),
+            )
+            kwargs.update(host=node.host, port=node.port)
+        else:
+            pool = r.connection_pool
+            kwargs, async_class = dict(pool.connection_kwargs), pool.connection_class
+        sync_class = getattr(redis.connection, getattr(async_class, "__name__", "Connection"), None)
+        if not isinstance(sync_class, type):
+            sync_class = redis.connection.Connection
+        accepted = inspect.signature(sync_class).parameters
+        options = {k: v for k, v in kwargs.items() if k in accepted and k != "retry"}
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            given = options.get(name)
+            options[name] = PROBE_TIMEOUT_S if given is None else min(float(given), PROBE_TIMEOUT_S)
+        connection = sync_class(retry=Retry(NoBackoff(), 0), **options)
+        try:
+            connection.send_command(*PROBE)
+            reply = connection.read_response()
+        except ResponseError:  # COMMAND refused (an ACL): the scripts run anywhere
+            reply = None
+        finally:
+            connection.disconnect()
+        return backend_from_probe(reply)
+
+    async def detect_backend(self) -> BackendName:
+        """The backend in use, asking the server once if it is "auto"."""
+        return (await self._render()).name
+
+    async def _render(self) -> Rendering:
+        rendering = self._rendering
+        if rendering is None:
+            try:
+                reply = await self.redis.execute_command(*PROBE, **(await self._any_node()))
+            except ResponseError:  # COMMAND refused (an ACL): the scripts run anywhere
+                reply = None
+            rendering = self._rendering = Rendering(backend_from_probe(reply), self._limits)
+        return rendering
+
+    async def _any_node(self) -> dict[str, Any]:
+        """For the backend probe: in a cluster, any node (known once the client has initialized)."""
+        if not isinstance(self.redis, aioredis.RedisCluster):
+            return {}
+        await self.redis.initialize()
+        return {"target_nodes": self.redis.get_random_node()}
+
+    async def _send(self, args: tuple[Any, ...]) -> Any:
+        """Send a module command line as the backend has it; load the Lua where a node lacks it."""
+        rendering = await self._render()
+        command = rendering.command(args)
+        try:
+            return await self.redis.execute_command(*command)
+        except ResponseError as exc:
+            if not missing_code(exc):
+                raise
+        # Nothing ran: the node lacks the library (or the script).  Load it there, send again.
+        load = rendering.load()
+        if load is not None:
+            try:
+                await self.redis.execute_command(*load, **self._node_of_call(command))
+            except ResponseError as exc:
+                if load_refused(exc):  # the caller may not load a library: one script per verb
+                    self._rendering = rendering.as_eval()
+                    return await self._send(args)
+        return await self.redis.execute_command(*rendering.again(command))
+
+    def _node_of_call(self, command: tuple[Any, ...]) -> dict[str, Any]:
+        """In a cluster, the node that serves the call's first key (FUNCTION LOAD goes there)."""
+        get = getattr(self.redis, "get_node_from_key", None)
+        if get is None or not command[2]:
+            return {}
+        return {"target_nodes": get(command[3])}
+
+    async def _run(self, call: proto.Call[T]) -> T:
+        try:
+            reply = await self._send(call.args)
+        except ResponseError as exc:
+            proto.raise_mapped(exc, call)
+        return call.read(reply)
+
+    async def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
+        rendering = await self._render()
+        pipe = self.redis.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command(*rendering.command(call.args))
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, ResponseError) and missing_code(reply):  # nothing ran: again, loading
+                try:
+                    replies[i] = await self._send(calls[i].args)
+                except ResponseError as exc:
+                    replies[i] = exc
+        return replies
+
+    async def _attempt(self, call: proto.Call[T], timeout: float) -> T:
+        """Send ``call`` once and wait at most ``timeout`` seconds (see ``echomq.Client._attempt``)."""
+        if not self._bounded():
+            return await _timed(lambda _: self._run(call), timeout, str(call.args[0]), own=False)
+        reply = (await self._bounded_try([call], timeout, None))[0]
+        if isinstance(reply, ResponseError):
+            proto.raise_mapped(reply, call)
+        return call.read(reply)
+
+    async def _attempt_many(
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None = None
+    ) -> list[Any]:
+        """Send ``calls`` in one round trip, once, within ``timeout`` (see ``echomq.Client._attempt_many``).
+
+        Cancelled at the timeout, the connection is dropped (it may be
+        half-open) and the idle ones with it; ``NotSent`` when the time ran
+        out before anything was sent, or the connection could not be made.
+        """
+        if not self._bounded():
+            return await _timed(
+                lambda _: self._pipeline_run(calls), timeout, f"{len(calls)} calls", own=False
+            )
+        return await self._bounded_try(calls, timeout, progress)
+
+    async def _bounded_try(
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None
+    ) -> list[Any]:
+        connections = self._connections()
+        try:
+            return await _timed(
+                lambda progress: self._try(connections, calls, progress), timeout, "a try", progress=progress
+            )
+        except NotSent:
+            raise
+        except (redis.TimeoutError, redis.ConnectionError):
+            connections.drop_idle()
+            raise
+
+    async def _try(
+        self, connections: WorkerConnections, calls: list[proto.Call[Any]], progress: Progress
+    ) -> list[Any]:
+        async with connections.connection(progress) as connection:
+            rendering = self._rendering
+            if rendering is None:
+                (reply,) = await connections.round_trip(connection, [PROBE], progress)
+                rendering = self._rendering = Rendering(
+                    backend_from_probe(None if isinstance(reply, ResponseError) else reply), self._limits
+                )
+            commands = [rendering.command(call.args) for call in calls]
+            replies = await connections.round_trip(connection, commands, progress)
+            if any(_missing(reply) for reply in replies):  # nothing ran: load the scripts here, again
+                load = rendering.load()
+                if load is not None:
+                    (loaded,) = await connections.round_trip(connection, [load], progress)
+                    if isinstance(loaded, ResponseError) and load_refused(loaded):
+                        rendering = self._rendering = rendering.as_eval()
+                again = [i for i, reply in enumerate(replies) if _missing(reply)]
+                resend = [rendering.again(rendering.command(calls[i].args)) for i in again]
+                for i, reply in zip(
+                    again, await connections.round_trip(connection, resend, progress), strict=True
+                ):
+                    replies[i] = reply
+            return replies
+
+    def _bounded(self) -> bool:
+        """Whether a worker's commands go through bounded attempts of its own (a plain pooled Redis)."""
+        r = self.redis
+        return isinstance(r, aioredis.Redis) and getattr(r, "connection", None) is None
+
+    def _connections(self) -> WorkerConnections:
+        if self._pool is None:
+            self._pool = WorkerConnections(cast("aioredis.Redis", self.redis).connection_pool)
+        return self._pool
+
+    def _reserve(self, n: int) -> None:
+        """A worker's share of the bounded attempts' connections (see ``echomq.Client._reserve``)."""
+        if self._bounded():
+            self._connections().reserve(n)
+
+    def _unreserve(self, n: int) -> None:
+        if self._pool is not None:
+            self._pool.unreserve(n)
+
+    def _distrust(self) -> None:
+        """The connections may be half-open (a dead subscription): open fresh ones."""
+        if self._pool is not None:
+            self._pool.drop_idle()
+
+    def _subscriber(self) -> Any:
+        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+        if self._bounded():
+            return self._connections().subscriber()
+        return self.redis.pubsub(ignore_subscribe_messages=True)
+
+    async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
+        """Checkpoint the lease (see ``echomq.Client.extend``)."""
+        await self._run(proto.extend(queue, job_id, token, lease_ms))
+
+    async def extend_many(
+        self, queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int
+    ) -> list[ExtendOutcome]:
+        """Checkpoint many leases in one round trip (see ``echomq.Client.extend_many``)."""
+        calls = proto.extend_batch(queue, jobs, lease_ms)
+        if not calls:
+            return []
+        replies = await self._pipeline_run(calls)
+        return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
+
+    async def checkpoint(
+        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+    ) -> Cancellation | None:
+        """Extend, store ``state``, and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
+        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
+
+    async def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
+        """Recover lapsed jobs (see ``echomq.Client.sweep``)."""
+        return await self._run(proto.sweep(queue, max_stalled, limit))
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str = b"",
+        job_id: JobId | None = None,
+        *,
+        delay_ms: int | None = None,
+        run_at_ms: int | None = None,
+    ) -> str:
+        """Add a job, now or delayed; returns its id (see ``echomq.Client.enqueue``)."""
+        return await self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+
+    async def enqueue_many(
+        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+    ) -> list[str]:
+        """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
+        ids: list[str] = []
+        calls = proto.enqueue_many(queue, items, delay_ms)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = await self._run(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
+            ids += added
+        return ids
+
+    async def _claim(
+        self,
+        queue: str,
+        lease_ms: int,
+        count: int,
+        block_ms: int | None,
+        wait: proto.ReplicaWait | None = None,
+    ) -> list[Job]:
+        if wait is not None:
+            await self._check_wait(wait)
+        jobs = await self._claim_jobs(queue, lease_ms, count, block_ms)
+        return jobs if wait is None else await self._wait_for_replicas(jobs, lease_ms, wait)
+
+    async def _claim_jobs(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+        if block_ms is None:
+            return await self._run(proto.claim(queue, lease_ms, count))
+        if (await self._render()).name == "scripts":  # a script cannot wait: poll, with backoff
+            poll = ClaimPoll(block_ms, time.monotonic())
+            proto.claim(queue, lease_ms, count, block_ms)  # the arguments, checked before anything is sent
+            while not (jobs := await self._run(proto.claim(queue, lease_ms, count))):
+                if (pause := poll.next_pause(time.monotonic())) is None:
+                    break
+                await asyncio.sleep(pause)
+            return jobs
+        plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
+        proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
+        while (wait := plan.next_wait(time.monotonic())) is not None:
+            sent = time.monotonic()
+            jobs = await self._run(proto.claim(queue, lease_ms, count, wait))
+            if jobs or plan.ended(wait, sent, time.monotonic()):
+                return jobs
+        return []
+
+    async def claim(
+        self,
+        queue: str,
+        lease_ms: int,
+        *,
+        block_ms: int | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
+    ) -> Job | None:
+        """Take the next pending job, waiting up to ``block_ms`` for one (see ``echomq.Client.claim``).
+
+        The token is a ``str``, ``"<attempts>-<16 hex digits>"``.  With
+        ``replicas=N``: returned once N replicas acknowledged the claim,
+        else given back and ``NotReplicated`` (see ``echomq.Client.claim``).
+        """
+        wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        jobs = await self._claim(queue, lease_ms, 1, block_ms, wait)
+        return jobs[0] if jobs else None
+
+    async def claim_many(
+        self,
+        queue: str,
+        lease_ms: int,
+        count: int,
+        *,
+        block_ms: int | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
+    ) -> list[Job]:
+        """Take up to ``count`` jobs in one round trip (see ``echomq.Client.claim_many``)."""
+        wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        return await self._claim(queue, lease_ms, count, block_ms, wait)
+
+    async def _check_wait(self, wait: proto.ReplicaWait) -> None:
+        """Before anything is claimed: a client and a server that can wait as asked."""
+        if not isinstance(self.redis, aioredis.Redis):
+            raise ValueError("replicas= needs a redis.asyncio.Redis client (a master with replicas)")
+        proto.check_wait_fits(wait, proto.socket_timeout_of(self.redis))
+        if wait.aof:
+            if self._waitaof is None:
+                try:
+                    await self.redis.execute_command(*proto.waitaof_probe())  # type: ignore[no-untyped-call]
+                    self._waitaof = True
+                except ResponseError as exc:
+                    if not proto.probe_says_no_waitaof(exc):
+                        raise
+                    self._waitaof = False
+            if not self._waitaof:
+                raise proto.no_waitaof()
+
+    async def _wait_for_replicas(self, jobs: list[Job], lease_ms: int, wait: proto.ReplicaWait) -> list[Job]:
+        """The claimed ``jobs`` once replicas have them (see ``echomq.Client._wait_for_replicas``)."""
+        if not jobs:
+            return jobs
+        held, acked, cause = list(jobs), 0, None
+        try:
+            for past_ms in (1, 2):  # 2: again, past the extension that loaded the script
+                calls = proto.held_extensions(jobs, lease_ms, past_ms)
+                rendering = await self._render()
+                pipe = self.redis.pipeline(transaction=False)
+                for call in calls:
+                    pipe.execute_command(*rendering.command(call.args))
+                for line in wait.commands():
+                    pipe.execute_command(*line)
+                replies = await pipe.execute(raise_on_error=False)
+                missing = [c for c, r in zip(calls, replies, strict=False) if _missing(r)]
+                if not missing:
+                    break
+                await self._send(missing[0].args)  # nothing ran: load the script (it extends), again
+            held = proto.still_held(jobs, calls, replies[: len(calls)])
+            acked = wait.acked(replies[len(calls) :])
+        except (redis.RedisError, EchoMQError) as exc:  # the wait failed (a dead master, a demoted one)
+            cause = exc
+        if cause is None and acked >= wait.replicas:
+            return held
+        released = []
+        for job in held:
+            try:
+                await self.release(job.queue, job.id, job.token)
+                released.append(job.id)
+            except (LeaseLost, redis.RedisError):  # left to its lease (and the reaper)
+                pass
+        raise NotReplicated(
+            f"{acked} of {wait.replicas} replicas acknowledged the claim within {wait.timeout_ms} ms"
+            + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
+            + f"; given back: {released}",
+            [job.id for job in held],
+            released,
+            acked,
+            wait.replicas,
+        ) from cause
+
+    async def complete(self, queue: str, job_id: JobId, token: str) -> None:
+        """Mark the job done (see ``echomq.Client.complete``)."""
+        await self._run(proto.complete(queue, job_id, token))
+
+    async def fail(
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        error: str,
+        max_attempts: int = 3,
+        *,
+        delay_ms: int | None = None,
+    ) -> FailOutcome:
+        """Report a failure, with an optional retry delay (see ``echomq.Client.fail``)."""
+        return await self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
+
+    async def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
+        """Give a held job back without using an attempt (see ``echomq.Client.release``)."""
+        return await self._run(proto.release(queue, job_id, token))
+
+    async def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
+        """Request a cancel (see ``echomq.Client.cancel``)."""
+        return await self._run(proto.cancel(queue, job_id, reason))
+
+    # -- the operator's verbs ------------------------------------------------
+
+    def _node_of(self, key: str) -> dict[str, Any]:
+        if hasattr(self.redis, "get_node_from_key"):
+            return {"target_nodes": self.redis.get_node_from_key(key)}
+        return {}
+
+    async def _server_time(self, key: str) -> int:
+        return proto.server_ms(await self.redis.execute_command("TIME", **self._node_of(key)))
+
+    async def _read(self, read: proto.Read[T]) -> T:
+        now = await self._server_time(read.key)
+        pipe = self.redis.pipeline(transaction=True)
+        for args in read.build(now):
+            pipe.execute_command(*args)
+        return read.parse(now, await pipe.execute())
+
+    async def retention(
+        self,
+        queue: str,
+        *,
+        done_ms: int | None = None,
+        cancelled_ms: int | None = None,
+        dead_ms: int | None = None,
+    ) -> Retention:
+        """Read, or set, the queue's retention (see ``echomq.Client.retention``)."""
+        return await self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
+
+    async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
+        """The job's status, or None (see ``echomq.Client.job``)."""
+        return await self._read(proto.job_info(queue, job_id, payload))
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """The queue's numbers (see ``echomq.Client.counts``)."""
+        return await self._read(proto.counts(queue))
+
+    async def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
+        """A page of the dead set, oldest first (see ``echomq.Client.dead``)."""
+        page = await self._read(proto.dead_page(queue, offset, count))
+        return await self._read(proto.dead_rows(queue, page)) if page else []
+
+    async def active(self, queue: str, *, offset: int = 0, count: int = 100) -> list[ActiveJob]:
+        """A page of the active set, soonest deadline first (see ``echomq.Client.active``)."""
+        page = await self._read(proto.active_page(queue, offset, count))
+        return await self._read(proto.active_rows(queue, page)) if page else []
+
+    async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
+        """A page of the pending set, in claim order (see ``echomq.Client.pending``)."""
+        page = await self._read(proto.pending_page(queue, offset, count))
+        return await self._read(proto.pending_rows(queue, page)) if page else []
+
+    async def counters(self, queue: str) -> QueueCounters:
+        """The queue's shared counters (see ``echomq.Client.counters``)."""
+        return await self._read(proto.counters(queue))
+
+    async def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
+        """The queues that have jobs, by a bounded SCAN (see ``echomq.Client.queues``)."""
+        proto.positive_int("limit", limit)
+        proto.positive_int("scan_budget", scan_budget)
+        found: set[str] = set()
+        step = min(1000, scan_budget)
+        nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
+        for node in nodes:
+            target = {} if node is None else {"target_nodes": node}
+            cursor, examined = 0, 0
+            while True:
+                reply = await self.redis.execute_command(*proto.scan_queues(cursor, step), **target)
+                cursor, keys = proto.scan_reply(reply)
+                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+                examined += step
+                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
+                    break
+        return sorted(found)[:limit]
+
+    async def retry(self, queue: str, job_id: JobId) -> None:
+        """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
+        await self._run(proto.retry(queue, job_id))
+
+    async def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
+        """Retry every job dead now, in bounded steps (see ``echomq.Client.retry_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        retried = dropped = 0
+        while True:
+            step = await self._run(proto.retry_dead(queue, limit, until))
+            retried, dropped = retried + step.retried, dropped + step.dropped
+            if step.retried + step.dropped < limit:
+                return RetryDeadResult(retried, dropped)
+
+    async def purge_dead(self, queue: str, *, limit: int = 100) -> int:
+        """Delete every job dead now, in bounded steps (see ``echomq.Client.purge_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        total = 0
+        while True:
+            step = await self._run(proto.purge_dead(queue, limit, until))
+            total += step
+            if step < limit:
+                return total
+
+    async def pause(self, queue: str) -> bool:
+        """Stop handing out the queue's jobs (see ``echomq.Client.pause``)."""
+        return await self._run(proto.pause(queue))
+
+    async def resume(self, queue: str) -> bool:
+        """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
+        return await self._run(proto.resume(queue))
+
+    async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
+        """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
+        removed = 0
+        while True:
+            step, remaining = await self._run(proto.obliterate(queue, limit, force))
+            removed += step
+            if remaining == 0:
+                break
+        forgotten, cursor = 0, 0
+        target = self._node_of(proto.keys_of(queue).pending)
+        while True:
+            reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
+            cursor, found = proto.scan_reply(reply)
+            if found:
+                forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            if cursor == 0:
+                await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
+                return ObliterateResult(removed, forgotten)
+
+    async def aclose(self) -> None:
+        """Close the redis client's connections (and a worker's own)."""
+        if self._pool is not None:
+            await self._pool.aclose()
+        await self.redis.aclose()
+
+
+async def _timed(
+    attempt: Callable[[Progress], Awaitable[T]],
+    timeout: float,
+    what: str,
+    *,
+    own: bool = True,
+    progress: Progress | None = None,
+) -> T:
+    """``attempt(progress)``, at most ``timeout`` seconds: then ``NotSent`` if nothing left, else a timeout.
+
+    Not ``own`` (redis-py's pool and retries): whether anything left is not known, so it may have.
+    ``progress``: the caller's, to see how far the try got or stretch it (``Progress.stretch``).
+    """
+    progress = Progress() if progress is None else progress
+    progress.sent = not own
+    try:
+        if sys.version_info >= (3, 11):  # no task per call, unlike wait_for before 3.12
+            async with asyncio.timeout(max(timeout, 0.001)) as progress.timer:
+                return await attempt(progress)
+        return await asyncio.wait_for(attempt(progress), timeout=max(timeout, 0.001))
+    except asyncio.TimeoutError:
+        if not progress.sent:
+            raise NotSent(f"no free connection for {what} within {timeout:.3f} s") from None
+        raise redis.TimeoutError(f"no reply to {what} within {timeout:.3f} s") from None

@@ -1,0 +1,36 @@
+"""What an asyncio handler gets: ``JobContext``, as ``echomq.JobContext`` with awaited checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._protocol import Job
+from .._runtime import ContextCore, Progress
+from ..cancel import CancelToken
+from .lease import LeaseKeeper
+
+__all__ = ["AsyncHandler", "JobContext"]
+
+
+class JobContext(ContextCore[LeaseKeeper]):
+    """``echomq.JobContext`` for asyncio handlers: the same, with ``await ctx.checkpoint(...)``
+    and ``await ctx.checkpoint_step(...)``; ``resume_state`` and ``resume_point`` are properties."""
+
+    __slots__ = ()
+
+    async def checkpoint(self, state: bytes | None = None) -> bool:
+        """Extend the lease (storing ``state``); raise ``Cancelled`` if the job is cancelled.
+
+        See ``echomq.JobContext.checkpoint``: True when the server confirmed it.
+        """
+        stored = await self._keeper._store(state)
+        self.cancel.raise_if_cancelled()
+        return stored
+
+    async def checkpoint_step(self, step: int, data: dict[str, Any] | None = None) -> bool:
+        """Store ``Progress(step, data)`` as the job's state (see ``echomq.JobContext.checkpoint_step``)."""
+        return await self.checkpoint(Progress(step, {} if data is None else data).encode())
+
+
+AsyncHandler = Callable[[JobContext], Awaitable[object]] | Callable[[Job, CancelToken], Awaitable[object]]

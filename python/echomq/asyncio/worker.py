@@ -1,0 +1,484 @@
+"""The asyncio worker: one claimer task, ``concurrency`` runner tasks, one keeper task.
+
+The same rules as the thread worker (``_runtime.WorkerCore``): the shutdown,
+the retries, what a handler's end does to its job.  Two hold on every path
+out, a cancelled ``run()`` included: a job a claim answered is run or given
+back (``_unowned``: the jobs claimed and not yet taken by a runner; a claim
+whose answer was lost is asked again by its REQ; an answer whose caller was
+cancelled goes to ``_orphaned``), and every command is bounded by its job's
+lease and by the stop (``WorkerCore._bounded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import signal
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+from .._log import CURRENT_JOB
+from .._protocol import Job
+from .._runtime import (
+    ATTEMPT_TIMEOUT_S,
+    FORCE_AFTER_S,
+    FORCE_BUDGET_S,
+    Action,
+    Backoff,
+    ClaimStep,
+    HeldJob,
+)
+from .._watch import WATCH
+from ..cancel import CancelToken
+from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
+from ._pushes import CancelListener
+from ._together import Coalescer
+from ._waits import wait_event
+from .client import Client
+from .context import AsyncHandler, JobContext
+from .lease import Keepers, LeaseKeeper
+
+__all__ = ["Worker"]
+
+T = TypeVar("T")
+
+# Connections a worker needs besides one per runner: the claimer, the batches
+# sent together, the keeper's batch, a pushed cancel's checkpoint.
+OWN_LOOPS = 4
+
+
+class Worker(Finisher[AsyncHandler]):
+    """Runs ``await handler(ctx)`` for ``queue``'s jobs, ``concurrency`` at a time, as tasks.
+
+    The same arguments, attributes and rules as ``echomq.Worker`` (a
+    handler taking two arguments gets ``(job, cancel_token)``).  A
+    CancelledError a handler raises by itself is its job's failure;
+    cancelling ``run()`` stops the worker at once (the
+    jobs held are given back, every task it made ends) and then lets the
+    cancellation through.  ``stop()`` is a plain function (a handler or a
+    signal handler can call it, from any thread): it stops claiming and
+    starts the grace period; ``await run()``, or leave ``async with
+    worker:``, to wait for the end.
+    """
+
+    _client_type = Client
+    _push_cancels = True  # subscribe to <base>cancel (tests switch it off: then only checkpoints deliver)
+
+    def _check_handler(self, handler: object) -> None:
+        call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
+        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
+            raise TypeError(
+                "handler must be a coroutine function (async def); run a plain one with echomq.Worker"
+            )
+
+    def _init_driver(self) -> None:
+        self._started = False
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._wake: asyncio.Event | None = None  # the supervisor looks again
+        self._stopping: asyncio.Event | None = None  # idle tasks look again
+        self._forced_event: asyncio.Event | None = None
+        self._force_pending = False
+        self._loops: list[asyncio.Task[None]] = []
+        self._handlers: dict[HeldJob, asyncio.Task[Any]] = {}  # the task running each handler
+        self._keepers = Keepers()  # one task keeps every held job's lease
+        self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
+        self._coalescer = Coalescer(self.client)  # jobs' ends go out together
+        self._complete_claim = True  # EMQ.COMPLETECLAIM: a runner's COMPLETE claims its next job
+        # claimed (job, when, whether before any stop), for the runners
+        self._jobs: asyncio.Queue[tuple[Job, float, bool] | None] | None = None
+        self._free = 0  # runners neither running a job nor about to
+        self._slot: asyncio.Event | None = None  # set when a runner becomes free
+        # Jobs a claim answered that no runner has taken yet (by token): given back if the worker ends first.
+        self._unowned: dict[str, tuple[Job, float]] = {}
+        self._claim_step = ClaimStep()  # the claimer's; asked again at the end if its answer was lost
+        self._doubts: set[ClaimStep] = set()  # runners' claims (COMPLETECLAIM) sent, answers not yet read
+        self._settling: set[asyncio.Task[Any]] = set()  # give-backs of answers whose callers were cancelled
+        self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
+        self._reserved = 0
+
+    # -- control ---------------------------------------------------------------
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Work with ``concurrency`` tasks until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``)."""
+        await self._run(handle_signals)
+        if self._interrupt is not None:
+            raise self._interrupt
+
+    def start(self) -> Worker:
+        """Work in a task of the running loop; returns at once."""
+        self._task = asyncio.create_task(self._run(False), name=f"echomq-worker-{self.queue}")
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop claiming now; handlers get ``grace`` seconds (default: the worker's), then "shutdown".
+
+        Only asks: ``await run()`` or leaving ``async with`` waits.  Safe
+        from any thread; before ``run()``, the worker never starts.
+        """
+        self._request_stop(time.monotonic(), grace)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._poke()
+        else:
+            loop.call_soon_threadsafe(self._poke)
+
+    async def __aenter__(self) -> Worker:
+        return self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        task = self._task
+        if task is None:
+            return
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # we were cancelled while waiting: so is the worker, at once
+                task.cancel()
+                await asyncio.wait([task])
+            raise
+
+    def _poke(self) -> None:
+        for event in (self._wake, self._stopping, self._slot):
+            if event is not None:
+                event.set()
+        attempt = self._claim_attempt
+        if self._stop_requested and attempt is not None and not attempt.done():
+            attempt.cancel()  # the waiting claim: a dropped connection claims nothing; _settle asks again
+
+    async def _run(self, handle_signals: bool) -> None:
+        if self._started:
+            raise RuntimeError("this worker has already run; make a new one")
+        if self.replica_wait is not None:  # a server that can wait as asked, before anything is claimed
+            await self.client._check_wait(self.replica_wait)
+        self._started = True
+        if self._stop_requested:  # stop() came first: never start
+            return
+        loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._wake, self._stopping, self._forced_event = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        WATCH.retain()
+        self._reserved = self.concurrency + OWN_LOOPS
+        self.client._reserve(self._reserved)
+        restore = self._install_signals(loop) if handle_signals else None
+        try:
+            self._jobs, self._slot, self._free = asyncio.Queue(), asyncio.Event(), self.concurrency
+            self._loops = [
+                asyncio.create_task(self._runner(), name=f"echomq-worker-{self.queue}-{n}")
+                for n in range(self.concurrency)
+            ]
+            claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
+            self._loops.append(claimer)
+            if self._push_cancels:
+                self._listener = CancelListener(
+                    self.client, self.queue, self._keepers, lambda: len(self._held) > 0
+                )
+                self._listener.start()
+            try:
+                await self._supervise()
+            except asyncio.CancelledError:
+                # run() itself was cancelled: stop at once, give back what is held,
+                # end every task we made, then let the cancellation through.
+                await self._force_stop()
+                raise
+        finally:
+            if restore is not None:
+                restore()
+            left = [t for t in self._loops if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                await asyncio.wait(left)
+            await self._settle()
+            if self._listener is not None:
+                await self._listener.close()
+            await self._keepers.close()
+            self.client._unreserve(self._reserved)
+            WATCH.release()
+            self._stopped()
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous: dict[int, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, self._signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # no signals on this loop or platform
+                continue
+            previous[sig] = handler
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                if handler is not None:  # asyncio.run()'s own SIGINT handler, for one
+                    signal.signal(sig, handler)
+
+        return restore
+
+    def _signal(self, signum: int) -> None:
+        if self._on_signal(signum, time.monotonic()):
+            self._force_pending = True
+        self._poke()
+
+    async def _supervise(self) -> None:
+        assert self._wake is not None
+        while True:
+            wait = self._shutdown_tick(time.monotonic())
+            if self._force_pending or wait == 0.0:
+                await self._force_stop()
+                return
+            if all(t.done() for t in self._loops):
+                return
+            if self._stop_requested and self._stopping is not None:
+                self._stopping.set()  # idle tasks stop waiting for their next poll
+            await wait_event(self._wake, wait)
+            self._wake.clear()
+
+    async def _force_stop(self) -> None:
+        """Stop at once: cancel the handlers still running, give their jobs back, end every task."""
+        stuck = self._force()
+        assert self._forced_event is not None
+        self._forced_event.set()
+        self._poke()
+        # The ends already on the wire may hear their answers a little longer
+        # (one of them may be a COMPLETECLAIM's, whose jobs are then given back).
+        self._coalescer.stretch(self._force_until + SETTLE_TRY_S)
+        for held in stuck:
+            task = self._handlers.get(held)
+            if task is not None:
+                task.cancel()
+        give_back = [
+            asyncio.create_task(self._give_back(h, self._force_until), name="echomq-give-back") for h in stuck
+        ]
+        if give_back:
+            await asyncio.wait(give_back, timeout=FORCE_BUDGET_S + FORCE_AFTER_S / 2)
+        pending: set[asyncio.Task[None]] = set()
+        if self._loops:
+            _, pending = await asyncio.wait(self._loops, timeout=FORCE_AFTER_S / 2)
+        for t in [*pending, *give_back]:
+            if not t.done():
+                t.cancel()
+        rest = [t for t in [*pending, *give_back] if not t.done()]
+        if rest:
+            await asyncio.wait(rest)
+
+    # -- the claimer and the runners -------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        """The one claimer: as many jobs in one CLAIM as runners are free, handed to them.
+
+        A busy worker claims in batches (COUNT = its free runners), so a
+        claim costs a fraction of a command per job; an idle one waits on
+        the server (BLOCK) as before.
+        """
+        assert self._stopping is not None and self._wake is not None
+        assert self._jobs is not None and self._slot is not None
+        pause, step = Backoff(), self._claim_step
+        try:
+            while not self._stop_requested:
+                if self._free <= 0:
+                    self._slot.clear()
+                    await self._slot.wait()
+                    continue
+                try:
+                    jobs, claimed_at = await self._claim(step, count=self._free, stop_ok=True)
+                except _Stopped:
+                    return
+                except _GaveUp:
+                    await wait_event(self._stopping, pause.next_wait(time.monotonic()) or self.poll_interval)
+                    continue
+                except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
+                    self._trouble(exc, "claim")
+                    await wait_event(self._stopping, self.poll_interval)
+                    continue
+                pause = Backoff()
+                self._hand(jobs, claimed_at)
+                jobs = await self._replicated(jobs, claimed_at)
+                if not jobs:  # the claim waited on the server; the rest of poll_interval here
+                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                    if rest > 0.001:
+                        await wait_event(self._stopping, rest)
+                    continue
+                self._free -= len(jobs)
+                landed = not self._stop_requested  # answered before any stop: they run
+                for job in jobs:
+                    self._jobs.put_nowait((job, claimed_at, landed))
+        finally:
+            for _ in range(self.concurrency):  # the runners give back what is queued, then end
+                self._jobs.put_nowait(None)
+            self._wake.set()
+
+    async def _runner(self) -> None:
+        """One of ``concurrency`` tasks: run the jobs the claimer hands over, one at a time."""
+        assert self._jobs is not None and self._slot is not None and self._wake is not None
+        try:
+            while (item := await self._jobs.get()) is not None:
+                # A job's end may bring the next jobs (EMQ.COMPLETECLAIM): this
+                # runner runs them before it is free for the claimer again.
+                chain: list[tuple[Job, float, bool]] = [item]
+                try:
+                    while chain:
+                        job, claimed_at, landed = chain.pop(0)
+                        try:
+                            chain += await self._process(job, claimed_at, chain=not chain, landed=landed)
+                        except Exception as exc:  # a bug of ours: logged once with its traceback
+                            self._trouble(exc, "processing a job", job)
+                finally:
+                    self._free += 1
+                    self._slot.set()
+        finally:
+            self._wake.set()
+
+    async def work_one(self) -> bool:
+        """Claim and process one job; False when the queue had none (see ``echomq.Worker.work_one``)."""
+        try:
+            jobs, claimed_at = await self._claim(ClaimStep(), wait=False)
+        except _GaveUp as exc:
+            raise exc.__cause__ or exc from None
+        self._hand(jobs, claimed_at)
+        jobs = await self._replicated(jobs, claimed_at, loop=False)
+        for job in jobs:
+            await self._process(job, claimed_at)
+        return bool(jobs)
+
+    async def _claim(
+        self, step: ClaimStep, wait: bool = True, count: int = 1, stop_ok: bool = False
+    ) -> tuple[list[Job], float]:
+        """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back).
+
+        With ``stop_ok`` (the claimer), a stop ends the tries (``_Stopped``)
+        and cuts the waiting try (``_poke``).
+        """
+        call, claimed_at = step.next(lambda: self._claim_call(wait, count), time.monotonic())
+        extra = self.claim_block_ms / 1000 if wait else 0.0
+        # A lost reply must be noticed, and the claim sent again, well before the
+        # lease it took lapses (then the retry is answered with the job): each
+        # attempt waits at most a third of the lease, plus the server-side wait.
+        jobs = await self._send_until(
+            call, None, "claim", extra_s=extra, on_lost_reply=step.failed, cap_s=self.lease_ms / 3000,
+            stop_ok=stop_ok,
+        )  # fmt: skip
+        step.answered(jobs)
+        return jobs, claimed_at
+
+    # -- a job -----------------------------------------------------------------------
+
+    async def _process(
+        self, job: Job, claimed_at: float, chain: bool = False, landed: bool = False
+    ) -> list[tuple[Job, float, bool]]:
+        """Run ``job``'s handler under its lease and send its end.
+
+        With ``chain``, a COMPLETE also claims the next job in the same
+        command (EMQ.COMPLETECLAIM); the jobs it brought are returned, for
+        this task to run next.  ``landed``: see ``WorkerCore._took``.
+        """
+        self._unowned.pop(job.token, None)  # this task's from now: run, or given back
+        cancel = CancelToken()
+        keeper = LeaseKeeper(
+            self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
+        )
+        keeper._troubles = self._troubles
+        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
+            keeper._shared = self._keepers
+        held = keeper._held
+        context = CURRENT_JOB.set(job)
+        try:
+            if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
+                await self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+                return []
+            if self.metrics is not None:
+                await self.metrics.aclaimed_with_wait(self.client, job)
+            if held.needs_confirmation(time.monotonic()) and not await self._confirm(keeper):
+                self._let_go(held)
+                self._decide(held, None)  # lost: counted, nothing sent
+                return []
+            keeper.start()
+            # The handler runs in this task (a task of its own would cost a few
+            # loop turns per job); a forced stop cancels this task while it is
+            # here, and _call_handler tells that cancel from one the handler
+            # raised by itself by the job having been given back.
+            current = asyncio.current_task()
+            assert current is not None
+            self._handlers[held] = current
+            try:
+                error, interrupted = await self._call_handler(held, keeper)
+            finally:
+                self._handlers.pop(held, None)
+                await keeper.stop()
+            interrupted = interrupted and not held.given_back  # our own forced stop is no request to stop
+            self._let_go(held)
+            finish = self._decide(held, error, interrupted)
+            if interrupted:
+                assert error is not None
+                self._interrupted(error, time.monotonic())
+                self._poke()
+            chained = chain and finish.action is Action.COMPLETE and self._complete_claim
+            if chained and not self._stop_requested:
+                return await self._complete_and_claim(finish)
+            await self._finish(finish)
+            return []
+        finally:
+            CURRENT_JOB.reset(context)
+
+    async def _call_handler(self, held: HeldJob, keeper: LeaseKeeper) -> tuple[BaseException | None, bool]:
+        """Run the handler; returns (its exception or None, whether that exception asks the worker to stop).
+
+        Nothing escapes: a KeyboardInterrupt or SystemExit raised in a task
+        would otherwise tear the event loop down.  A cancel of this task by
+        a forced stop (the job was given back first) is consumed here: the
+        task goes on to end its loop.
+        """
+        job, cancel = held.job, held.cancel
+        try:
+            if self._context_style:
+                await cast("Callable[[JobContext], Awaitable[object]]", self.handler)(
+                    JobContext(job, cancel, keeper)
+                )
+            else:
+                await cast("Callable[[Job, CancelToken], Awaitable[object]]", self.handler)(job, cancel)
+        except asyncio.CancelledError as exc:
+            # Ours only when a forced stop cancelled the task (the job was
+            # given back then); else the handler let a cancellation of its
+            # own escape: its job's failure.
+            if held.given_back:
+                current = asyncio.current_task()
+                if current is not None and sys.version_info >= (3, 11):
+                    current.uncancel()  # consumed: later timeouts in this task work as usual
+                return exc, True
+            return exc, False
+        except Exception as exc:
+            return exc, False
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
+            return exc, True
+        return None, False
+
+    async def _confirm(self, keeper: LeaseKeeper) -> bool:
+        """A claim answered late: confirm its lease before the handler runs (``echomq.Worker._confirm``)."""
+        backoff = Backoff()
+        until = time.monotonic() + self.lease_ms / 1000
+        while True:
+            backoff.until = self._bounded(until)
+            timeout = min(backoff.timeout(time.monotonic()), ATTEMPT_TIMEOUT_S)
+            confirmed = await keeper._confirm(timeout)
+            if confirmed is not None:
+                return confirmed
+            wait = backoff.next_wait(time.monotonic())
+            if wait is None:
+                keeper._confirm_gave_up()
+                return False
+            if self._forced_event is not None and not self._forced:
+                await wait_event(self._forced_event, wait)
+            else:
+                await asyncio.sleep(wait)
