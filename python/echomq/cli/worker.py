@@ -251,9 +251,7 @@ def describe(retry: RetryPolicy | None) -> str:
 async def _run_async_worker(args: argparse.Namespace, handler: Any, settings: dict[str, Any]) -> Any:
     from .. import asyncio as emq
 
-    client = emq.Client.from_url(
-        args.url, cluster=args.cluster, backend=args.backend
-    )
+    client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
     try:
         if args.backend == "module":  # as require_module: a server without it would look empty
             r: Any = client.redis
