@@ -149,8 +149,11 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
     calls = sum(int(v.get("calls", 0)) for v in verbs)
     failed = sum(int(v.get("failed_calls", 0)) for v in verbs)
     accepted = completions_in_the_aof(server.dir)
-    if backend == "module":  # the module's own count agrees
-        assert accepted == calls - failed
+    if backend == "module":
+        # Every accepted completion was a call the module did not refuse; a call may also be
+        # a resend whose first reply was lost (answered from `closed_by`, writing nothing),
+        # or a completion of a job gone meanwhile (:-1), so the calls may outnumber them.
+        assert 0 < accepted <= calls - failed
     # Stale completions refused: counted by the module's command stats (a script's refusals are
     # EVALSHA calls like any other).
     rejected = failed if backend == "module" else "n/a"
