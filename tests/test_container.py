@@ -112,16 +112,16 @@ def test_image_has_what_the_official_one_has(image_server: ContainerServer) -> N
 
 def test_every_port_is_published_on_loopback_only(image_server: ContainerServer) -> None:
     assert image_server.published() == [(f"{containers.REDIS_PORT}/tcp", LOOPBACK, str(image_server.port))]
-    # Every container of the suite's images running now (the shared servers of every test process too).
+    # Every container of the suite's images running now (the shared servers of every test process
+    # too), in one listing: another process may remove its container meanwhile.
     client = containers._docker()
     try:
-        ours = [c for c in client.containers.list() if c.image.tags and c.image.tags[0] in _suite_images()]
-        assert image_server.container.get_wrapped_container().id in [c.id for c in ours]
-        for c in ours:
-            for bindings in (c.attrs["NetworkSettings"]["Ports"] or {}).values():
-                assert all(b["HostIp"] == LOOPBACK for b in bindings or ()), (c.name, bindings)
+        ours = [c for c in client.api.containers() if c["Image"] in _suite_images()]
     finally:
         client.close()
+    assert image_server.container.get_wrapped_container().id in [c["Id"] for c in ours]
+    published = [(c["Image"], p) for c in ours for p in c["Ports"] if p.get("PublicPort")]
+    assert published and all(p["IP"] == LOOPBACK for _, p in published), published
 
 
 def _suite_images() -> set[str]:
