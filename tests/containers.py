@@ -150,13 +150,24 @@ def image_config(tag: str) -> dict[str, Any]:
 
 
 def run_in_image(tag: str, *argv: str) -> str:
-    """``argv``'s output in a throwaway container of ``tag`` (no port published)."""
+    """``argv``'s output in a throwaway container of ``tag`` (no port published).
+
+    Run by exec in an idle container, not as the container's command: the output of
+    a command that exits at once is read from its log, which can still be empty then.
+    """
     client = _docker()
     try:
-        out = client.containers.run(tag, list(argv), remove=True, stdout=True, stderr=True)
-        return bytes(out).decode(errors="replace")
+        idle = client.containers.run(tag, ["sleep", "600"], detach=True)
+        try:
+            code, out = idle.exec_run(list(argv))
+        finally:
+            idle.remove(force=True)
     finally:
         client.close()
+    text = bytes(out).decode(errors="replace")
+    if code != 0:
+        raise RuntimeError(f"{' '.join(argv)} in {tag} exited {code}: {text}")
+    return text
 
 
 def server_version(tag: str) -> tuple[str, tuple[int, ...]]:
