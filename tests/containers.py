@@ -185,9 +185,10 @@ def suite_engine_version() -> tuple[str, tuple[int, ...]] | None:
     if docker_unavailable() is not None:
         return None
     try:
-        return server_version(image_tag())
-    except (Exception, pytest.skip.Exception):  # no image: the fixture says why when a test asks
+        tag = image_tag()
+    except pytest.skip.Exception:  # no image to be had: the fixture says why when a test asks
         return None
+    return server_version(tag)
 
 
 class ContainerServer:
