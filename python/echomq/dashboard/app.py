@@ -223,11 +223,24 @@ class Dashboard:
             while len(sample.history) > self._points:
                 sample.history.popleft()
 
-    async def _sampler(self) -> None:
-        while True:
+    async def _sampler(self, stop: asyncio.Event) -> None:
+        # Ended by `stop`, not by a cancel alone: before Python 3.12, asyncio.wait_for (which
+        # redis.asyncio sends commands through) returns normally when a cancel lands as the
+        # command completes, so a cancel mid-request can be lost.
+        while not stop.is_set():
             started = time.monotonic()
             await self.sample()
-            await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - started)))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.05, self.interval - (time.monotonic() - started)))
+
+    @staticmethod
+    async def _stop_sampler(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+        stop.set()
+        while not task.done():  # a lost cancel is sent again: a request can be long on a stalled server
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()
 
     # -- the app -------------------------------------------------------------------
 
@@ -236,13 +249,12 @@ class Dashboard:
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            task = asyncio.create_task(self._sampler(), name="echomq-dashboard-sampler")
+            stop = asyncio.Event()
+            task = asyncio.create_task(self._sampler(stop), name="echomq-dashboard-sampler")
             try:
                 yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await self._stop_sampler(task, stop)
                 await self.client.aclose()
 
         routes = [
