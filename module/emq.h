@@ -9,7 +9,7 @@
  * forget -- can never touch the job again.
  *
  * Files, by concept:
- *   emq_module.c   loading, the one command table (with each command's
+ *   emq.c          loading, the one command table (with each command's
  *                  metadata), the strings made at load
  *   emq_meta.c/.h  a table row told to the server: arity, key specs, docs,
  *                  ACL categories
@@ -43,7 +43,7 @@
 
 /* Field names, state values and small numbers, made once at load (a
  * C-string field costs an allocation per use, and in a 100,000-job sweep
- * those were a sixth of the command's instructions).  Owned by emq_module.c. */
+ * those were a sixth of the command's instructions).  Owned by emq.c. */
 #define EMQ_STRINGS(X)                        \
     X(attempts, "attempts")                   \
     X(tries, "tries")                         \
@@ -92,7 +92,7 @@ extern EmqStrings emq_str;
 #define EMQ_SMALL_INTS 64
 extern RedisModuleString *emq_small_int[EMQ_SMALL_INTS];
 
-/* The command handlers, one per verb; emq_module.c registers them. */
+/* The command handlers, one per verb; emq.c registers them. */
 int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);

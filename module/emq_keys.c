@@ -73,7 +73,7 @@ void emq_key_close(EmqKey *k) {
     if (k->key == NULL) return;
     RedisModule_CloseKey(k->key);
     k->key = NULL;
-    /* The module signals only what it changed (emq_module.c turns the
+    /* The module signals only what it changed (emq.c turns the
      * server's implicit signal of every key opened for writing off). */
     if (k->modified) RedisModule_SignalModifiedKey(k->ctx, k->name);
     k->modified = 0;

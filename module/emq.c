@@ -1,4 +1,4 @@
-/* emq_module.c -- EchoMQ's lifecycle controls as native Redis commands:
+/* emq.c -- EchoMQ's lifecycle controls as native Redis commands:
  * loading, the one table every command is registered from, and the strings
  * made at load.  What the module is, and which file holds which verb: emq.h.
  *
