@@ -241,9 +241,9 @@ static const char *fallback_of(const char *fn) {
     };
     for (size_t i = 0; i < sizeof fallbacks / sizeof *fallbacks; i++)
         if (strcmp(fn, fallbacks[i].fn) == 0) return fallbacks[i].fallback;
-    return "EMQ.SWEEP, ENQUEUE, CLAIM, FAIL and CANCEL cannot check the job rows and the "
-           "metric they derive from <base> against the caller's ACL key permissions (the "
-           "declared keys are still checked by the server)";
+    return "the EMQ verbs cannot check the keys they derive from <base> (job rows, settings, "
+           "metric, request records) against the caller's ACL (the declared keys are still "
+           "checked by the server)";
 }
 
 static void log_fallbacks(RedisModuleCtx *ctx) {

@@ -78,7 +78,12 @@
     X(done, "done")                           \
     X(dead, "dead")                           \
     X(cancelled, "cancelled")                 \
-    X(xx, "XX")
+    X(xx, "XX")                               \
+    X(acl_hget, "HGET")                       \
+    X(acl_hset, "HSET")                       \
+    X(acl_get, "GET")                         \
+    X(acl_set, "SET")                         \
+    X(acl_del, "DEL")
 
 #define EMQ_STRING_FIELD(name, text) RedisModuleString *name;
 typedef struct {

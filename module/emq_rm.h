@@ -296,7 +296,7 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(RedisModuleString *, GetCurrentUserName, (RedisModuleCtx * ctx))                           \
     X(RedisModuleUser *, GetModuleUserFromUserName, (RedisModuleString * name))                  \
     X(void, FreeModuleUser, (RedisModuleUser * user))                                            \
-    X(int, ACLCheckKeyPermissions, (RedisModuleUser * user, RedisModuleString * key, int flags)) \
+    X(int, ACLCheckCommandPermissions, (RedisModuleUser * user, RedisModuleString **argv, int argc)) \
     X(RedisModuleCommand *, GetCommand, (RedisModuleCtx * ctx, const char *name))                \
     X(int, SetCommandInfo, (RedisModuleCommand * command, const RedisModuleCommandInfo *info))   \
     X(int, SetCommandACLCategories, (RedisModuleCommand * command, const char *categories))      \

@@ -244,7 +244,8 @@ class Gen:
             pairs += [self.pick(IDS), self.pick(PAYLOADS)]
         count = str(n).encode()
         if self.chance(0.1):
-            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()])
+            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode(),
+                               b"4611686018427387905", b"9223372036854775807", b"2147483648"])  # fmt: skip
         return self.line("EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when()])
 
     def claim(self) -> Step:
@@ -354,7 +355,9 @@ class Gen:
         return self.line("EMQ.OBLITERATE", [*sets, self.base(), self.number([b"1", b"3", b"100"]), *force])
 
     def forget(self) -> Step:
-        ids = [self.pick(IDS) for _ in range(self.rng.randint(1, 3))]
+        # more ids than emq.max-limit (MAX_LIMIT) now and then: refused whole
+        n = self.rng.randint(1, 3) if not self.chance(0.1) else MAX_LIMIT + self.rng.randint(0, 2)
+        ids = [self.pick(IDS) for _ in range(n)]
         return self.line("EMQ.FORGET", [self.key("pending"), self.base(), *ids])
 
     # -- the harness: identical raw writes on both queues --

@@ -8,12 +8,12 @@ to read the reply, without doing any I/O: a ``Call``.  The clients only send
 
 from __future__ import annotations
 
+import base64
 import enum
 import inspect
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -155,11 +155,13 @@ def new_id() -> bytes:
 def new_request_id() -> bytes:
     """A request id (REQ) for a call that must not take effect twice.
 
-    redis-py retries a command whose reply was lost (a timeout, a dropped
-    connection); with the same REQ the server answers the retry with the
-    first call's result instead of claiming or enqueueing again.
+    A command whose reply was lost (a timeout, a dropped connection) is sent
+    again; with the same REQ the server answers the retry with the first
+    call's result instead of claiming or enqueueing again.  96 random bits
+    in 16 characters: it names the call's record, ``<base>req:<id>``, one
+    key per call, so every byte of it is kept for the record's life.
     """
-    return uuid.uuid4().hex.encode()
+    return base64.urlsafe_b64encode(os.urandom(12))
 
 
 def check_token(value: object) -> bytes:
@@ -441,9 +443,22 @@ def _many_call(
     return Call(args, _enqueued_ids, queue)
 
 
-def over_max_limit(exc: ResponseError) -> bool:
-    """ENQUEUEMANY's refusal of a count above the server's emq.max-limit (nothing was written)."""
+def over_max_limit(exc: Exception) -> bool:
+    """A refusal of a count, limit or list above the server's emq.max-limit (nothing was written)."""
     return "exceeds the server's emq.max-limit" in str(exc)
+
+
+def halved_limit(exc: Exception, limit: int) -> int | None:
+    """The step size to try after ``exc``: half of ``limit`` when the server refused it for its emq.max-limit.
+
+    The bulk verbs' loops (retry_dead, purge_dead, obliterate) take a step
+    size of the caller's; a server whose emq.max-limit is lower refuses the
+    step whole, writing nothing, so halving until it fits loses nothing.
+    None: ``exc`` is another error (or the limit is 1), raise it.
+    """
+    if not over_max_limit(exc) or limit < 2:
+        return None
+    return limit // 2
 
 
 def enqueue_many_halves(call: Call[list[str]]) -> list[Call[list[str]]]:
@@ -726,6 +741,7 @@ _BAD_ARGUMENT = (
     "max-attempts ",
     "COUNT ",
     "count must be",  # not "count exceeds the server's emq.max-limit": enqueue_many halves those
+    "the number of ids exceeds",
     "DELAY ",
     "AT ",
     "BLOCK ",
@@ -1025,6 +1041,12 @@ def forget(queue: str, job_ids: Sequence[JobId]) -> Call[int]:
         raise ValueError("forget needs at least one job id")
     keys = keys_of(queue)
     return Call(("EMQ.FORGET", keys.pending, keys.base, *(wire(i) for i in job_ids)), _integer, queue)
+
+
+def forget_steps(queue: str, job_ids: Sequence[JobId], limit: int) -> list[Call[int]]:
+    """``forget`` in calls of at most ``limit`` ids each (SCAN may find more keys than its COUNT)."""
+    positive_int("limit", limit)
+    return [forget(queue, job_ids[k : k + limit]) for k in range(0, len(job_ids), limit)]
 
 
 def _glob_escape(value: str) -> str:

@@ -540,12 +540,24 @@ class Client:
         """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
         await self._run(proto.retry(queue, job_id))
 
+    async def _within_max_limit(self, make: Callable[[int], proto.Call[T]], limit: int) -> tuple[T, int]:
+        """``make(limit)``'s answer, and the step size that ran: halved while the server's
+        ``emq.max-limit`` refuses it (nothing written then: ``proto.halved_limit``)."""
+        while True:
+            try:
+                return await self._run(make(limit)), limit
+            except ResponseError as exc:
+                smaller = proto.halved_limit(exc, limit)
+                if smaller is None:
+                    raise
+                limit = smaller
+
     async def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
         """Retry every job dead now, in bounded steps (see ``echomq.Client.retry_dead``)."""
         until = await self._server_time(proto.keys_of(queue).dead)
         retried = dropped = 0
         while True:
-            step = await self._run(proto.retry_dead(queue, limit, until))
+            step, limit = await self._within_max_limit(lambda n: proto.retry_dead(queue, n, until), limit)
             retried, dropped = retried + step.retried, dropped + step.dropped
             if step.retried + step.dropped < limit:
                 return RetryDeadResult(retried, dropped)
@@ -555,7 +567,7 @@ class Client:
         until = await self._server_time(proto.keys_of(queue).dead)
         total = 0
         while True:
-            step = await self._run(proto.purge_dead(queue, limit, until))
+            step, limit = await self._within_max_limit(lambda n: proto.purge_dead(queue, n, until), limit)
             total += step
             if step < limit:
                 return total
@@ -572,7 +584,9 @@ class Client:
         """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
         removed = 0
         while True:
-            step, remaining = await self._run(proto.obliterate(queue, limit, force))
+            (step, remaining), limit = await self._within_max_limit(
+                lambda n: proto.obliterate(queue, n, force), limit
+            )
             removed += step
             if remaining == 0:
                 break
@@ -581,8 +595,8 @@ class Client:
         while True:
             reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
             cursor, found = proto.scan_reply(reply)
-            if found:
-                forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                forgotten += await self._run(call)
             if cursor == 0:
                 await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
@@ -844,6 +844,18 @@ class Client:
         """
         self._run(proto.retry(queue, job_id))
 
+    def _within_max_limit(self, make: Callable[[int], proto.Call[T]], limit: int) -> tuple[T, int]:
+        """``make(limit)``'s answer, and the step size that ran: halved while the server's
+        ``emq.max-limit`` refuses it (nothing written then: ``proto.halved_limit``)."""
+        while True:
+            try:
+                return self._run(make(limit)), limit
+            except ResponseError as exc:
+                smaller = proto.halved_limit(exc, limit)
+                if smaller is None:
+                    raise
+                limit = smaller
+
     def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
         """Retry every job that is dead now, ``limit`` per command, oldest first.
 
@@ -853,7 +865,7 @@ class Client:
         until = self._server_time(proto.keys_of(queue).dead)
         retried = dropped = 0
         while True:
-            step = self._run(proto.retry_dead(queue, limit, until))
+            step, limit = self._within_max_limit(lambda n: proto.retry_dead(queue, n, until), limit)
             retried, dropped = retried + step.retried, dropped + step.dropped
             if step.retried + step.dropped < limit:
                 return RetryDeadResult(retried, dropped)
@@ -863,7 +875,7 @@ class Client:
         until = self._server_time(proto.keys_of(queue).dead)
         total = 0
         while True:
-            step = self._run(proto.purge_dead(queue, limit, until))
+            step, limit = self._within_max_limit(lambda n: proto.purge_dead(queue, n, until), limit)
             total += step
             if step < limit:
                 return total
@@ -892,7 +904,9 @@ class Client:
         """
         removed = 0
         while True:
-            step, remaining = self._run(proto.obliterate(queue, limit, force))
+            (step, remaining), limit = self._within_max_limit(
+                lambda n: proto.obliterate(queue, n, force), limit
+            )
             removed += step
             if remaining == 0:
                 break
@@ -901,8 +915,8 @@ class Client:
         while True:
             reply = self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)  # type: ignore[no-untyped-call]
             cursor, found = proto.scan_reply(reply)
-            if found:
-                forgotten += self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                forgotten += self._run(call)
             if cursor == 0:
                 self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)
