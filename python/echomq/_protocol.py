@@ -519,6 +519,49 @@ def request_id_of(call: Call[Any]) -> bytes:
     return rid
 
 
+# -- an enqueue's retries (issue 28) -------------------------------------------------
+# The server answers a retried ENQUEUE or ENQUEUEMANY from the call's record,
+# <base>req:<request-id>, which it keeps REQ_RECORD_TTL_S after the first call
+# ran (module/emq_core.h: EMQ_ENQUEUE_RECORD_TTL_MS).  A retry arriving later
+# would find no record and, if the job's row is gone by then (done at a
+# retention of 0, forgotten), enqueue the job again.  So the clients send an
+# enqueue again only within REQ_RETRY_WINDOW_S of its first send, on their own
+# schedule (RequestWindow), never through redis-py's retries, whose span has no
+# bound in time; the other half minute covers a resend still on its way.
+
+REQ_RECORD_TTL_S = 60.0
+REQ_RETRY_WINDOW_S = 30.0
+
+
+class RequestWindow:
+    """When a call carrying a REQ may be sent again (sans I/O: the clients send it).
+
+    Each try waits at most ``try_s`` for its reply (the connection's socket
+    timeout, 5 s when it has none); after a lost reply (a timeout, a dropped
+    connection) the call is sent again after 50 ms, doubling to 1 s, while
+    the window since the first send lasts.  ``next_pause`` says None once no
+    resend may start in it: the caller raises the last error.
+    """
+
+    FIRST_PAUSE_S = 0.05
+    MAX_PAUSE_S = 1.0
+
+    def __init__(
+        self, now: float, socket_timeout: float | None, window_s: float = REQ_RETRY_WINDOW_S
+    ) -> None:
+        self.deadline = now + window_s
+        self.try_s = 5.0 if socket_timeout is None else max(float(socket_timeout), 0.001)
+        self.pause_s = self.FIRST_PAUSE_S
+
+    def next_pause(self, now: float) -> float | None:
+        """Seconds to wait before sending again, or None when no resend may start in the window."""
+        pause = self.pause_s
+        if now + pause >= self.deadline:
+            return None
+        self.pause_s = min(self.pause_s * 2, self.MAX_PAUSE_S)
+        return pause
+
+
 # -- a claim that waits for replicas (issue 20) ------------------------------------
 # WAIT counts the replicas that acknowledged the replication offset of the
 # connection's own last write.  A claim answered again by its REQ (a lost
@@ -758,6 +801,7 @@ _BAD_ARGUMENT = (
 )
 _CORRUPT = (
     "WRONGTYPE",
+    "the record of this REQ request id ",
     "a swept job row ",
     "the job row's ",
     "the metrics:failed ",

@@ -256,6 +256,24 @@ class Client:
         except asyncio.TimeoutError:
             raise redis.TimeoutError(f"no reply to {call.args[0]} within {timeout:.3f} s") from None
 
+    async def _run_request(self, call: proto.Call[T]) -> T:
+        """Send a call carrying a REQ, and again after a lost reply only within its window.
+
+        As ``echomq.Client._run_request``: each try is bounded by its timeout
+        (``_attempt`` cancels redis-py's own retries at it), and a new try
+        starts only within ``proto.RequestWindow``.
+        """
+        loop = asyncio.get_running_loop()
+        window = proto.RequestWindow(loop.time(), proto.socket_timeout_of(self.redis))
+        while True:
+            try:
+                return await self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pause = window.next_pause(loop.time())
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+
     async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""
         await self._run(proto.extend(queue, job_id, token, lease_ms))
@@ -290,7 +308,7 @@ class Client:
         run_at_ms: int | None = None,
     ) -> str:
         """Add a job, now or delayed; returns its id (see ``echomq.Client.enqueue``)."""
-        return await self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+        return await self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
     async def enqueue_many(
         self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
@@ -301,7 +319,7 @@ class Client:
         while calls:
             call = calls.pop(0)
             try:
-                added: list[str] = await self._run(call)
+                added: list[str] = await self._run_request(call)
             except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
                 if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
                     raise

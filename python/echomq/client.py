@@ -291,6 +291,25 @@ class Client:
             proto.raise_mapped(exc, call)
         return call.read(reply)
 
+    def _run_request(self, call: proto.Call[T]) -> T:
+        """Send a call carrying a REQ, and again after a lost reply only within its window.
+
+        The server answers a resend from the call's record while it lives
+        (``proto.RequestWindow``): so the tries are the client's own (one
+        try each, ``_attempt``), never redis-py's retries.  On Redis Cluster
+        and on a single-connection client ``_attempt`` is ``_run``: there,
+        redis-py's retries must end within the window (docs/reference/python.md).
+        """
+        window = proto.RequestWindow(time.monotonic(), proto.socket_timeout_of(self.redis))
+        while True:
+            try:
+                return self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pause = window.next_pause(time.monotonic())
+                if pause is None:
+                    raise
+                time.sleep(pause)
+
     def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
         """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
         rendering = self._render()
@@ -485,7 +504,7 @@ class Client:
         the server's clock.  Raises ``JobExists`` if a job with that id already
         exists.  Safe to retry (a fresh REQ per call).
         """
-        return self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+        return self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
     def enqueue_many(
         self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
@@ -504,7 +523,7 @@ class Client:
         while calls:
             call = calls.pop(0)
             try:
-                added: list[str] = self._run(call)
+                added: list[str] = self._run_request(call)
             except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
                 if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
                     raise
