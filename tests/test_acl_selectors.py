@@ -148,3 +148,30 @@ def test_read_and_write_split_across_selectors_is_the_documented_gap(
         jobs = user._run(proto.claim(Q, 60_000))
         assert [j.id for j in jobs] == ["z"] and admin.hget(K.job("z"), "attempts") == b"1"
     user.redis.close()
+
+
+@needs("own_category", "no @emq ACL category")
+def test_a_worker_of_emq_commands_needs_the_core_commands_on_its_keys(
+    server: EmbeddedServer, admin: redis.Redis, backend: str
+) -> None:
+    """docs/reference/acl.md: `+@emq` runs the verbs, with the core commands that read and write
+    what they derive (`+@hash +get +set +del`); `+@emq` alone is refused the derived writes."""
+    if backend == "scripts":
+        pytest.skip("the scripts run as FCALL, which is not in @emq")
+    keys = [f"~{K.base}*", "&*"]
+    admin.execute_command("ACL", "SETUSER", "emqonly", "reset", "on", ">pw", "-@all", "+@emq", *keys)
+    core = ["+@hash", "+get", "+set", "+del"]
+    admin.execute_command("ACL", "SETUSER", "emqworker", "reset", "on", ">pw", "-@all", "+@emq", *core, *keys)
+    try:
+        echomq.Client(admin).enqueue(Q, b"p", job_id="z")
+        only = echomq.Client(server.client(username="emqonly", password="pw"), backend="module")
+        refused(only, admin, *claim_line())
+        worker = echomq.Client(server.client(username="emqworker", password="pw"), backend="module")
+        job = worker.claim(Q, 60_000)
+        assert job is not None and job.id == "z"
+        worker.complete(Q, job.id, job.token)
+        assert worker.enqueue(Q, b"p", job_id="n") == "n"
+        only.redis.close()
+        worker.redis.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", "emqonly", "emqworker")

@@ -29,6 +29,7 @@ import redis
 import echomq
 from echomq import _protocol as proto
 from echomq._scripts import MAX_LIMIT_CEILING, ScriptLimits
+from echomq._scripts import MAX_STATE_BYTES_CEILING as STATE_CEILING
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer, server_wrapper
 
@@ -61,13 +62,14 @@ def setup(
             if kind == "scripts":  # one server without the module; the ceiling is the client's
                 servers[n] = servers[0] if 0 in servers else server_factory(load_module=False)
                 servers[0] = servers[n]
-            else:  # the ceiling as a load argument: every engine has them
+            else:  # the ceilings as load arguments: every engine has them
                 load = ["--loadmodule", str(module_so), "max-limit", str(n)]
+                load += ["max-state-bytes", str(STATE_CEILING)]
                 servers[n] = server_factory(load, load_module=False)
         return servers[n]
 
     def client(n: int) -> echomq.Client:
-        limits = ScriptLimits(max_limit=n) if kind == "scripts" else None
+        limits = ScriptLimits(max_limit=n, max_state_bytes=STATE_CEILING) if kind == "scripts" else None
         c = echomq.Client(server(n).client(), backend=kind, script_limits=limits)  # type: ignore[arg-type]
         c.redis.flushall()
         return c
@@ -270,3 +272,22 @@ def test_each_verb_runs_at_the_ceiling(setup: Clients, request: pytest.FixtureRe
     one_more_refused(TOO_LARGE, "EMQ.OBLITERATE", *sets, n + 1)
     assert send(client, "EMQ.OBLITERATE", *sets, n) == [n, 0]
     assert sorted(r.scan_iter()) == [K.base.encode() + b"req:first", K.base.encode() + b"req:second"]
+
+
+def test_a_checkpoint_state_at_the_ceiling_is_stored_and_handed_back(setup: Clients) -> None:
+    """emq.max-state-bytes at its ceiling, 16 MiB: stored by CHECKPOINT, handed back by the claim
+    that recovers the job; one byte more is refused, writing nothing."""
+    client = setup(SMALL)
+    r = client.redis
+    client.enqueue(Q, b"p", job_id="s")
+    job = client.claim(Q, 60_000)
+    assert job is not None
+    state = bytes(range(256)) * (STATE_CEILING // 256)
+    too_large = "the checkpoint state is larger than emq.max-state-bytes"
+    line = ("EMQ.CHECKPOINT", K.active, K.job("s"), "s", job.token, 60_000, "STATE")
+    refused(client, too_large, *line, state + b"x")
+    assert client.checkpoint(Q, "s", job.token, 60_000, state=state) is None
+    r.zadd(K.active, {"s": 5})  # the holder is gone: its lease lapses
+    assert len(send(client, "EMQ.SWEEP", K.active, K.pending, K.dead, K.base, 9, 1)[0]) == 1  # type: ignore[index]
+    again = client.claim(Q, 60_000)
+    assert again is not None and again.resume_state == state
