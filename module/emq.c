@@ -31,7 +31,8 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  * Flags, and why:
  *   - `write` everywhere: every verb changes a queue (EXTEND only re-scores).
  *   - `deny-oom` where a verb grows memory (new rows, error texts, a cancel
- *     reason, a stall count on a recovered row, a claim's request record).  EXTEND, CHECKPOINT,
+ *     reason, a stall count on a recovered row, a claim's or an enqueue's
+ *     request record).  EXTEND, CHECKPOINT,
  *     COMPLETE and RELEASE are not: live handlers must keep their leases,
  *     finish their jobs and give them back under memory pressure -- they
  *     only re-score or overwrite.

@@ -89,11 +89,13 @@ def send(client: echomq.Client, *args: object) -> object:
 
 
 def refused(client: echomq.Client, words: str, *args: object) -> None:
-    """``args`` answer the error ``words`` (word for word) and write nothing."""
+    """``args`` answer the error ``words`` (word for word; Redis 6.2 names the command in an
+    arity error as the client typed it) and write nothing."""
     before = digest(client.redis)
     with pytest.raises(redis.ResponseError) as info:
         send(client, *args)
-    assert str(info.value) == words
+    said = str(info.value)
+    assert (said.lower() if words.startswith("wrong number") else said) == words
     assert digest(client.redis) == before
 
 

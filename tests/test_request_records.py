@@ -29,9 +29,16 @@ from echomq import _protocol as proto
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .conftest import supports
 from .helpers import digest
 
 pytestmark = pytest.mark.backends
+
+
+@pytest.fixture(autouse=True)
+def _scripts_need_redis_7(backend: str) -> None:
+    if backend == "scripts" and not supports("script_flags"):
+        pytest.skip("the scripts backend needs Redis 7.0+ (script flags)")
 
 Q = "rr"
 K = queue_keys(Q)

@@ -502,7 +502,9 @@ class Client:
         The job is claimable at once, or ``delay_ms`` after now, or from
         ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
         the server's clock.  Raises ``JobExists`` if a job with that id already
-        exists.  Safe to retry (a fresh REQ per call).
+        exists.  A fresh REQ per call: after a lost reply the call is sent again,
+        within 30 s of its first send, and the server answers the resend from
+        the call's record (docs/reference/python.md, "Retries").
         """
         return self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
@@ -879,7 +881,8 @@ class Client:
         """Retry every job that is dead now, ``limit`` per command, oldest first.
 
         Jobs that die again while this runs are not retried twice (only those
-        that died before it started are taken).
+        that died before it started are taken).  A ``limit`` above the
+        server's ``emq.max-limit`` is halved until the server takes it.
         """
         until = self._server_time(proto.keys_of(queue).dead)
         retried = dropped = 0
@@ -890,7 +893,10 @@ class Client:
                 return RetryDeadResult(retried, dropped)
 
     def purge_dead(self, queue: str, *, limit: int = 100) -> int:
-        """Delete every job that is dead now (rows and dead-set members), ``limit`` per command; how many."""
+        """Delete every job that is dead now (rows and dead-set members), ``limit`` per command; how many.
+
+        A ``limit`` above the server's ``emq.max-limit`` is halved until the server takes it.
+        """
         until = self._server_time(proto.keys_of(queue).dead)
         total = 0
         while True:
@@ -919,7 +925,9 @@ class Client:
         is paused from the first step on.  Finished rows kept for their
         retention are found with SCAN and deleted only while still finished:
         a job enqueued while this runs is either deleted whole or kept whole,
-        never half.
+        never half.  Every command takes at most ``limit`` keys (halved while
+        the server's ``emq.max-limit`` refuses it): no step holds the server
+        long, whatever the queue's size.
         """
         removed = 0
         while True:

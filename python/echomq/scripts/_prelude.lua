@@ -505,6 +505,7 @@ local HASH_WRITES = {
     { 'HSET', 'f', 'v' }, { 'HINCRBY', 'f', '1' }, { 'HDEL', 'f' }, { 'PEXPIREAT', '0' }, { 'PERSIST' }, { 'DEL' },
 }
 local STRING_WRITES = { { 'SET', 'v' }, { 'PEXPIREAT', '0' } }
+local STRING_READS = { { 'GET' }, { 'STRLEN' }, { 'GETRANGE', '0', '0' } } -- a claim's record, read a window at a time
 
 local function may_all(name, commands)
     for _, c in ipairs(commands) do
@@ -515,7 +516,7 @@ end
 
 local function may(name, access)
     local string = has(access, 's')
-    if has(access, 'r') and not (string and redis.acl_check_cmd('GET', name)
+    if has(access, 'r') and not (string and may_all(name, STRING_READS)
             or not string and redis.acl_check_cmd('HGET', name, 'f')) then
         return false
     end
