@@ -51,7 +51,6 @@
     X(closed_by, "closed_by")                 \
     X(claimed_at, "claimed_at")               \
     X(finished_at, "finished_at")             \
-    X(request, "request")                     \
     X(retries, "retries")                     \
     X(checkpoint, "checkpoint")               \
     X(checkpoint_at, "checkpoint_at")         \
