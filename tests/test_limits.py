@@ -241,6 +241,7 @@ def test_forget_steps_are_cut_at_the_limit() -> None:
 # -- each verb at the ceiling ---------------------------------------------------------------
 
 
+@pytest.mark.timeout(1800)  # minutes under the memory checker (module/Makefile's check)
 def test_each_verb_runs_at_the_ceiling(setup: Clients) -> None:
     """100,000 jobs in one call of each verb that takes a count or a list, and one more refused."""
     n = MAX_LIMIT_CEILING
