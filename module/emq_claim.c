@@ -106,23 +106,23 @@ static long long field_ll(EmqKey *row, RedisModuleString *field, long long fallb
 
 /* A retry of a request whose claim went through: answer the jobs it took
  * that this request still holds (same token, still active); others were
- * lost since (their lease lapsed) and are left out.  Writes nothing. */
-static int reanswer(Claim *c, const char *rec, size_t reclen) {
-    long cap = 0;
-    size_t pos = 0, len;
-    const char *item;
-    int more;
-    while ((more = emq_record_next(rec, reclen, &pos, &item, &len)) == 1) cap++;
-    if (more < 0 || cap % 2) return EMQ_OK; /* not a record of ours: nothing to answer */
-    pos = 0;
-    for (long k = 0; k < cap / 2; k++) {
+ * lost since (their lease lapsed) and are left out.  `done` is the job
+ * COMPLETECLAIM's complete half ends in this very call (NULL for CLAIM): no
+ * longer held once the call applies, so never answered.  The record is
+ * checked whole before anything is allocated for it; a malformed one (or
+ * another call's) is an error.  Writes nothing. */
+static int reanswer(Claim *c, const char *rec, size_t reclen, RedisModuleString *done) {
+    long pairs;
+    int err = emq_claim_record_check(rec, reclen, &pairs);
+    if (err) return err;
+    size_t pos = 0;
+    for (long k = 0; k < pairs; k++) {
         const char *id, *tok;
         size_t idlen, toklen;
         emq_record_next(rec, reclen, &pos, &id, &idlen);
         emq_record_next(rec, reclen, &pos, &tok, &toklen);
-        if (toklen >= EMQ_TOKEN_MAX) continue;
-        Claimed *j = add_job(c, cap / 2, RedisModule_CreateString(c->ctx, id, idlen));
-        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ);
+        Claimed *j = add_job(c, pairs, RedisModule_CreateString(c->ctx, id, idlen));
+        err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ);
         if (err) return err;
         memcpy(j->token, tok, toklen);
         j->tokenlen = (int)toklen;
@@ -131,7 +131,8 @@ static int reanswer(Claim *c, const char *rec, size_t reclen) {
         const char *cur = current ? RedisModule_StringPtrLen(current, &curlen) : NULL;
         double score;
         int held = cur && curlen == toklen && memcmp(cur, tok, toklen) == 0 &&
-                   RedisModule_ZsetScore(c->active->key, j->id, &score) == REDISMODULE_OK;
+                   RedisModule_ZsetScore(c->active->key, j->id, &score) == REDISMODULE_OK &&
+                   !(done && emq_str_equal(done, j->id));
         if (current) RedisModule_FreeString(NULL, current);
         if (!held) {
             emq_key_close(&j->row);
@@ -262,13 +263,20 @@ static int parse_options(RedisModuleString **argv, int argc, int first, int bloc
     return EMQ_OK;
 }
 
+/* COUNT above the ceiling claims this many: EMQ_MAX_CLAIM_COUNT, or the
+ * server's emq.max-limit when that is lower. */
+static long long claim_ceiling(long long count) {
+    long long max = emq_config_max_limit() < EMQ_MAX_CLAIM_COUNT ? emq_config_max_limit() : EMQ_MAX_CLAIM_COUNT;
+    return count > max ? max : count;
+}
+
 /* Everything but the arity, in the order the errors are answered. */
 static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, long long now, ClaimArgs *a) {
     int err = parse_options(argv, argc, 5, 1, now, a);
     if (err) return err;
     err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_KEYS);
     if (err) return err;
-    if (a->count > EMQ_MAX_CLAIM_COUNT) a->count = EMQ_MAX_CLAIM_COUNT;
+    a->count = claim_ceiling(a->count);
     size_t lease_len;
     const char *lease = RedisModule_StringPtrLen(argv[4], &lease_len);
     return emq_lease_deadline(now, lease, lease_len, &a->deadline);
@@ -297,9 +305,10 @@ enum { CLAIM_ANSWERED, CLAIM_NOTHING };
  * or CLAIM_NOTHING (then *due is the earliest future due time in <pending>,
  * or -1).  c->active is open already.  `waiting`: the call of a blocked
  * claim, which keeps waiting (is not answered WRONGTYPE) when <pending>
- * holds another type. */
+ * holds another type.  `done`: the job COMPLETECLAIM completes in the same
+ * call (NULL for CLAIM). */
 static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *a, long long now, int waiting,
-                         int *outcome, long long *due) {
+                         RedisModuleString *done, int *outcome, long long *due) {
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
     *outcome = CLAIM_ANSWERED;
     *due = -1;
@@ -314,18 +323,16 @@ static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *
     int err = EMQ_OK;
     if (a->req) {
         c->record_name = emq_derived_key(c->ctx, c->base, "req:", a->req);
-        err = emq_open_derived(c->ctx, c->user, &c->record, c->record_name, EMQ_DERIVED_READ_WRITE);
+        err = emq_open_derived(c->ctx, c->user, &c->record, c->record_name, EMQ_DERIVED_RECORD);
         if (!err && !emq_type_ok(&c->record, REDISMODULE_KEYTYPE_STRING)) err = EMQ_ERR_WRONGTYPE;
         if (err) return err;
     }
     if (a->req && !emq_key_empty(&c->record)) { /* a retry: answered from the record, never waits */
-        RedisModuleString *rec = emq_get_string(&c->record);
+        /* Read in place: a forged record of any size is never copied. */
         size_t reclen;
-        const char *p = RedisModule_StringPtrLen(rec, &reclen);
-        err = reanswer(c, p, reclen);
-        RedisModule_FreeString(NULL, rec);
+        const char *rec = RedisModule_StringDMA(c->record.key, &reclen, REDISMODULE_READ);
         c->reanswered = 1;
-        return err;
+        return reanswer(c, rec, reclen, done);
     }
     EmqMeta meta;
     err = emq_read_meta(c->ctx, c->user, c->base, &meta);
@@ -352,7 +359,7 @@ static int claim_run(RedisModuleCtx *ctx, RedisModuleString **argv, const ClaimA
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
     int outcome;
-    int err = claim_prepare(&c, argv[1], a, now, waiting, &outcome, due);
+    int err = claim_prepare(&c, argv[1], a, now, waiting, NULL, &outcome, due);
     if (!err && outcome == CLAIM_ANSWERED && !c.reanswered) apply(&c, &fx, now, a->deadline);
     if (err) emq_reply_error(ctx, err);
     else if (outcome == CLAIM_ANSWERED) reply_jobs(&c);
@@ -429,7 +436,7 @@ int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
         err = emq_check_queue(ctx, keys, PENDING_ACTIVE, 2, base, EMQ_ERR_PENDING_ACTIVE_KEYS);
     }
     if (!err) {
-        if (a.count > EMQ_MAX_CLAIM_COUNT) a.count = EMQ_MAX_CLAIM_COUNT;
+        a.count = claim_ceiling(a.count);
         size_t lease_len;
         const char *lease = RedisModule_StringPtrLen(argv[6], &lease_len);
         err = emq_lease_deadline(now, lease, lease_len, &a.deadline);
@@ -447,7 +454,7 @@ int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
     int outcome = CLAIM_NOTHING;
     long long due;
     err = emq_complete_prepare(ctx, &done, argv[1], argv[2], id, token);
-    if (!err) err = claim_prepare(&c, argv[3], &a, now, 0, &outcome, &due);
+    if (!err) err = claim_prepare(&c, argv[3], &a, now, 0, done.write ? id : NULL, &outcome, &due);
 
     /* apply, reply */
     if (!err) {

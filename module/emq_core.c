@@ -24,6 +24,7 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_MANY_COUNT] = "ERR count must be an integer >= 1",
     [EMQ_ERR_MANY_TOO_MANY] = "ERR count exceeds the server's emq.max-limit",
     [EMQ_ERR_MANY_DUPLICATE] = "ERR the same id appears twice in one EMQ.ENQUEUEMANY",
+    [EMQ_ERR_FORGET_TOO_MANY] = "ERR the number of ids exceeds the server's emq.max-limit",
     [EMQ_ERR_SAME_KEY] = "ERR <active> and <job> must be different keys",
     [EMQ_ERR_THREE_SETS] =
         "ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead",
@@ -50,6 +51,7 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_TRYAGAIN] = "TRYAGAIN a key of this queue is moving between cluster nodes; retry",
     [EMQ_ERR_SYNTAX] = "ERR syntax error",
     [EMQ_ERR_REQ_EMPTY] = "ERR the REQ request id must not be empty",
+    [EMQ_ERR_REQ_RECORD] = "ERR the record of this REQ request id is malformed or another call's",
     [EMQ_ERR_STATE_TOO_LARGE] = "ERR the checkpoint state is larger than emq.max-state-bytes",
     [EMQ_ERR_OOM] = "OOM command not allowed when used memory > 'maxmemory'.",
     [EMQ_ERR_RETENTION_VALUE] =
@@ -168,6 +170,21 @@ int emq_parse_many_count(const char *s, size_t len, long long max, long long *ou
     if (v > max) return EMQ_ERR_MANY_TOO_MANY;
     *out = v;
     return EMQ_OK;
+}
+
+int emq_parse_limit(const char *s, size_t len, long long max, long long *out) {
+    long long v;
+    if (emq_parse_ll(s, len, &v) != 0 || v < 1) return EMQ_ERR_LIMIT;
+    if (v > max) return EMQ_ERR_LIMIT_TOO_LARGE;
+    *out = v;
+    return EMQ_OK;
+}
+
+int emq_count_fits(long long count, int per, int from, int argc) {
+    /* Divide instead of multiplying: per * count could overflow (a count of
+     * 2^62 + 1 wrapped 4 + 2 * count to 6, and the cast to int truncated). */
+    if (count < 0 || per < 1 || from < 0 || argc < from) return 0;
+    return count <= (long long)((argc - from) / per);
 }
 
 /* Byte order, shorter first on a common prefix. */
@@ -307,6 +324,33 @@ int emq_record_next(const char *rec, size_t reclen, size_t *pos, const char **it
     *len = v;
     *pos = p + v;
     return 1;
+}
+
+int emq_claim_record_check(const char *rec, size_t len, long *pairs) {
+    size_t pos = 0, itemlen;
+    const char *item;
+    long items = 0;
+    int more;
+    while ((more = emq_record_next(rec, len, &pos, &item, &itemlen)) == 1) {
+        (void)item;
+        if (++items > 2L * EMQ_MAX_CLAIM_COUNT) return EMQ_ERR_REQ_RECORD;
+        if (items % 2 == 0 && (itemlen == 0 || itemlen >= EMQ_TOKEN_MAX)) return EMQ_ERR_REQ_RECORD;
+    }
+    if (more < 0 || items == 0 || items % 2) return EMQ_ERR_REQ_RECORD;
+    *pairs = items / 2;
+    return EMQ_OK;
+}
+
+int emq_enqueue_record(long long count, char *out) {
+    char digits[24];
+    int n = 0;
+    unsigned long long v = count < 0 ? 0 : (unsigned long long)count;
+    do {
+        digits[n++] = (char)('0' + (int)(v % 10));
+        v /= 10;
+    } while (v);
+    for (int i = 0; i < n; i++) out[i] = digits[n - 1 - i];
+    return n;
 }
 
 /* -- tokens ------------------------------------------------------------- */

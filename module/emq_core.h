@@ -26,8 +26,22 @@
 /* The largest checkpoint state stored by default (emq.max-state-bytes). */
 #define EMQ_DEFAULT_MAX_STATE_BYTES 65536
 
-/* The most jobs one CLAIM hands out (COUNT above it claims this many). */
+/* The most jobs one CLAIM hands out (COUNT above it claims this many, or
+ * emq.max-limit's value when that is lower). */
 #define EMQ_MAX_CLAIM_COUNT 1000
+
+/* The highest emq.max-limit a server may set: every verb that takes a count
+ * or a list (SWEEP, ENQUEUEMANY, RETRYDEAD, PURGE, OBLITERATE, FORGET) is
+ * run at this many jobs by the test suite, under the memory checker too
+ * (tests/test_limits.py).  About 0.25 s of one SWEEP at the rate
+ * bench/RESULTS.md measured: a stall clients survive, and 10 times the
+ * default. */
+#define EMQ_MAX_LIMIT_CEILING 100000
+
+/* The highest emq.max-state-bytes: 16 MiB.  A state is a job's progress,
+ * not its data, and a CLAIM hands back up to EMQ_MAX_CLAIM_COUNT of them in
+ * one reply; the suite stores and hands back a state of this size. */
+#define EMQ_MAX_STATE_BYTES_CEILING (16LL * 1024 * 1024)
 
 /* Every error a verb answers, in one place; the texts are in emq_core.c. */
 typedef enum {
@@ -51,6 +65,7 @@ typedef enum {
     EMQ_ERR_MANY_COUNT,
     EMQ_ERR_MANY_TOO_MANY,
     EMQ_ERR_MANY_DUPLICATE,
+    EMQ_ERR_FORGET_TOO_MANY,
     /* keys */
     EMQ_ERR_SAME_KEY,
     EMQ_ERR_THREE_SETS,
@@ -79,6 +94,7 @@ typedef enum {
     EMQ_ERR_TRYAGAIN,
     EMQ_ERR_SYNTAX,
     EMQ_ERR_REQ_EMPTY,
+    EMQ_ERR_REQ_RECORD,
     EMQ_ERR_STATE_TOO_LARGE,
     EMQ_ERR_OOM,
     /* the operator verbs (emq_dead.c, emq_admin.c) */
@@ -131,6 +147,17 @@ EMQ_EXPORT int emq_parse_block(long long now_ms, const char *s, size_t len, long
  * options start). */
 EMQ_EXPORT int emq_parse_many_count(const char *s, size_t len, long long max, long long *out);
 
+/* <limit> of SWEEP, RETRYDEAD, PURGE and OBLITERATE: an integer from 1 to
+ * `max` (the server's emq.max-limit): EMQ_ERR_LIMIT, then
+ * EMQ_ERR_LIMIT_TOO_LARGE. */
+EMQ_EXPORT int emq_parse_limit(const char *s, size_t len, long long max, long long *out);
+
+/* 1 when `argc` arguments hold `count` groups of `per` arguments from
+ * index `from` on (from + per * count <= argc), computed without overflow
+ * for any count: a count read from the client is checked against the
+ * arguments before it sizes anything. */
+EMQ_EXPORT int emq_count_fits(long long count, int per, int from, int argc);
+
 /* -1 when the n byte strings (items[i], lens[i]) are all different, else
  * the index of one that equals another.  `order` is scratch room for n
  * longs; O(n log n), no allocation. */
@@ -172,17 +199,46 @@ EMQ_EXPORT int emq_option_is(const char *arg, size_t len, const char *name);
 
 /* -- request records ---------------------------------------------------- */
 
-/* A claim made with REQ <request-id> is remembered in a string key, so that
- * a retry of the same request (its reply was lost) is answered with the
- * same jobs instead of claiming others: the items (id, token, id, token,
- * ...) each as "<length>:<bytes>".  emq_record_item_size() is the room one
- * item takes; emq_record_put() writes it at out and returns its size;
- * emq_record_next() reads the item at *pos (1, and advances *pos), or says
- * the record ended (0) or is not one (-1). */
+/* A call made with REQ <request-id> is remembered in a string key,
+ * <base>req:<request-id>, so that a retry of the same call (its reply was
+ * lost) is answered as the first call was instead of taking effect again.
+ * A request id names one call; a record is read only by a retry of it.
+ *
+ * A claim's record (CLAIM, COMPLETECLAIM) lists the jobs it took: the items
+ * (id, token, id, token, ...) each as "<length>:<bytes>", kept as long as
+ * the lease.  emq_record_item_size() is the room one item takes;
+ * emq_record_put() writes it at out and returns its size; emq_record_next()
+ * reads the item at *pos (1, and advances *pos), or says the record ended
+ * (0) or is not one (-1). */
 EMQ_EXPORT size_t emq_record_item_size(size_t len);
 EMQ_EXPORT size_t emq_record_put(char *out, const char *item, size_t len);
 EMQ_EXPORT int emq_record_next(const char *rec, size_t reclen, size_t *pos, const char **item,
                                size_t *len);
+
+/* A claim's record read back, checked before anything is allocated for it:
+ * at least one and at most EMQ_MAX_CLAIM_COUNT (id, token) pairs, every
+ * item within the record, every token 1 to EMQ_TOKEN_MAX - 1 bytes (what a
+ * claim hands out, emq_format_token, is shorter).  The scan stops
+ * at the first item past that ceiling, so a forged record of any size costs
+ * at most EMQ_MAX_CLAIM_COUNT pairs' reading.  EMQ_OK and *pairs, or
+ * EMQ_ERR_REQ_RECORD. */
+EMQ_EXPORT int emq_claim_record_check(const char *rec, size_t len, long *pairs);
+
+/* An enqueue's record (ENQUEUE, ENQUEUEMANY) says that the call ran: its
+ * existence is the answer to a retry (:<count>, nothing written), whatever
+ * became of the jobs since -- done and deleted at a retention of 0, or
+ * forgotten, the row says nothing any more.  Nothing is read from it, so
+ * it cannot be malformed; its value is the call's count, for a reader.  It
+ * lives EMQ_ENQUEUE_RECORD_TTL_MS: the Python client sends a call again only
+ * within REQ_RETRY_WINDOW_S (30 s) of its first send
+ * (python/echomq/_protocol.py), and the rest covers a resend still on its
+ * way.  One short key per call, gone after a minute, instead of the request
+ * id on every row for the row's whole life. */
+#define EMQ_ENQUEUE_RECORD_TTL_MS 60000
+
+/* The record an enqueue of `count` jobs leaves: its decimal, at out (room
+ * for 24 bytes); returns the length. */
+EMQ_EXPORT int emq_enqueue_record(long long count, char *out);
 
 /* -- tokens ------------------------------------------------------------- */
 

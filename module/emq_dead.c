@@ -150,10 +150,11 @@ typedef struct {
     size_t n;
 } DeadBatch;
 
-/* Take the batch's members and open their rows (each row's ACL before it
- * is read).  EMQ_OK or the error; the batch is released either way by
- * batch_release. */
-static int batch_open(DeadBatch *b, EmqKey *dead, RedisModuleString *base, double until, long long limit) {
+/* Take the batch's members and open their rows for `access` (each row's
+ * ACL before it is read: RETRYDEAD changes them, PURGE deletes them).
+ * EMQ_OK or the error; the batch is released either way by batch_release. */
+static int batch_open(DeadBatch *b, EmqKey *dead, RedisModuleString *base, double until, long long limit,
+                      int access) {
     RedisModuleString **ids;
     b->n = emq_zset_head(dead, until, limit, &ids);
     b->m = b->n ? RedisModule_Alloc(b->n * sizeof *b->m) : NULL;
@@ -165,7 +166,7 @@ static int batch_open(DeadBatch *b, EmqKey *dead, RedisModuleString *base, doubl
     if (ids) RedisModule_Free(ids);
     for (size_t i = 0; i < b->n; i++) {
         DeadMember *d = &b->m[i];
-        int err = emq_open_derived(b->ctx, b->user, &d->row, d->row_name, EMQ_DERIVED_READ_WRITE);
+        int err = emq_open_derived(b->ctx, b->user, &d->row, d->row_name, access);
         if (!err && !emq_type_ok(&d->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
         if (err) return err;
     }
@@ -199,7 +200,7 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
     long long limit = 0;
     size_t limit_len;
     const char *limit_arg = RedisModule_StringPtrLen(argv[4], &limit_len);
-    int err = emq_parse_count(EMQ_COUNT_LIMIT, limit_arg, limit_len, &limit);
+    int err = emq_parse_limit(limit_arg, limit_len, emq_config_max_limit(), &limit);
     if (!err) err = parse_until(argv, 5, argc, &until);
     if (!err) err = emq_check_queue(ctx, &argv[1], DEAD_PENDING, 2, argv[3], EMQ_ERR_DEAD_PENDING_KEYS);
     if (err) return emq_reply_error(ctx, err);
@@ -218,7 +219,7 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
     else if (!emq_acl_user(ctx, &b.user))
         err = EMQ_ERR_NOPERM_DERIVED;
     else
-        err = batch_open(&b, &dead, argv[3], until, limit);
+        err = batch_open(&b, &dead, argv[3], until, limit, EMQ_DERIVED_READ_WRITE);
 
     /* read and decide */
     long long retried = 0;
@@ -272,7 +273,7 @@ int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     long long limit = 0;
     size_t limit_len;
     const char *limit_arg = RedisModule_StringPtrLen(argv[3], &limit_len);
-    int err = emq_parse_count(EMQ_COUNT_LIMIT, limit_arg, limit_len, &limit);
+    int err = emq_parse_limit(limit_arg, limit_len, emq_config_max_limit(), &limit);
     if (!err) err = parse_until(argv, 4, argc, &until);
     if (!err) err = emq_check_queue(ctx, &argv[1], DEAD_ONLY, 1, argv[2], EMQ_ERR_DEAD_KEY);
     if (err) return emq_reply_error(ctx, err);
@@ -285,7 +286,7 @@ int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     emq_fx_begin(&fx, ctx);
     if (!emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &b.user)) err = EMQ_ERR_NOPERM_DERIVED;
-    else err = batch_open(&b, &dead, argv[2], until, limit);
+    else err = batch_open(&b, &dead, argv[2], until, limit, EMQ_DERIVED_READ_DELETE);
     if (err) goto reply;
 
     /* read and decide */

@@ -42,26 +42,34 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
     return EMQ_OK;
 }
 
-/* The new row: one HSET, as the core command would be; the request id only
- * when given. */
-static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at,
-                      RedisModuleString *req) {
+/* The new row: one HSET, as the core command would be. */
+static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at) {
     RedisModuleString *zero = emq_small_int[0];
-    if (req)
-        emq_fx_hset(fx, row, "hset", 6, emq_str.state, emq_str.pending, emq_str.attempts, zero, emq_str.tries,
-                    zero, emq_str.payload, payload, emq_str.enqueued_at, at, emq_str.request, req);
-    else
-        emq_fx_hset(fx, row, "hset", 5, emq_str.state, emq_str.pending, emq_str.attempts, zero, emq_str.tries,
-                    zero, emq_str.payload, payload, emq_str.enqueued_at, at);
+    emq_fx_hset(fx, row, "hset", 5, emq_str.state, emq_str.pending, emq_str.attempts, zero, emq_str.tries, zero,
+                emq_str.payload, payload, emq_str.enqueued_at, at);
 }
 
-/* 1 when an existing row was created by request `req`. */
-static int made_by(EmqKey *row, RedisModuleString *req) {
-    if (req == NULL) return 0;
-    RedisModuleString *first = emq_hget(row, emq_str.request);
-    int same = first && emq_str_equal(first, req);
-    if (first) RedisModule_FreeString(NULL, first);
-    return same;
+/* With REQ: open <base>req:<request-id> (the caller's ACL first).  An
+ * enqueue only creates it, as SET NX would, and learns only whether it
+ * exists: the caller needs write permission on it, as on the rows (a %W~
+ * user may enqueue), and nothing is read from it.  *name is made here (NULL
+ * without REQ) and freed by the caller. */
+static int open_record(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base, RedisModuleString *req,
+                       EmqKey *record, RedisModuleString **name) {
+    if (req == NULL) return EMQ_OK;
+    *name = emq_derived_key(ctx, base, "req:", req);
+    return emq_open_derived(ctx, user, record, *name, EMQ_DERIVED_RECORD_CREATE);
+}
+
+/* Remember the call for EMQ_ENQUEUE_RECORD_TTL_MS: SET, then PEXPIREAT
+ * (absolute, as a replica and the AOF get it). */
+static void write_record(RedisModuleCtx *ctx, EmqFx *fx, EmqKey *record, long long count, long long now) {
+    char buf[24];
+    int n = emq_enqueue_record(count, buf);
+    RedisModuleString *value = RedisModule_CreateString(ctx, buf, (size_t)n);
+    emq_fx_set(fx, record, value);
+    emq_fx_pexpireat(fx, record, now + EMQ_ENQUEUE_RECORD_TTL_MS);
+    RedisModule_FreeString(ctx, value);
 }
 
 /* ------------------------------------------------------------------------
@@ -70,10 +78,11 @@ static int made_by(EmqKey *row, RedisModuleString *req) {
  *
  * :1 the row <base>job:<id> is created (state=pending, attempts=0, tries=0,
  * payload, enqueued_at) and <id> waits in <pending>, claimable from
- * server-now (+ DELAY ms, or from AT; an AT in the past is now).
- * -EMQEXISTS when the row exists -- unless it was created by this very
- * request (same REQ): a retry whose first reply was lost answers :1 again
- * and writes nothing.
+ * server-now (+ DELAY ms, or from AT; an AT in the past is now); with REQ,
+ * the record <base>req:<request-id> = "1" is kept for 60 s.
+ * -EMQEXISTS when the row exists.  A retry whose first reply was lost (the
+ * record exists) answers :1 again and writes nothing -- also when the job
+ * has run and its row is gone since.
  * ------------------------------------------------------------------------ */
 int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
@@ -84,9 +93,10 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
 
-    /* open and type-check: the row's ACL before it is read */
+    /* open and type-check: the row's and the record's ACL before they are read */
     RedisModuleUser *user = NULL;
-    EmqKey pending, row = {0};
+    EmqKey pending, row = {0}, record = {0};
+    RedisModuleString *record_name = NULL;
     emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
     RedisModuleString *row_name = emq_derived_key(ctx, argv[2], "job:", id);
     EmqFx fx;
@@ -95,23 +105,30 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     else err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_CREATE);
+    if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
     if (err) goto reply;
 
-    /* read and decide */
+    /* read and decide: a retry of this very call (its record exists: the
+     * first call ran, whatever became of the job since), a taken id, or a
+     * new job */
+    if (req && !emq_key_empty(&record)) goto reply;
     if (!emq_key_empty(&row)) {
-        if (!made_by(&row, req)) err = EMQ_ERR_EXISTS;
+        err = EMQ_ERR_EXISTS;
         goto reply;
     }
 
     /* apply */
-    write_row(&fx, &row, payload, emq_fx_number(&fx, now), req);
+    write_row(&fx, &row, payload, emq_fx_number(&fx, now));
     emq_fx_zadd(&fx, &pending, due, id, 0);
+    if (req) write_record(ctx, &fx, &record, 1, now);
     wrote = 1;
 
 reply:
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, 1);
     emq_fx_commit(&fx);
+    emq_key_close(&record);
+    if (record_name) RedisModule_FreeString(ctx, record_name);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&pending);
@@ -125,11 +142,11 @@ reply:
  *                 [DELAY <ms> | AT <unix-ms>] [REQ <request-id>]
  *
  * :<count> every job is created as by ENQUEUE (one row each, the same due
- * time for all), or none is: -EMQEXISTS when any of the rows exists --
- * unless every one of them was created by this very request (same REQ): a
+ * time for all), or none is: -EMQEXISTS when any of the rows exists.  With
+ * REQ, one record <base>req:<request-id> = "<count>" is kept for 60 s: a
  * retry whose first reply was lost answers :<count> again and writes
- * nothing.  Two equal ids in one call are refused.  At most emq.max-limit
- * jobs (10,000 by default).
+ * nothing, whatever became of the jobs since.  Two equal ids in one call
+ * are refused.  At most emq.max-limit jobs (10,000 by default).
  * Propagated as one HSET per row and one ZADD with every id.
  * ------------------------------------------------------------------------ */
 typedef struct {
@@ -156,14 +173,15 @@ static void many_release(Many *m) {
 }
 
 int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
-    /* parse */
+    /* parse: the count against the server's ceiling, then against the
+     * arguments, before it sizes anything */
     if (argc < 6) return RedisModule_WrongArity(ctx);
     size_t len;
     const char *count_arg = RedisModule_StringPtrLen(argv[3], &len);
     long long count;
     int err = emq_parse_many_count(count_arg, len, emq_config_max_limit(), &count);
     if (err) return emq_reply_error(ctx, err);
-    if ((long long)argc < 4 + 2 * count) return RedisModule_WrongArity(ctx);
+    if (!emq_count_fits(count, 2, 4, argc)) return RedisModule_WrongArity(ctx);
     RedisModuleString *req;
     long long now = RedisModule_Milliseconds(), due;
     err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due);
@@ -187,9 +205,10 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         return emq_reply_error(ctx, EMQ_ERR_MANY_DUPLICATE);
     }
 
-    /* open and type-check: every row's ACL before it is read */
+    /* open and type-check: every row's ACL, and the record's, before any is read */
     RedisModuleUser *user = NULL;
-    EmqKey pending;
+    EmqKey pending, record = {0};
+    RedisModuleString *record_name = NULL;
     emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
@@ -200,30 +219,28 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         m.names[i] = emq_derived_key(ctx, argv[2], "job:", m.ids[i]);
         err = emq_open_derived(ctx, user, &m.rows[i], m.names[i], EMQ_DERIVED_CREATE);
     }
+    if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
     if (err) goto reply;
 
-    /* read and decide: all new, or all made by this request, or refused */
-    long existing = 0, mine = 0;
-    for (long i = 0; i < m.n; i++) {
-        if (emq_key_empty(&m.rows[i])) continue;
-        existing++;
-        mine += made_by(&m.rows[i], req);
-    }
-    if (existing) {
-        if (mine != m.n) err = EMQ_ERR_EXISTS;
-        goto reply;
-    }
+    /* read and decide: a retry of this very call, all new, or refused */
+    if (req && !emq_key_empty(&record)) goto reply;
+    for (long i = 0; !err && i < m.n; i++)
+        if (!emq_key_empty(&m.rows[i])) err = EMQ_ERR_EXISTS;
+    if (err) goto reply;
 
-    /* apply: the rows, then one ZADD */
+    /* apply: the rows, then one ZADD, then the record */
     RedisModuleString *at = emq_fx_number(&fx, now);
-    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, req);
+    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at);
     emq_fx_zadd_many(&fx, &pending, due, m.ids, m.n);
+    if (req) write_record(ctx, &fx, &record, count, now);
     wrote = 1;
 
 reply:
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, m.n);
     emq_fx_commit(&fx);
+    emq_key_close(&record);
+    if (record_name) RedisModule_FreeString(ctx, record_name);
     many_release(&m);
     emq_key_close(&pending);
     if (wrote) emq_signal_due(ctx, argv[1], due, now);

@@ -73,7 +73,7 @@ void emq_key_close(EmqKey *k) {
     if (k->key == NULL) return;
     RedisModule_CloseKey(k->key);
     k->key = NULL;
-    /* The module signals only what it changed (emq_module.c turns the
+    /* The module signals only what it changed (emq.c turns the
      * server's implicit signal of every key opened for writing off). */
     if (k->modified) RedisModule_SignalModifiedKey(k->ctx, k->name);
     k->modified = 0;
@@ -116,13 +116,6 @@ int emq_str_equal(RedisModuleString *a, RedisModuleString *b) {
     size_t alen, blen;
     const char *ap = RedisModule_StringPtrLen(a, &alen), *bp = RedisModule_StringPtrLen(b, &blen);
     return alen == blen && memcmp(ap, bp, alen) == 0;
-}
-
-RedisModuleString *emq_get_string(EmqKey *k) {
-    if (RedisModule_KeyType(k->key) != REDISMODULE_KEYTYPE_STRING) return NULL;
-    size_t len;
-    const char *p = RedisModule_StringDMA(k->key, &len, REDISMODULE_STRING_DMA_READ);
-    return RedisModule_CreateString(NULL, p, len);
 }
 
 size_t emq_zset_head(EmqKey *set, double max, long long limit, RedisModuleString ***ids) {
@@ -177,7 +170,8 @@ int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, Redi
     k->last = -1;
     k->modified = 0;
     if (!emq_acl_may(user, name, access)) return EMQ_ERR_NOPERM_DERIVED;
-    int mode = access == EMQ_DERIVED_READ ? REDISMODULE_READ : REDISMODULE_READ | REDISMODULE_WRITE;
+    int writes = access & (EMQ_DERIVED_WRITE | EMQ_DERIVED_DELETE);
+    int mode = writes ? REDISMODULE_READ | REDISMODULE_WRITE : REDISMODULE_READ;
     emq_key_open(ctx, k, name, mode);
     if (emq_key_empty(k) && !emq_absent_key_is_final(ctx, name)) return EMQ_ERR_TRYAGAIN;
     return EMQ_OK;
@@ -252,7 +246,7 @@ int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user) {
     *user = NULL;
     if (!RedisModule_GetCurrentUserName || !RedisModule_GetModuleUserFromUserName ||
-        !RedisModule_ACLCheckKeyPermissions || !RedisModule_FreeModuleUser)
+        !RedisModule_ACLCheckCommandPermissions || !RedisModule_FreeModuleUser)
         return 1;
     RedisModuleString *username = RedisModule_GetCurrentUserName(ctx);
     if (username == NULL) return 1; /* no client user: the server itself */
@@ -261,7 +255,23 @@ int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user) {
     return *user != NULL;
 }
 
-int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int flags) {
+/* May the user run `command` <key> [args...]?  The server's check of a core
+ * command line, selector by selector (the field and value named are any:
+ * only the command and the key decide). */
+static int may_run(RedisModuleUser *user, RedisModuleString *command, RedisModuleString *key, int nargs) {
+    RedisModuleString *argv[4] = {command, key, emq_str.state, emq_str.pending};
+    return RedisModule_ACLCheckCommandPermissions(user, argv, 2 + nargs) == REDISMODULE_OK;
+}
+
+int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int access) {
     if (user == NULL) return 1;
-    return RedisModule_ACLCheckKeyPermissions(user, key, flags) == REDISMODULE_OK;
+    int string = access & EMQ_DERIVED_STRING;
+    if ((access & EMQ_DERIVED_READ) &&
+        !(string ? may_run(user, emq_str.acl_get, key, 0) : may_run(user, emq_str.acl_hget, key, 1)))
+        return 0;
+    if ((access & EMQ_DERIVED_WRITE) &&
+        !(string ? may_run(user, emq_str.acl_set, key, 1) : may_run(user, emq_str.acl_hset, key, 2)))
+        return 0;
+    if ((access & EMQ_DERIVED_DELETE) && !may_run(user, emq_str.acl_del, key, 0)) return 0;
+    return 1;
 }

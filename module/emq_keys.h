@@ -66,9 +66,6 @@ int emq_hash_incr(EmqKey *k, RedisModuleString *field, long long add, int not_in
 /* Byte-for-byte equality. */
 int emq_str_equal(RedisModuleString *a, RedisModuleString *b);
 
-/* A string key's value as a new string (the caller frees it), or NULL. */
-RedisModuleString *emq_get_string(EmqKey *k);
-
 /* Up to `limit` members of a sorted set scored at or below `max`, lowest
  * first, copied out into *ids (a new array; the caller frees each string
  * and the array with RedisModule_Free).  Returns how many.  A range
@@ -131,24 +128,49 @@ int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id
 /* -- ACL on derived keys -------------------------------------------------- */
 
 /* Redis checks the caller's ACL against the declared keys only; the rows,
- * the settings and the metric derived from <base> are checked here, before
- * they are read (emq_open_derived does it).  emq_acl_user() loads the
- * caller once per command: 0 when the caller is a user that does not exist
- * (refuse), else 1, with *user NULL when there is nothing to check (no
- * client user, or a server without the ACL API, which is logged at load).
- * emq_acl_may() checks one key for what the verb does to it, as the flags
- * of a core command's key spec say, so that the check asks exactly the
- * permission a core command doing the same would need:
- *   EMQ_DERIVED_READ        only read (the settings in <base>meta);
- *   EMQ_DERIVED_READ_WRITE  read, then changed or created, as HINCRBY does:
- *                           the rows and the metric of SWEEP, CLAIM, FAIL,
- *                           CANCEL, RELEASE;
- *   EMQ_DERIVED_CREATE      created only when absent, as HSETNX: ENQUEUE's
- *                           row (a %W~ user may enqueue). */
-#define EMQ_DERIVED_READ ((int)REDISMODULE_CMD_KEY_ACCESS)
-#define EMQ_DERIVED_READ_WRITE ((int)(REDISMODULE_CMD_KEY_ACCESS | REDISMODULE_CMD_KEY_UPDATE))
-#define EMQ_DERIVED_CREATE ((int)REDISMODULE_CMD_KEY_INSERT)
+ * the settings, the metric and the request records derived from <base> are
+ * checked here, before they are read (emq_open_derived does it).
+ * emq_acl_user() loads the caller once per command: 0 when the caller is a
+ * user that does not exist (refuse), else 1, with *user NULL when there is
+ * nothing to check (no client user, or a server without the ACL API, which
+ * is logged at load).
+ *
+ * emq_acl_may() asks whether the caller could do to the key, with core
+ * commands, what the verb does to it: the server's own check of those
+ * commands (RedisModule_ACLCheckCommandPermissions), which takes the
+ * selectors one by one and wants one that allows both the command and the
+ * key with the access the command needs.  (ACLCheckKeyPermissions asks
+ * whether ANY selector has the key, whatever commands that selector allows:
+ * a user whose second selector is `(~<base>job:* +@read)` may not HINCRBY a
+ * row, yet passed that check.)  The access is a set of:
+ *   EMQ_DERIVED_READ    read its fields:         HGET <key> (GET for a string)
+ *   EMQ_DERIVED_WRITE   create or change it:     HSET <key> (SET for a string)
+ *   EMQ_DERIVED_DELETE  delete it:               DEL <key>
+ *   EMQ_DERIVED_STRING  the key is a string (a request record)
+ * and the usual ones are named:
+ *   EMQ_DERIVED_READ_WRITE  the rows and the metric a verb reads and changes
+ *                           (SWEEP, CLAIM, FAIL, CANCEL, RELEASE, RETRY...);
+ *   EMQ_DERIVED_CREATE      ENQUEUE's row, made only when absent (a %W~ user
+ *                           may enqueue, as it may HSET);
+ *   EMQ_DERIVED_RECORD      a claim's request record, read and written (GET,
+ *                           SET);
+ *   EMQ_DERIVED_RECORD_CREATE  an enqueue's request record, created when
+ *                           absent as SET NX would (SET);
+ *   EMQ_DERIVED_READ_DELETE a row read, then deleted (PURGE, FORGET).
+ * What the key is also given (PEXPIREAT and PERSIST of a finished row, the
+ * DEL of a retention of 0, HDEL, HINCRBY) is not asked separately: a user
+ * allowed HSET on a row but denied one of those by name is not told apart
+ * (docs/reference/acl.md). */
+#define EMQ_DERIVED_READ 1
+#define EMQ_DERIVED_WRITE 2
+#define EMQ_DERIVED_DELETE 4
+#define EMQ_DERIVED_STRING 8
+#define EMQ_DERIVED_READ_WRITE (EMQ_DERIVED_READ | EMQ_DERIVED_WRITE)
+#define EMQ_DERIVED_CREATE EMQ_DERIVED_WRITE
+#define EMQ_DERIVED_RECORD (EMQ_DERIVED_READ | EMQ_DERIVED_WRITE | EMQ_DERIVED_STRING)
+#define EMQ_DERIVED_RECORD_CREATE (EMQ_DERIVED_WRITE | EMQ_DERIVED_STRING)
+#define EMQ_DERIVED_READ_DELETE (EMQ_DERIVED_READ | EMQ_DERIVED_DELETE)
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user);
-int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int flags);
+int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int access);
 
 #endif

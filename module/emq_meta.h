@@ -1,5 +1,5 @@
 /* emq_meta.h -- what the server is told about each command: one row of the
- * command table (emq_module.c) says everything, and emq_meta.c turns it
+ * command table (emq.c) says everything, and emq_meta.c turns it
  * into the module API's calls.
  *
  * A row names the command, its handler and its flags, a summary, the

@@ -287,7 +287,7 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(int, DictDelC, (RedisModuleDict * d, void *key, size_t keylen, void *oldval))
 
 /* NULL where the server does not have them (each checked at use; what falls
- * back without one is logged at load, emq_module.c).  Redis 6.2 has
+ * back without one is logged at load, emq.c).  Redis 6.2 has
  * IsModuleNameBusy and FreeModuleUser; 7.0 brings the other ACL user
  * functions, GetCommand, SetCommandInfo and the config functions; 7.2
  * SetCommandACLCategories; 7.4 AddACLCategory.  Valkey 8 and 9 have all. */
@@ -296,7 +296,7 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(RedisModuleString *, GetCurrentUserName, (RedisModuleCtx * ctx))                           \
     X(RedisModuleUser *, GetModuleUserFromUserName, (RedisModuleString * name))                  \
     X(void, FreeModuleUser, (RedisModuleUser * user))                                            \
-    X(int, ACLCheckKeyPermissions, (RedisModuleUser * user, RedisModuleString * key, int flags)) \
+    X(int, ACLCheckCommandPermissions, (RedisModuleUser * user, RedisModuleString **argv, int argc)) \
     X(RedisModuleCommand *, GetCommand, (RedisModuleCtx * ctx, const char *name))                \
     X(int, SetCommandInfo, (RedisModuleCommand * command, const RedisModuleCommandInfo *info))   \
     X(int, SetCommandACLCategories, (RedisModuleCommand * command, const char *categories))      \

@@ -84,18 +84,24 @@ static void sweep_collect(Sweep *s, EmqKey *set, long long until, long long limi
     RedisModule_ZsetRangeStop(set->key);
 }
 
+/* What the sweep does to a row: a lapsed job's is read and changed; an
+ * expired dead job's is deleted unread. */
+static int sweep_access(const SweptJob *j) {
+    return j->fate == SWEPT_EXPIRED ? EMQ_DERIVED_DELETE : EMQ_DERIVED_READ_WRITE;
+}
+
 /* Read every row the sweep will write and decide its fate.  Returns EMQ_OK
  * or the error to answer; nothing has been written either way. */
 static int sweep_decide(Sweep *s, long long max_stalled) {
     /* Every row's ACL before any row is read: a refusal reveals nothing. */
     for (size_t i = 0; i < s->count; i++)
-        if (!emq_acl_may(s->user, s->jobs[i].row.name, EMQ_DERIVED_READ_WRITE)) return EMQ_ERR_NOPERM_DERIVED;
+        if (!emq_acl_may(s->user, s->jobs[i].row.name, sweep_access(&s->jobs[i]))) return EMQ_ERR_NOPERM_DERIVED;
 
     long long deaths = 0;
     for (size_t i = 0; i < s->count; i++) {
         SweptJob *j = &s->jobs[i];
         /* NULL user: the ACL of every row was checked above, once is enough. */
-        int err = emq_open_derived(s->ctx, NULL, &j->row, j->row.name, EMQ_DERIVED_READ_WRITE);
+        int err = emq_open_derived(s->ctx, NULL, &j->row, j->row.name, sweep_access(j));
         if (err) return err;
         if (!emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) return EMQ_ERR_WRONGTYPE;
         if (j->fate == SWEPT_EXPIRED) continue;
@@ -170,8 +176,7 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     const char *max_arg = RedisModule_StringPtrLen(argv[5], &max_len);
     const char *limit_arg = RedisModule_StringPtrLen(argv[6], &limit_len);
     if (!err) err = emq_parse_count(EMQ_COUNT_MAX_STALLED, max_arg, max_len, &max_stalled);
-    if (!err) err = emq_parse_count(EMQ_COUNT_LIMIT, limit_arg, limit_len, &limit);
-    if (!err && limit > emq_config_max_limit()) err = EMQ_ERR_LIMIT_TOO_LARGE;
+    if (!err) err = emq_parse_limit(limit_arg, limit_len, emq_config_max_limit(), &limit);
     if (!err) err = emq_check_cluster_base(ctx, argv[4]);
     if (err) return emq_reply_error(ctx, err);
     long long now = RedisModule_Milliseconds();
@@ -195,8 +200,11 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     if (!err) {
         sweep_collect(&s, &s.active, now, limit, SWEPT_RECOVERED);
         s.lapsed = s.count;
-        if (s.meta.dead_ttl >= 0 && now - s.meta.dead_ttl >= 0)
-            sweep_collect(&s, &s.dead, now - s.meta.dead_ttl, limit, SWEPT_EXPIRED);
+        /* The expired dead share <limit> with the lapsed: one call never
+         * takes more than <limit> jobs in all. */
+        long long room = limit - (long long)s.lapsed;
+        if (room > 0 && s.meta.dead_ttl >= 0 && now - s.meta.dead_ttl >= 0)
+            sweep_collect(&s, &s.dead, now - s.meta.dead_ttl, room, SWEPT_EXPIRED);
         err = sweep_decide(&s, max_stalled);
     }
     if (err) {

@@ -146,7 +146,7 @@ FEATURES = {
     "own_category": {"redis": (7, 4), "valkey": (8, 0)},
     # RegisterNumericConfig + LoadConfigs: CONFIG SET emq.* (Redis 7.0)
     "module_configs": {"redis": (7, 0), "valkey": (7, 2)},
-    # ACLCheckKeyPermissions and the user functions: derived keys ACL-checked;
+    # ACLCheckCommandPermissions and the user functions: derived keys ACL-checked;
     # also ACL DRYRUN, %R~/%W~ key permissions and COMMAND GETKEYSANDFLAGS (7.0)
     "acl_keys": {"redis": (7, 0), "valkey": (7, 2)},
     # Not the module's: script flags (#!lua shebangs, allow-oom) and EXPIRE's GT, which
@@ -161,7 +161,7 @@ FEATURE_FUNCTIONS = {
     "acl_categories": {"SetCommandACLCategories"},
     "own_category": {"AddACLCategory"},
     "module_configs": {"RegisterNumericConfig", "LoadConfigs"},
-    "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckKeyPermissions"},
+    "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckCommandPermissions"},
     "script_flags": set(),
     "waitaof": set(),
 }

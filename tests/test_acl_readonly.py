@@ -125,14 +125,27 @@ def test_minus_write_alone_denies_every_emq_command(acl_server: EmbeddedServer, 
 def test_without_categories_minus_write_alone_is_not_read_only(
     acl_server: EmbeddedServer, admin: redis.Redis
 ) -> None:
-    """The hole the documented recipe closes, shown where it exists."""
+    """The hole the documented recipe closes, shown where it exists.
+
+    A verb that writes only its declared keys runs (EXTEND re-scores <active>).
+    One that writes a key derived from <base> is refused where the module can
+    check derived keys: it asks whether the caller could write that key with a
+    core command (HSET), and -@write says no."""
     if supports("acl_categories"):
         pytest.skip("this engine puts the EMQ commands in @write")
     c = login(acl_server, "nowrite")
     try:
         with pytest.raises(redis.exceptions.NoPermissionError):
             c.zadd("emq:{q}:pending", {"z": 1})
-        assert c.execute_command("EMQ.ENQUEUE", "emq:{q}:pending", "emq:{q}:", "z", "x") == 1
+        token = admin.hget("emq:{q}:job:j", "token")
+        extend = ("EMQ.EXTEND", "emq:{q}:active", "emq:{q}:job:j", "j", token, "120000")
+        assert c.execute_command(*extend) == 1
+        enqueue = ("EMQ.ENQUEUE", "emq:{q}:pending", "emq:{q}:", "z", "x")
+        if supports("acl_keys"):
+            with pytest.raises(redis.exceptions.NoPermissionError, match="derived from <base>"):
+                c.execute_command(*enqueue)
+        else:
+            assert c.execute_command(*enqueue) == 1
     finally:
         c.close()
 

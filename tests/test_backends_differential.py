@@ -78,6 +78,7 @@ A_TIME = 10**12  # scores and fields above this are server times (2001 on), not 
 IDS = [b"a", b"b", b"c", b"d", b"e", b"f", "ü".encode(), b"sp ace", b"x:y", b"\xff\x00"]
 PAYLOADS = [b"", b"p", b"payload", b"\x00\xff", b"1-0123456789abcdef", b"x" * 40]
 REQS = [b"r1", b"r1", b"r2", b"r3"]
+ENQUEUE_REQS = [b"e1", b"e1", b"e2", b"e3", b"e4"] * 4 + [b"r1"]
 LEASES = [b"60000", b"120000", b"3600000"]
 BAD_NUMBERS = [
     b"", b" 1", b"+1", b"1.5", b"1e3", b"0x10", b"-0", b"01", b"0", b"-1", b"nan", b"\xff",
@@ -95,6 +96,10 @@ ROW_FIELDS = [b"attempts", b"tries", b"stalled", b"retries", b"token", b"closed_
 # (a row expiring a few ms after it finished would vanish at a different step on each queue).
 META_VALUES = [b"x", b"", b"1.5", b"-3", b"01", b"9223372036854775807", b"9007199254740993", *RETENTIONS]
 STATES = [b"pending", b"active", b"done", b"dead", b"cancelled", b"weird"]
+# Request records: a claim's (ids and tokens of the traces), an enqueue's, malformed ones,
+# one over the 1000 pairs a claim takes.
+FORGED_RECORDS = [b"1:a1:1", b"1:a20:1-0123456789abcdef1:b20:2-0123456789abcdef", b"1", b"3", b"", b"x",
+                  b"1:a", b"5:ab", b"1:a0:", b"1:a48:" + b"t" * 48, b"1:a1:1" * 1001]  # fmt: skip
 CLOSED_BY = [b"complete", b"fail:pending", b"fail:dead", b"fail:cancelled", b"release:pending",
              b"release:cancelled", b"fail", b"completely"]  # fmt: skip
 
@@ -223,8 +228,8 @@ class Gen:
         if self.chance(0.25):
             opts += self.pick([[b"DELAY", b"0"], [b"delay", FAR_DELAY], [b"AT", b"0"], [b"AT", b"1000"],
                                [b"at", FAR_AT]])  # fmt: skip
-        if self.chance(0.4):
-            opts += [self.pick([b"REQ", b"req"]), self.pick(REQS)]
+        if self.chance(0.4):  # enqueues' request ids, now and then a claim's (a REQ used twice)
+            opts += [self.pick([b"REQ", b"req"]), self.pick(ENQUEUE_REQS)]
         if self.chance(0.2):
             self.rng.shuffle(opts)
         bad = [[b"REQ"], [b"REQ", b""], [b"NOPE", b"1"], [b"REQ", b"r1", b"REQ", b"r2"], [b"DELAY", b"-1"],
@@ -244,7 +249,8 @@ class Gen:
             pairs += [self.pick(IDS), self.pick(PAYLOADS)]
         count = str(n).encode()
         if self.chance(0.1):
-            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()])
+            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()] * 2
+                              + [b"4611686018427387905", b"9223372036854775807", b"2147483648"])
         return self.line("EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when()])
 
     def claim(self) -> Step:
@@ -254,7 +260,8 @@ class Gen:
         if self.chance(0.4):
             opts += [b"REQ", self.pick(REQS)]
         if self.chance(0.15):  # the module waits a few ms for nothing; the script answers at once
-            opts += [self.pick([b"BLOCK", b"block"]), self.number([b"1", b"3"], 0.3)]
+            wait = self.number([b"1", b"3"], 0.3)
+            opts += [self.pick([b"BLOCK", b"block"]), b"1" if wait == b"0" else wait]  # 0 waits forever
         if self.chance(0.5):
             self.rng.shuffle(opts)  # pairs may split: a syntax error, as it should be
         bad = [[b"COUNT"], [b"REQ", b""], [b"LIMIT", b"1"], [b"COUNT", b"1", b"COUNT", b"2"],
@@ -354,7 +361,9 @@ class Gen:
         return self.line("EMQ.OBLITERATE", [*sets, self.base(), self.number([b"1", b"3", b"100"]), *force])
 
     def forget(self) -> Step:
-        ids = [self.pick(IDS) for _ in range(self.rng.randint(1, 3))]
+        # more ids than emq.max-limit (MAX_LIMIT) now and then: refused whole
+        n = self.rng.randint(1, 3) if not self.chance(0.1) else MAX_LIMIT + self.rng.randint(0, 2)
+        ids = [self.pick(IDS) for _ in range(n)]
         return self.line("EMQ.FORGET", [self.key("pending"), self.base(), *ids])
 
     # -- the harness: identical raw writes on both queues --
@@ -362,7 +371,7 @@ class Gen:
     def harness(self) -> Step:
         """Raw writes, the same on both queues: lapsed leases, corrupt fields, wrong types."""
         job = self.job()
-        roll = self.rng.randrange(9)
+        roll = self.rng.randrange(10)
         score = str(1000 + self.rng.randrange(100)).encode()
         counters = [b"attempts", b"tries", b"stalled", b"retries"]
         row_field = self.pick(counters) if self.chance(0.7) else self.pick(ROW_FIELDS)
@@ -372,6 +381,7 @@ class Gen:
         setting = self.pick([b"count", b"paused", b"done_ttl_ms", b"cancelled_ttl_ms", b"dead_ttl_ms"])
         setting_value = self.pick(META_VALUES)
         target = self.rng.randrange(7)
+        forged, rid = self.pick(FORGED_RECORDS), self.pick([b"r3", b"e4"])  # the rarest ids: claims go on
 
         def write(s: Side) -> list[list[bytes]]:
             k = s.keys
@@ -388,6 +398,8 @@ class Gen:
                 return [[b"HSET", b(k.meta) if meta else b(k.metrics_failed), setting, setting_value]]
             if roll == 6:  # a key of the wrong type
                 return [[b"DEL", keys[target]], [b"SET", keys[target], b"wrong"]]
+            if roll == 9:  # a request record another call left, or a forged one (issue 28)
+                return [[b"SET", b(k.base) + b"req:" + rid, forged]]
             if roll == 7:  # repair: the wrong-typed keys go
                 return [[b"EVAL", b"if redis.call('TYPE', KEYS[1]).ok == 'string' then "
                          b"redis.call('DEL', KEYS[1]) end", b"1", key] for key in keys[:6]]  # fmt: skip
@@ -581,6 +593,7 @@ class Stats:
     steps: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     claims: int = 0
+    claimed_by_claim: int = 0  # of those, by EMQ.CLAIM itself (not COMPLETECLAIM's half)
     resynced: int = 0
 
 
@@ -695,6 +708,7 @@ class Differential:
                 side.previous[job_id] = side.tokens[job_id]
             side.tokens[job_id] = token
             self.stats.claims += 1
+            self.stats.claimed_by_claim += not second
 
     def resync(self, diff: Diff) -> bool:
         """Give the scripts queue the module queue's times (same ties, same claim order)."""
@@ -842,17 +856,18 @@ def test_a_wrong_script_is_caught(diff_server: EmbeddedServer) -> None:
     assert WRONG_CLAIM[0] in source
     table = {**_scripts.scripts(), "EMQ.CLAIM": _scripts.compose("claim", source.replace(*WRONG_CLAIM))}
     caught, quiet = [], []
-    for seed in range(6):
+    for seed in range(8):
         diff_server.client().flushall()
         d = Differential(diff_server, seed, table)
         try:
             stats = d.run(STEPS)
-            quiet.append((seed, stats.claims))
+            quiet.append((seed, stats.claimed_by_claim))
         except AssertionError as exc:
             caught.append(str(exc))
         finally:
             d.close()
-    # A trace goes unnoticed only if it never claimed a job (the wrong part never ran).
+    # A trace goes unnoticed only if its CLAIMs never claimed a job (the wrong part never ran;
+    # COMPLETECLAIM's claims are the right script's).
     assert all(claims == 0 for _, claims in quiet), f"the wrong CLAIM went unnoticed: {quiet}"
     assert len(caught) >= 4, quiet
     for message in caught:

@@ -71,12 +71,31 @@ def test_the_default_ceiling_refuses_the_issues_sweep(r: redis.Redis) -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [("emq.max-limit", "0"), ("emq.max-limit", "-1"), ("emq.max-limit", "x"), ("emq.max-state-bytes", "-1"),
-     ("emq.max-state-bytes", "1gb"), ("emq.no-such", "1")],
+     ("emq.max-state-bytes", "1gb"), ("emq.no-such", "1"),
+     # above the ceilings the verbs are tested at (issue 28: a max-limit of 2^62 + 1 let ENQUEUEMANY
+     # overflow its count and crash the server)
+     ("emq.max-limit", "100001"), ("emq.max-limit", "4611686018427387905"),
+     ("emq.max-limit", "9223372036854775807"), ("emq.max-state-bytes", "16777217")],
 )  # fmt: skip
 def test_bad_values_are_refused(r: redis.Redis, name: str, value: str) -> None:
     with pytest.raises(redis.ResponseError):
         r.config_set(name, value)
     assert emq_configs(r) == DEFAULTS
+
+
+def test_the_ceilings_are_named_in_the_refusal(r: redis.Redis) -> None:
+    """The server's own words: which config, and the range it takes."""
+    with pytest.raises(redis.ResponseError, match=r"emq\.max-limit.*between 1 and 100000 inclusive"):
+        r.config_set("emq.max-limit", 100_001)
+    with pytest.raises(redis.ResponseError, match=r"emq\.max-state-bytes.*between 0 and 16777216 inclusive"):
+        r.config_set("emq.max-state-bytes", "17mb")
+    try:
+        r.config_set("emq.max-limit", 100_000)
+        r.config_set("emq.max-state-bytes", "16mb")
+        assert emq_configs(r) == {"emq.max-limit": "100000", "emq.max-state-bytes": "16777216"}
+    finally:
+        r.config_set("emq.max-limit", 10_000)
+        r.config_set("emq.max-state-bytes", 65536)
 
 
 def test_state_bytes_take_memory_units(r: redis.Redis) -> None:

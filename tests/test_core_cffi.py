@@ -509,3 +509,78 @@ def test_every_error_of_the_core_table_is_documented(core: Core) -> None:
             continue
         words = next((w for prefix, w in ABBREVIATED.items() if text.startswith(prefix)), "-" + text)
         assert words in REFERENCE, f"docs/reference/ does not document {words!r}"
+
+
+# -- issue 28: counts against the arguments, limits, request records ---------------------------
+
+INT = st.integers(LLONG_MIN, LLONG_MAX)
+NEAR = st.sampled_from([2**62 - 1, 2**62, 2**62 + 1, 2**63 - 1, 2**31 - 1, 2**31, 2**32 + 1, 100_000])
+
+
+@CORE
+@given(count=INT | NEAR, per=st.integers(1, 4), first=st.integers(0, 8), argc=st.integers(0, 2**31 - 1))
+@example(count=2**62 + 1, per=2, first=4, argc=6)  # the issue's: 4 + 2 * count wrapped to 6
+def test_count_fits_compares_without_overflow(
+    core: Core, count: int, per: int, first: int, argc: int
+) -> None:
+    fits = count >= 0 and first + per * count <= argc  # Python's integers do not overflow
+    assert bool(core.lib.emq_count_fits(count, per, first, argc)) == fits
+
+
+@CORE
+@given(data=st.binary(max_size=21) | st.integers(LLONG_MIN, LLONG_MAX).map(lambda v: str(v).encode()),
+       top=st.integers(1, 100_000))  # fmt: skip
+def test_limit_is_a_count_then_within_the_ceiling(core: Core, data: bytes, top: int) -> None:
+    out = core.ffi.new("long long *", -7)
+    err = core._err(core.lib.emq_parse_limit(core._buf(data, b"0"), len(data), top, out))
+    value = core.parse_ll(data)
+    if value is None or value < 1:
+        assert err == "ERR limit must be an integer >= 1"
+    elif value > top:
+        assert err == "ERR limit exceeds the server's emq.max-limit"
+    else:
+        assert err is None and out[0] == value
+
+
+def record(*items: bytes) -> bytes:
+    return b"".join(b"%d:%s" % (len(i), i) for i in items)
+
+
+def record_check(core: Core, rec: bytes) -> tuple[str | None, int]:
+    pairs = core.ffi.new("long *", -7)
+    # Past the record's end, bytes that would complete it: a check that read past its length would pass.
+    err = core._err(core.lib.emq_claim_record_check(core._buf(rec, b"1:x"), len(rec), pairs))
+    return err, int(pairs[0])
+
+
+RECORD_ERROR = "ERR the record of this REQ request id is malformed or another call's"
+
+
+@CORE
+@given(pairs=st.lists(st.tuples(st.binary(max_size=20), st.binary(min_size=1, max_size=47)), min_size=1,
+                      max_size=30))  # fmt: skip
+def test_a_claims_record_is_accepted_as_written(core: Core, pairs: list[tuple[bytes, bytes]]) -> None:
+    rec = record(*(x for pair in pairs for x in pair))
+    assert record_check(core, rec) == (None, len(pairs))
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [b"", b"x", b"1", b"2", b"1:a", b"1:a1:", b"5:ab", b"99999999999999:a", b":a", b"1:a1:1x",
+     record(b"a", b"t" * 48), record(*([b"a", b"1"] * 1001)), b"0:" * 2_000_000, record(b"a", b"1") + b"1:"],
+)  # fmt: skip
+def test_a_record_not_a_claims_is_refused(core: Core, rec: bytes) -> None:
+    """Malformed, another call's (an enqueue's "1"), over 1000 pairs, or 4 MB of empty items:
+    refused, whatever its size, before anything is made of it."""
+    assert record_check(core, rec)[0] == RECORD_ERROR
+
+
+def test_a_record_at_the_claim_ceiling_is_accepted(core: Core) -> None:
+    assert record_check(core, record(*([b"a", b"1-0123456789abcdef"] * 1000))) == (None, 1000)
+
+
+@given(count=st.integers(0, 10**18))
+def test_an_enqueue_record_is_its_count(core: Core, count: int) -> None:
+    out = core.ffi.new("char[24]")
+    n = core.lib.emq_enqueue_record(count, out)
+    assert core.ffi.unpack(out, n) == str(count).encode()

@@ -45,13 +45,16 @@ import pytest
 import redis
 
 from echomq.keyspace import QueueKeys, queue_keys
+from echomq.testing import server_wrapper
 
 from .helpers import now_ms
 from .seed_scripts import EXTEND_LUA, EXTEND_LUA_ORIGINAL, SWEEP_LUA
 
 LUA, NATIVE = queue_keys("lua"), queue_keys("native")
 IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "ünï", "with space", "x:y"]
-SCORE_TOLERANCE_MS = 50
+# The two queues' deadlines are read a step apart; under the memory checker a step takes
+# tens of times as long (and shares two cores with the other test process).
+SCORE_TOLERANCE_MS = 500 if server_wrapper() else 50
 SEEDS = range(12)
 STEPS = 150
 

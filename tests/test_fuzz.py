@@ -121,9 +121,12 @@ class Resp:
 class FuzzServer:
     """A server for the fuzz cases; a crashed one is reported and replaced."""
 
-    def __init__(self, module: Path, wrapper: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, module: Path, wrapper: Sequence[str] | None = None, configure: Sequence[Sequence[bytes]] = ()
+    ) -> None:
         self.module = module
         self.wrapper = wrapper
+        self.configure = configure  # commands run on every server started (CONFIG SET ...)
         self.server: EmbeddedServer | None = None
         self.conn: Resp | None = None
 
@@ -134,6 +137,8 @@ class FuzzServer:
                     debug_args(), module=self.module, wrapper=self.wrapper
                 ).start()
             self.conn = Resp(self.server.port)
+            for command in self.configure:
+                self.conn.call(*command)
         return self.conn
 
     def crashed(self) -> str:

@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from .conftest import supports
 from .test_fuzz import BASES, GOOD_NUMBERS, IDS, MALFORMED, FuzzServer, Resp, ServerError, keyspace, short
 
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_CLAIM_PATH_EXAMPLES", "1200"))
@@ -61,6 +62,7 @@ ERRORS = [
     rb"ERR count exceeds the server's emq\.max-limit",
     rb"ERR the same id appears twice in one EMQ\.ENQUEUEMANY",
     rb"ERR the REQ request id must not be empty",
+    rb"ERR the record of this REQ request id is malformed or another call's",
     rb"ERR syntax error",
     rb"ERR the job row's 'attempts' field is not an integer",
     rb"ERR the job row's 'tries' field is not an integer",
@@ -78,9 +80,22 @@ WHEN = [b"0", b"1", b"250", b"60000", b"5", b"9007199254740992", b"1700000000000
 BLOCKS = [b"1", b"5", b"0", b"0", b"20"] * 3 + [*MALFORMED[:8], b"-1", b"9007199254740992"]
 
 
+# The fuzz runs at the highest emq.max-limit a server may set (issue 28): ENQUEUEMANY's
+# counts near 2^62 and 2^63 are refused as too many, counts within it that the arguments do
+# not hold as a wrong arity -- the comparison that once overflowed.
+CEILING = [[b"CONFIG", b"SET", b"emq.max-limit", b"100000"]] if supports("module_configs") else []
+MANY_COUNTS = [b"0", b"5", b"10001", b"100000", b"100001", b"99999", b"2147483647", b"2147483648",
+               b"4611686018427387903", b"4611686018427387904", b"4611686018427387905",
+               b"9223372036854775807", b"9223372036854775808", b"18446744073709551617"]  # fmt: skip
+# Request records a retry could find (issue 28): a claim's, an enqueue's, and forged ones --
+# malformed, over the 1000 pairs a claim takes, 4 MB of empty items.
+RECORDS = [b"1:a1:1", b"1:a1:11:b1:2", b"1", b"2", b"", b"x", b"9:a", b"1:a1:", b"5:ab",
+           b"99999999999999:a", b"1:a48:" + b"t" * 48, b"1:a1:1" * 1001, b"0:" * 2_000_000]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def fuzz(module_so: Path) -> Iterator[FuzzServer]:
-    holder = FuzzServer(module_so)
+    holder = FuzzServer(module_so, configure=CEILING)
     holder.connect()
     yield holder
     holder.stop()
@@ -110,7 +125,7 @@ def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
     if verb == b"emq.enqueuemany":
         n = draw(st.integers(1, 4))
         pairs = [x for _ in range(n) for x in (draw(st.sampled_from(IDS)), draw(st.binary(max_size=4)))]
-        count = draw(st.sampled_from([str(n).encode()] * 4 + [b"0", b"5", b"10001", *MALFORMED[:6]]))
+        count = draw(st.sampled_from([str(n).encode()] * 4 + MANY_COUNTS + MALFORMED[:6]))
         opts = options(draw, [b"DELAY", b"AT", b"REQ"], when)
         return [b"EMQ.ENQUEUEMANY", base + b"pending", base, count, *pairs, *opts]
     if verb == b"emq.fail":
@@ -136,6 +151,8 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
             setup.append([b"HSET", base + b"job:" + job, b"request", b"r1", b"state", b"pending"])
     if draw(st.integers(0, 5)) == 0:
         setup.append([b"HSET", base + b"meta", b"paused", b"1"])
+    if draw(st.integers(0, 3)) == 0:  # an earlier call's record for REQ r1, or a forged one
+        setup.append([b"SET", base + b"req:r1", draw(st.sampled_from(RECORDS[:-1] * 3 + RECORDS[-1:]))])
     pool = [base, base + b"active", base + b"pending", base + b"dead", *IDS[:4], *MALFORMED[:8],
             *GOOD_NUMBERS[:3], b"DELAY", b"AT", b"BLOCK", b"REQ", b"COUNT"]  # fmt: skip
     arg = st.sampled_from(pool) | st.binary(max_size=12)

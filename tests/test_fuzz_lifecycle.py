@@ -73,6 +73,7 @@ ERRORS: list[tuple[bytes, str | None]] = [
     (rb"ERR COUNT must be an integer >= 1", None),
     (rb"ERR syntax error", None),
     (rb"ERR the REQ request id must not be empty", None),
+    (rb"ERR the record of this REQ request id is malformed or another call's", None),
     (rb"ERR the job row's 'attempts' field is not an integer", None),
     (rb"ERR the job row's 'tries' field is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
@@ -89,6 +90,10 @@ ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
 TOKEN_RE = re.compile(rb"-?[0-9]+-[0-9a-f]{16}")  # -: a corrupt, negative attempts counts on
 REQS = [b"r1", b"r1", b"r2", b"", b"\x00", b"x" * 40]
+# Request records that are not a claim's (issue 28): malformed, too many pairs, an enqueue's,
+# and large ones whose items a claim must not allocate for: 4 MB of empty items, 2^20 pairs.
+FORGED_RECORDS = [b"", b"x", b"9:a", b"1:a", b"1:a1:", b"1:a48:" + b"t" * 48, b"99999999999999:a", b"5:ab",
+                  b"1", b"2", b"1:a1:1" * 1001, b"0:" * 2_000_000, b"1:a1:1" * (1 << 20)]  # fmt: skip
 
 
 def test_every_expected_error_is_documented() -> None:
@@ -165,11 +170,12 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
             setup.append([b"HSET", base + b"job:" + job, b"tries", draw(st.sampled_from(FIELD_VALUES))])
         if draw(st.integers(0, 3)) == 0:
             setup.append([b"HSET", base + b"job:" + job, b"request", draw(st.sampled_from(REQS[:3]))])
-    record = draw(st.sampled_from(["missing"] * 4 + ["record", "garbage", "hash"]))
-    if record == "record":  # an earlier CLAIM with REQ r1 took job a with token 1
-        setup.append([b"SET", base + b"req:r1", b"1:a1:1"])
+    record = draw(st.sampled_from(["missing"] * 4 + ["record", "record", "garbage", "hash"]))
+    if record == "record":  # an earlier CLAIM with REQ r1 took job a with token 1 (and b with 2)
+        setup.append([b"SET", base + b"req:r1", draw(st.sampled_from([b"1:a1:1", b"1:a1:11:b1:2"]))])
     elif record == "garbage":
-        setup.append([b"SET", base + b"req:r1", draw(st.sampled_from([b"", b"x", b"9:a", b"1:a"]))])
+        forged = draw(st.sampled_from(FORGED_RECORDS[:10] * 4 + FORGED_RECORDS[10:]))
+        setup.append([b"SET", base + b"req:r1", forged])
     elif record == "hash":
         setup.append([b"HSET", base + b"req:r1", b"f", b"v"])
     pool = [base, base + b"active", base + b"pending", base + b"dead", *(base + b"job:" + i for i in IDS[:3]),
@@ -259,8 +265,10 @@ def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
             reqs = [opts[i + 1] for i in range(0, len(opts), 2) if opts[i].upper() == b"REQ"]
             if reqs and probe(conn, b"TYPE", command[3] + b"req:" + reqs[-1]) == b"string":
                 quiet.add("claimed")
-    elif name == b"emq.enqueue" and n >= 4:
-        if probe(conn, b"EXISTS", command[2] + b"job:" + command[3]):
+    elif name == b"emq.enqueue" and n >= 4:  # a retry: its request's record exists
+        opts = command[5:]
+        reqs = [opts[i + 1] for i in range(0, len(opts) - 1, 2) if opts[i].upper() == b"REQ"]
+        if reqs and probe(conn, b"EXISTS", command[2] + b"req:" + reqs[0]):
             quiet.add("ok")
     elif name in (b"emq.complete", b"emq.fail") and n >= 6:
         job_id = command[3] if name == b"emq.complete" else command[5]
@@ -386,7 +394,8 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         (waiting, cancel),
         (held, checkpoint),
         # retries and no-ops: they answer, and write nothing
-        (waiting, [*enqueue[:3], b"w", b"p", b"req", b"r1"]),
+        ([*waiting, [b"SET", b + b"req:r1", b"1"]], [*enqueue[:3], b"w", b"p", b"req", b"r1"]),
+        ([[b"SET", b + b"req:r1", b"1"]], [*enqueue, b"REQ", b"r1"]),  # the job ran and is gone: answered
         ([*held, [b"SET", b + b"req:r1", b"1:h1:1"], *waiting], [*claim, b"REQ", b"r1"]),
         ([*held, [b"HSET", b + b"job:h", b"token", b"1-0123456789abcdef"],
           [b"SET", b + b"req:r1", b"1:h18:1-0123456789abcdef1:w18:1-0123456789abcdef"], *waiting],
@@ -427,6 +436,8 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         ([[b"SET", b + b"pending", b"x"]], claim),
         ([*held, [b"SET", b + b"req:r1", b"x"], [b"DEL", b + b"req:r1"], [b"RPUSH", b + b"req:r1", b"x"]],
          [*claim, b"REQ", b"r1"]),
+        ([*held, [b"SET", b + b"req:r1", b"1"]], [*claim, b"REQ", b"r1"]),  # an enqueue's record
+        ([*held, [b"SET", b + b"req:r1", b"0:" * 2_000_000]], [*claim, b"REQ", b"r1"]),  # 4 MB forged
         (held, [*checkpoint[:4], b"2", b"1000"]),
         (held, [*complete[:4], b"2"]),
         (held, [*fail[:6], b"1-0123456789abcdef", *fail[7:]]),

@@ -70,6 +70,11 @@ ERRORS = [
     (rb"ERR <pending> must be <base>pending", None),
     (rb"ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead", None),
     (rb"ERR limit must be an integer >= 1", None),
+    (rb"ERR limit exceeds the server's emq\.max-limit", "-ERR limit exceeds the server's emq.max-limit"),
+    (
+        rb"ERR the number of ids exceeds the server's emq\.max-limit",
+        "-ERR the number of ids exceeds the server's emq.max-limit",
+    ),
     (rb"ERR UNTIL must be an integer \(server ms\)", "-ERR UNTIL must be an integer (server ms)"),
     (rb"ERR syntax error", None),
     (
@@ -96,7 +101,10 @@ def test_every_operator_error_is_documented() -> None:
 
 STATES = [b"dead", b"dead", b"dead", b"cancelled", b"pending", b"active", b"done", b"", b"weird"]
 RETENTIONS = [b"-1", b"0", b"1000", b"9007199254740992", *MALFORMED[:6], b"-2"]
-NUMBERS = [b"1", b"2", b"10", *GOOD_NUMBERS[:3], *MALFORMED]
+# Limits beyond emq.max-limit (10,000 by default) too, up to 2^63 - 1 (issue 28).
+NUMBERS = [b"1", b"2", b"10", *GOOD_NUMBERS[:3], *MALFORMED, b"10001", b"100001", b"4611686018427387905",
+           b"9223372036854775807"]  # fmt: skip
+TOO_MANY_IDS = [b"i%d" % i for i in range(10_001)]  # one more id than emq.max-limit
 
 
 @st.composite
@@ -215,6 +223,7 @@ def run_case(fuzz: FuzzServer, setup: list[list[bytes]], command: list[bytes]) -
         wrong_arity = not arity_ok(name[4:], len(command) - 1)
         assert error.startswith(b"ERR wrong number of arguments") == wrong_arity, error
         OUTCOMES[error.split(b" ")[0].decode()] += 1
+        ERRORED.add(error)
         unchanged = True
     else:
         kind, unchanged = check_value(name, reply)
@@ -227,6 +236,7 @@ def run_case(fuzz: FuzzServer, setup: list[list[bytes]], command: list[bytes]) -
 
 
 _START: list[float] = []
+ERRORED: set[bytes] = set()
 
 
 @pytest.mark.slow
@@ -264,6 +274,12 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         (dead + held, [b"EMQ.OBLITERATE", b + b"active", b + b"pending", b + b"dead", b, b"10"]),
         (done, [b"EMQ.FORGET", b + b"pending", b, b"f", b"f", b"d"]),
         (held, [b"EMQ.RETRY", b + b"dead", b + b"pending", b, b"h"]),
+        # beyond emq.max-limit: refused whole, nothing written
+        (dead, [b"EMQ.RETRYDEAD", b + b"dead", b + b"pending", b, b"10001"]),
+        (dead, [b"EMQ.PURGE", b + b"dead", b, b"4611686018427387905"]),
+        (dead + held, [b"EMQ.OBLITERATE", b + b"active", b + b"pending", b + b"dead", b, b"10001", b"FORCE"]),
+        (done, [b"EMQ.FORGET", b + b"pending", b, b"f", *TOO_MANY_IDS]),
+        (done, [b"EMQ.FORGET", b + b"pending", b, *TOO_MANY_IDS[:-1]]),  # at the ceiling: runs
     ]
 
 
@@ -282,6 +298,9 @@ def test_operator_fuzz_totals() -> None:
         assert any(k.startswith(f"emq.{verb.decode()} ") for k in OUTCOMES), (verb, OUTCOMES)
     for code in ("ERR", "WRONGTYPE", "EMQSTATE", "EMQBUSY"):
         assert OUTCOMES[code] > 0, OUTCOMES
+    for words in (b"ERR limit exceeds the server's emq.max-limit",
+                  b"ERR the number of ids exceeds the server's emq.max-limit"):  # fmt: skip
+        assert words in ERRORED, sorted(ERRORED)
     for value in (
         "emq.retry retried",
         "emq.retrydead retried",

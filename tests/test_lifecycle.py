@@ -69,7 +69,8 @@ def test_enqueue_writes_row_and_pending_entry(r: redis.Redis) -> None:
 
 def test_enqueue_with_req_answers_its_own_retry(r: redis.Redis) -> None:
     assert enqueue(r, "j1", "p", "REQ", "rid-1") == 1
-    assert r.hget(K.job("j1"), "request") == b"rid-1"
+    assert not r.hexists(K.job("j1"), "request")  # the request is the record's, not the row's
+    assert r.get(K.base + "req:rid-1") == b"1" and 0 < r.pttl(K.base + "req:rid-1") <= 60_000
     before = digest(r)
     assert enqueue(r, "j1", "p", "REQ", "rid-1") == 1  # the retry of a lost reply
     assert enqueue(r, "j1", "other payload", "req", "rid-1") == 1  # options are case-insensitive
@@ -649,7 +650,7 @@ def test_client_claim_and_enqueue_are_safe_to_resend(r: redis.Redis) -> None:
 
     add = proto.enqueue(Q, b"data", None)
     assert r.execute_command(*add.args) == r.execute_command(*add.args) == 1
-    assert r.zcard(K.pending) == 1 and r.hget(K.job(add.job_id), "request") is not None
+    assert r.zcard(K.pending) == 1 and r.exists(K.base + "req:" + proto.request_id_of(add).decode())
     take = proto.claim(Q, 5000)
     first = r.execute_command(*take.args)
     assert r.execute_command(*take.args) == first  # the same job, the same token

@@ -190,19 +190,19 @@ LATER = 10**13  # a PEXPIREAT in the future: the core command fires `expire`
 
 
 def enqueued(req: list[str]) -> Callable[[QueueKeys], list[list[object]]]:
-    """ENQUEUE's core commands: one HSET of the whole row, then the ZADD."""
+    """ENQUEUE's core commands: one HSET of the whole row, then the ZADD; with REQ, the record."""
     row = ["state", "pending", "attempts", 0, "tries", 0, "payload", "p", "enqueued_at", 1234]
-    if req:
-        row += ["request", req[1]]
-    return lambda k: [["HSET", k.job("j"), *row], ["ZADD", k.pending, 1234, "j"]]
+    record = lambda k: [["SET", k.base + "req:" + req[1], 1], ["PEXPIREAT", k.base + "req:" + req[1], LATER]]  # noqa: E731
+    return lambda k: [["HSET", k.job("j"), *row], ["ZADD", k.pending, 1234, "j"], *(record(k) if req else [])]
 
 
 @pytest.mark.parametrize("req", [[], ["REQ", "r1"]])
 def test_notifications_enqueue(nr: redis.Redis, req: list[str]) -> None:
     n = queue_keys("n")
+    record = ["new req:r1", "set req:r1", "expire req:r1"] if req else []
     same_events(
         nr, lambda k: None, ["EMQ.ENQUEUE", n.pending, n.base, "j", "p", *req], enqueued(req),
-        ["new job:j", "hset job:j", "new pending", "zadd pending"],
+        ["new job:j", "hset job:j", "new pending", "zadd pending", *record],
     )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """What the server knows about each EMQ command: the module's command table
-(module/emq_module.c) told through SetCommandInfo (Redis 7.0+, Valkey).
+(module/emq.c) told through SetCommandInfo (Redis 7.0+, Valkey).
 
 Checked with the server's own tools, the way any client sees it: COMMAND
 INFO (arity, flags, key specs, legacy key range), COMMAND DOCS (summary,

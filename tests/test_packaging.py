@@ -109,7 +109,7 @@ def test_wheel_is_platform_specific_and_carries_the_module(dist: Path) -> None:
     (sdist,) = dist.glob("echomq-*.tar.gz")
     with tarfile.open(sdist) as tf:
         members = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
-    expected = {"setup.py", "module/Makefile", "module/emq_module.c", "module/emq_core.c", "module/emq_rm.h"}
+    expected = {"setup.py", "module/Makefile", "module/emq.c", "module/emq_core.c", "module/emq_rm.h"}
     assert expected <= members
     assert not [m for m in members if m.endswith((".so", ".o"))], "the sdist ships compiled files"
 

@@ -8,12 +8,12 @@ to read the reply, without doing any I/O: a ``Call``.  The clients only send
 
 from __future__ import annotations
 
+import base64
 import enum
 import inspect
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -155,11 +155,13 @@ def new_id() -> bytes:
 def new_request_id() -> bytes:
     """A request id (REQ) for a call that must not take effect twice.
 
-    redis-py retries a command whose reply was lost (a timeout, a dropped
-    connection); with the same REQ the server answers the retry with the
-    first call's result instead of claiming or enqueueing again.
+    A command whose reply was lost (a timeout, a dropped connection) is sent
+    again; with the same REQ the server answers the retry with the first
+    call's result instead of claiming or enqueueing again.  96 random bits
+    in 16 characters: it names the call's record, ``<base>req:<id>``, one
+    key per call, so every byte of it is kept for the record's life.
     """
-    return uuid.uuid4().hex.encode()
+    return base64.urlsafe_b64encode(os.urandom(12))
 
 
 def check_token(value: object) -> bytes:
@@ -441,9 +443,22 @@ def _many_call(
     return Call(args, _enqueued_ids, queue)
 
 
-def over_max_limit(exc: ResponseError) -> bool:
-    """ENQUEUEMANY's refusal of a count above the server's emq.max-limit (nothing was written)."""
+def over_max_limit(exc: Exception) -> bool:
+    """A refusal of a count, limit or list above the server's emq.max-limit (nothing was written)."""
     return "exceeds the server's emq.max-limit" in str(exc)
+
+
+def halved_limit(exc: Exception, limit: int) -> int | None:
+    """The step size to try after ``exc``: half of ``limit`` when the server refused it for its emq.max-limit.
+
+    The bulk verbs' loops (retry_dead, purge_dead, obliterate) take a step
+    size of the caller's; a server whose emq.max-limit is lower refuses the
+    step whole, writing nothing, so halving until it fits loses nothing.
+    None: ``exc`` is another error (or the limit is 1), raise it.
+    """
+    if not over_max_limit(exc) or limit < 2:
+        return None
+    return limit // 2
 
 
 def enqueue_many_halves(call: Call[list[str]]) -> list[Call[list[str]]]:
@@ -502,6 +517,49 @@ def request_id_of(call: Call[Any]) -> bytes:
     rid = call.args[-1]
     assert call.args[-2] == "REQ" and isinstance(rid, bytes)
     return rid
+
+
+# -- an enqueue's retries (issue 28) -------------------------------------------------
+# The server answers a retried ENQUEUE or ENQUEUEMANY from the call's record,
+# <base>req:<request-id>, which it keeps REQ_RECORD_TTL_S after the first call
+# ran (module/emq_core.h: EMQ_ENQUEUE_RECORD_TTL_MS).  A retry arriving later
+# would find no record and, if the job's row is gone by then (done at a
+# retention of 0, forgotten), enqueue the job again.  So the clients send an
+# enqueue again only within REQ_RETRY_WINDOW_S of its first send, on their own
+# schedule (RequestWindow), never through redis-py's retries, whose span has no
+# bound in time; the other half minute covers a resend still on its way.
+
+REQ_RECORD_TTL_S = 60.0
+REQ_RETRY_WINDOW_S = 30.0
+
+
+class RequestWindow:
+    """When a call carrying a REQ may be sent again (sans I/O: the clients send it).
+
+    Each try waits at most ``try_s`` for its reply (the connection's socket
+    timeout, 5 s when it has none); after a lost reply (a timeout, a dropped
+    connection) the call is sent again after 50 ms, doubling to 1 s, while
+    the window since the first send lasts.  ``next_pause`` says None once no
+    resend may start in it: the caller raises the last error.
+    """
+
+    FIRST_PAUSE_S = 0.05
+    MAX_PAUSE_S = 1.0
+
+    def __init__(
+        self, now: float, socket_timeout: float | None, window_s: float = REQ_RETRY_WINDOW_S
+    ) -> None:
+        self.deadline = now + window_s
+        self.try_s = 5.0 if socket_timeout is None else max(float(socket_timeout), 0.001)
+        self.pause_s = self.FIRST_PAUSE_S
+
+    def next_pause(self, now: float) -> float | None:
+        """Seconds to wait before sending again, or None when no resend may start in the window."""
+        pause = self.pause_s
+        if now + pause >= self.deadline:
+            return None
+        self.pause_s = min(self.pause_s * 2, self.MAX_PAUSE_S)
+        return pause
 
 
 # -- a claim that waits for replicas (issue 20) ------------------------------------
@@ -726,6 +784,7 @@ _BAD_ARGUMENT = (
     "max-attempts ",
     "COUNT ",
     "count must be",  # not "count exceeds the server's emq.max-limit": enqueue_many halves those
+    "the number of ids exceeds",
     "DELAY ",
     "AT ",
     "BLOCK ",
@@ -742,6 +801,7 @@ _BAD_ARGUMENT = (
 )
 _CORRUPT = (
     "WRONGTYPE",
+    "the record of this REQ request id ",
     "a swept job row ",
     "the job row's ",
     "the metrics:failed ",
@@ -1025,6 +1085,12 @@ def forget(queue: str, job_ids: Sequence[JobId]) -> Call[int]:
         raise ValueError("forget needs at least one job id")
     keys = keys_of(queue)
     return Call(("EMQ.FORGET", keys.pending, keys.base, *(wire(i) for i in job_ids)), _integer, queue)
+
+
+def forget_steps(queue: str, job_ids: Sequence[JobId], limit: int) -> list[Call[int]]:
+    """``forget`` in calls of at most ``limit`` ids each (SCAN may find more keys than its COUNT)."""
+    positive_int("limit", limit)
+    return [forget(queue, job_ids[k : k + limit]) for k in range(0, len(job_ids), limit)]
 
 
 def _glob_escape(value: str) -> str:

@@ -50,21 +50,27 @@ BackendName = Literal["module", "scripts"]
 BackendChoice = Literal["module", "scripts", "auto"]
 BACKENDS: tuple[BackendChoice, ...] = ("auto", "module", "scripts")
 
-# The module's default settings (module/emq_config.c), which the scripts cannot read.
+# The module's default settings (module/emq_config.c), which the scripts cannot read, and
+# the highest values a server may set (module/emq_core.h: EMQ_MAX_LIMIT_CEILING,
+# EMQ_MAX_STATE_BYTES_CEILING).
 DEFAULT_MAX_LIMIT = 10_000
 DEFAULT_MAX_STATE_BYTES = 65_536
+MAX_LIMIT_CEILING = 100_000
+MAX_STATE_BYTES_CEILING = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ScriptLimits:
     """The server-side settings a script cannot read, given to the scripts by the client.
 
-    With the module, ``emq.max-limit`` (the largest SWEEP ``limit`` and
-    ENQUEUEMANY ``count``) and
+    With the module, ``emq.max-limit`` (the most jobs one command takes:
+    SWEEP's, RETRYDEAD's, PURGE's and OBLITERATE's ``limit``, ENQUEUEMANY's
+    ``count``, FORGET's ids, CLAIM's ``COUNT`` below 1,000) and
     ``emq.max-state-bytes`` (the largest checkpoint state) are the
     operator's, on the server; the scripts take them from here instead.  Keep
     them equal to the server's if a module is also in use; the defaults are
-    the module's defaults.
+    the module's defaults, and the ranges the module's (``max_limit`` from 1
+    to 100,000; ``max_state_bytes`` from 0 to 16 MiB).
     """
 
     max_limit: int = DEFAULT_MAX_LIMIT
@@ -75,10 +81,12 @@ class ScriptLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        if self.max_limit < 1:
-            raise ValueError(f"max_limit must be >= 1, got {self.max_limit}")
-        if self.max_state_bytes < 0:
-            raise ValueError(f"max_state_bytes must be >= 0, got {self.max_state_bytes}")
+        if not 1 <= self.max_limit <= MAX_LIMIT_CEILING:
+            raise ValueError(f"max_limit must be from 1 to {MAX_LIMIT_CEILING}, got {self.max_limit}")
+        if not 0 <= self.max_state_bytes <= MAX_STATE_BYTES_CEILING:
+            raise ValueError(
+                f"max_state_bytes must be from 0 to {MAX_STATE_BYTES_CEILING}, got {self.max_state_bytes}"
+            )
 
 
 def check_backend(backend: object) -> BackendChoice:
@@ -264,6 +272,18 @@ def _completeclaim_keys(argv: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _record_key(argv: Sequence[Any], base: int, first_option: int) -> list[Any]:
+    """An enqueue's request record, ``<base>req:<request-id>``, when the options name one (the first REQ)."""
+    for i in range(first_option - 1, len(argv) - 1, 2):
+        if _b(argv[i]).upper() == b"REQ" and base <= len(argv):
+            return [_cat(_cat(argv[base - 1], "req:"), argv[i + 1])]
+    return []
+
+
+def _enqueue_keys(argv: Sequence[Any]) -> list[Any]:
+    return [*_keys((1,), ((2, "job:", 3),))(argv), *_record_key(argv, 2, 5)]
+
+
 def _enqueuemany_keys(argv: Sequence[Any]) -> list[Any]:
     out = list(argv[:1])
     try:
@@ -271,8 +291,12 @@ def _enqueuemany_keys(argv: Sequence[Any]) -> list[Any]:
     except (IndexError, TypeError, ValueError):
         return out
     if len(argv) >= 2:
-        ids = [argv[3 + 2 * i] for i in range(max(count, 0)) if 3 + 2 * i < len(argv)]
+        # the ids the line has, never more: a count may be anything (2^62, say), the line is short
+        held = min(max(count, 0), max(len(argv) - 3, 0) // 2 + 1)
+        ids = [argv[3 + 2 * i] for i in range(held) if 3 + 2 * i < len(argv)]
         out += [_cat(_cat(argv[1], "job:"), i) for i in ids]
+        if 0 <= count == held:
+            out += _record_key(argv, 2, 4 + 2 * count)
     return out
 
 
@@ -284,7 +308,7 @@ def _forget_keys(argv: Sequence[Any]) -> list[Any]:
 
 
 KEYS_OF: dict[str, KeyFn] = {
-    "EMQ.ENQUEUE": _keys((1,), ((2, "job:", 3),)),
+    "EMQ.ENQUEUE": _enqueue_keys,
     "EMQ.ENQUEUEMANY": _enqueuemany_keys,
     "EMQ.CLAIM": _claim_keys,
     "EMQ.COMPLETECLAIM": _completeclaim_keys,
@@ -314,11 +338,15 @@ def new_nonce() -> str:
     return os.urandom(8).hex()
 
 
+# The verbs that take a count or a list, bounded by emq.max-limit.
+LIMITED = ("EMQ.SWEEP", "EMQ.ENQUEUEMANY", "EMQ.RETRYDEAD", "EMQ.PURGE", "EMQ.OBLITERATE", "EMQ.FORGET")
+
+
 def setting(verb: str, limits: ScriptLimits) -> Any:
     """The one value the script of ``verb`` needs from the client (ARGV[1])."""
     if verb in ("EMQ.CLAIM", "EMQ.COMPLETECLAIM"):
-        return new_nonce()
-    if verb in ("EMQ.SWEEP", "EMQ.ENQUEUEMANY"):
+        return f"{new_nonce()} {limits.max_limit}"
+    if verb in LIMITED:
         return limits.max_limit
     if verb == "EMQ.CHECKPOINT":
         return limits.max_state_bytes

@@ -420,6 +420,25 @@ class Client:
             proto.raise_mapped(exc, call)
         return call.read(reply)
 
+    def _run_request(self, call: proto.Call[T]) -> T:
+        """Send a call carrying a REQ, and again after a lost reply only within its window.
+
+        The server answers a resend from the call's record while it lives
+        (``proto.RequestWindow``): so the tries are the client's own (one
+        try each, ``_attempt``), never redis-py's retries.  On Redis Cluster
+        and on a single-connection client ``_attempt`` is ``_run``: there,
+        redis-py's retries must end within the window (docs/reference/python.md).
+        """
+        window = proto.RequestWindow(time.monotonic(), proto.socket_timeout_of(self.redis))
+        while True:
+            try:
+                return self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pause = window.next_pause(time.monotonic())
+                if pause is None:
+                    raise
+                time.sleep(pause)
+
     def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
         """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
         rendering = self._render()
@@ -610,9 +629,11 @@ class Client:
         The job is claimable at once, or ``delay_ms`` after now, or from
         ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
         the server's clock.  Raises ``JobExists`` if a job with that id already
-        exists.  Safe to retry (a fresh REQ per call).
+        exists.  A fresh REQ per call: after a lost reply the call is sent again,
+        within 30 s of its first send, and the server answers the resend from
+        the call's record (docs/reference/python.md, "Retries").
         """
-        return self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+        return self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
     def enqueue_many(
         self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
@@ -631,7 +652,7 @@ class Client:
         while calls:
             call = calls.pop(0)
             try:
-                added: list[str] = self._run(call)
+                added: list[str] = self._run_request(call)
             except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
                 if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
                     raise
@@ -971,26 +992,42 @@ class Client:
         """
         self._run(proto.retry(queue, job_id))
 
+    def _within_max_limit(self, make: Callable[[int], proto.Call[T]], limit: int) -> tuple[T, int]:
+        """``make(limit)``'s answer, and the step size that ran: halved while the server's
+        ``emq.max-limit`` refuses it (nothing written then: ``proto.halved_limit``)."""
+        while True:
+            try:
+                return self._run(make(limit)), limit
+            except ResponseError as exc:
+                smaller = proto.halved_limit(exc, limit)
+                if smaller is None:
+                    raise
+                limit = smaller
+
     def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
         """Retry every job that is dead now, ``limit`` per command, oldest first.
 
         Jobs that die again while this runs are not retried twice (only those
-        that died before it started are taken).
+        that died before it started are taken).  A ``limit`` above the
+        server's ``emq.max-limit`` is halved until the server takes it.
         """
         until = self._server_time(proto.keys_of(queue).dead)
         retried = dropped = 0
         while True:
-            step = self._run(proto.retry_dead(queue, limit, until))
+            step, limit = self._within_max_limit(lambda n: proto.retry_dead(queue, n, until), limit)
             retried, dropped = retried + step.retried, dropped + step.dropped
             if step.retried + step.dropped < limit:
                 return RetryDeadResult(retried, dropped)
 
     def purge_dead(self, queue: str, *, limit: int = 100) -> int:
-        """Delete every job that is dead now (rows and dead-set members), ``limit`` per command; how many."""
+        """Delete every job that is dead now (rows and dead-set members), ``limit`` per command; how many.
+
+        A ``limit`` above the server's ``emq.max-limit`` is halved until the server takes it.
+        """
         until = self._server_time(proto.keys_of(queue).dead)
         total = 0
         while True:
-            step = self._run(proto.purge_dead(queue, limit, until))
+            step, limit = self._within_max_limit(lambda n: proto.purge_dead(queue, n, until), limit)
             total += step
             if step < limit:
                 return total
@@ -1015,11 +1052,15 @@ class Client:
         is paused from the first step on.  Finished rows kept for their
         retention are found with SCAN and deleted only while still finished:
         a job enqueued while this runs is either deleted whole or kept whole,
-        never half.
+        never half.  Every command takes at most ``limit`` keys (halved while
+        the server's ``emq.max-limit`` refuses it): no step holds the server
+        long, whatever the queue's size.
         """
         removed = 0
         while True:
-            step, remaining = self._run(proto.obliterate(queue, limit, force))
+            (step, remaining), limit = self._within_max_limit(
+                lambda n: proto.obliterate(queue, n, force), limit
+            )
             removed += step
             if remaining == 0:
                 break
@@ -1028,8 +1069,8 @@ class Client:
         while True:
             reply = self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)  # type: ignore[no-untyped-call]
             cursor, found = proto.scan_reply(reply)
-            if found:
-                forgotten += self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                forgotten += self._run(call)
             if cursor == 0:
                 self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)

@@ -247,6 +247,24 @@ class Client:
             proto.raise_mapped(reply, call)
         return call.read(reply)
 
+    async def _run_request(self, call: proto.Call[T]) -> T:
+        """Send a call carrying a REQ, and again after a lost reply only within its window.
+
+        As ``echomq.Client._run_request``: each try is bounded by its timeout
+        (``_attempt`` cancels redis-py's own retries at it), and a new try
+        starts only within ``proto.RequestWindow``.
+        """
+        loop = asyncio.get_running_loop()
+        window = proto.RequestWindow(loop.time(), proto.socket_timeout_of(self.redis))
+        while True:
+            try:
+                return await self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pause = window.next_pause(loop.time())
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+
     async def _attempt_many(
         self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None = None
     ) -> list[Any]:
@@ -366,7 +384,7 @@ class Client:
         run_at_ms: int | None = None,
     ) -> str:
         """Add a job, now or delayed; returns its id (see ``echomq.Client.enqueue``)."""
-        return await self._run(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+        return await self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
 
     async def enqueue_many(
         self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
@@ -377,7 +395,7 @@ class Client:
         while calls:
             call = calls.pop(0)
             try:
-                added: list[str] = await self._run(call)
+                added: list[str] = await self._run_request(call)
             except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
                 if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
                     raise
@@ -616,12 +634,24 @@ class Client:
         """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
         await self._run(proto.retry(queue, job_id))
 
+    async def _within_max_limit(self, make: Callable[[int], proto.Call[T]], limit: int) -> tuple[T, int]:
+        """``make(limit)``'s answer, and the step size that ran: halved while the server's
+        ``emq.max-limit`` refuses it (nothing written then: ``proto.halved_limit``)."""
+        while True:
+            try:
+                return await self._run(make(limit)), limit
+            except ResponseError as exc:
+                smaller = proto.halved_limit(exc, limit)
+                if smaller is None:
+                    raise
+                limit = smaller
+
     async def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
         """Retry every job dead now, in bounded steps (see ``echomq.Client.retry_dead``)."""
         until = await self._server_time(proto.keys_of(queue).dead)
         retried = dropped = 0
         while True:
-            step = await self._run(proto.retry_dead(queue, limit, until))
+            step, limit = await self._within_max_limit(lambda n: proto.retry_dead(queue, n, until), limit)
             retried, dropped = retried + step.retried, dropped + step.dropped
             if step.retried + step.dropped < limit:
                 return RetryDeadResult(retried, dropped)
@@ -631,7 +661,7 @@ class Client:
         until = await self._server_time(proto.keys_of(queue).dead)
         total = 0
         while True:
-            step = await self._run(proto.purge_dead(queue, limit, until))
+            step, limit = await self._within_max_limit(lambda n: proto.purge_dead(queue, n, until), limit)
             total += step
             if step < limit:
                 return total
@@ -648,7 +678,9 @@ class Client:
         """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
         removed = 0
         while True:
-            step, remaining = await self._run(proto.obliterate(queue, limit, force))
+            (step, remaining), limit = await self._within_max_limit(
+                lambda n: proto.obliterate(queue, n, force), limit
+            )
             removed += step
             if remaining == 0:
                 break
@@ -657,8 +689,8 @@ class Client:
         while True:
             reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
             cursor, found = proto.scan_reply(reply)
-            if found:
-                forgotten += await self._run(proto.forget(queue, [proto.row_id(queue, k) for k in found]))
+            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                forgotten += await self._run(call)
             if cursor == 0:
                 await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
                 return ObliterateResult(removed, forgotten)

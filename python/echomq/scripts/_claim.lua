@@ -9,24 +9,47 @@ local function record_put(out, item)
     out[#out + 1] = #item .. ':' .. item
 end
 
--- The items of a record, or nil when it is not a record of ours.
-local function record_items(rec)
-    local items, pos, len = {}, 1, #rec
-    while pos <= len do
-        local start, v = pos, 0
-        while pos <= len and pos - start < 12 do
-            local c = rec:byte(pos)
-            if c < 48 or c > 57 then break end
-            v = v * 10 + c - 48
-            pos = pos + 1
+-- A record read a window at a time (GETRANGE), never whole: a forged record of any size costs
+-- no more reads than a real one of EMQ_MAX_CLAIM_COUNT jobs (the module reads it in place).
+-- bytes(from, n): n bytes at 0-based offset `from` (the caller keeps within the record).
+local WINDOW = 4096
+local function record_reader(key)
+    local size, first, buf = redis.call('STRLEN', key), 0, ''
+    local function bytes(from, n)
+        if n == 0 then return '' end
+        if from < first or from + n > first + #buf then
+            first = from
+            buf = redis.call('GETRANGE', key, from, from + math.max(n, WINDOW) - 1)
         end
-        if pos == start or pos > len or rec:sub(pos, pos) ~= ':' then return nil end
-        pos = pos + 1
-        if v > len - pos + 1 then return nil end
-        items[#items + 1] = rec:sub(pos, pos + v - 1)
-        pos = pos + v
+        return buf:sub(from - first + 1, from - first + n)
     end
-    return items
+    return size, bytes
+end
+
+-- emq_claim_record_check: the (id offset, id length, token) of each pair of a claim's record,
+-- checked whole before anything is made of it -- at least one and at most MAX_CLAIM_COUNT
+-- pairs, every item within the record, every token 1 to 47 bytes -- or the refusal.
+local function record_pairs(key)
+    local size, bytes = record_reader(key)
+    local pairs_, pos, items, id_at, id_len = {}, 0, 0, 0, 0
+    while pos < size do
+        local head = bytes(pos, math.min(13, size - pos))
+        local digits = head:match('^(%d+):')
+        if digits == nil or #digits > 12 then emq.refuse(emq.E.REQ_RECORD) end
+        local v, at = tonumber(digits), pos + #digits + 1
+        if v > size - at then emq.refuse(emq.E.REQ_RECORD) end
+        items = items + 1
+        if items > 2 * MAX_CLAIM_COUNT then emq.refuse(emq.E.REQ_RECORD) end
+        if items % 2 == 1 then
+            id_at, id_len = at, v
+        else
+            if v == 0 or v >= 48 then emq.refuse(emq.E.REQ_RECORD) end
+            pairs_[#pairs_ + 1] = { id_at = id_at, id_len = id_len, token = bytes(at, v) }
+        end
+        pos = at + v
+    end
+    if items == 0 or items % 2 == 1 then emq.refuse(emq.E.REQ_RECORD) end
+    return pairs_, bytes
 end
 
 -- [id, token, payload, attempt, state]: the attempt is `tries` (this claim's number within
@@ -37,30 +60,37 @@ local function job_reply(row, id, token, tries)
 end
 
 -- A retry of a request whose claim went through: the jobs it took that this request still
--- holds (same token, still active); others were lost since and are left out.  Writes
--- nothing.
-local function reanswer(active, base, rec)
-    local items = record_items(rec)
-    if items == nil or #items % 2 == 1 then return false end -- not a record of ours
+-- holds (same token, still active); others were lost since and are left out.  `done` is the
+-- job COMPLETECLAIM's complete half ends in this very call (nil for CLAIM): no longer held
+-- once the call applies, so never answered.  A malformed record (or another call's) is
+-- refused.  Writes nothing.
+local function reanswer(active, base, record, done)
+    local pairs_, bytes = record_pairs(record)
     local jobs = {}
-    for k = 1, #items, 2 do
-        local id, tok = items[k], items[k + 1]
-        if #tok < 48 then
-            local row = base .. 'job:' .. id
-            local rtype = emq.open_derived(row, emq.READ)
-            local current = emq.hget(row, rtype, 'token')
-            if current == tok and redis.call('ZSCORE', active, id) then
-                local tries = emq.canonical(emq.hget(row, rtype, 'tries')) or '0'
-                jobs[#jobs + 1] = job_reply(row, id, tok, tries)
-            end
+    for _, p in ipairs(pairs_) do
+        local id, tok = bytes(p.id_at, p.id_len), p.token
+        local row = base .. 'job:' .. id
+        local rtype = emq.open_derived(row, emq.READ)
+        local current = emq.hget(row, rtype, 'token')
+        if current == tok and redis.call('ZSCORE', active, id) and id ~= done then
+            local tries = emq.canonical(emq.hget(row, rtype, 'tries')) or '0'
+            jobs[#jobs + 1] = job_reply(row, id, tok, tries)
         end
     end
     return #jobs > 0 and jobs or false
 end
 
+-- A claim's <setting>: "<nonce> <max-limit>", the random part of its tokens and the server's
+-- emq.max-limit as the client knows it (python/echomq/_scripts.py, setting).
+function emq.claim_setting(setting)
+    local nonce, limit = (setting or ''):match('^(%S*) ?(.*)$')
+    return nonce, emq.max_limit(limit)
+end
+
 -- The options from argv[first] on (BLOCK only where `block`), in the order the errors are
--- answered: count, req.
-function emq.claim_options(argv, argc, first, block, now)
+-- answered: count, req.  COUNT above the ceiling claims this many: 1000, or the server's
+-- emq.max-limit when that is lower.
+function emq.claim_options(argv, argc, first, block, now, max_limit)
     local count, req, seen_count, seen_block = 1, nil, false, false
     for i = first, argc - 1, 2 do
         if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
@@ -81,24 +111,25 @@ function emq.claim_options(argv, argc, first, block, now)
             emq.refuse(emq.E.SYNTAX)
         end
     end
-    if count > MAX_CLAIM_COUNT then count = MAX_CLAIM_COUNT end
+    count = math.min(count, MAX_CLAIM_COUNT, max_limit)
     return count, req
 end
 
 -- Open, type-check, read and decide, writing nothing: { answer = <reply> } (a retry's jobs,
--- or false: nothing claimable) or { jobs = <to apply>, record = <name or nil> }.
-function emq.claim_prepare(pending, active, base, count, req, now, nonce)
+-- or false: nothing claimable) or { jobs = <to apply>, record = <name or nil> }.  `done`: the
+-- job COMPLETECLAIM completes in the same call (nil for CLAIM).
+function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     if not emq.type_ok(emq.type(pending), 'zset') or not emq.type_ok(emq.type(active), 'zset') then
         emq.refuse(emq.E.WRONGTYPE)
     end
     local record, rectype
     if req then
         record = base .. 'req:' .. req
-        rectype = emq.open_derived(record, emq.READ_WRITE)
+        rectype = emq.open_derived(record, emq.RECORD)
         if not emq.type_ok(rectype, 'string') then emq.refuse(emq.E.WRONGTYPE) end
     end
     if req and rectype ~= 'none' then
-        return { answer = reanswer(active, base, redis.call('GET', record)) }
+        return { answer = reanswer(active, base, record, done) }
     end
     local meta = emq.read_meta(base)
     if meta.paused then return { answer = false } end

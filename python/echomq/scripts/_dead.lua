@@ -33,14 +33,15 @@ local function parse_until(argv, first, argc)
 end
 
 -- The batch a bulk verb takes: the oldest members of <dead> scored at or before `until`, at
--- most `limit`, with their rows opened (each row's ACL before it is read).
-local function batch_open(dead, base, until_score, limit)
+-- most `limit`, with their rows opened for `access` (each row's ACL before it is read:
+-- RETRYDEAD changes them, PURGE deletes them).
+local function batch_open(dead, base, until_score, limit, access)
     local batch = {}
     for i, id in ipairs(emq.zset_head(dead, until_score, limit)) do
         batch[i] = { id = id, row = base .. 'job:' .. id }
     end
     for _, d in ipairs(batch) do
-        d.rtype = emq.open_derived(d.row, emq.READ_WRITE)
+        d.rtype = emq.open_derived(d.row, access)
         if not emq.type_ok(d.rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
     end
     return batch

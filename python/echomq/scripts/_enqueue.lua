@@ -1,5 +1,5 @@
 -- _enqueue.lua -- what ENQUEUE and ENQUEUEMANY share (module/emq_enqueue.c): the options,
--- the new row, and whether an existing row was made by this very request.
+-- the new row, and the request record.
 
 -- [DELAY <ms> | AT <unix-ms>] [REQ <request-id>], from argv[from]: the request id (or nil)
 -- and the due time (now when neither DELAY nor AT).
@@ -24,18 +24,25 @@ local function parse_options(argv, from, argc, now)
     return req, due
 end
 
--- The new row: one HSET, as the core command would be; the request id only when given.
-local function write_row(row, payload, now, req)
-    if req then
-        redis.call('HSET', row, 'state', 'pending', 'attempts', '0', 'tries', '0', 'payload', payload,
-            'enqueued_at', emq.int(now), 'request', req)
-    else
-        redis.call('HSET', row, 'state', 'pending', 'attempts', '0', 'tries', '0', 'payload', payload,
-            'enqueued_at', emq.int(now))
-    end
+-- The new row: one HSET, as the core command would be.
+local function write_row(row, payload, now)
+    redis.call('HSET', row, 'state', 'pending', 'attempts', '0', 'tries', '0', 'payload', payload,
+        'enqueued_at', emq.int(now))
 end
 
--- True when an existing row was created by request `req`.
-local function made_by(row, rtype, req)
-    return req ~= nil and emq.hget(row, rtype, 'request') == req
+-- The request record, <base>req:<request-id> (nil without REQ), opened as the module opens it:
+-- created only, as SET NX would (write permission; nothing is read from it).  Returns its
+-- name and whether it exists: then this call is a retry of the one that made it, which ran.
+local function open_record(base, req)
+    if req == nil then return nil, false end
+    local record = base .. 'req:' .. req
+    return record, emq.open_derived(record, emq.RECORD_CREATE) ~= 'none'
+end
+
+-- Remember the call for 60 s (emq_core.h: EMQ_ENQUEUE_RECORD_TTL_MS): its count, expiring at an
+-- absolute time, as a replica and the AOF get it.
+local ENQUEUE_RECORD_TTL_MS = 60000
+local function write_record(record, count, now)
+    redis.call('SET', record, emq.int(count))
+    redis.call('PEXPIREAT', record, emq.int(now + ENQUEUE_RECORD_TTL_MS))
 end

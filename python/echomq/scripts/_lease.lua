@@ -36,7 +36,7 @@ local function extend_lease(with_cancel, name)
     local deadline = emq.lease_deadline(now, argv[5])
     if state then
         -- the server's emq.max-state-bytes, as the client was told it (a script cannot read it)
-        if #state > (tonumber(max_state_bytes) or 65536) then emq.refuse(emq.E.STATE_TOO_LARGE) end
+        if #state > emq.max_state_bytes(max_state_bytes) then emq.refuse(emq.E.STATE_TOO_LARGE) end
         if past_maxmemory() then emq.refuse(emq.E.OOM) end
     end
 

@@ -10,9 +10,10 @@
 --     EVALSHA <sha of shebang + this prelude + the verb's file> <numkeys> <KEYS...> <setting> <argv...>
 -- where <argv...> are the EMQ.* command's arguments exactly as the module gets them, so
 -- `argv[i]` in a verb script is `argv[i]` of its C handler, and <setting> is the one value
--- the client supplies that the module has on the server: CLAIM's nonce (the random part of
--- its tokens), SWEEP's and ENQUEUEMANY's max-limit, CHECKPOINT's max-state-bytes ('' for
--- the other verbs).  KEYS are the keys known before the call (python/echomq/_scripts.py,
+-- the client supplies that the module has on the server: CLAIM's and COMPLETECLAIM's nonce
+-- (the random part of their tokens) and max-limit, "<nonce> <max-limit>"; the max-limit of
+-- the verbs that take a count or a list (SWEEP, ENQUEUEMANY, RETRYDEAD, PURGE, OBLITERATE,
+-- FORGET); CHECKPOINT's max-state-bytes ('' for the other verbs).  KEYS are the keys known before the call (python/echomq/_scripts.py,
 -- KEYS_OF): the declared keys of the module command, plus the row of a named id, a claim's
 -- request record and the settings of the verbs that always read them.  The Lua addresses
 -- keys by the names in argv; KEYS are for cluster routing and the server's ACL check.
@@ -52,6 +53,7 @@ local E = {
     MANY_COUNT = 'ERR count must be an integer >= 1',
     MANY_TOO_MANY = "ERR count exceeds the server's emq.max-limit",
     MANY_DUPLICATE = 'ERR the same id appears twice in one EMQ.ENQUEUEMANY',
+    FORGET_TOO_MANY = "ERR the number of ids exceeds the server's emq.max-limit",
     SAME_KEY = 'ERR <active> and <job> must be different keys',
     THREE_SETS = 'ERR <active>, <pending> and <dead> must be <base>active, <base>pending and <base>dead',
     PENDING_KEY = 'ERR <pending> must be <base>pending',
@@ -76,6 +78,7 @@ local E = {
     TRYAGAIN = 'TRYAGAIN a key of this queue is moving between cluster nodes; retry',
     SYNTAX = 'ERR syntax error',
     REQ_EMPTY = 'ERR the REQ request id must not be empty',
+    REQ_RECORD = "ERR the record of this REQ request id is malformed or another call's",
     STATE_TOO_LARGE = 'ERR the checkpoint state is larger than emq.max-state-bytes',
     OOM = "OOM command not allowed when used memory > 'maxmemory'.",
     RETENTION_VALUE = 'ERR a retention must be -1 (keep forever) or an integer from 0 to 9007199254740992 (ms)',
@@ -344,6 +347,37 @@ function emq.parse_count(s, refusal)
     return v
 end
 
+-- The server's emq.max-limit as the client gives it (<setting>, ScriptLimits.max_limit): the
+-- module's default without one, and never above the module's own ceiling
+-- (emq_core.h: EMQ_MAX_LIMIT_CEILING), whatever a hand-made call says.
+emq.DEFAULT_MAX_LIMIT, emq.MAX_LIMIT_CEILING = 10000, 100000
+function emq.max_limit(setting)
+    local v = tonumber(setting)
+    if v == nil or v < 1 then v = emq.DEFAULT_MAX_LIMIT end
+    return math.min(math.floor(v), emq.MAX_LIMIT_CEILING)
+end
+
+-- The server's emq.max-state-bytes as the client gives it (<setting> of CHECKPOINT), within
+-- the module's range (0 to EMQ_MAX_STATE_BYTES_CEILING, 16 MiB).
+function emq.max_state_bytes(setting)
+    local v = tonumber(setting)
+    if v == nil or v < 0 then v = 65536 end
+    return math.min(math.floor(v), 16777216)
+end
+
+-- emq_parse_limit: <limit> an integer >= 1, and at most the server's emq.max-limit.
+function emq.parse_limit(s, max_limit)
+    local limit = emq.parse_count(s, E.LIMIT)
+    if limit > max_limit then emq.refuse(E.LIMIT_TOO_LARGE) end
+    return limit
+end
+
+-- emq_count_fits: argc arguments hold `count` groups of `per` from index `from` on.  Lua's
+-- numbers are doubles, and a count here is at most emq.max-limit: no overflow to fear.
+function emq.count_fits(count, per, from, argc)
+    return count >= 0 and from + per * count <= argc
+end
+
 -- A count as a LIMIT argument: more than any set can hold means "all".
 function emq.limit_arg(n)
     return int(math.min(n, 2147483647))
@@ -433,7 +467,11 @@ function emq.type_ok(t, want)
     return t == 'none' or t == want
 end
 
-emq.READ, emq.READ_WRITE, emq.CREATE = 'r', 'rw', 'w'
+-- What a verb does to a derived key (emq_keys.h: EMQ_DERIVED_*), as letters: r read its fields
+-- (HGET; GET for a string), w create or change it (HSET; SET), d delete it (DEL), s the key is
+-- a string (a request record).
+emq.READ, emq.READ_WRITE, emq.CREATE, emq.DELETE, emq.READ_DELETE = 'r', 'rw', 'w', 'd', 'rd'
+emq.RECORD, emq.RECORD_CREATE = 'rws', 'ws'
 
 -- The error a refused touch becomes: TRYAGAIN for a key this node does not serve as it
 -- stands (an absent key of a slot on the move: Redis says "non local key", Valkey
@@ -451,12 +489,39 @@ local function refusal_of(err)
     error({ err = err }, 0)
 end
 
--- May the caller do `access` to the key?  Asked as the module asks it (emq_acl_may), for the
--- permissions a core command doing the same would need, before the key is touched at all:
--- read (HGET's), write (HSET's), or both.
+-- May the caller do `access` to the key?  Asked as the module asks it (emq_acl_may): could the
+-- caller run the core commands that do the same -- HGET, HSET, DEL (GET and SET for a string)
+-- -- checked by the server selector by selector (one selector must allow both the command and
+-- the key), before the key is touched at all.  A script's every call is checked by the server
+-- too, so a write is asked as each command a verb may apply to such a key (HSET, HINCRBY,
+-- HDEL, PEXPIREAT, PERSIST, DEL; SET, PEXPIREAT for a string): a call refused after the first
+-- write would leave the verb half applied.  (The module, whose writes the server does not
+-- check, asks HSET, SET, DEL alone: docs/reference/acl.md.)
+local function has(access, letter)
+    return access:find(letter, 1, true) ~= nil
+end
+
+local HASH_WRITES = {
+    { 'HSET', 'f', 'v' }, { 'HINCRBY', 'f', '1' }, { 'HDEL', 'f' }, { 'PEXPIREAT', '0' }, { 'PERSIST' }, { 'DEL' },
+}
+local STRING_WRITES = { { 'SET', 'v' }, { 'PEXPIREAT', '0' } }
+local STRING_READS = { { 'GET' }, { 'STRLEN' }, { 'GETRANGE', '0', '0' } } -- a claim's record, read a window at a time
+
+local function may_all(name, commands)
+    for _, c in ipairs(commands) do
+        if not redis.acl_check_cmd(c[1], name, unpack(c, 2)) then return false end
+    end
+    return true
+end
+
 local function may(name, access)
-    if access ~= emq.CREATE and not redis.acl_check_cmd('HGET', name, 'f') then return false end
-    if access ~= emq.READ and not redis.acl_check_cmd('HSET', name, 'f', 'v') then return false end
+    local string = has(access, 's')
+    if has(access, 'r') and not (string and may_all(name, STRING_READS)
+            or not string and redis.acl_check_cmd('HGET', name, 'f')) then
+        return false
+    end
+    if has(access, 'w') and not may_all(name, string and STRING_WRITES or HASH_WRITES) then return false end
+    if has(access, 'd') and not redis.acl_check_cmd('DEL', name) then return false end
     return true
 end
 emq.may = may

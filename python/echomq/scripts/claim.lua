@@ -2,7 +2,7 @@
 -- EMQ.CLAIM <pending> <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>] [BLOCK <ms>]
 --                                                                      (module/emq_claim.c)
 --
--- Reply: an array of up to <n> (default 1, at most 1000) jobs, each [id, token, payload,
+-- Reply: an array of up to <n> (default 1, at most 1000 or emq.max-limit) jobs, each [id, token, payload,
 -- attempt, state], oldest first; null when nothing is claimable (the queue is empty, every
 -- waiting job is delayed, or the queue is paused): nothing was written then.  With REQ, a
 -- retry of the same request answers the jobs that request claimed and still holds.
@@ -21,10 +21,11 @@
 -- include: _claim.lua
 return emq.verb({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
     -- parse
-    local argv, argc, nonce = emq.args()
+    local argv, argc, setting = emq.args()
+    local nonce, max_limit = emq.claim_setting(setting)
     if argc < 5 then emq.wrong_arity('emq.claim') end
     local now = emq.now_ms()
-    local count, req = emq.claim_options(argv, argc, 5, true, now)
+    local count, req = emq.claim_options(argv, argc, 5, true, now, max_limit)
     local pending, active, base = argv[1], argv[2], argv[3]
     emq.check_queue(argv, 1, { 'pending', 'active' }, base, emq.E.PENDING_ACTIVE_KEYS)
     local deadline = emq.lease_deadline(now, argv[4])

@@ -10,19 +10,20 @@
 -- include: _claim.lua
 return emq.verb({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'DEL', 'PEXPIREAT' }, function()
     -- parse
-    local argv, argc, nonce = emq.args()
+    local argv, argc, setting = emq.args()
+    local nonce, max_limit = emq.claim_setting(setting)
     if argc < 7 then emq.wrong_arity('emq.completeclaim') end
     local active, row, pending, id, token = argv[1], argv[2], argv[3], argv[4], argv[5]
     emq.complete_check(active, row, id)
     local now = emq.now_ms()
-    local count, req = emq.claim_options(argv, argc, 7, false, now)
+    local count, req = emq.claim_options(argv, argc, 7, false, now, max_limit)
     local base = active:sub(1, #active - #'active')
     emq.check_queue({ pending, active }, 1, { 'pending', 'active' }, base, emq.E.PENDING_ACTIVE_KEYS)
     local deadline = emq.lease_deadline(now, argv[6])
 
     -- open, type-check, read and decide: the complete's, then the claim's
     local done = emq.complete_prepare(active, row, id, token)
-    local claimed = emq.claim_prepare(pending, active, base, count, req, now, nonce)
+    local claimed = emq.claim_prepare(pending, active, base, count, req, now, nonce, done.write and id or nil)
 
     -- apply
     emq.complete_apply(active, row, id, done, now)

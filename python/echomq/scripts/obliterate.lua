@@ -9,7 +9,7 @@
 -- memory.
 return emq.verb({ 'ZREM', 'DEL', 'HSET' }, function()
     -- parse
-    local argv, argc = emq.args()
+    local argv, argc, max_limit = emq.args()
     if argc ~= 6 and argc ~= 7 then emq.wrong_arity('emq.obliterate') end
     local force = false
     if argc == 7 then
@@ -18,7 +18,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET' }, function()
     end
     local active, pending, dead, base = argv[1], argv[2], argv[3], argv[4]
     emq.check_queue(argv, 1, { 'active', 'pending', 'dead' }, base, emq.E.THREE_SETS)
-    local limit = emq.parse_count(argv[5], emq.E.LIMIT)
+    local limit = emq.parse_limit(argv[5], emq.max_limit(max_limit))
 
     -- open and type-check
     for _, set in ipairs({ active, pending, dead }) do
@@ -38,13 +38,13 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET' }, function()
 
     -- decide: every key this step deletes or writes is checked first
     for _, m in ipairs(members) do
-        emq.open_derived(m.row, emq.READ_WRITE)
+        emq.open_derived(m.row, emq.DELETE)
     end
     local metrics, meta = base .. 'metrics:failed', base .. 'meta'
-    if remaining == 0 then emq.open_derived(metrics, emq.READ_WRITE) end
-    local mtype = emq.open_derived(meta, emq.READ_WRITE)
-    -- a meta of the wrong type cannot be paused, but a step that empties the sets deletes it
-    -- whatever it holds
+    if remaining == 0 then emq.open_derived(metrics, emq.DELETE) end
+    -- the step that empties the sets deletes <base>meta (whatever it holds: a meta of the wrong
+    -- type cannot be paused, but it can be deleted); the others pause the queue in it
+    local mtype = emq.open_derived(meta, remaining == 0 and emq.DELETE or emq.READ_WRITE)
     if not emq.type_ok(mtype, 'hash') and remaining ~= 0 then emq.refuse(emq.E.WRONGTYPE) end
 
     -- apply

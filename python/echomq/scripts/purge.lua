@@ -8,16 +8,16 @@
 -- frees memory.
 return emq.verb({ 'ZREM', 'DEL' }, function()
     -- parse
-    local argv, argc = emq.args()
+    local argv, argc, max_limit = emq.args()
     if argc < 4 then emq.wrong_arity('emq.purge') end
-    local limit = emq.parse_count(argv[3], emq.E.LIMIT)
+    local limit = emq.parse_limit(argv[3], emq.max_limit(max_limit))
     local until_score = parse_until(argv, 4, argc)
     local dead, base = argv[1], argv[2]
     emq.check_queue(argv, 1, { 'dead' }, base, emq.E.DEAD_KEY)
 
     -- open and type-check
     if not emq.type_ok(emq.type(dead), 'zset') then emq.refuse(emq.E.WRONGTYPE) end
-    local batch = batch_open(dead, base, until_score, limit)
+    local batch = batch_open(dead, base, until_score, limit, emq.READ_DELETE)
 
     -- read and decide (emq_purge_deletes_row): the row goes with the member when it says
     -- dead (or is already gone)

@@ -8,9 +8,9 @@
 -- write: the batch is applied whole or not at all.
 return emq.verb({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD' }, function()
     -- parse
-    local argv, argc = emq.args()
+    local argv, argc, max_limit = emq.args()
     if argc < 5 then emq.wrong_arity('emq.retrydead') end
-    local limit = emq.parse_count(argv[4], emq.E.LIMIT)
+    local limit = emq.parse_limit(argv[4], emq.max_limit(max_limit))
     local until_score = parse_until(argv, 5, argc)
     local dead, pending, base = argv[1], argv[2], argv[3]
     emq.check_queue(argv, 1, { 'dead', 'pending' }, base, emq.E.DEAD_PENDING_KEYS)
@@ -20,7 +20,7 @@ return emq.verb({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD' }, functi
     if not emq.type_ok(emq.type(dead), 'zset') or not emq.type_ok(emq.type(pending), 'zset') then
         emq.refuse(emq.E.WRONGTYPE)
     end
-    local batch = batch_open(dead, base, until_score, limit)
+    local batch = batch_open(dead, base, until_score, limit, emq.READ_WRITE)
 
     -- read and decide: no row, or a row in another state, is not a dead job: dropped
     local retried = 0

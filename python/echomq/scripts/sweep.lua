@@ -6,8 +6,9 @@
 -- oldest first, at most <limit>: each counts a stall and goes back to <pending> (score 0) or,
 -- at <max-stalled> stalls, to <dead> (scored with the time it died, counted in the metric);
 -- one whose cancel was requested ends cancelled.  With a dead retention (<base>meta
--- dead_ttl_ms >= 0), up to <limit> dead jobs that died that long ago leave <dead> with their
--- rows.  Every row and the metric are read and checked before the first write.
+-- dead_ttl_ms >= 0), dead jobs that died that long ago leave <dead> with their rows, as many
+-- as <limit> leaves room for after the lapsed ones.  Every row and the metric are read and
+-- checked before the first write.
 --
 -- <limit> may not exceed the server's emq.max-limit, which a script cannot read: the
 -- client's max_limit (<setting>) stands in for it.
@@ -20,8 +21,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
     local active, pending, dead, base = argv[1], argv[2], argv[3], argv[4]
     emq.check_queue_keys(argv, 1, { 'active', 'pending', 'dead' }, base, emq.E.THREE_SETS)
     local max_stalled = emq.parse_count(argv[5], emq.E.MAX_STALLED)
-    local limit = emq.parse_count(argv[6], emq.E.LIMIT)
-    if limit > (tonumber(max_limit) or 10000) then emq.refuse(emq.E.LIMIT_TOO_LARGE) end
+    local limit = emq.parse_limit(argv[6], emq.max_limit(max_limit))
     emq.check_cluster_base(base)
     local now = emq.now_ms()
 
@@ -38,20 +38,25 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
         jobs[#jobs + 1] = { id = id, row = base .. 'job:' .. id, fate = RECOVERED }
     end
     local lapsed = #jobs
-    if meta.dead_ttl >= 0 and now - meta.dead_ttl >= 0 then
-        for _, id in ipairs(emq.zset_head(dead, emq.int(now - meta.dead_ttl), limit)) do
+    -- the expired dead share <limit> with the lapsed: one call takes at most <limit> jobs
+    if limit - lapsed > 0 and meta.dead_ttl >= 0 and now - meta.dead_ttl >= 0 then
+        for _, id in ipairs(emq.zset_head(dead, emq.int(now - meta.dead_ttl), limit - lapsed)) do
             jobs[#jobs + 1] = { id = id, row = base .. 'job:' .. id, fate = EXPIRED }
         end
     end
 
-    -- decide: every row's ACL before any row is read (a refusal reveals nothing); then row
-    -- by row, as the module opens them: a row of a slot on the move, its type, its count
+    -- decide: every row's ACL before any row is read (a refusal reveals nothing): a lapsed
+    -- job's row is read and changed, an expired dead job's deleted unread; then row by row, as
+    -- the module opens them: a row of a slot on the move, its type, its count
+    local function access(j)
+        return j.fate == EXPIRED and emq.DELETE or emq.READ_WRITE
+    end
     for _, j in ipairs(jobs) do
-        if not emq.may(j.row, emq.READ_WRITE) then emq.refuse(emq.E.NOPERM_DERIVED) end
+        if not emq.may(j.row, access(j)) then emq.refuse(emq.E.NOPERM_DERIVED) end
     end
     local deaths = 0
     for _, j in ipairs(jobs) do
-        local rtype = emq.open_derived(j.row, emq.READ_WRITE)
+        local rtype = emq.open_derived(j.row, access(j))
         if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
         if j.fate ~= EXPIRED then
             if emq.hexists(j.row, rtype, 'cancel_requested') then

@@ -1,4 +1,4 @@
-/* emq_module.c -- EchoMQ's lifecycle controls as native Redis commands:
+/* emq.c -- EchoMQ's lifecycle controls as native Redis commands:
  * loading, the one table every command is registered from, and the strings
  * made at load.  What the module is, and which file holds which verb: emq.h.
  *
@@ -31,7 +31,8 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  * Flags, and why:
  *   - `write` everywhere: every verb changes a queue (EXTEND only re-scores).
  *   - `deny-oom` where a verb grows memory (new rows, error texts, a cancel
- *     reason, a stall count on a recovered row, a claim's request record).  EXTEND, CHECKPOINT,
+ *     reason, a stall count on a recovered row, a claim's or an enqueue's
+ *     request record).  EXTEND, CHECKPOINT,
  *     COMPLETE and RELEASE are not: live handlers must keep their leases,
  *     finish their jobs and give them back under memory pressure -- they
  *     only re-score or overwrite.
@@ -241,9 +242,9 @@ static const char *fallback_of(const char *fn) {
     };
     for (size_t i = 0; i < sizeof fallbacks / sizeof *fallbacks; i++)
         if (strcmp(fn, fallbacks[i].fn) == 0) return fallbacks[i].fallback;
-    return "EMQ.SWEEP, ENQUEUE, CLAIM, FAIL and CANCEL cannot check the job rows and the "
-           "metric they derive from <base> against the caller's ACL key permissions (the "
-           "declared keys are still checked by the server)";
+    return "the EMQ verbs cannot check the keys they derive from <base> (job rows, settings, "
+           "metric, request records) against the caller's ACL (the declared keys are still "
+           "checked by the server)";
 }
 
 static void log_fallbacks(RedisModuleCtx *ctx) {
