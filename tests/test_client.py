@@ -98,7 +98,8 @@ def test_command_flags_and_key_positions(server: EmbeddedServer) -> None:
         "emq:{q}:active",
         "emq:{q}:job:1",
     ]
-    assert getkeys("EMQ.SWEEP", "emq:{q}:active", "emq:{q}:pending", "emq:{q}:dead", "emq:{q}:", "1", "1") == [
+    sweep_args = ("emq:{q}:active", "emq:{q}:pending", "emq:{q}:dead", "emq:{q}:", "1", "1")
+    assert getkeys("EMQ.SWEEP", *sweep_args) == [
         "emq:{q}:active",
         "emq:{q}:pending",
         "emq:{q}:dead",

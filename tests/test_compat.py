@@ -152,12 +152,18 @@ def test_the_thread_worker_runs_retries_and_hears_a_cancel(caller: echomq.Client
     try:
         assert running.wait(15)
         assert caller.cancel(Q, "long", "from outside") == "requested"
-        assert wait_until(lambda: all(_state(caller, j) in ("done", "cancelled") for j in ("ok", "flaky", "long")), 20)
+        assert wait_until(
+            lambda: all(_state(caller, j) in ("done", "cancelled") for j in ("ok", "flaky", "long")), 20
+        )
     finally:
         worker.stop()
         thread.join(20)
     assert not thread.is_alive()
-    assert (_state(caller, "ok"), _state(caller, "flaky"), _state(caller, "long")) == ("done", "done", "cancelled")
+    assert (_state(caller, "ok"), _state(caller, "flaky"), _state(caller, "long")) == (
+        "done",
+        "done",
+        "cancelled",
+    )
     assert ("flaky", 2) in seen
     assert worker.stats.completed == 2
 
@@ -199,7 +205,11 @@ def test_the_asyncio_worker_runs_retries_and_hears_a_cancel(
         return seen
 
     seen = asyncio.run(main())
-    assert (_state(caller, "ok"), _state(caller, "flaky"), _state(caller, "long")) == ("done", "done", "cancelled")
+    assert (_state(caller, "ok"), _state(caller, "flaky"), _state(caller, "long")) == (
+        "done",
+        "done",
+        "cancelled",
+    )
     assert ("flaky", 2) in seen
 
 
@@ -221,7 +231,12 @@ def test_the_cli_enqueues_inspects_and_works(
 
     def cli(*argv: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "echomq", *argv], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "echomq", *argv],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode == 0, done.stderr
         return done.stdout

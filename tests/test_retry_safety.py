@@ -129,7 +129,9 @@ def test_redis_py_retrying_a_claim_after_a_timeout_does_not_orphan_a_job(server:
         admin_client.enqueue("q", b"x", job_id=job_id)
     # The retry spelled out: a redis-py client retries a timed-out command by default only from
     # redis-py 6 (before it, a caller's own client raises TimeoutError; Client.from_url retries).
-    slow = Client(server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 3), retry_on_error=[redis.TimeoutError]))
+    slow = Client(
+        server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 3), retry_on_error=[redis.TimeoutError])
+    )
     slow.redis.ping()
     stall = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1"))
     stall.start()

@@ -193,7 +193,8 @@ def versions_of(python: Path) -> dict[str, str]:
         "def v(n):\n"
         "    try: return m.version(n)\n"
         "    except m.PackageNotFoundError: return ''\n"
-        "print(json.dumps({'python': platform.python_version(), 'redis': v('redis'), 'hiredis': v('hiredis')}))"
+        "print(json.dumps({'python': platform.python_version(),\n"
+        "                  'redis': v('redis'), 'hiredis': v('hiredis')}))"
     )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
     return dict(json.loads(out))
@@ -269,8 +270,7 @@ def table(rows: list[Row], resp: tuple[int, ...]) -> str:
         python = v.get("python") or row.combo.python
         hiredis = (v.get("hiredis") or "yes") if row.combo.hiredis else "no"
         cells = [
-            row.note if row.note else (row.by_resp[n].cell() if n in row.by_resp else "not run")
-            for n in resp
+            row.note if row.note else (row.by_resp[n].cell() if n in row.by_resp else "not run") for n in resp
         ]
         lines.append(f"| {redis_py} | {python} | {hiredis} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -282,15 +282,21 @@ def write_docs(text: str, command: str) -> None:
     if start < 0 or end < start:
         raise SystemExit(f"{DOCS_PAGE} has no compat table markers ({START_MARK!r} ... {END_MARK!r})")
     day = datetime.date.today().isoformat()
-    block = f"{START_MARK}\nRun on {day} with `{command}` (Redis 7.0, the module and the scripts backend):\n\n"
+    block = (
+        f"{START_MARK}\nRun on {day} with `{command}` (Redis 7.0, the module and the scripts backend):\n\n"
+    )
     DOCS_PAGE.write_text(page[:start] + block + text + "\n" + page[end:])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--short", action="store_true", help="only the extremes (make test)")
     parser.add_argument("--python", help=f"comma-separated Pythons (default: {','.join(PYTHONS)})")
-    parser.add_argument("--redis-py", help=f"comma-separated redis-py versions (default: {','.join(REDIS_PY)})")
+    parser.add_argument(
+        "--redis-py", help=f"comma-separated redis-py versions (default: {','.join(REDIS_PY)})"
+    )
     parser.add_argument("--hiredis", choices=("yes", "no", "both"), default="both")
     parser.add_argument("--resp", default="2,3", help="comma-separated RESP versions (default: 2,3)")
     parser.add_argument("--engine", default="redis", help="the suite's --engine (default: redis, Redis 7.0)")
@@ -321,10 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     resp = tuple(sorted({n for c in combos for n in c.resp}))
     text = table(ordered, resp)
     (HOME / "results.md").write_text(text + "\n")
-    print(f"\n{text}\n\n{len(combos)} combinations in {time.monotonic() - started:.0f} s; logs in {HOME / 'logs'}")
+    print(
+        f"\n{text}\n\n{len(combos)} combinations in {time.monotonic() - started:.0f} s; "
+        f"logs in {HOME / 'logs'}"
+    )
     if args.docs:
         shown = ["python -m tests.compat.run", *(argv if argv is not None else sys.argv[1:])]
-        write_docs(text, "make compat" if shown == ["python -m tests.compat.run", "--docs"] else shlex.join(shown))
+        write_docs(
+            text, "make compat" if shown == ["python -m tests.compat.run", "--docs"] else shlex.join(shown)
+        )
     failed = [r.combo.key for r in ordered if not r.ok]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
