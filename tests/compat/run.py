@@ -64,7 +64,7 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
 @dataclasses.dataclass(frozen=True)
 class Combo:
     python: str  # "3.10"
-    redis_py: str  # "5.0.0" or "newest"
+    redis_py: str  # "5.0.1" or "newest"
     hiredis: bool
     resp: tuple[int, ...]
 
@@ -276,14 +276,15 @@ def table(rows: list[Row], resp: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str, command: str) -> None:
+def write_docs(text: str, command: str, summary: str) -> None:
     page = DOCS_PAGE.read_text()
     start, end = page.find(START_MARK), page.find(END_MARK)
     if start < 0 or end < start:
         raise SystemExit(f"{DOCS_PAGE} has no compat table markers ({START_MARK!r} ... {END_MARK!r})")
     day = datetime.date.today().isoformat()
     block = (
-        f"{START_MARK}\nRun on {day} with `{command}` (Redis 7.0, the module and the scripts backend):\n\n"
+        f"{START_MARK}\nRun on {day} with `{command}` (Redis 7.0, the module and the scripts backend; "
+        f"{summary}):\n\n"
     )
     DOCS_PAGE.write_text(page[:start] + block + text + "\n" + page[end:])
 
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             row = future.result()
             rows[row.combo] = row
             took = sum(o.seconds for o in row.by_resp.values())
-            state = "ok" if row.ok else "FAILED"
+            state = "skipped" if row.note.startswith("skipped") else "ok" if row.ok else "FAILED"
             detail = row.note or "; ".join(f"RESP{n}: {o.cell()}" for n, o in row.by_resp.items())
             print(f"{row.combo.key}: {state} ({detail}; {took:.0f} s)", flush=True)
             for n, o in row.by_resp.items():
@@ -327,15 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     resp = tuple(sorted({n for c in combos for n in c.resp}))
     text = table(ordered, resp)
     (HOME / "results.md").write_text(text + "\n")
-    print(
-        f"\n{text}\n\n{len(combos)} combinations in {time.monotonic() - started:.0f} s; "
-        f"logs in {HOME / 'logs'}"
-    )
+    summary = f"{len(combos)} combinations in {time.monotonic() - started:.0f} s, {args.jobs} at a time"
+    print(f"\n{text}\n\n{summary}; logs in {HOME / 'logs'}")
     if args.docs:
         shown = ["python -m tests.compat.run", *(argv if argv is not None else sys.argv[1:])]
-        write_docs(
-            text, "make compat" if shown == ["python -m tests.compat.run", "--docs"] else shlex.join(shown)
-        )
+        default = shown == ["python -m tests.compat.run", "--docs"]
+        write_docs(text, "make compat" if default else shlex.join(shown), summary)
     failed = [r.combo.key for r in ordered if not r.ok]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
