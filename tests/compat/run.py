@@ -331,9 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = f"{len(combos)} combinations in {time.monotonic() - started:.0f} s, {args.jobs} at a time"
     print(f"\n{text}\n\n{summary}; logs in {HOME / 'logs'}")
     if args.docs:
-        shown = ["python -m tests.compat.run", *(argv if argv is not None else sys.argv[1:])]
-        default = shown == ["python -m tests.compat.run", "--docs"]
-        write_docs(text, "make compat" if default else shlex.join(shown), summary)
+        given = list(argv if argv is not None else sys.argv[1:])
+        command = "make compat" if given == ["--docs"] else shlex.join(["python", "-m", "tests.compat.run", *given])
+        write_docs(text, command, summary)
     failed = [r.combo.key for r in ordered if not r.ok]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
