@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{text}\n\n{summary}; logs in {HOME / 'logs'}")
     if args.docs:
         given = list(argv if argv is not None else sys.argv[1:])
-        command = "make compat" if given == ["--docs"] else shlex.join(["python", "-m", "tests.compat.run", *given])
+        command = (
+            "make compat" if given == ["--docs"] else shlex.join(["python", "-m", "tests.compat.run", *given])
+        )
         write_docs(text, command, summary)
     failed = [r.combo.key for r in ordered if not r.ok]
     if failed:
