@@ -232,7 +232,7 @@ def test_a_retry_backoff_from_the_environment_spaces_the_tries_and_the_counters_
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert min(gaps) >= 0.35, gaps  # the server holds each retry back 400 ms
     counters = client.counters(Q)  # added by the worker's Metrics, on by default
-    assert (counters.claimed, counters.failed, counters.dead_lettered) == (3, 3, 1)
+    assert (counters.claimed, counters.failed, counters.dead_lettered) == (3, 3, 1), "".join(worker.lines)
 
 
 def test_concurrency_lease_and_metrics_port_take_effect(

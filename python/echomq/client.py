@@ -118,6 +118,27 @@ def _refused(error: BaseException) -> bool:
     return False
 
 
+def never_reached(redis_client: Any, error: BaseException, reached_here: bool) -> bool:
+    """A refused connection to a server neither this client nor its redis-py client ever reached.
+
+    Nothing listens there (a wrong URL, a server not started): resending the
+    call only delays the error.  Once either has reached the server, a
+    refusal is that server restarting, and a resend rides it out.
+    """
+    if reached_here or not _refused(error):
+        return False
+    get_retry = getattr(redis_client, "get_retry", None)
+    retry = get_retry() if get_retry is not None else None
+    reached = getattr(retry, "_reached", None)
+    return not (isinstance(reached, _Reached) and reached.yes)
+
+
+def unwrapped(error: BaseException) -> BaseException:
+    """The connection error a ``NotSent`` carries (what the user's own redis-py call would raise)."""
+    inner = error.__context__
+    return inner if isinstance(error, NotSent) and isinstance(inner, redis.ConnectionError) else error
+
+
 class _Unreached(Exception):
     """Carries a refused connection past redis-py's retry loop, which would retry it."""
 
@@ -326,6 +347,7 @@ class Client:
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
         # For a worker's attempts (see _attempt_many): its own connections.
         self._pool: WorkerConnections | None = None
+        self._reached = False  # a request of ours got an answer once (never_reached)
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
 
     @classmethod
@@ -432,12 +454,19 @@ class Client:
         window = proto.RequestWindow(time.monotonic(), proto.socket_timeout_of(self.redis))
         while True:
             try:
-                return self._attempt(call, window.try_s)
-            except (redis.ConnectionError, redis.TimeoutError):
+                reply = self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if never_reached(self.redis, exc, self._reached):
+                    error = unwrapped(exc)
+                    break
                 pause = window.next_pause(time.monotonic())
                 if pause is None:
                     raise
                 time.sleep(pause)
+            else:
+                self._reached = True
+                return reply
+        raise error  # outside the handler: the error keeps its own cause
 
     def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
         """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""

@@ -54,7 +54,14 @@ from .._scripts import (
     missing_code,
 )
 from ..cancel import Cancellation
-from ..client import _missing, check_redis_client, connection_defaults, default_async_retry
+from ..client import (
+    _missing,
+    check_redis_client,
+    connection_defaults,
+    default_async_retry,
+    never_reached,
+    unwrapped,
+)
 from ..errors import EchoMQError, LeaseLost, NotReplicated
 from ._attempt import Progress, WorkerConnections
 
@@ -89,6 +96,7 @@ class Client:
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
         self._pool: WorkerConnections | None = None  # a worker's attempts: its own connections
+        self._reached = False  # a request of ours got an answer once (never_reached)
 
     @classmethod
     def from_url(
@@ -258,12 +266,19 @@ class Client:
         window = proto.RequestWindow(loop.time(), proto.socket_timeout_of(self.redis))
         while True:
             try:
-                return await self._attempt(call, window.try_s)
-            except (redis.ConnectionError, redis.TimeoutError):
+                reply = await self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if never_reached(self.redis, exc, self._reached):
+                    error = unwrapped(exc)
+                    break
                 pause = window.next_pause(loop.time())
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
+            else:
+                self._reached = True
+                return reply
+        raise error  # outside the handler: the error keeps its own cause
 
     async def _attempt_many(
         self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None = None
