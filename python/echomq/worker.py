@@ -8,20 +8,34 @@
     worker = echomq.Worker(client, "mail", handler, lease_ms=30_000, concurrency=4)
     worker.run()            # until SIGINT/SIGTERM or stop(); or start() ... stop(), or `with worker:`
 
-``concurrency`` threads each claim and run one job at a time; ``run()``'s own
-thread supervises them: it turns signals into a shutdown, times the grace
-period, and gives jobs back.  A job whose lease was lost is never completed
-or failed by this worker: it belongs to whoever holds it now.  What to do
-when a handler ends, how a shutdown proceeds, and the stats are
+``concurrency`` threads run one job at a time each; ``run()``'s own thread
+supervises them: it turns signals into a shutdown, times the grace period,
+and gives jobs back.  A job whose lease was lost is never completed or
+failed by this worker: it belongs to whoever holds it now.  What to do when
+a handler ends, how a shutdown proceeds, and the stats are
 ``_runtime.WorkerCore``'s; this file only runs threads and sends commands.
 
-Two rules hold on every path out of a thread's loop, a second signal's
-included: a job a claim answered is run or given back (``_settle``: the
-jobs a job's end brought, and the jobs a claim whose answer was lost may
-have taken, asked again by its REQ); and every command is bounded, by its
-job's lease and by the stop (``WorkerCore._bounded``).  Idle threads take
-turns at one waiting claim (``_ClaimGate``), so they never hold the
-connections the running jobs' ends and checkpoints need.
+The threads share the sending, in turns (``_next_turn``), so that a busy
+worker sends a few commands per batch of jobs rather than one per job, and
+an idle one one command per wait:
+
+- a thread whose handler ended adds the job's end to the pending ones; if
+  no thread is sending, it sends them all in one pipeline with a claim of
+  as many jobs as the worker has free threads (and ``prefetch``), riding
+  in the last COMPLETE (EMQ.COMPLETECLAIM ... COUNT), until none is pending
+  (``_send_pending``, the finisher's turn);
+- the jobs claimed wait in ``_ready``, their leases kept by the worker's
+  keeper from the claim on, until a thread takes one;
+- when nothing is ready, pending or being sent, one idle thread claims for
+  every free slot, waiting on the server (``_wait_for_work``): one waiting
+  claim per worker, cut by ``stop()``.
+
+A single-thread worker thus sends one EMQ.COMPLETECLAIM per job, and hands
+nothing from thread to thread.  Two rules hold on every path out, a second
+signal's included: a job a claim answered is run or given back (the jobs
+waiting in ``_ready`` at a stop, and those a claim whose answer was lost
+may have taken, asked again by its REQ: ``_settle``); and every command is
+bounded, by its job's lease and by the stop (``WorkerCore._bounded``).
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from functools import partial
 from types import FrameType, TracebackType
 from typing import TypeVar, cast
 
-from ._finisher import Finisher, _GaveUp, _Stopped
+from ._finisher import Finisher, Sent, _GaveUp, _Stopped
 from ._log import CURRENT_JOB
 from ._pushes import CancelListener
 from ._runtime import (
@@ -45,7 +59,10 @@ from ._runtime import (
     Backoff,
     ClaimStep,
     Finish,
+    IdleWait,
+    Slots,
     WorkerStats,
+    count_of,
     error_text,
 )
 from ._watch import WATCH
@@ -64,44 +81,11 @@ Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
 # How often the supervising thread looks at signals, the grace and its threads.
 TICK_S = 0.05
 # Connections a worker needs besides one per slot: its keeper's batch, a
-# pushed cancel's checkpoint, the supervisor's give-backs.
-OWN_LOOPS = 3
-
-
-class _ClaimGate:
-    """One waiting claim per worker: idle threads take turns at it instead of each waiting on the server.
-
-    A waiting claim holds a connection for up to a second; a hundred idle
-    threads would hold a hundred, and the running jobs' ends and
-    checkpoints would find none.  A thread whose turn comes claims (and is
-    answered at once while jobs are there), then lets the next one go.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._taken = False
-
-    def enter(self, stopping: Callable[[], bool]) -> bool:
-        """Wait for the turn; False when the worker stops first (``wake_all``).
-
-        No timed polling: a hundred idle threads sleep until the turn passes.
-        """
-        with self._cond:
-            while self._taken and not stopping():
-                self._cond.wait()
-            if stopping():
-                return False
-            self._taken = True
-            return True
-
-    def leave(self) -> None:
-        with self._cond:
-            self._taken = False
-            self._cond.notify()
-
-    def wake_all(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+# pushed cancel's checkpoint, the supervisor's give-backs, the waiting claim.
+OWN_LOOPS = 4
+# A thread's turns besides running a job (``_next_turn``).
+SEND = "send"
+WAIT = "wait"
 
 
 class Worker(Finisher[Handler]):
@@ -164,11 +148,22 @@ class Worker(Finisher[Handler]):
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
         self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
-        self._gate = _ClaimGate()
-        self._claim_cutter = Cutter()  # stop() cuts the waiting claim (one at a time: _ClaimGate)
+        self._claim_cutter = Cutter()  # stop() cuts the waiting claim (one per worker: _wait_for_work)
         self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
         self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
         self._reserved = 0
+        # The threads' turns (_next_turn), under _turns (not _lock: never both at once).
+        self._turns = threading.Condition()
+        self._ready: collections.deque[LeaseKeeper] = collections.deque()  # claimed, waiting for a thread
+        self._pending: list[Finish] = []  # ends waiting for the finisher's turn
+        self._sending = False  # a thread has the finisher's turn
+        self._waiting = False  # a thread's claim waits for work
+        self._idle_until = 0.0  # no waiting claim before (a scripts backend's poll, a backoff)
+        self._slots = Slots(self.concurrency, self.prefetch)
+        self._idle = IdleWait(self.poll_interval, self.lease_ms)
+        self._pause = Backoff()  # after a claim that got no answer
+        self._claim_step = ClaimStep()  # the waiting claim's (asked again as the worker ends if in doubt)
+        self._doubts: set[ClaimStep] = set()  # claims sent with ends whose answers were lost
 
     # -- control ---------------------------------------------------------------
 
@@ -253,7 +248,7 @@ class Worker(Finisher[Handler]):
         with self._lock:
             self._request_stop(time.monotonic(), grace)
         self._wake.set()
-        self._gate.wake_all()
+        self._wake_threads()
         self._claim_cutter.cut()
         me = threading.get_ident()
         if not self._started or me == self._supervisor_ident or threading.current_thread() in self._threads:
@@ -332,12 +327,13 @@ class Worker(Finisher[Handler]):
                             self._interrupt = exc
                         first = self._request_stop(time.monotonic())
                     self._wake.set()
-                    self._gate.wake_all()
+                    self._wake_threads()
                     if not first:
                         self._go_forced()
                         return
         finally:
             self._join_threads()
+            self._settle()
             self._keepers.close()
             if self._listener is not None:
                 self._listener.close()
@@ -375,7 +371,8 @@ class Worker(Finisher[Handler]):
             holding = len(self._held) > 0
         if stopping:
             self._wake.set()
-            self._gate.wake_all()
+            self._wake_threads()
+            self._give_back_ready()
         if force:
             self._go_forced()
             return True
@@ -394,75 +391,204 @@ class Worker(Finisher[Handler]):
             stuck = self._force()
         self._forced_event.set()
         self._wake.set()
-        self._gate.wake_all()
+        self._wake_threads()
         for held in stuck:
             self._give_back(held, self._force_until)
 
-    # -- a worker thread -------------------------------------------------------
+    # -- the threads' turns ----------------------------------------------------
+
+    def _wake_threads(self) -> None:
+        with self._turns:
+            self._turns.notify_all()
 
     def _loop(self) -> None:
-        pause, step = Backoff(), ClaimStep()
-        ready: tuple[list[Job], float] | None = None  # claimed with the last job's end
+        """One of ``concurrency`` threads: run a ready job, send the pending ends, or wait for work."""
+        while True:
+            turn = self._next_turn()
+            if turn is None:
+                return
+            try:
+                if isinstance(turn, LeaseKeeper):
+                    self._run(turn)
+                elif turn[0] == SEND:
+                    self._send_pending()
+                else:
+                    self._wait_for_work(turn[1])
+            except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
+                self._trouble(exc, "a worker thread's turn")
+
+    def _next_turn(self) -> LeaseKeeper | tuple[str, int] | None:
+        """This thread's next turn (see the module docstring); None when the worker stops.
+
+        Ready jobs first (at a stop, to give them back), then the pending
+        ends; the one waiting claim only when nothing is ready, pending or
+        being sent: the finisher claims with its ends.
+        """
+        with self._turns:
+            while True:
+                if self._ready:
+                    return self._ready.popleft()
+                if self._pending and not self._sending:
+                    self._sending = True
+                    return (SEND, 0)
+                if self._stop_requested:
+                    return None
+                wait: float | None = None
+                if not (self._sending or self._waiting or self._pending):
+                    wait = self._idle_until - time.monotonic()
+                    count = self._slots.free()
+                    if wait <= 0 and count > 0:
+                        self._waiting = True
+                        self._slots.reserve(count)
+                        return (WAIT, count)
+                    if wait <= 0:
+                        wait = None  # every slot taken: a job's end wakes us
+                self._turns.wait(wait)
+
+    def _hand(self, finish: Finish) -> None:
+        """A handler ended: its slot is free and its end pending; this thread sends, unless one does."""
+        with self._turns:
+            self._slots.ended()
+            if finish.action is Action.DROP:
+                self._turns.notify()
+                return
+            self._pending.append(finish)
+            if self._sending:
+                return
+            self._sending = True
+        self._send_pending()
+
+    def _send_pending(self) -> None:
+        """The finisher's turn: the pending ends, with a claim for the free slots, until none is pending.
+
+        What the fast path could not settle (``Sent.slow``, ``Sent.doubt``)
+        is done after the turn is handed over: the next ends do not wait
+        for an outage's retries.
+        """
+        left: list[Sent] = []
         try:
             while True:
-                if ready is not None:  # run, or given back unrun when stopping (_process)
-                    (jobs, claimed_at), ready = ready, None
-                    jobs = self._replicated(jobs, claimed_at)
-                elif self._stop_requested:
+                with self._turns:
+                    batch, self._pending = self._pending, []
+                    count = 0 if self._stop_requested or not batch else self._slots.free()
+                    self._slots.reserve(count)
+                if not batch:
                     return
-                else:
-                    claimed = self._take_turn(step, pause)
-                    if claimed is None:
-                        continue
-                    pause = Backoff()
-                    jobs, claimed_at = claimed
-                ready = self._run_jobs(jobs, claimed_at, step)
+                try:
+                    sent = self._send_batch(batch, count)
+                finally:
+                    with self._turns:
+                        self._slots.answered(count, 0)
+                if sent.jobs:
+                    self._take(sent.jobs, sent.claimed_at)
+                if sent.slow or sent.doubt is not None:
+                    left.append(sent)
+                    return
         finally:
-            self._settle(step, ready)
-
-    def _take_turn(self, step: ClaimStep, pause: Backoff) -> tuple[list[Job], float] | None:
-        """This thread's turn at the worker's one waiting claim; the jobs it brought, or None."""
-        if not self._gate.enter(lambda: self._stop_requested):
-            return None
-        try:
-            try:
-                jobs, claimed_at = self._claim(step, settle=True)
-            finally:
-                self._gate.leave()
-        except _Stopped:
-            return None
-        except _GaveUp:
-            self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
-            return None
-        except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
-            self._trouble(exc, "claim")
-            self._wake.wait(self.poll_interval)
-            return None
-        jobs = self._replicated(jobs, claimed_at)
-        if not jobs:  # the claim waited on the server; the rest of poll_interval here
-            rest = self.poll_interval - (time.monotonic() - claimed_at)
-            if rest > 0.001:
-                self._wake.wait(rest)
-            return None
-        return jobs, claimed_at
-
-    def _run_jobs(
-        self, jobs: list[Job], claimed_at: float, step: ClaimStep
-    ) -> tuple[list[Job], float] | None:
-        """Run (or, stopping, give back) each job; the last one's end claims the next: what it brought."""
-        ready = None
-        for n, job in enumerate(jobs):
-            try:
-                finish = self._process(job, claimed_at, defer=True)
-                if finish is None:
-                    continue
-                if n == len(jobs) - 1 and not self._stop_requested and finish.action is not Action.DROP:
-                    ready = self._finish_and_claim(finish, step)
-                else:
+            with self._turns:
+                self._sending = False
+                self._turns.notify_all()
+            for sent in left:
+                if sent.doubt is not None and (jobs := self._ask_again(sent.doubt)):
+                    self._take(jobs, sent.doubt.since)
+                for finish in sent.slow:
                     self._finish(finish)
-            except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
-                self._trouble(exc, "processing a job", job)
-        return ready
+
+    def _wait_for_work(self, count: int) -> None:
+        """The worker's one waiting claim, for ``count`` jobs (one per free slot)."""
+        step = self._claim_step
+        if step.call is not None and count_of(step.call) != count:
+            step.renew()
+        cuttable = self.client._bounded()
+        jobs: list[Job] = []
+        claimed_at = time.monotonic()
+        pause = self.poll_interval
+        try:
+            jobs, claimed_at = self._claim(
+                step, count=count, block_ms=self._idle.block_ms(cuttable), settle=True
+            )
+        except _Stopped:
+            pause = 0.0
+        except _GaveUp:
+            pause = self._pause.next_wait(time.monotonic()) or self.poll_interval
+        except Exception as exc:  # a bug, not the server: logged once, and the claims go on
+            self._trouble(exc, "claim")
+        else:
+            self._pause = Backoff()
+            pause = self._idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
+        finally:
+            with self._turns:
+                self._waiting = False
+                self._slots.answered(count, 0)
+                self._idle_until = time.monotonic() + pause
+                self._turns.notify_all()
+        if jobs:
+            self._take(jobs, claimed_at)
+
+    def _blocks(self) -> bool:
+        """Whether the claims wait on the server (the module does; a script cannot)."""
+        rendering = self.client._rendering
+        return rendering is not None and rendering.name == "module"
+
+    def _take(self, jobs: list[Job], claimed_at: float) -> None:
+        """Jobs a claim brought: each gets its lease keeper now, and waits in ``_ready`` for a thread.
+
+        Counted in their slots from here until their handlers end.  A job
+        the worker will not run (it stops, the replicas did not confirm it,
+        its late claim could not be confirmed) is given back or dropped here.
+        """
+        with self._turns:
+            self._slots.answered(0, len(jobs))
+        kept = self._replicated(jobs, claimed_at)
+        keepers = [keeper for job in kept if (keeper := self._adopt(job, claimed_at)) is not None]
+        with self._turns:
+            self._slots.ended(len(jobs) - len(keepers))
+            self._ready.extend(keepers)
+            self._turns.notify_all()
+
+    def _give_back_ready(self) -> None:
+        """At a stop, the jobs waiting for a thread are given back, by a thread of their own.
+
+        Idle threads would give them back too; busy ones could not before
+        their handlers end (a ``prefetch``'s jobs).
+        """
+        with self._turns:
+            if not self._ready:
+                return
+            waiting = list(self._ready)
+            self._ready.clear()
+
+        def give_back() -> None:
+            for keeper in waiting:
+                self._run(keeper)
+
+        thread = threading.Thread(
+            target=give_back,
+            name=f"echomq-worker-{self.queue}-give-back",
+            daemon=True,
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _settle(self) -> None:
+        """The threads have ended: what a claim answered and nobody ran is given back.
+
+        The jobs still waiting for a thread (a thread that died, a forced
+        stop), and those the claims in doubt took (their REQs, asked again).
+        """
+        with self._turns:
+            waiting = list(self._ready)
+            self._ready.clear()
+        for keeper in waiting:
+            self._run(keeper)
+        with self._lock:
+            doubts = [self._claim_step, *self._doubts]
+            self._doubts.clear()
+        for step in doubts:
+            for job in self._resolve(step):
+                self._give_back_unrun(job, step.since)
+
+    # -- a job -----------------------------------------------------------------
 
     def work_one(self) -> bool:
         """Claim and process one job in this thread; False when the queue had none.
@@ -471,32 +597,38 @@ class Worker(Finisher[Handler]):
         """
         step = ClaimStep()
         try:
-            jobs, claimed_at = self._claim(step, wait=False)
+            jobs, claimed_at = self._claim(step)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         jobs = self._replicated(jobs, claimed_at, loop=False)
         for job in jobs:
-            self._process(job, claimed_at)
+            keeper = self._adopt(job, claimed_at)
+            if keeper is not None:
+                finish = self._execute(keeper)
+                if finish is not None:
+                    self._finish(finish)
         return bool(jobs)
 
-    def _claim(self, step: ClaimStep, wait: bool = True, settle: bool = False) -> tuple[list[Job], float]:
+    def _claim(
+        self, step: ClaimStep, *, count: int = 1, block_ms: int | None = None, settle: bool = False
+    ) -> tuple[list[Job], float]:
         """One claim step: the jobs of one EMQ.CLAIM, and when (``time.monotonic()``) its REQ was first sent.
 
         The same call (so the same REQ) is sent again after a lost reply
-        until it is answered (or a forced stop), and by the loop's next
-        steps until it brings jobs back (``ClaimStep``): a job the server
-        handed to a reply we did not get comes back to us, and one answered
-        late has its lease confirmed before it runs (``_process``).  With
-        ``wait`` the claim waits on the server for a job (``claim_block_ms``).
-        With ``settle``, a stop ends the tries at once unless one got no
-        answer (``_Stopped``); then the thread's ``_settle`` asks again.
-        The waiting claim can be cut by ``stop()`` (``_claim_cutter``): a
+        until it is answered (or a forced stop), and by the next steps
+        until it brings jobs back (``ClaimStep``): a job the server handed
+        to a reply we did not get comes back to us, and one answered late
+        has its lease confirmed before it runs (``_adopt``).  With
+        ``block_ms`` the claim waits on the server for a job.  With
+        ``settle`` (the waiting claim), a stop ends the tries at once unless
+        one got no answer (``_Stopped``); then ``_settle`` asks again.  The
+        waiting claim can be cut by ``stop()`` (``_claim_cutter``): a
         waiting claim whose connection drops claims nothing, and a frozen
-        server cannot hold the stop for a whole try.
-        The command is ``_claim_call()``'s, shared with the asyncio worker.
+        server cannot hold the stop for a whole try.  The command is
+        ``_claim_call()``'s, shared with the asyncio worker.
         """
-        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
-        extra = self.claim_block_ms / 1000 if wait else 0.0
+        call, claimed_at = step.next(lambda: self._claim_call(block_ms, count), time.monotonic())
+        extra = (block_ms or 0) / 1000
         cutter = self._claim_cutter if settle else None
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
@@ -508,40 +640,84 @@ class Worker(Finisher[Handler]):
         step.answered(jobs)
         return jobs, claimed_at
 
-    def _process(self, job: Job, claimed_at: float, defer: bool = False) -> Finish | None:
-        """Run ``job``'s handler under its lease; send its end, or with ``defer`` return it to send."""
-        cancel = CancelToken()
+    def _adopt(self, job: Job, claimed_at: float) -> LeaseKeeper | None:
+        """``job``'s lease keeper, started; None when the worker does not run it (given back, or lost).
+
+        A claim answered so late that its lease may have lapsed is
+        confirmed first (``_confirm``).
+        """
+        keeper = self._keeper(job, claimed_at)
+        held = keeper._held
+        with self._lock:
+            took = self._took(held)
+        if not took:  # the claim was in flight when stop() came: give it back unrun
+            self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+            return None
+        if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
+            with self._lock:
+                self._let_go(held)
+                self._decide(held, None)  # lost: counted, nothing sent
+            return None
+        try:
+            keeper.start()
+        except BaseException:  # no keeper (a thread that cannot start): not run, given back
+            keeper.stop()
+            with self._lock:
+                self._let_go(held)
+                held.given_back = True
+            self._give_back(held, held.confirmed_until)
+            raise
+        return keeper
+
+    def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
         keeper = LeaseKeeper(
-            self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
+            self.client,
+            job,
+            self.lease_ms,
+            CancelToken(),
+            interval=self.extend_interval,
+            claimed_at=claimed_at,
         )
         keeper._troubles = self._troubles
         if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
             keeper._shared = self._keepers
+        return keeper
+
+    def _run(self, keeper: LeaseKeeper) -> None:
+        """A thread's turn at a ready job: run it and hand its end to the finisher."""
+        finish = self._execute(keeper)
+        if finish is not None:
+            self._hand(finish)
+        else:
+            with self._turns:
+                self._slots.ended()
+                self._turns.notify()
+
+    def _execute(self, keeper: LeaseKeeper) -> Finish | None:
+        """Run the handler of an adopted job; its end, or None when it was not run (given back, lost)."""
         held = keeper._held
-        with self._lock:
-            run_it = self._took(held)
+        job = held.job
         context = CURRENT_JOB.set(job)
         try:
-            if not run_it:  # the claim was in flight when stop() came: give it back unrun
-                self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+            with self._lock:
+                if self._stop_requested or not held.active:
+                    self._let_go(held)
+                    give_back = not held.given_back and held.lost is None
+                    held.given_back = held.given_back or give_back
+                else:
+                    give_back = None
+            if give_back is not None:  # not run: the worker stops, or the lease was lost while it waited
+                keeper.stop()
+                if give_back:
+                    self._settled_unrun(job)
+                    self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+                elif held.lost is not None:
+                    with self._lock:
+                        self._decide(held, None)  # lost: counted, nothing sent
                 return None
             if self.metrics is not None:
                 self.metrics.claimed_with_wait(self.client, job)
-            if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
-                with self._lock:
-                    self._let_go(held)
-                    self._decide(held, None)  # lost: counted, nothing sent
-                return None
-            try:
-                keeper.start()
-            except BaseException:  # no keeper (a thread that cannot start): not run, given back
-                keeper.stop()
-                with self._lock:
-                    self._let_go(held)
-                    held.given_back = True
-                self._give_back(held, held.confirmed_until)
-                raise
-            error, interrupted = self._call_handler(job, cancel, keeper)
+            error, interrupted = self._call_handler(job, held.cancel, keeper)
             with self._lock:
                 self._let_go(held)
                 finish = self._decide(held, error, interrupted)
@@ -550,11 +726,8 @@ class Worker(Finisher[Handler]):
                     self._interrupted(error, time.monotonic())
             if interrupted:
                 self._wake.set()
-                self._gate.wake_all()
-            if defer:
-                return finish
-            self._finish(finish)
-            return None
+                self._wake_threads()
+            return finish
         finally:
             CURRENT_JOB.reset(context)
 

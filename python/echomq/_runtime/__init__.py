@@ -40,7 +40,7 @@ Every name is re-exported here: ``from echomq._runtime import HeldJob``.
 from __future__ import annotations
 
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
-from .claim import MAX_CLAIM_BLOCK_S, ClaimStep
+from .claim import IDLE_BLOCK_S, IDLE_POLL_MAX_S, MAX_CLAIM_BLOCK_S, ClaimStep, IdleWait, Slots, count_of
 from .context import ContextCore, Progress
 from .finish import Action, Finish, Finishing, error_text
 from .lease import (
@@ -85,6 +85,8 @@ __all__ = [
     "FORCE_AFTER_S",
     "FORCE_BUDGET_S",
     "HEALTH_EVERY_S",
+    "IDLE_BLOCK_S",
+    "IDLE_POLL_MAX_S",
     "LOST_DEADLINE",
     "LOST_GONE",
     "LOST_STALE",
@@ -103,12 +105,14 @@ __all__ = [
     "Finish",
     "Finishing",
     "HeldJob",
+    "IdleWait",
     "KeeperCore",
     "LeaseEvent",
     "Leases",
     "Progress",
     "ReaperCore",
     "Shutdown",
+    "Slots",
     "SubscriptionHealth",
     "SweepTick",
     "Trouble",
@@ -120,6 +124,7 @@ __all__ = [
     "check_int",
     "check_seconds",
     "checkpoint_round",
+    "count_of",
     "error_text",
     "forced_exit",
     "job_fields",

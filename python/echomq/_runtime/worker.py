@@ -10,7 +10,6 @@ from .._protocol import MAX_MS, Call, Job, keys_of
 from ..errors import NotReplicated
 from ..retry import RetryPolicy
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
-from .claim import MAX_CLAIM_BLOCK_S
 from .finish import Finishing
 from .lease import HeldJob, Leases
 from .logs import worker_log
@@ -47,6 +46,7 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
         lease_ms: int = 30_000,
         max_attempts: int = 3,
         concurrency: int = 1,
+        prefetch: int = 0,
         poll_interval: float = 0.2,
         extend_interval: float | None = None,
         grace: float = 10.0,
@@ -64,6 +64,7 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
         check_int("lease_ms", lease_ms, 1, MAX_MS)
         check_int("max_attempts", max_attempts)
         check_int("concurrency", concurrency, 1, 10_000)
+        check_int("prefetch", prefetch, 0, 10_000)
         check_seconds("poll_interval", poll_interval)
         if extend_interval is not None:
             check_seconds("extend_interval", extend_interval)
@@ -90,12 +91,11 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
         if self.replica_wait is not None:
             proto.check_wait_fits(self.replica_wait, proto.socket_timeout_of(getattr(client, "redis", None)))
         self.concurrency, self.poll_interval = concurrency, poll_interval
+        # prefetch=N: up to N jobs claimed beyond the free slots, their leases kept while they wait.
+        self.prefetch = prefetch
         self.extend_interval = extend_interval
         self.grace = grace
         self.retry = retry
-        # An idle claim waits on the server this long (at most a second, so a
-        # stop() is seen soon); the rest of poll_interval, if any, on our side.
-        self.claim_block_ms = max(1, round(min(poll_interval, MAX_CLAIM_BLOCK_S) * 1000))
         self.stats = WorkerStats()
         self._held = Leases()
         self._troubles = Troubles(worker_log, f"worker of {queue!r}", self.stats)
@@ -147,14 +147,14 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
 
     # -- what is sent: one small function each, for both drivers ----------------
 
-    def _claim_call(self, wait: bool = True, count: int = 1) -> Call[list[Job]]:
+    def _claim_call(self, block_ms: int | None = None, count: int = 1) -> Call[list[Job]]:
         """The claim step's command (one REQ, sent again until answered).
 
-        With ``wait``, the idle wait happens on the server (EMQ.CLAIM ...
-        BLOCK, ``claim_block_ms``): a job enqueued while the worker idles
+        With ``block_ms``, the idle wait happens on the server (EMQ.CLAIM ...
+        BLOCK, ``IdleWait.block_ms``): a job enqueued while the worker idles
         is claimed at once instead of at the next poll.
         """
-        return proto.claim(self.queue, self.lease_ms, count, self.claim_block_ms if wait else None)
+        return proto.claim(self.queue, self.lease_ms, count, block_ms)
 
     def _trouble(self, exc: BaseException, doing: str, job: Job | None = None) -> Trouble:
         """Count and log (once per kind) an error met while ``doing``; the caller retries."""

@@ -31,6 +31,8 @@ from .._runtime import (
     Backoff,
     ClaimStep,
     HeldJob,
+    IdleWait,
+    count_of,
 )
 from .._watch import WATCH
 from ..cancel import CancelToken
@@ -285,15 +287,21 @@ class Worker(Finisher[AsyncHandler]):
         """
         assert self._stopping is not None and self._wake is not None
         assert self._jobs is not None and self._slot is not None
-        pause, step = Backoff(), self._claim_step
+        pause, step, idle = Backoff(), self._claim_step, IdleWait(self.poll_interval, self.lease_ms)
+        cuttable = self.client._bounded()
         try:
             while not self._stop_requested:
                 if self._free <= 0:
                     self._slot.clear()
                     await self._slot.wait()
                     continue
+                count = self._free
+                if step.call is not None and count_of(step.call) != count:
+                    step.renew()
                 try:
-                    jobs, claimed_at = await self._claim(step, count=self._free, stop_ok=True)
+                    jobs, claimed_at = await self._claim(
+                        step, count=count, block_ms=idle.block_ms(cuttable), stop_ok=True
+                    )
                 except _Stopped:
                     return
                 except _GaveUp:
@@ -305,9 +313,9 @@ class Worker(Finisher[AsyncHandler]):
                     continue
                 pause = Backoff()
                 self._hand(jobs, claimed_at)
+                rest = idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
                 jobs = await self._replicated(jobs, claimed_at)
-                if not jobs:  # the claim waited on the server; the rest of poll_interval here
-                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                if not jobs:  # the claim waited on the server, or polls (see IdleWait)
                     if rest > 0.001:
                         await wait_event(self._stopping, rest)
                     continue
@@ -344,7 +352,7 @@ class Worker(Finisher[AsyncHandler]):
     async def work_one(self) -> bool:
         """Claim and process one job; False when the queue had none (see ``echomq.Worker.work_one``)."""
         try:
-            jobs, claimed_at = await self._claim(ClaimStep(), wait=False)
+            jobs, claimed_at = await self._claim(ClaimStep())
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         self._hand(jobs, claimed_at)
@@ -354,15 +362,15 @@ class Worker(Finisher[AsyncHandler]):
         return bool(jobs)
 
     async def _claim(
-        self, step: ClaimStep, wait: bool = True, count: int = 1, stop_ok: bool = False
+        self, step: ClaimStep, *, count: int = 1, block_ms: int | None = None, stop_ok: bool = False
     ) -> tuple[list[Job], float]:
         """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back).
 
         With ``stop_ok`` (the claimer), a stop ends the tries (``_Stopped``)
         and cuts the waiting try (``_poke``).
         """
-        call, claimed_at = step.next(lambda: self._claim_call(wait, count), time.monotonic())
-        extra = self.claim_block_ms / 1000 if wait else 0.0
+        call, claimed_at = step.next(lambda: self._claim_call(block_ms, count), time.monotonic())
+        extra = (block_ms or 0) / 1000
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
         # attempt waits at most a third of the lease, plus the server-side wait.
@@ -463,6 +471,11 @@ class Worker(Finisher[AsyncHandler]):
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
             return exc, True
         return None, False
+
+    def _blocks(self) -> bool:
+        """Whether the claims wait on the server (the module does; a script cannot)."""
+        rendering = self.client._rendering
+        return rendering is not None and rendering.name == "module"
 
     async def _confirm(self, keeper: LeaseKeeper) -> bool:
         """A claim answered late: confirm its lease before the handler runs (``echomq.Worker._confirm``)."""
