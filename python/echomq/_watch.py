@@ -30,6 +30,11 @@ from ._runtime import HeldJob
 __all__ = ["WATCH", "DeadlineWatch"]
 
 FAKE_CLOCK_POLL_S = 0.05
+# The thread sleeps at most this long, even with nothing watched: a job added
+# with a later deadline (a lease of more than this) need not wake it.  A busy
+# worker adds a job and removes it a moment later, and a wake per job costs
+# its threads the GIL.
+HORIZON_S = 5.0
 
 
 _Lock = AbstractContextManager[Any]
@@ -115,10 +120,11 @@ class DeadlineWatch:
                 entries = list(self._watched.values())
                 seen = self._changes
             wait = self._expire(entries)
+            wait = HORIZON_S if wait is None else min(wait, HORIZON_S)
             with self._cond:
                 if self._changes != seen or self._idle():
                     continue  # added while we looked: look again before sleeping
-                self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+                self._wakes_at = time.monotonic() + wait
                 self._cond.wait(wait)
                 self._wakes_at = -math.inf
 

@@ -285,6 +285,12 @@ class Worker(Finisher[Handler]):
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
         ]
+        if self.prefetch:  # one more thread, that only sends and claims: the others run what is ready
+            self._threads.append(
+                threading.Thread(
+                    target=self._loop, args=(False,), name=f"echomq-worker-{self.queue}-sender", daemon=True
+                )
+            )
         for t in self._threads:
             t.start()
 
@@ -401,10 +407,13 @@ class Worker(Finisher[Handler]):
         with self._turns:
             self._turns.notify_all()
 
-    def _loop(self) -> None:
-        """One of ``concurrency`` threads: run a ready job, send the pending ends, or wait for work."""
+    def _loop(self, runs: bool = True) -> None:
+        """One of ``concurrency`` threads: run a ready job, send the pending ends, or wait for work.
+
+        ``runs``: False for ``prefetch``'s sender, which never runs a job.
+        """
         while True:
-            turn = self._next_turn()
+            turn = self._next_turn(runs)
             if turn is None:
                 return
             try:
@@ -417,7 +426,7 @@ class Worker(Finisher[Handler]):
             except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
                 self._trouble(exc, "a worker thread's turn")
 
-    def _next_turn(self) -> LeaseKeeper | tuple[str, int] | None:
+    def _next_turn(self, runs: bool = True) -> LeaseKeeper | tuple[str, int] | None:
         """This thread's next turn (see the module docstring); None when the worker stops.
 
         Ready jobs first (at a stop, to give them back), then the pending
@@ -426,7 +435,7 @@ class Worker(Finisher[Handler]):
         """
         with self._turns:
             while True:
-                if self._ready:
+                if self._ready and runs:
                     return self._ready.popleft()
                 if self._pending and not self._sending:
                     self._sending = True
@@ -446,7 +455,11 @@ class Worker(Finisher[Handler]):
                 self._turns.wait(wait)
 
     def _hand(self, finish: Finish) -> None:
-        """A handler ended: its slot is free and its end pending; this thread sends, unless one does."""
+        """A handler ended: its slot is free and its end pending; this thread sends, unless one does.
+
+        With ``prefetch``, a thread that has a ready job to run leaves the
+        sending to the sender thread: the round trip overlaps the next run.
+        """
         with self._turns:
             self._slots.ended()
             if finish.action is Action.DROP:
@@ -454,6 +467,9 @@ class Worker(Finisher[Handler]):
                 return
             self._pending.append(finish)
             if self._sending:
+                return
+            if self.prefetch and self._ready:
+                self._turns.notify_all()
                 return
             self._sending = True
         self._send_pending()
@@ -670,15 +686,10 @@ class Worker(Finisher[Handler]):
         return keeper
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
-        keeper = LeaseKeeper(
-            self.client,
-            job,
-            self.lease_ms,
-            CancelToken(),
-            interval=self.extend_interval,
-            claimed_at=claimed_at,
-        )
-        keeper._troubles = self._troubles
+        keeper = LeaseKeeper._for_worker(
+            self.client, job, self.lease_ms, CancelToken(), interval=self._interval, claimed_at=claimed_at,
+            troubles=self._troubles,
+        )  # fmt: skip
         if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
             keeper._shared = self._keepers
         return keeper

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..metrics import Metrics
 
 ClientT = TypeVar("ClientT")
+KeeperSelf = TypeVar("KeeperSelf", bound="KeeperCore[Any]")
 
 
 # Why a lease was lost: the reason given to the handler's CancelToken.
@@ -363,6 +364,38 @@ class KeeperCore(Generic[ClientT]):
         # Checkpoint states the server refused past maxmemory (the lease was extended without them).
         self.states_refused = 0
         self._init_driver()
+
+    @classmethod
+    def _for_worker(
+        cls: type[KeeperSelf],
+        client: Any,
+        job: Job,
+        lease_ms: int,
+        cancel: CancelToken,
+        *,
+        interval: float,
+        claimed_at: float,
+        troubles: Troubles,
+    ) -> KeeperSelf:
+        """A worker's keeper of a job it claimed: what ``__init__`` makes, without checking it again.
+
+        The worker checked its settings once (``lease_ms``, ``interval``) and
+        the job comes from the server: a busy worker makes one per job, and
+        the checks cost more than the rest.  Its errors count in the
+        worker's ``troubles``.
+        """
+        keeper = cls.__new__(cls)
+        keeper._held = HeldJob(
+            job, cancel, lease_ms, interval, claimed_at + lease_ms / 1000.0, claimed_at + interval
+        )
+        keeper.client, keeper.job, keeper.lease_ms, keeper.cancel = client, job, lease_ms, cancel
+        keeper.interval = interval
+        keeper.deliver_cancel = True
+        keeper._clock = time.monotonic
+        keeper._troubles = troubles
+        keeper.states_refused = 0
+        keeper._init_driver()
+        return keeper
 
     def _init_driver(self) -> None:
         """Make the driver's own thread or task primitives."""

@@ -94,6 +94,8 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
         # prefetch=N: up to N jobs claimed beyond the free slots, their leases kept while they wait.
         self.prefetch = prefetch
         self.extend_interval = extend_interval
+        # Each job's checkpoint interval: extend_interval, else a third of the lease.
+        self._interval = extend_interval if extend_interval is not None else lease_ms / 3000.0
         self.grace = grace
         self.retry = retry
         self.stats = WorkerStats()

@@ -394,10 +394,10 @@ class Worker(Finisher[AsyncHandler]):
         """
         self._unowned.pop(job.token, None)  # this task's from now: run, or given back
         cancel = CancelToken()
-        keeper = LeaseKeeper(
-            self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
-        )
-        keeper._troubles = self._troubles
+        keeper = LeaseKeeper._for_worker(
+            self.client, job, self.lease_ms, cancel, interval=self._interval, claimed_at=claimed_at,
+            troubles=self._troubles,
+        )  # fmt: skip
         if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
             keeper._shared = self._keepers
         held = keeper._held
