@@ -65,6 +65,7 @@ from ._runtime import (
     count_of,
     error_text,
 )
+from ._sweeper import Sweeper
 from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Cutter, Job
@@ -81,8 +82,9 @@ Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
 # How often the supervising thread looks at signals, the grace and its threads.
 TICK_S = 0.05
 # Connections a worker needs besides one per slot: its keeper's batch, a
-# pushed cancel's checkpoint, the supervisor's give-backs, the waiting claim.
-OWN_LOOPS = 4
+# pushed cancel's checkpoint, the supervisor's give-backs, the waiting claim,
+# its sweeps.
+OWN_LOOPS = 5
 # A thread's turns besides running a job (``_next_turn``).
 SEND = "send"
 WAIT = "wait"
@@ -151,6 +153,7 @@ class Worker(Finisher[Handler]):
         self._claim_cutter = Cutter()  # stop() cuts the waiting claim (one per worker: _wait_for_work)
         self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
         self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
+        self._sweeper: Sweeper | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
         # The threads' turns (_next_turn), under _turns (not _lock: never both at once).
         self._turns = threading.Condition()
@@ -281,6 +284,9 @@ class Worker(Finisher[Handler]):
             holding: Callable[[], bool] = lambda: len(self._held) > 0  # noqa: E731 (the listener pings only then)
             self._listener = CancelListener(self.client, self.queue, self._keepers, holding)
             self._listener.ensure()
+        if self.reap:
+            self._sweeper = Sweeper(self, self._lock)
+            self._sweeper.start()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -338,6 +344,8 @@ class Worker(Finisher[Handler]):
                         self._go_forced()
                         return
         finally:
+            if self._sweeper is not None:
+                self._sweeper.stop()
             self._join_threads()
             self._settle()
             self._keepers.close()
@@ -379,6 +387,8 @@ class Worker(Finisher[Handler]):
             self._wake.set()
             self._wake_threads()
             self._give_back_ready()
+            if self._sweeper is not None:
+                self._sweeper.cut()
         if force:
             self._go_forced()
             return True

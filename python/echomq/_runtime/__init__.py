@@ -21,7 +21,8 @@ One module per concept (h11 style: feed events, ask what next):
   ``Finishing``, how it is sent and counted.
 - ``shutdown``: stop claiming, a grace, "shutdown" to every token, the
   jobs given back (``Shutdown``).
-- ``sweep``: ``SweepTick``, one bounded tick of sweeps, and ``ReaperCore``.
+- ``sweep``: ``SweepTick``, one bounded tick of sweeps; ``ReaperCore``; and
+  the sweep every worker runs itself (``ReapSchedule``, ``Reaping``).
 - ``troubles``: ``Trouble``/``Troubles``, errors by kind, each logged once
   and all counted; ``Backoff``, one command sent again until it lands or
   a deadline passes.
@@ -63,7 +64,16 @@ from .logs import job_fields, lease_log, reaper_log, worker_log
 from .pushes import HEALTH_EVERY_S, PONG_WITHIN_S, SubscriptionHealth
 from .shutdown import FORCE_AFTER_S, FORCE_BUDGET_S, SHUTDOWN, Shutdown, forced_exit
 from .stats import WorkerStats
-from .sweep import MAX_SWEEPS_PER_TICK, ReaperCore, SweepTick
+from .sweep import (
+    MAX_SWEEPS_PER_TICK,
+    REAP_LIMIT,
+    REAP_SWEEPS_PER_TURN,
+    REAP_TIMEOUT_S,
+    ReaperCore,
+    Reaping,
+    ReapSchedule,
+    SweepTick,
+)
 from .troubles import (
     ATTEMPT_TIMEOUT_CAP_S,
     ATTEMPT_TIMEOUT_S,
@@ -95,6 +105,9 @@ __all__ = [
     "MAX_CLAIM_BLOCK_S",
     "MAX_SWEEPS_PER_TICK",
     "PONG_WITHIN_S",
+    "REAP_LIMIT",
+    "REAP_SWEEPS_PER_TURN",
+    "REAP_TIMEOUT_S",
     "RETRY_CAP_S",
     "RETRY_FIRST_S",
     "SHUTDOWN",
@@ -110,7 +123,9 @@ __all__ = [
     "LeaseEvent",
     "Leases",
     "Progress",
+    "ReapSchedule",
     "ReaperCore",
+    "Reaping",
     "Shutdown",
     "Slots",
     "SubscriptionHealth",

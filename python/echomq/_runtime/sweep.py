@@ -1,13 +1,17 @@
-"""Sweeping: one reaper tick (``SweepTick``: a full batch, sweep again, bounded) and the reapers' core."""
+"""Sweeping: one reaper tick (``SweepTick``: a full batch, sweep again, bounded), the reapers'
+core, and the sweep every worker runs itself (``ReapSchedule``, ``Reaping``)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from .._protocol import SweepResult, keys_of
+from .. import _protocol as proto
+from .._protocol import Call, SweepResult, keys_of
 from .args import check_callable, check_client, check_int, check_seconds
-from .logs import reaper_log
+from .logs import reaper_log, worker_log
+from .stats import WorkerStats
 from .troubles import Troubles
 
 if TYPE_CHECKING:
@@ -19,6 +23,14 @@ ClientT = TypeVar("ClientT")
 # A sweep that took `limit` jobs may have left more behind: sweep again, but
 # never spin forever on one tick.
 MAX_SWEEPS_PER_TICK = 100
+# A worker's own sweep (reap=True): at most this many lapsed jobs per EMQ.SWEEP,
+# and at most this many EMQ.SWEEPs a turn (a full one: sweep again).  Small:
+# every worker of a queue sweeps, and one turn must never hold the server long.
+REAP_LIMIT = 20
+REAP_SWEEPS_PER_TURN = 5
+# How long a worker's sweep waits for its answer (one try a turn: a sweep
+# whose answer was lost took what it took, and the next turn takes the rest).
+REAP_TIMEOUT_S = 2.0
 
 # -- the reaper ------------------------------------------------------------------
 
@@ -50,6 +62,67 @@ class SweepTick:
     @property
     def total(self) -> SweepResult:
         return SweepResult(list(self.recovered), list(self.dead), list(self.cancelled), self.expired)
+
+
+class ReapSchedule:
+    """When a worker sweeps next: every ``interval`` seconds on average, each wait drawn from
+    [interval / 2, 3 * interval / 2], so workers started together do not sweep in lockstep.
+
+    The first turn comes after such a wait too: a fleet restarted at once
+    spreads its sweeps from the start.
+    """
+
+    def __init__(self, interval: float, now: float, *, jitter: Callable[[], float] = random.random):
+        self.interval = interval
+        self._jitter = jitter
+        self.next_at = now + self._draw()
+
+    def _draw(self) -> float:
+        return self.interval * (0.5 + self._jitter())
+
+    def wait(self, now: float) -> float:
+        """Seconds until the next turn (0.0: now)."""
+        return max(0.0, self.next_at - now)
+
+    def swept(self, now: float) -> None:
+        """A turn ended (whatever it found, or failed): the next one a drawn wait later."""
+        self.next_at = now + self._draw()
+
+
+class Reaping:
+    """The sweep every worker runs itself, for ``WorkerCore`` (``reap=True``, the default).
+
+    Bounded (``REAP_LIMIT`` jobs per command, ``REAP_SWEEPS_PER_TURN``
+    commands a turn), idempotent (a sweep is one atomic command: workers
+    sweeping together never recover a job twice) and jittered
+    (``ReapSchedule``).  A sweep also applies the dead retention.  What it
+    did is counted in ``stats.reaped``, told to the metrics, and logged.
+    """
+
+    queue: str
+    max_stalled: int
+    stats: WorkerStats
+    metrics: Metrics | None
+
+    def _reap_call(self) -> Call[SweepResult]:
+        return proto.sweep(self.queue, self.max_stalled, REAP_LIMIT)
+
+    def _reap_tick(self) -> SweepTick:
+        return SweepTick(REAP_LIMIT, REAP_SWEEPS_PER_TURN)
+
+    def _reaped(self, tick: SweepTick) -> None:
+        """A turn's sweeps ended: count, tell the metrics, log what they did."""
+        total = tick.total
+        taken = len(total.recovered) + len(total.dead) + len(total.cancelled)
+        self.stats.reaped += taken
+        if self.metrics is not None:
+            self.metrics.swept(self.queue, total)
+        if taken or total.expired:
+            worker_log.info(
+                "worker of %r swept: %d lapsed jobs recovered, %d dead-lettered, %d ended cancelled; "
+                "%d dead jobs past their retention deleted",
+                self.queue, len(total.recovered), len(total.dead), len(total.cancelled), total.expired,
+            )  # fmt: skip
 
 
 class ReaperCore(Generic[ClientT]):

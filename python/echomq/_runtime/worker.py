@@ -15,6 +15,7 @@ from .lease import HeldJob, Leases
 from .logs import worker_log
 from .shutdown import SHUTDOWN, Shutdown
 from .stats import WorkerStats
+from .sweep import Reaping
 from .troubles import Trouble, Troubles
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ ClientT = TypeVar("ClientT")
 HandlerT = TypeVar("HandlerT")
 
 
-class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
+class WorkerCore(Shutdown, Finishing, Reaping, Generic[ClientT, HandlerT]):
     """What both ``Worker`` classes share: settings, the held jobs, shutdown, finishing, stats.
 
     Shutdown, in both drivers: ``_request_stop`` stops claiming at once
@@ -55,6 +56,9 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
         replicas: int = 0,
         replicas_timeout_ms: int = 1000,
         replicas_aof: bool = False,
+        reap: bool = True,
+        reap_interval: float = 10.0,
+        max_stalled: int = 3,
     ) -> None:
         check_client("client", client, self._client_type)
         keys_of(queue)
@@ -73,6 +77,10 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
                     f"extend_interval ({extend_interval} s) must be shorter than the lease ({lease_ms} ms)"
                 )
         check_seconds("grace", grace, zero_ok=True)
+        if not isinstance(reap, bool):
+            raise TypeError(f"reap must be a bool, not {type(reap).__name__}")
+        check_seconds("reap_interval", reap_interval)
+        check_int("max_stalled", max_stalled)
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
@@ -97,6 +105,8 @@ class WorkerCore(Shutdown, Finishing, Generic[ClientT, HandlerT]):
         # Each job's checkpoint interval: extend_interval, else a third of the lease.
         self._interval = extend_interval if extend_interval is not None else lease_ms / 3000.0
         self.grace = grace
+        # reap=True: this worker sweeps the queue itself (bounded, jittered: Reaping).
+        self.reap, self.reap_interval, self.max_stalled = reap, reap_interval, max_stalled
         self.retry = retry
         self.stats = WorkerStats()
         self._held = Leases()

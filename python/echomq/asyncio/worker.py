@@ -38,6 +38,7 @@ from .._watch import WATCH
 from ..cancel import CancelToken
 from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
 from ._pushes import CancelListener
+from ._sweeper import sweep_loop
 from ._together import Coalescer
 from ._waits import wait_event
 from .client import Client
@@ -49,8 +50,8 @@ __all__ = ["Worker"]
 T = TypeVar("T")
 
 # Connections a worker needs besides one per runner: the claimer, the batches
-# sent together, the keeper's batch, a pushed cancel's checkpoint.
-OWN_LOOPS = 4
+# sent together, the keeper's batch, a pushed cancel's checkpoint, its sweeps.
+OWN_LOOPS = 5
 
 
 class Worker(Finisher[AsyncHandler]):
@@ -102,6 +103,7 @@ class Worker(Finisher[AsyncHandler]):
         self._doubts: set[ClaimStep] = set()  # runners' claims (COMPLETECLAIM) sent, answers not yet read
         self._settling: set[asyncio.Task[Any]] = set()  # give-backs of answers whose callers were cancelled
         self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
+        self._sweeps: asyncio.Task[None] | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
 
     # -- control ---------------------------------------------------------------
@@ -157,6 +159,8 @@ class Worker(Finisher[AsyncHandler]):
         attempt = self._claim_attempt
         if self._stop_requested and attempt is not None and not attempt.done():
             attempt.cancel()  # the waiting claim: a dropped connection claims nothing; _settle asks again
+        if self._stop_requested and self._sweeps is not None:
+            self._sweeps.cancel()  # a sweep in flight: what it took is taken
 
     async def _run(self, handle_signals: bool) -> None:
         if self._started:
@@ -181,6 +185,11 @@ class Worker(Finisher[AsyncHandler]):
             ]
             claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
             self._loops.append(claimer)
+            if self.reap:
+                self._sweeps = asyncio.create_task(
+                    sweep_loop(self, self._stopping), name=f"echomq-worker-{self.queue}-sweep"
+                )
+                self._loops.append(self._sweeps)
             if self._push_cancels:
                 self._listener = CancelListener(
                     self.client, self.queue, self._keepers, lambda: len(self._held) > 0
