@@ -1,4 +1,5 @@
-"""The deadline watch: one thread that loses each watched lease when its deadline passes.
+"""The deadline watch: one thread that loses each watched lease when its deadline passes
+(and tells a handler past its timeout, ``_runtime.timeouts``).
 
 Both keepers need it.  A thread keeper's checkpoint may be stuck on a dead
 connection; an asyncio keeper's event loop may be blocked by a handler that
@@ -62,7 +63,14 @@ class DeadlineWatch:
             # Wake the thread only if it would otherwise sleep past this deadline:
             # a busy worker adds and removes jobs all the time.
             self._changes += 1
-            if clock is not time.monotonic or held.confirmed_until < self._wakes_at:
+            if clock is not time.monotonic or held.next_deadline() < self._wakes_at:
+                self._cond.notify()
+
+    def earlier(self, when: float) -> None:
+        """A watched job's next deadline is now ``when`` (a handler's timeout): look by then."""
+        with self._cond:
+            self._changes += 1
+            if when < self._wakes_at:
                 self._cond.notify()
 
     def remove(self, held: HeldJob) -> None:
@@ -140,7 +148,8 @@ class DeadlineWatch:
                 held.expire(now)
                 if held.lost is not None:
                     continue
-                left = max(held.time_left(now), 0.0)
+                held.time_out(now)  # a handler past its timeout: "timeout" to its token
+                left = max(held.next_deadline() - now, 0.0)
             if clock is not time.monotonic:
                 left = min(left, FAKE_CLOCK_POLL_S)
             wait = left if wait is None else min(wait, left)

@@ -15,33 +15,23 @@ failed by this worker: it belongs to whoever holds it now.  What to do when
 a handler ends, how a shutdown proceeds, and the stats are
 ``_runtime.WorkerCore``'s; this file only runs threads and sends commands.
 
-The threads share the sending, in turns (``_next_turn``), so that a busy
-worker sends a few commands per batch of jobs rather than one per job, and
-an idle one one command per wait:
-
-- a thread whose handler ended adds the job's end to the pending ones; if
-  no thread is sending, it sends them all in one pipeline with a claim of
-  as many jobs as the worker has free threads (and ``prefetch``), riding
-  in the last COMPLETE (EMQ.COMPLETECLAIM ... COUNT), until none is pending
-  (``_send_pending``, the finisher's turn);
-- the jobs claimed wait in ``_ready``, their leases kept by the worker's
-  keeper from the claim on, until a thread takes one;
-- when nothing is ready, pending or being sent, one idle thread claims for
-  every free slot, waiting on the server (``_wait_for_work``): one waiting
-  claim per worker, cut by ``stop()``.
-
-A single-thread worker thus sends one EMQ.COMPLETECLAIM per job, and hands
-nothing from thread to thread.  Two rules hold on every path out, a second
-signal's included: a job a claim answered is run or given back (the jobs
-waiting in ``_ready`` at a stop, and those a claim whose answer was lost
-may have taken, asked again by its REQ: ``_settle``); and every command is
-bounded, by its job's lease and by the stop (``WorkerCore._bounded``).
+The threads take turns at the sending and the claiming (``_turns.py``): a
+busy worker sends a few commands per batch of jobs, a single-thread one
+one EMQ.COMPLETECLAIM per job, an idle one one waiting claim per wait.
+Two rules hold on every path out, a second signal's included: a job a
+claim answered is run or given back (the jobs waiting for a thread at a
+stop, and those a claim whose answer was lost may have taken, asked again
+by its REQ: ``_settle``); and every command is bounded, by its job's lease
+and by the stop (``WorkerCore._bounded``).  A handler past its timeout and
+its grace is abandoned (``_abandon_overdue``): Python cannot stop its
+thread, which runs on, and another takes its place.
 """
 
 from __future__ import annotations
 
 import collections
 import inspect
+import math
 import signal
 import threading
 import time
@@ -50,22 +40,19 @@ from functools import partial
 from types import FrameType, TracebackType
 from typing import TypeVar, cast
 
-from ._finisher import Finisher, Sent, _GaveUp, _Stopped
+from ._finisher import _GaveUp
 from ._log import CURRENT_JOB
 from ._pushes import CancelListener
 from ._runtime import (
     ATTEMPT_TIMEOUT_S,
-    Action,
     Backoff,
     ClaimStep,
     Finish,
-    IdleWait,
-    Slots,
     WorkerStats,
-    count_of,
     error_text,
 )
 from ._sweeper import Sweeper
+from ._turns import Turns
 from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Cutter, Job
@@ -85,12 +72,9 @@ TICK_S = 0.05
 # pushed cancel's checkpoint, the supervisor's give-backs, the waiting claim,
 # its sweeps.
 OWN_LOOPS = 5
-# A thread's turns besides running a job (``_next_turn``).
-SEND = "send"
-WAIT = "wait"
 
 
-class Worker(Finisher[Handler]):
+class Worker(Turns[Handler]):
     """Runs ``handler`` for the jobs of ``queue``, ``concurrency`` at a time, in threads.
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
@@ -143,7 +127,9 @@ class Worker(Finisher[Handler]):
         self._wake = threading.Event()  # set when stopping: idle and backing-off threads look again
         self._forced_event = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._handling: set[threading.Thread] = set()  # threads in a handler now (a forced stop leaves them)
+        # Threads in a handler now, and its job's keeper (a forced stop leaves them; a timeout abandons them).
+        self._handling: dict[threading.Thread, LeaseKeeper] = {}
+        self._abandoned: set[threading.Thread] = set()  # their handlers ran past the timeout's grace
         self._supervisor: threading.Thread | None = None
         self._supervisor_ident: int | None = None
         self._started = False
@@ -155,18 +141,7 @@ class Worker(Finisher[Handler]):
         self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
         self._sweeper: Sweeper | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
-        # The threads' turns (_next_turn), under _turns (not _lock: never both at once).
-        self._turns = threading.Condition()
-        self._ready: collections.deque[LeaseKeeper] = collections.deque()  # claimed, waiting for a thread
-        self._pending: list[Finish] = []  # ends waiting for the finisher's turn
-        self._sending = False  # a thread has the finisher's turn
-        self._waiting = False  # a thread's claim waits for work
-        self._idle_until = 0.0  # no waiting claim before (a scripts backend's poll, a backoff)
-        self._slots = Slots(self.concurrency, self.prefetch)
-        self._idle = IdleWait(self.poll_interval, self.lease_ms)
-        self._pause = Backoff()  # after a claim that got no answer
-        self._claim_step = ClaimStep()  # the waiting claim's (asked again as the worker ends if in doubt)
-        self._doubts: set[ClaimStep] = set()  # claims sent with ends whose answers were lost
+        self._init_turns()
 
     # -- control ---------------------------------------------------------------
 
@@ -362,7 +337,11 @@ class Worker(Finisher[Handler]):
         every command bounded by the force's budget: a job a claim answered
         is released before the process goes, a second signal or not.
         """
-        for t in self._threads:
+        for t in list(self._threads):
+            with self._lock:
+                abandoned = t in self._abandoned
+            if abandoned:  # its handler ran past the timeout's grace: nothing to wait for
+                continue
             if not self._forced:
                 t.join()
                 continue
@@ -392,7 +371,8 @@ class Worker(Finisher[Handler]):
         if force:
             self._go_forced()
             return True
-        if not any(t.is_alive() for t in self._threads):
+        self._abandon_overdue(now)
+        if not any(t.is_alive() for t in self._threads if t not in self._abandoned):
             return True
         if holding:
             self._keepers.ensure()  # a keeper thread that could not start (or died) runs again
@@ -400,6 +380,35 @@ class Worker(Finisher[Handler]):
             self._listener.ensure()
         time.sleep(TICK_S if wait is None else min(wait, TICK_S))
         return False
+
+    def _abandon_overdue(self, now: float) -> None:
+        """Handlers a grace past their timeout: their jobs failed without them, their threads replaced.
+
+        Python cannot stop a thread: an abandoned handler runs on, and its
+        thread ends when it returns (its job's end then sends nothing).
+        ``_abandon_handler`` is the seam for a driver that can stop one.
+        """
+        with self._lock:
+            overdue = [(held, self._abandon(held)) for held in self._abandon_due(now)]
+            running = {keeper._held: (t, keeper) for t, keeper in self._handling.items()}
+            abandoned = [running[held] for held, _ in overdue if held in running]
+            self._abandoned.update(thread for thread, _ in abandoned)
+        for thread, keeper in abandoned:
+            keeper.stop()  # no more checkpoints: the job ends with its FAIL
+            self._abandon_handler(thread)
+        if overdue:
+            with self._turns:
+                self._slots.ended(len(overdue))
+                self._pending += [finish for _, finish in overdue]
+                self._turns.notify_all()
+
+    def _abandon_handler(self, thread: threading.Thread) -> None:
+        """Leave a handler's thread to itself and start another in its place (the worker keeps its slots)."""
+        if self._stop_requested:
+            return
+        replacement = threading.Thread(target=self._loop, name=f"{thread.name}-after-timeout", daemon=True)
+        self._threads.append(replacement)
+        replacement.start()
 
     def _go_forced(self) -> None:
         """Stop at once: give back the jobs whose handlers still run, within ``FORCE_BUDGET_S``."""
@@ -410,209 +419,6 @@ class Worker(Finisher[Handler]):
         self._wake_threads()
         for held in stuck:
             self._give_back(held, self._force_until)
-
-    # -- the threads' turns ----------------------------------------------------
-
-    def _wake_threads(self) -> None:
-        with self._turns:
-            self._turns.notify_all()
-
-    def _loop(self, runs: bool = True) -> None:
-        """One of ``concurrency`` threads: run a ready job, send the pending ends, or wait for work.
-
-        ``runs``: False for ``prefetch``'s sender, which never runs a job.
-        """
-        while True:
-            turn = self._next_turn(runs)
-            if turn is None:
-                return
-            try:
-                if isinstance(turn, LeaseKeeper):
-                    self._run(turn)
-                elif turn[0] == SEND:
-                    self._send_pending()
-                else:
-                    self._wait_for_work(turn[1])
-            except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
-                self._trouble(exc, "a worker thread's turn")
-
-    def _next_turn(self, runs: bool = True) -> LeaseKeeper | tuple[str, int] | None:
-        """This thread's next turn (see the module docstring); None when the worker stops.
-
-        Ready jobs first (at a stop, to give them back), then the pending
-        ends; the one waiting claim only when nothing is ready, pending or
-        being sent: the finisher claims with its ends.
-        """
-        with self._turns:
-            while True:
-                if self._ready and runs:
-                    return self._ready.popleft()
-                if self._pending and not self._sending:
-                    self._sending = True
-                    return (SEND, 0)
-                if self._stop_requested:
-                    return None
-                wait: float | None = None
-                if not (self._sending or self._waiting or self._pending):
-                    wait = self._idle_until - time.monotonic()
-                    count = self._slots.free()
-                    if wait <= 0 and count > 0:
-                        self._waiting = True
-                        self._slots.reserve(count)
-                        return (WAIT, count)
-                    if wait <= 0:
-                        wait = None  # every slot taken: a job's end wakes us
-                self._turns.wait(wait)
-
-    def _hand(self, finish: Finish) -> None:
-        """A handler ended: its slot is free and its end pending; this thread sends, unless one does.
-
-        With ``prefetch``, a thread that has a ready job to run leaves the
-        sending to the sender thread: the round trip overlaps the next run.
-        """
-        with self._turns:
-            self._slots.ended()
-            if finish.action is Action.DROP:
-                self._turns.notify()
-                return
-            self._pending.append(finish)
-            if self._sending:
-                return
-            if self.prefetch and self._ready:
-                self._turns.notify_all()
-                return
-            self._sending = True
-        self._send_pending()
-
-    def _send_pending(self) -> None:
-        """The finisher's turn: the pending ends, with a claim for the free slots, until none is pending.
-
-        What the fast path could not settle (``Sent.slow``, ``Sent.doubt``)
-        is done after the turn is handed over: the next ends do not wait
-        for an outage's retries.
-        """
-        left: list[Sent] = []
-        try:
-            while True:
-                with self._turns:
-                    batch, self._pending = self._pending, []
-                    count = 0 if self._stop_requested or not batch else self._slots.free()
-                    self._slots.reserve(count)
-                if not batch:
-                    return
-                try:
-                    sent = self._send_batch(batch, count)
-                finally:
-                    with self._turns:
-                        self._slots.answered(count, 0)
-                if sent.jobs:
-                    self._take(sent.jobs, sent.claimed_at)
-                if sent.slow or sent.doubt is not None:
-                    left.append(sent)
-                    return
-        finally:
-            with self._turns:
-                self._sending = False
-                self._turns.notify_all()
-            for sent in left:
-                if sent.doubt is not None and (jobs := self._ask_again(sent.doubt)):
-                    self._take(jobs, sent.doubt.since)
-                for finish in sent.slow:
-                    self._finish(finish)
-
-    def _wait_for_work(self, count: int) -> None:
-        """The worker's one waiting claim, for ``count`` jobs (one per free slot)."""
-        step = self._claim_step
-        if step.call is not None and count_of(step.call) != count:
-            step.renew()
-        cuttable = self.client._bounded()
-        jobs: list[Job] = []
-        claimed_at = time.monotonic()
-        pause = self.poll_interval
-        try:
-            jobs, claimed_at = self._claim(
-                step, count=count, block_ms=self._idle.block_ms(cuttable), settle=True
-            )
-        except _Stopped:
-            pause = 0.0
-        except _GaveUp:
-            pause = self._pause.next_wait(time.monotonic()) or self.poll_interval
-        except Exception as exc:  # a bug, not the server: logged once, and the claims go on
-            self._trouble(exc, "claim")
-        else:
-            self._pause = Backoff()
-            pause = self._idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
-        finally:
-            with self._turns:
-                self._waiting = False
-                self._slots.answered(count, 0)
-                self._idle_until = time.monotonic() + pause
-                self._turns.notify_all()
-        if jobs:
-            self._take(jobs, claimed_at)
-
-    def _blocks(self) -> bool:
-        """Whether the claims wait on the server (the module does; a script cannot)."""
-        rendering = self.client._rendering
-        return rendering is not None and rendering.name == "module"
-
-    def _take(self, jobs: list[Job], claimed_at: float) -> None:
-        """Jobs a claim brought: each gets its lease keeper now, and waits in ``_ready`` for a thread.
-
-        Counted in their slots from here until their handlers end.  A job
-        the worker will not run (it stops, the replicas did not confirm it,
-        its late claim could not be confirmed) is given back or dropped here.
-        """
-        with self._turns:
-            self._slots.answered(0, len(jobs))
-        kept = self._replicated(jobs, claimed_at)
-        keepers = [keeper for job in kept if (keeper := self._adopt(job, claimed_at)) is not None]
-        with self._turns:
-            self._slots.ended(len(jobs) - len(keepers))
-            self._ready.extend(keepers)
-            self._turns.notify_all()
-
-    def _give_back_ready(self) -> None:
-        """At a stop, the jobs waiting for a thread are given back, by a thread of their own.
-
-        Idle threads would give them back too; busy ones could not before
-        their handlers end (a ``prefetch``'s jobs).
-        """
-        with self._turns:
-            if not self._ready:
-                return
-            waiting = list(self._ready)
-            self._ready.clear()
-
-        def give_back() -> None:
-            for keeper in waiting:
-                self._run(keeper)
-
-        thread = threading.Thread(
-            target=give_back,
-            name=f"echomq-worker-{self.queue}-give-back",
-            daemon=True,
-        )
-        self._threads.append(thread)
-        thread.start()
-
-    def _settle(self) -> None:
-        """The threads have ended: what a claim answered and nobody ran is given back.
-
-        The jobs still waiting for a thread (a thread that died, a forced
-        stop), and those the claims in doubt took (their REQs, asked again).
-        """
-        with self._turns:
-            waiting = list(self._ready)
-            self._ready.clear()
-        for keeper in waiting:
-            self._run(keeper)
-        with self._lock:
-            doubts = [self._claim_step, *self._doubts]
-            self._doubts.clear()
-        for step in doubts:
-            for job in self._resolve(step):
-                self._give_back_unrun(job, step.since)
 
     # -- a job -----------------------------------------------------------------
 
@@ -707,6 +513,8 @@ class Worker(Finisher[Handler]):
     def _run(self, keeper: LeaseKeeper) -> None:
         """A thread's turn at a ready job: run it and hand its end to the finisher."""
         finish = self._execute(keeper)
+        if keeper._held.abandoned:
+            return  # its slot was freed, and its FAIL sent, when it was abandoned
         if finish is not None:
             self._hand(finish)
         else:
@@ -738,6 +546,10 @@ class Worker(Finisher[Handler]):
                 return None
             if self.metrics is not None:
                 self.metrics.claimed_with_wait(self.client, job)
+            with keeper._lock:
+                timeout_at = self._time_handler(held, time.monotonic())
+            if timeout_at < math.inf:
+                WATCH.earlier(timeout_at)
             error, interrupted = self._call_handler(job, held.cancel, keeper)
             with self._lock:
                 self._let_go(held)
@@ -758,7 +570,7 @@ class Worker(Finisher[Handler]):
         """Run the handler; (its exception or None, whether that exception asks the worker to stop)."""
         me = threading.current_thread()
         with self._lock:
-            self._handling.add(me)
+            self._handling[me] = keeper
         error: BaseException | None = None
         interrupted = False
         try:
@@ -772,7 +584,7 @@ class Worker(Finisher[Handler]):
             error, interrupted = exc, True
         finally:
             with self._lock:
-                self._handling.discard(me)
+                self._handling.pop(me, None)
             keeper.stop()
         return error, interrupted
 

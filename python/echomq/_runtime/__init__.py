@@ -26,6 +26,8 @@ One module per concept (h11 style: feed events, ask what next):
 - ``troubles``: ``Trouble``/``Troubles``, errors by kind, each logged once
   and all counted; ``Backoff``, one command sent again until it lands or
   a deadline passes.
+- ``timeouts``: a handler's time limit (``JobTimeout``): "timeout" to its
+  token, then, after a grace, its job failed without it (``Timing``).
 - ``pushes``: ``SubscriptionHealth``, whether the pushed-cancel
   subscription still hears the server.
 - ``context``: ``ContextCore`` (what a handler's ``JobContext`` shows) and
@@ -52,6 +54,7 @@ from .lease import (
     LOST_STALE,
     LOST_UNCONFIRMED,
     MAX_CHECKPOINT_BATCH,
+    TIMEOUT,
     HeldJob,
     KeeperCore,
     LeaseEvent,
@@ -74,6 +77,7 @@ from .sweep import (
     ReapSchedule,
     SweepTick,
 )
+from .timeouts import JobTimeout, Timing
 from .troubles import (
     ATTEMPT_TIMEOUT_CAP_S,
     ATTEMPT_TIMEOUT_S,
@@ -111,6 +115,7 @@ __all__ = [
     "RETRY_CAP_S",
     "RETRY_FIRST_S",
     "SHUTDOWN",
+    "TIMEOUT",
     "Action",
     "Backoff",
     "ClaimStep",
@@ -119,6 +124,7 @@ __all__ = [
     "Finishing",
     "HeldJob",
     "IdleWait",
+    "JobTimeout",
     "KeeperCore",
     "LeaseEvent",
     "Leases",
@@ -130,6 +136,7 @@ __all__ = [
     "Slots",
     "SubscriptionHealth",
     "SweepTick",
+    "Timing",
     "Trouble",
     "Troubles",
     "WorkerCore",

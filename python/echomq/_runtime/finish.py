@@ -7,6 +7,7 @@ and settles it by the server's answer; both drivers' finishers send it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,7 @@ from .. import _protocol as proto
 from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
 from ..cancel import Cancellation
 from ..errors import Cancelled, LeaseLost
-from .lease import HeldJob
+from .lease import TIMEOUT, HeldJob
 from .logs import job_fields, worker_log
 from .shutdown import SHUTDOWN
 from .stats import WorkerStats
@@ -66,16 +67,18 @@ class Finishing:
     max_attempts: int
     _troubles: Troubles
     _stop_requested: bool
+    _timed_out_error: Callable[[HeldJob, BaseException | None], str | None]  # Timing's
 
     def _decide(self, held: HeldJob, error: BaseException | None, interrupted: bool = False) -> Finish:
         """What to send for a job whose handler ended with ``error`` (None: it returned).
 
-        Nothing if the lease was lost or a forced shutdown gave the job back
-        already; RELEASE if the handler's exception is a request to stop
-        (``interrupted``) or came after "shutdown"; COMPLETE if it returned;
-        else FAIL with the error's text.
+        Nothing if the lease was lost, a forced shutdown gave the job back
+        already or a timeout abandoned it; RELEASE if the handler's exception
+        is a request to stop (``interrupted``) or came after "shutdown";
+        COMPLETE if it returned; else FAIL with the error's text (the
+        timeout's, after "timeout").
         """
-        if held.given_back:  # a forced stop gave it back while its handler ran: nothing more to send
+        if held.given_back or held.abandoned:  # given back, or failed, while its handler ran: nothing to send
             return Finish(held, Action.DROP)
         if held.lost is not None:
             self.stats.leases_lost += 1
@@ -84,11 +87,14 @@ class Finishing:
         held.finishing = True
         if interrupted:
             return Finish(held, Action.RELEASE, error_text(error) if error is not None else "")
+        cancellation = held.cancel.check()
+        if cancellation is not None and cancellation.reason == TIMEOUT:
+            self.stats.timed_out += 1
         if error is None:
             return Finish(held, Action.COMPLETE)
-        if held.cancel.check() == Cancellation(SHUTDOWN):
+        if cancellation == Cancellation(SHUTDOWN):
             return Finish(held, Action.RELEASE, error_text(error))
-        return Finish(held, Action.FAIL, error_text(error))
+        return Finish(held, Action.FAIL, self._timed_out_error(held, error) or error_text(error))
 
     def _landed(self, finish: Finish, where: FailOutcome | ReleaseOutcome | None = None) -> None:
         """COMPLETE, FAIL or RELEASE was accepted; ``where`` is FAIL's or RELEASE's answer."""

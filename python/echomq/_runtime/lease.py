@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,8 @@ LOST_STALE = "lease lost: stale token (the job was swept or another attempt hold
 LOST_GONE = "lease lost: the job row is gone"
 LOST_DEADLINE = "lease lost: no extend confirmed before the deadline passed"
 LOST_UNCONFIRMED = "lease lost: a claim answered late could not be confirmed within a lease"
+# The reason a handler's token gets when it ran past its timeout (timeout_ms).
+TIMEOUT = "timeout"
 
 # A keeper retries a checkpoint that got no answer this soon, or sooner.
 CHECKPOINT_RETRY_S = 1.0
@@ -113,6 +116,12 @@ class HeldJob:
     finishing: bool = False
     given_back: bool = False
     failures: int = 0
+    # A handler's time limit (``_runtime.timeouts``): its token is cancelled
+    # with "timeout" at ``timeout_at``; at ``abandon_at`` the worker stops
+    # waiting for it (``abandoned``) and fails the job itself.
+    timeout_at: float = math.inf
+    abandon_at: float = math.inf
+    abandoned: bool = False
 
     @classmethod
     def claimed(
@@ -128,8 +137,8 @@ class HeldJob:
 
     @property
     def active(self) -> bool:
-        """True while the keeper should keep checkpointing: not lost, not let go, not given back."""
-        return self.lost is None and not self.stopped and not self.given_back
+        """True while the keeper should keep checkpointing: not lost, let go, given back or abandoned."""
+        return self.lost is None and not self.stopped and not self.given_back and not self.abandoned
 
     def time_left(self, now: float) -> float:
         """Seconds until the confirmed lease ends (negative once it has)."""
@@ -223,7 +232,7 @@ class HeldJob:
         Not once the worker gave the job back itself: a checkpoint then
         answered stale is its own RELEASE's doing, not a lost lease.
         """
-        if self.lost is not None or self.given_back:
+        if self.lost is not None or self.given_back or self.abandoned:
             return LeaseEvent.IGNORED
         self.lost = reason
         lease_log.warning("job %s of %s: %s", self.job.id, self.job.queue, reason, extra=job_fields(self.job))
@@ -235,6 +244,21 @@ class HeldJob:
     def stop(self) -> None:
         """The holder let go (its handler ended): start no more checkpoints."""
         self.stopped = True
+
+    def time_out(self, now: float) -> bool:
+        """Cancel the token with "timeout" once the handler's time is up; True if it was cancelled now.
+
+        The deadline watch calls it (a handler that blocks its event loop is
+        told all the same); a token cancelled already keeps its first reason.
+        """
+        if now < self.timeout_at or self.stopped or self.lost is not None or self.given_back:
+            return False
+        self.timeout_at = math.inf
+        return self.cancel.cancel(TIMEOUT)
+
+    def next_deadline(self) -> float:
+        """The earliest moment the deadline watch must look at this job: its lease's end or its timeout."""
+        return min(self.confirmed_until, self.timeout_at)
 
 
 class Leases:

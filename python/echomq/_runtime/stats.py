@@ -19,6 +19,8 @@ class WorkerStats:
     permanent_errors: int = 0  # refusals retrying will not heal: NOPERM, READONLY, WRONGTYPE, no module
     last_permanent_error: str | None = None
     not_replicated: int = 0  # claimed jobs given back unrun: the replicas did not confirm them (replicas=)
+    timed_out: int = 0  # handlers whose token was cancelled with "timeout" (timeout_ms)
+    abandoned: int = 0  # handlers still running a grace past their timeout: their jobs failed without them
     reaped: int = 0  # lapsed jobs this worker's own sweeps took: recovered, dead-lettered or ended cancelled
 
     def record_fail(self, where: str) -> None:

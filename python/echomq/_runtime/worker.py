@@ -16,6 +16,7 @@ from .logs import worker_log
 from .shutdown import SHUTDOWN, Shutdown
 from .stats import WorkerStats
 from .sweep import Reaping
+from .timeouts import Timing
 from .troubles import Trouble, Troubles
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ ClientT = TypeVar("ClientT")
 HandlerT = TypeVar("HandlerT")
 
 
-class WorkerCore(Shutdown, Finishing, Reaping, Generic[ClientT, HandlerT]):
+class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT]):
     """What both ``Worker`` classes share: settings, the held jobs, shutdown, finishing, stats.
 
     Shutdown, in both drivers: ``_request_stop`` stops claiming at once
@@ -59,6 +60,8 @@ class WorkerCore(Shutdown, Finishing, Reaping, Generic[ClientT, HandlerT]):
         reap: bool = True,
         reap_interval: float = 10.0,
         max_stalled: int = 3,
+        timeout_ms: int | None = None,
+        timeout_grace: float = 5.0,
     ) -> None:
         check_client("client", client, self._client_type)
         keys_of(queue)
@@ -81,6 +84,9 @@ class WorkerCore(Shutdown, Finishing, Reaping, Generic[ClientT, HandlerT]):
             raise TypeError(f"reap must be a bool, not {type(reap).__name__}")
         check_seconds("reap_interval", reap_interval)
         check_int("max_stalled", max_stalled)
+        if timeout_ms is not None:
+            check_int("timeout_ms", timeout_ms, 1, MAX_MS)
+        check_seconds("timeout_grace", timeout_grace, zero_ok=True)
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
@@ -107,6 +113,8 @@ class WorkerCore(Shutdown, Finishing, Reaping, Generic[ClientT, HandlerT]):
         self.grace = grace
         # reap=True: this worker sweeps the queue itself (bounded, jittered: Reaping).
         self.reap, self.reap_interval, self.max_stalled = reap, reap_interval, max_stalled
+        # timeout_ms: a handler's token is cancelled with "timeout" then; timeout_grace later it is abandoned.
+        self.timeout_ms, self.timeout_grace = timeout_ms, timeout_grace
         self.retry = retry
         self.stats = WorkerStats()
         self._held = Leases()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import signal
 import sys
 import threading
@@ -246,7 +247,8 @@ class Worker(Finisher[AsyncHandler]):
     async def _supervise(self) -> None:
         assert self._wake is not None
         while True:
-            wait = self._shutdown_tick(time.monotonic())
+            now = time.monotonic()
+            wait = self._shutdown_tick(now)
             if self._force_pending or wait == 0.0:
                 await self._force_stop()
                 return
@@ -254,8 +256,32 @@ class Worker(Finisher[AsyncHandler]):
                 return
             if self._stop_requested and self._stopping is not None:
                 self._stopping.set()  # idle tasks stop waiting for their next poll
+            self._abandon_overdue(now)
+            abandon = self._next_abandon(time.monotonic())
+            if abandon is not None:
+                wait = abandon if wait is None else min(wait, abandon)
             await wait_event(self._wake, wait)
             self._wake.clear()
+
+    def _abandon_overdue(self, now: float) -> None:
+        """Handlers a grace past their timeout: their jobs failed without them, their tasks cancelled.
+
+        A handler that does not let the cancellation through (it catches
+        CancelledError, or blocks the loop) keeps its runner until it ends;
+        its job's end then sends nothing.
+        """
+        for held in self._abandon_due(now):
+            finish = self._abandon(held)
+            self._abandon_handler(held)
+            task = asyncio.get_running_loop().create_task(self._finish(finish), name="echomq-timeout-fail")
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    def _abandon_handler(self, held: HeldJob) -> None:
+        """Cancel the task running ``held``'s handler (the seam for a driver that can stop one for real)."""
+        task = self._handlers.get(held)
+        if task is not None:
+            task.cancel()
 
     async def _force_stop(self) -> None:
         """Stop at once: cancel the handlers still running, give their jobs back, end every task."""
@@ -429,12 +455,19 @@ class Worker(Finisher[AsyncHandler]):
             current = asyncio.current_task()
             assert current is not None
             self._handlers[held] = current
+            with keeper._lock:
+                timeout_at = self._time_handler(held, time.monotonic())
+            if timeout_at < math.inf:
+                WATCH.earlier(timeout_at)
+                if self._wake is not None:
+                    self._wake.set()  # the supervisor looks at its grace's end
             try:
                 error, interrupted = await self._call_handler(held, keeper)
             finally:
                 self._handlers.pop(held, None)
                 await keeper.stop()
-            interrupted = interrupted and not held.given_back  # our own forced stop is no request to stop
+            # our own forced stop, or a timeout's abandon, is no request to stop
+            interrupted = interrupted and not (held.given_back or held.abandoned)
             self._let_go(held)
             finish = self._decide(held, error, interrupted)
             if interrupted:
@@ -469,7 +502,7 @@ class Worker(Finisher[AsyncHandler]):
             # Ours only when a forced stop cancelled the task (the job was
             # given back then); else the handler let a cancellation of its
             # own escape: its job's failure.
-            if held.given_back:
+            if held.given_back or held.abandoned:
                 current = asyncio.current_task()
                 if current is not None and sys.version_info >= (3, 11):
                     current.uncancel()  # consumed: later timeouts in this task work as usual
