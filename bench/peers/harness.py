@@ -251,7 +251,9 @@ def baseline_runtime(ref: str) -> Runtime:
     if archive.returncode != 0:
         return Runtime(None, f"git archive {ref} failed: {tail(archive.stderr.decode(errors='replace'))}")
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True, timeout=120)
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True)
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True
+    )
     return Runtime(
         [sys.executable],
         versions={"echomq-baseline": rev.stdout.strip() or ref},
@@ -266,7 +268,9 @@ def with_baseline(contenders: list[Contender], ref: str) -> list[Contender]:
         out.append(c)
         if c.runtime == "project":
             label = f"{c.label} (at {ref})"
-            out.append(Contender(f"{c.key}@base", label, "baseline", c.script, c.args, c.concurrency, c.module, ref))
+            out.append(
+                Contender(f"{c.key}@base", label, "baseline", c.script, c.args, c.concurrency, c.module, ref)
+            )
     return out
 
 
@@ -665,7 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-extras", action="store_true", help="skip cancel latency and enqueue rate")
     parser.add_argument("--no-census", action="store_true", help="skip the MONITOR census runs")
     parser.add_argument(
-        "--baseline", metavar="REF", help="also race the echomq contenders at this git revision (before/after)"
+        "--baseline",
+        metavar="REF",
+        help="also race the echomq contenders at this git revision (before/after)",
     )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL

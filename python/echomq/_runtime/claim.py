@@ -20,9 +20,10 @@ MAX_CLAIM_BLOCK_S = 1.0
 IDLE_BLOCK_S = 5.0
 # Where a claim cannot wait on the server (the scripts backend), an idle
 # worker polls every poll_interval, twice as long after each empty claim, up
-# to this (or poll_interval, if longer): an idle worker sends one claim per
-# 2 s once the queue has stayed empty for a few seconds.
-IDLE_POLL_MAX_S = 2.0
+# to this (or poll_interval, if longer): once the queue has stayed empty for a
+# few seconds, an idle worker sends 0.4 claims/s, and with its sweeps (0.1/s)
+# at most 0.5 commands/s.  A job enqueued then waits for the next poll.
+IDLE_POLL_MAX_S = 2.5
 
 
 class ClaimStep:
@@ -196,5 +197,5 @@ class IdleWait:
             return 0.0 if cuttable else max(0.0, self.poll_interval - waited)
         pause = self.pause
         self.pause = min(max(self.poll_interval, IDLE_POLL_MAX_S), self.pause * 2)
-        # Workers that went idle together do not poll in step.
-        return pause * (0.75 + self._jitter() / 4)
+        # Workers that went idle together do not poll in step (the mean stays the pause).
+        return pause * (0.875 + self._jitter() / 4)

@@ -163,11 +163,17 @@ class WorkerConnections:
         progress.sent = True
         await connection.send_packed_command(_pack(connection, commands), check_health=False)
         replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await connection.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
+        # The try's own deadline (the caller's asyncio.timeout) bounds the reads, not the
+        # connection's socket_timeout: a waiting claim (BLOCK) may wait longer than that.
+        bound, connection.socket_timeout = connection.socket_timeout, None
+        try:
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        finally:
+            connection.socket_timeout = bound
         return replies
 
 
