@@ -19,7 +19,9 @@ machine's drift:
    and extend_many() (one round trip) against one extend() per job.
 4. Claim path (bench/claim_path.py, servers of its own): idle commands per
    second of 8 waiting claim loops (polling vs claim(block_ms=...)),
-   enqueue-to-claim latency, delayed-job lateness, batch enqueue rate.
+   enqueue-to-claim latency, delayed-job lateness, batch enqueue rate; then
+   idle Workers (bench/idle_workers.py): the commands an idle Worker of 1, 8
+   and 64 slots sends at its defaults, and its stop's latency.
    `--only claimpath` runs only it.
 5. Backends (bench/backends.py, a server of its own): every verb through EMQ.* and
    through its script (the scripts backend, for servers without the module): server
@@ -57,7 +59,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path  # noqa: E402
+from bench import backends, claim_path, idle_workers  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -604,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "peers":
         return run_peers(args.quick, command)
     if args.only == "claimpath":
-        return claim_path.main_section(args.quick, command)
+        return claim_path.main_section(args.quick, command) | idle_workers.main_section(args.quick, command)
     if args.only == "backends":
         return backends.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
@@ -645,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "latest.md").write_text(text)
     print(text, flush=True)
     claim_path.main_section(args.quick, command)
+    idle_workers.main_section(args.quick, command)
     backends.main_section(args.quick, command)
     if args.no_peers:
         return 0
