@@ -42,7 +42,7 @@ HANGING = textwrap.dedent(
     def handler(ctx):
         print("running", flush=True)
         time.sleep(3600)
-    echomq.Worker(client, sys.argv[2], handler, lease_ms=int(sys.argv[3]), reap=False).run()
+    echomq.Worker(client, sys.argv[2], handler, lease_ms=int(sys.argv[3])).run()
     """
 )
 
