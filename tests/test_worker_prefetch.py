@@ -7,12 +7,15 @@ before issue 34, which had no ``prefetch``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import redis
 
 import echomq
+import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .faults import wait_until
 
@@ -67,4 +70,39 @@ def test_a_stop_gives_the_prefetched_jobs_back_unrun(r: redis.Redis, client: ech
     assert ran == ["j0"]
     assert states(r, ids) == ["done", "pending", "pending", "pending"]
     assert [r.hget(K.job(i), "tries") for i in ids[1:]] == [b"0"] * 3  # no try used
+    assert r.zcard(K.active) == 0
+
+
+def test_asyncio_prefetched_jobs_keep_their_leases_and_a_stop_gives_them_back(server: EmbeddedServer) -> None:
+    r = server.client()
+    r.flushall()
+    ids = echomq.Client(r).enqueue_many(Q, [(f"j{n}", b"") for n in range(4)])
+    ran: list[str] = []
+
+    async def main() -> echomq.WorkerStats:
+        go = asyncio.Event()
+
+        async def handler(ctx: emq.JobContext) -> None:
+            ran.append(ctx.id)
+            await go.wait()
+
+        client = emq.Client(redis.asyncio.Redis(port=server.port))
+        worker = emq.Worker(client, Q, handler, concurrency=1, prefetch=3, lease_ms=600, reap=False)
+        task = asyncio.create_task(worker.run(handle_signals=False))
+        while r.zcard(K.active) < 4:
+            await asyncio.sleep(0.01)
+        first = {i: r.zscore(K.active, i) for i in ids}
+        await asyncio.sleep(1.0)  # more than a lease: the waiting jobs' leases are kept too
+        assert all((r.zscore(K.active, i) or 0) > (first[i] or 0) for i in ids)
+        worker.stop(grace=10)
+        while worker.stats.released < 3:  # given back at once, not after the running handler
+            await asyncio.sleep(0.01)
+        go.set()
+        await task
+        await client.aclose()
+        return worker.stats
+
+    stats = asyncio.run(main())
+    assert ran == ["j0"] and stats.completed == 1 and stats.released == 3 and stats.leases_lost == 0
+    assert states(r, ids) == ["done", "pending", "pending", "pending"]
     assert r.zcard(K.active) == 0

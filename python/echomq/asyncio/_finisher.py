@@ -70,6 +70,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
 
     _coalescer: Coalescer
     _unowned: dict[str, tuple[Job, float]]
+    _waiting: dict[str, Any]
     _claim_step: ClaimStep
     _doubts: set[ClaimStep]
     _settling: set[asyncio.Task[Any]]
@@ -161,6 +162,9 @@ class Finisher(WorkerCore[Client, HandlerT]):
         """Give back ``jobs``, claimed at ``claimed_at``, unrun (no try used); none is a runner's."""
         for job in jobs:
             self._unowned.pop(job.token, None)
+            waited = self._waiting.pop(job.token, None)
+            if waited is not None:  # prefetched: its keeper stops before the job goes back
+                await waited.stop()
             held = HeldJob.claimed(
                 job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
             )

@@ -100,6 +100,7 @@ class Worker(Finisher[AsyncHandler]):
         self._slot: asyncio.Event | None = None  # set when a runner becomes free
         # Jobs a claim answered that no runner has taken yet (by token): given back if the worker ends first.
         self._unowned: dict[str, tuple[Job, float]] = {}
+        self._waiting: dict[str, LeaseKeeper] = {}  # prefetch: the keepers of jobs waiting for a runner
         self._claim_step = ClaimStep()  # the claimer's; asked again at the end if its answer was lost
         self._doubts: set[ClaimStep] = set()  # runners' claims (COMPLETECLAIM) sent, answers not yet read
         self._settling: set[asyncio.Task[Any]] = set()  # give-backs of answers whose callers were cancelled
@@ -179,7 +180,8 @@ class Worker(Finisher[AsyncHandler]):
         self.client._reserve(self._reserved)
         restore = self._install_signals(loop) if handle_signals else None
         try:
-            self._jobs, self._slot, self._free = asyncio.Queue(), asyncio.Event(), self.concurrency
+            self._jobs, self._slot = asyncio.Queue(), asyncio.Event()
+            self._free = self.concurrency + self.prefetch
             self._loops = [
                 asyncio.create_task(self._runner(), name=f"echomq-worker-{self.queue}-{n}")
                 for n in range(self.concurrency)
@@ -256,12 +258,35 @@ class Worker(Finisher[AsyncHandler]):
                 return
             if self._stop_requested and self._stopping is not None:
                 self._stopping.set()  # idle tasks stop waiting for their next poll
+                self._give_back_waiting()
             self._abandon_overdue(now)
             abandon = self._next_abandon(time.monotonic())
             if abandon is not None:
                 wait = abandon if wait is None else min(wait, abandon)
             await wait_event(self._wake, wait)
             self._wake.clear()
+
+    def _give_back_waiting(self) -> None:
+        """At a stop, the prefetched jobs waiting for a runner are given back now, not after a busy one."""
+        if not self._waiting or self._jobs is None:
+            return
+        keep: list[tuple[Job, float, bool] | None] = []
+        waited: list[tuple[Job, float]] = []
+        while not self._jobs.empty():
+            item = self._jobs.get_nowait()
+            if item is not None and item[0].token in self._waiting:
+                waited.append((item[0], item[1]))
+            else:
+                keep.append(item)
+        for item in keep:
+            self._jobs.put_nowait(item)
+        for job, claimed_at in waited:
+            self._free += 1
+            task = asyncio.get_running_loop().create_task(
+                self._give_back_these([job], claimed_at), name="echomq-give-back"
+            )
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
 
     def _abandon_overdue(self, now: float) -> None:
         """Handlers a grace past their timeout: their jobs failed without them, their tasks cancelled.
@@ -357,6 +382,8 @@ class Worker(Finisher[AsyncHandler]):
                 self._free -= len(jobs)
                 landed = not self._stop_requested  # answered before any stop: they run
                 for job in jobs:
+                    if self.prefetch:
+                        self._keep_waiting(job, claimed_at)
                     self._jobs.put_nowait((job, claimed_at, landed))
         finally:
             for _ in range(self.concurrency):  # the runners give back what is queued, then end
@@ -428,26 +455,30 @@ class Worker(Finisher[AsyncHandler]):
         this task to run next.  ``landed``: see ``WorkerCore._took``.
         """
         self._unowned.pop(job.token, None)  # this task's from now: run, or given back
-        cancel = CancelToken()
-        keeper = LeaseKeeper._for_worker(
-            self.client, job, self.lease_ms, cancel, interval=self._interval, claimed_at=claimed_at,
-            troubles=self._troubles,
-        )  # fmt: skip
-        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
-            keeper._shared = self._keepers
+        waited = self._waiting.pop(job.token, None)  # prefetched: its lease kept since the claim
+        keeper = waited or self._keeper(job, claimed_at)
         held = keeper._held
         context = CURRENT_JOB.set(job)
         try:
+            if waited is not None and self._stop_requested:
+                landed = False  # a prefetched job that waited for a runner: given back at a stop
             if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
+                if waited is not None:
+                    await keeper.stop()
                 await self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
                 return []
             if self.metrics is not None:
                 await self.metrics.aclaimed_with_wait(self.client, job)
-            if held.needs_confirmation(time.monotonic()) and not await self._confirm(keeper):
+            if (
+                waited is None
+                and held.needs_confirmation(time.monotonic())
+                and not await self._confirm(keeper)
+            ):
                 self._let_go(held)
                 self._decide(held, None)  # lost: counted, nothing sent
                 return []
-            keeper.start()
+            if waited is None:
+                keeper.start()
             # The handler runs in this task (a task of its own would cost a few
             # loop turns per job); a forced stop cancels this task while it is
             # here, and _call_handler tells that cancel from one the handler
@@ -481,6 +512,25 @@ class Worker(Finisher[AsyncHandler]):
             return []
         finally:
             CURRENT_JOB.reset(context)
+
+    def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
+        keeper = LeaseKeeper._for_worker(
+            self.client, job, self.lease_ms, CancelToken(), interval=self._interval, claimed_at=claimed_at,
+            troubles=self._troubles,
+        )  # fmt: skip
+        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
+            keeper._shared = self._keepers
+        return keeper
+
+    def _keep_waiting(self, job: Job, claimed_at: float) -> None:
+        """``prefetch``: a job claimed ahead of a free runner has its lease kept while it waits.
+
+        Not one answered so late that it must be confirmed first: its runner does that.
+        """
+        keeper = self._keeper(job, claimed_at)
+        if not keeper._held.needs_confirmation(time.monotonic()):
+            keeper.start()
+            self._waiting[job.token] = keeper
 
     async def _call_handler(self, held: HeldJob, keeper: LeaseKeeper) -> tuple[BaseException | None, bool]:
         """Run the handler; returns (its exception or None, whether that exception asks the worker to stop).
