@@ -63,7 +63,7 @@ class _Stopped(Exception):
     """A claim not sent (again): the worker stops; its thread's ``_settle`` asks a lost answer again."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Sent:
     """What one batch's round trip left to do (``Finisher._send_batch``)."""
 
@@ -133,7 +133,6 @@ class Finisher(WorkerCore[Client, HandlerT]):
         (``_ask_again``).
         """
         sent = time.monotonic()
-        calls: list[proto.Call[Any]] = [self._end_call(finish) for finish in batch]
         step: ClaimStep | None = None
         at = -1  # the call that carries the claim
         if count > 0:
@@ -142,15 +141,19 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 at = next(
                     (i for i in range(len(batch) - 1, -1, -1) if batch[i].action is Action.COMPLETE), -1
                 )
-            if at >= 0:
-                job = batch[at].job
-                calls[at] = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms, count)
-                rid = proto.request_id_of(calls[at])
-                step.adopt(proto.claim(self.queue, self.lease_ms, count, request_id=rid), sent)
-            else:
-                step.adopt(self._claim_call(None, count), sent)
-                calls.append(step.call)  # type: ignore[arg-type]
-                at = len(calls) - 1
+        calls: list[proto.Call[Any]] = [
+            self._end_call(finish) for finish in (batch if at < 0 else batch[:at] + batch[at + 1 :])
+        ]
+        if step is not None and at >= 0:
+            job = batch[at].job
+            carrier = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms, count)
+            calls.insert(at, carrier)
+            rid = proto.request_id_of(carrier)
+            step.adopt(proto.claim(self.queue, self.lease_ms, count, request_id=rid), sent)
+        elif step is not None:
+            step.adopt(self._claim_call(None, count), sent)
+            calls.append(step.call)  # type: ignore[arg-type]
+            at = len(calls) - 1
         until = self._bounded(min(finish.held.confirmed_until for finish in batch)) if batch else None
         timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000)
         if until is not None:

@@ -44,7 +44,7 @@ class Action(enum.Enum):
     """The lease was lost (or the job given back already): it belongs to someone else; send nothing."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Finish:
     """The decision for one job whose handler ended, and what it needs to be sent."""
 

@@ -83,7 +83,7 @@ class LeaseEvent(enum.Enum):
     """The lease was already lost (or a retry after the holder let go): nothing changes."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class HeldJob:
     """One job a worker holds, as its lease keeper sees it.
 

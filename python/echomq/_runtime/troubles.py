@@ -136,6 +136,8 @@ class Troubles:
 
     def healed(self) -> None:
         """A command went through: an outage in progress is over."""
+        if not self._outage:  # the common case, read without the lock: a worker calls this per command
+            return
         with self._lock:
             was, self._outage = self._outage, False
         if was:
