@@ -6,8 +6,8 @@
 Contenders (bench/peers/contenders/, bench/peers/node/), each a subprocess
 with its own environment:
 
-- echomq sync Worker (1 thread, 10 threads) and asyncio Worker (10 tasks):
-  the project's .venv, the package under test;
+- echomq sync Worker (1 thread, 10 threads, 1 thread with prefetch 8) and
+  asyncio Worker (1 task, 10 tasks): the project's .venv, the package under test;
 - RQ (SimpleWorker), arq (max_jobs 10), saq (concurrency 10):
   bench/.venv-peers, created here from bench/peers/requirements.txt;
 - BullMQ (concurrency 10): the machine's node, with bench/peers/node's
@@ -138,6 +138,15 @@ CONTENDERS = [
         10,
         module=True,
     ),
+    Contender(
+        "echomq-sync-1-prefetch",
+        "echomq sync Worker, 1 thread, prefetch 8",
+        "project",
+        "echomq_peer.py",
+        ("--kind", "sync", "--prefetch", "8"),
+        1,
+        module=True,
+    ),
     Contender("bullmq", "BullMQ{version} (Node), concurrency 10", "node", "bullmq_peer.mjs"),
     Contender("saq", "saq{version}, concurrency 10", "peers", "saq_peer.py"),
     Contender("arq", "arq{version}, max_jobs 10", "peers", "arq_peer.py"),
@@ -266,7 +275,7 @@ def with_baseline(contenders: list[Contender], ref: str) -> list[Contender]:
     out: list[Contender] = []
     for c in contenders:
         out.append(c)
-        if c.runtime == "project":
+        if c.runtime == "project" and "--prefetch" not in c.args:  # a setting the baseline may not have
             label = f"{c.label} (at {ref})"
             out.append(
                 Contender(f"{c.key}@base", label, "baseline", c.script, c.args, c.concurrency, c.module, ref)
@@ -530,7 +539,7 @@ def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     v = per_round_ratio(res, "echomq-async", "echomq-async-1")
     add("asyncio Worker jobs/s, 10 tasks / 1 task", v, ">= 1.00x (never slower)", v >= 1.0)
     echo = [key for key in rows if key.startswith("echomq") and "@" not in key]
-    for key in echo:
+    for key in ("echomq-sync-1", "echomq-sync-10", "echomq-async", "echomq-sync-1-prefetch"):
         v = ratio(key, "redis_cpu_us_per_job")
         add(f"Redis CPU per job / BullMQ's ({key})", v, "<= 0.50x", v <= 0.5)
     if echo:
