@@ -596,6 +596,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="peers and idle workers: also measure the package at this git revision (before/after, one run)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     command = (
@@ -604,9 +609,10 @@ def main(argv: list[str] | None = None) -> int:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.only == "peers":
-        return run_peers(args.quick, command)
+        return run_peers(args.quick, command, args.baseline)
     if args.only == "claimpath":
-        return claim_path.main_section(args.quick, command) | idle_workers.main_section(args.quick, command)
+        idle = idle_workers.main_section(args.quick, command, args.baseline)
+        return claim_path.main_section(args.quick, command) | idle
     if args.only == "backends":
         return backends.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
@@ -647,18 +653,18 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "latest.md").write_text(text)
     print(text, flush=True)
     claim_path.main_section(args.quick, command)
-    idle_workers.main_section(args.quick, command)
+    idle_workers.main_section(args.quick, command, args.baseline)
     backends.main_section(args.quick, command)
     if args.no_peers:
         return 0
-    return run_peers(args.quick, command)
+    return run_peers(args.quick, command, args.baseline)
 
 
-def run_peers(quick: bool, command: str) -> int:
+def run_peers(quick: bool, command: str, baseline: str | None = None) -> int:
     """The peers section: its own servers, its own results files (bench/results/peers-*)."""
     t0 = time.monotonic()
     print("bench: peers ...", file=sys.stderr, flush=True)
-    res = peers.run(peers.QUICK if quick else peers.FULL, command=command)
+    res = peers.run(peers.QUICK if quick else peers.FULL, command=command, baseline=baseline)
     text = peers.markdown(res)
     peers.save(res, text)
     print(f"bench: peers done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
