@@ -50,7 +50,9 @@ class Turns(Finisher[HandlerT]):
 
     def _init_turns(self) -> None:
         # The threads' turns (_next_turn), under _turns (not _lock: never both at once).
-        self._turns = threading.Condition()
+        # The Condition's own lock, taken directly: its __enter__ is a Python call more, a few per job.
+        self._turns_lock = threading.Lock()
+        self._turns = threading.Condition(self._turns_lock)
         self._ready: collections.deque[LeaseKeeper] = collections.deque()  # claimed, waiting for a thread
         self._pending: list[Finish] = []  # ends waiting for the finisher's turn
         self._sending = False  # a thread has the finisher's turn
@@ -79,7 +81,7 @@ class Turns(Finisher[HandlerT]):
         raise NotImplementedError
 
     def _wake_threads(self) -> None:
-        with self._turns:
+        with self._turns_lock:
             self._turns.notify_all()
 
     def _loop(self, runs: bool = True) -> None:
@@ -110,7 +112,7 @@ class Turns(Finisher[HandlerT]):
         ends; the one waiting claim only when nothing is ready, pending or
         being sent: the finisher claims with its ends.
         """
-        with self._turns:
+        with self._turns_lock:
             while True:
                 if self._ready and runs:
                     return self._ready.popleft()
@@ -137,7 +139,7 @@ class Turns(Finisher[HandlerT]):
         With ``prefetch``, a thread that has a ready job to run leaves the
         sending to the sender thread: the round trip overlaps the next run.
         """
-        with self._turns:
+        with self._turns_lock:
             self._slots.ended()
             if finish.action is Action.DROP:
                 self._turns.notify()
@@ -161,7 +163,7 @@ class Turns(Finisher[HandlerT]):
         left: list[Sent] = []
         try:
             while True:
-                with self._turns:
+                with self._turns_lock:
                     batch, self._pending = self._pending, []
                     count = 0 if self._stop_requested or not batch else self._slots.free()
                     self._slots.reserve(count)
@@ -170,7 +172,7 @@ class Turns(Finisher[HandlerT]):
                 try:
                     sent = self._send_batch(batch, count)
                 finally:
-                    with self._turns:
+                    with self._turns_lock:
                         self._slots.answered(count, 0)
                 if sent.jobs:
                     self._take(sent.jobs, sent.claimed_at)
@@ -178,7 +180,7 @@ class Turns(Finisher[HandlerT]):
                     left.append(sent)
                     return
         finally:
-            with self._turns:
+            with self._turns_lock:
                 self._sending = False
                 self._turns.notify_all()
             for sent in left:
@@ -210,7 +212,7 @@ class Turns(Finisher[HandlerT]):
             self._pause = Backoff()
             pause = self._idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
         finally:
-            with self._turns:
+            with self._turns_lock:
                 self._waiting = False
                 self._slots.answered(count, 0)
                 self._idle_until = time.monotonic() + pause
@@ -230,11 +232,11 @@ class Turns(Finisher[HandlerT]):
         the worker will not run (it stops, the replicas did not confirm it,
         its late claim could not be confirmed) is given back or dropped here.
         """
-        with self._turns:
+        with self._turns_lock:
             self._slots.answered(0, len(jobs))
         kept = self._replicated(jobs, claimed_at)
         keepers = [keeper for job in kept if (keeper := self._adopt(job, claimed_at)) is not None]
-        with self._turns:
+        with self._turns_lock:
             self._slots.ended(len(jobs) - len(keepers))
             self._ready.extend(keepers)
             self._turns.notify_all()
@@ -245,7 +247,7 @@ class Turns(Finisher[HandlerT]):
         Idle threads would give them back too; busy ones could not before
         their handlers end (a ``prefetch``'s jobs).
         """
-        with self._turns:
+        with self._turns_lock:
             if not self._ready:
                 return
             waiting = list(self._ready)
@@ -269,7 +271,7 @@ class Turns(Finisher[HandlerT]):
         The jobs still waiting for a thread (a thread that died, a forced
         stop), and those the claims in doubt took (their REQs, asked again).
         """
-        with self._turns:
+        with self._turns_lock:
             waiting = list(self._ready)
             self._ready.clear()
             pending, self._pending = self._pending, []

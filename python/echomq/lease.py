@@ -234,7 +234,9 @@ class SharedKeeper:
             self._changes += 1
             if keeper._held.next_checkpoint < self._wakes_at:
                 self._cond.notify()
-        self.ensure()
+            running = self._thread is not None
+        if not running:  # one that died is started again by the worker's supervisor (ensure, every tick)
+            self.ensure()
 
     def ensure(self) -> bool:
         """Start the thread unless it runs (never started, could not start, died); True if it runs."""

@@ -397,7 +397,7 @@ class Worker(Turns[Handler]):
             keeper.stop()  # no more checkpoints: the job ends with its FAIL
             self._abandon_handler(thread)
         if overdue:
-            with self._turns:
+            with self._turns_lock:
                 self._slots.ended(len(overdue))
                 self._pending += [finish for _, finish in overdue]
                 self._turns.notify_all()
@@ -518,7 +518,7 @@ class Worker(Turns[Handler]):
         if finish is not None:
             self._hand(finish)
         else:
-            with self._turns:
+            with self._turns_lock:
                 self._slots.ended()
                 self._turns.notify()
 
