@@ -78,9 +78,10 @@ class Worker(Turns[Handler]):
     """Runs ``handler`` for the jobs of ``queue``, ``concurrency`` at a time, in threads.
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
-    concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
-    retry=None, metrics=None, replicas=0, replicas_timeout_ms=1000,
-    replicas_aof=False)``:
+    concurrency=1, prefetch=0, poll_interval=0.2, extend_interval=None,
+    grace=10.0, retry=None, metrics=None, replicas=0,
+    replicas_timeout_ms=1000, replicas_aof=False, reap=True,
+    reap_interval=10.0, max_stalled=3, timeout_ms=None, timeout_grace=5.0)``:
 
     - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
       ``checkpoint()``); a handler taking two arguments gets ``(job,
@@ -93,9 +94,15 @@ class Worker(Turns[Handler]):
       it again at the end.
     - ``lease_ms``: each job's lease, checkpointed every ``extend_interval``
       seconds (default: a third of the lease).
-    - ``poll_interval``: how often an idle thread looks for work; its claim
-      waits on the server (up to a second of it), so a job enqueued
-      meanwhile is claimed at once.
+    - ``concurrency``: threads running a job each; ``prefetch``: jobs
+      claimed beyond the free threads, their leases kept while they wait
+      (off by default: it costs fairness, and a crash leaves them held
+      until their leases lapse; see the worker guide).
+    - ``poll_interval``: where a claim cannot wait on the server (the
+      scripts backend; Redis Cluster), how often an idle worker claims (the
+      scripts backend backs off to 2.5 s while the queue stays empty).
+      Elsewhere one claim for the whole worker waits on the server, 5 s a
+      command, and a job enqueued meanwhile is claimed at once.
     - ``retry``: an ``echomq.RetryPolicy``: its ``max_attempts``, and a
       failed job is claimable again only after its ``delay_ms(attempt)``.
     - ``grace``: on ``stop()`` or a signal, how long running handlers may
@@ -108,6 +115,14 @@ class Worker(Turns[Handler]):
       given back unrun (no try used), counted in ``stats.not_replicated``,
       and the thread waits ``poll_interval`` before it claims again.
       Fewer re-runs after a failover; still at least once.
+    - ``reap``: sweep the queue now and then (every ``reap_interval``
+      seconds on average, jittered; small bounded sweeps): the jobs of
+      workers that died come back, dead-lettered at ``max_stalled`` stalls,
+      and the dead retention is applied.  A ``Reaper`` stays optional.
+    - ``timeout_ms``: a handler running longer has its token cancelled with
+      "timeout"; ``timeout_grace`` seconds later it is abandoned and its job
+      failed with a timeout error (a try used).  Python cannot stop a
+      thread: an abandoned handler's thread runs on, another takes its place.
     - ``stats``: a ``WorkerStats``.
 
     Every argument is checked here: TypeError or ValueError naming it.  A
