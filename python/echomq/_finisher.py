@@ -133,27 +133,30 @@ class Finisher(WorkerCore[Client, HandlerT]):
         (``_ask_again``).
         """
         sent = time.monotonic()
-        step: ClaimStep | None = None
         at = -1  # the call that carries the claim
-        if count > 0:
-            step = ClaimStep()
-            if self._complete_claim:
-                at = next(
-                    (i for i in range(len(batch) - 1, -1, -1) if batch[i].action is Action.COMPLETE), -1
-                )
+        if count > 0 and self._complete_claim:
+            at = next((i for i in range(len(batch) - 1, -1, -1) if batch[i].action is Action.COMPLETE), -1)
         calls: list[proto.Call[Any]] = [
             self._end_call(finish) for finish in (batch if at < 0 else batch[:at] + batch[at + 1 :])
         ]
-        if step is not None and at >= 0:
+        claim: proto.Call[list[Job]] | None = None  # the claim half, as a CLAIM with its REQ
+        if at >= 0:
             job = batch[at].job
             carrier = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms, count)
             calls.insert(at, carrier)
-            rid = proto.request_id_of(carrier)
-            step.adopt(proto.claim(self.queue, self.lease_ms, count, request_id=rid), sent)
-        elif step is not None:
-            step.adopt(self._claim_call(None, count), sent)
-            calls.append(step.call)  # type: ignore[arg-type]
+        elif count > 0:
+            claim = self._claim_call(None, count)
+            calls.append(claim)
             at = len(calls) - 1
+
+        def in_doubt() -> ClaimStep:
+            """The claim whose answer was lost, as a step to ask again (built only then: a rare path)."""
+            step = ClaimStep()
+            rid = proto.request_id_of(calls[at])
+            step.adopt(claim or proto.claim(self.queue, self.lease_ms, count, request_id=rid), sent)
+            step.failed()
+            return step
+
         until = self._bounded(min(finish.held.confirmed_until for finish in batch)) if batch else None
         timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000)
         if until is not None:
@@ -164,9 +167,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 raise _GaveUp("the batch's first deadline passed")
             replies = self.client._attempt_many(calls, timeout)
         except Exception as exc:
-            if step is not None and reply_lost(exc):
-                step.failed()
-                out.doubt = step
+            if at >= 0 and reply_lost(exc):
+                out.doubt = in_doubt()
             if not isinstance(exc, _GaveUp):
                 self._trouble(exc, "sending ends" if batch else "claim")
             out.slow = list(batch)
@@ -194,10 +196,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
                     out.slow.append(finish)
                 continue
             if i == at:
-                jobs = value.jobs if finish is not None else value
-                assert step is not None
-                step.answered(jobs)
-                out.jobs = jobs
+                out.jobs = value.jobs if finish is not None else value
                 if finish is not None:
                     with self._lock:
                         if value.gone:

@@ -19,6 +19,7 @@ it reaches is noticed.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -31,6 +32,7 @@ from ._runtime import HeldJob
 __all__ = ["WATCH", "DeadlineWatch"]
 
 FAKE_CLOCK_POLL_S = 0.05
+log = logging.getLogger("echomq.lease")
 # The thread sleeps at most this long, even with nothing watched: a job added
 # with a later deadline (a lease of more than this) need not wake it.  A busy
 # worker adds a job and removes it a moment later, and a wake per job costs
@@ -59,7 +61,8 @@ class DeadlineWatch:
         """Watch ``held``'s deadline; ``lock`` is what its keeper holds while it updates ``held``."""
         with self._cond:
             self._watched[id(held)] = (held, lock, clock)
-            self._ensure_thread()
+            if self._thread is None or not self._retained:  # a retained thread never ends (_run)
+                self._ensure_thread()
             # Wake the thread only if it would otherwise sleep past this deadline:
             # a busy worker adds and removes jobs all the time.
             self._changes += 1
@@ -127,7 +130,11 @@ class DeadlineWatch:
                     return
                 entries = list(self._watched.values())
                 seen = self._changes
-            wait = self._expire(entries)
+            try:
+                wait = self._expire(entries)
+            except Exception:  # a bug: never leave deadlines unwatched; look again soon
+                log.exception("the deadline watch failed; it goes on")
+                wait = FAKE_CLOCK_POLL_S
             wait = HORIZON_S if wait is None else min(wait, HORIZON_S)
             with self._cond:
                 if self._changes != seen or self._idle():
