@@ -3,7 +3,7 @@
 At e64777a an idle ``Worker(client, q, h, concurrency=8)`` sent 31 claims/s
 and the asyncio one 4.4/s.  Now, at defaults, a worker of any concurrency
 waits on the server with one claim of 5 s (the module), or polls with a
-backoff to 2.5 s (the scripts backend, which cannot wait on the server),
+backoff to 3 s (the scripts backend, which cannot wait on the server),
 and ``stop()`` cuts the waiting claim.  The rates themselves are measured
 by ``bench/idle_workers.py``; here, counts over a window, with room.
 """
@@ -74,8 +74,8 @@ def idle_for(
 def test_an_idle_worker_sends_a_claim_every_few_seconds_whatever_its_slots(
     server: EmbeddedServer, r: redis.Redis, backend: str, mode: str, slots: int
 ) -> None:
-    # The module: one waiting claim of 5 s; the scripts: polls backing off to 2.5 s
-    # (after 0.2 + 0.4 + 0.8 + 1.6 s of warm-up, every 2.5 s, jittered).
+    # The module: one waiting claim of 5 s; the scripts: polls backing off to 3 s
+    # (after 0.2 + 0.4 + 0.8 + 1.6 s of warm-up, every 3 s, jittered).
     warmup, window = (0.5, 4.0) if backend == "module" else (3.0, 4.0)
     sent, stop_took = idle_for(server, mode, slots, warmup, window)
     assert sent <= 3, f"{sent} claims and sweeps in {window} s"  # e64777a: 20 to 150

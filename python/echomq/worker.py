@@ -100,7 +100,7 @@ class Worker(Turns[Handler]):
       until their leases lapse; see the worker guide).
     - ``poll_interval``: where a claim cannot wait on the server (the
       scripts backend; Redis Cluster), how often an idle worker claims (the
-      scripts backend backs off to 2.5 s while the queue stays empty).
+      scripts backend backs off to 3 s while the queue stays empty).
       Elsewhere one claim for the whole worker waits on the server, 5 s a
       command, and a job enqueued meanwhile is claimed at once.
     - ``retry``: an ``echomq.RetryPolicy``: its ``max_attempts``, and a

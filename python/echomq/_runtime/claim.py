@@ -21,9 +21,9 @@ IDLE_BLOCK_S = 5.0
 # Where a claim cannot wait on the server (the scripts backend), an idle
 # worker polls every poll_interval, twice as long after each empty claim, up
 # to this (or poll_interval, if longer): once the queue has stayed empty for a
-# few seconds, an idle worker sends 0.4 claims/s, and with its sweeps (0.1/s)
-# at most 0.5 commands/s.  A job enqueued then waits for the next poll.
-IDLE_POLL_MAX_S = 2.5
+# few seconds, an idle worker sends a claim per 3 s, and with its sweeps
+# (0.1/s) under 0.5 commands/s.  A job enqueued then waits for the next poll.
+IDLE_POLL_MAX_S = 3.0
 
 
 class ClaimStep:

@@ -143,7 +143,7 @@ WORKER_SETTINGS = (
         seconds,
         0.2,
         "where a claim cannot wait on the server (the scripts backend, a cluster): how often an idle "
-        "worker claims, in seconds (the scripts backend backs off to 2.5 s while the queue stays empty)",
+        "worker claims, in seconds (the scripts backend backs off to 3 s while the queue stays empty)",
         to="poll_interval",
         metavar="SECONDS",
     ),
