@@ -147,7 +147,7 @@ class Turns(Finisher[HandlerT]):
             self._pending.append(finish)
             if self._sending:
                 return
-            if self.prefetch and self._ready:
+            if self.prefetch and self._ready and not self._waiting:  # (a waiting claim would hold them)
                 self._turns.notify_all()
                 return
             self._sending = True
