@@ -94,6 +94,7 @@ class LeaseKeeper(KeeperCore[Client]):
         self._thread: threading.Thread | None = None
         self._cutter: Cutter | None = None
         self._shared: SharedKeeper | None = None  # a worker's one keeper thread checkpoints this job
+        self._started = False
 
     def __enter__(self) -> LeaseKeeper:
         self.start()
@@ -106,6 +107,7 @@ class LeaseKeeper(KeeperCore[Client]):
 
     def start(self) -> None:
         """Start checkpointing in a background thread (and watching the deadline)."""
+        self._started = True
         WATCH.add(self._held, self._lock, self._clock)
         if self._shared is not None:
             self._shared.add(self)

@@ -488,10 +488,11 @@ class Worker(Turns[Handler]):
         return jobs, claimed_at
 
     def _adopt(self, job: Job, claimed_at: float) -> LeaseKeeper | None:
-        """``job``'s lease keeper, started; None when the worker does not run it (given back, or lost).
+        """``job``'s lease keeper, started; None when the worker does not run it (given back).
 
-        A claim answered so late that its lease may have lapsed is
-        confirmed first (``_confirm``).
+        Not started for a claim answered so late that its lease may have
+        lapsed: the thread that runs the job confirms it first (``_start``),
+        each in its own thread, not one after another here.
         """
         keeper = self._keeper(job, claimed_at)
         held = keeper._held
@@ -500,11 +501,18 @@ class Worker(Turns[Handler]):
         if not took:  # the claim was in flight when stop() came: give it back unrun
             self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
             return None
+        if held.needs_confirmation(time.monotonic()):
+            return keeper
+        return keeper if self._start(keeper) else None
+
+    def _start(self, keeper: LeaseKeeper) -> bool:
+        """Start ``keeper`` (confirming a late claim's lease first); False when the job is not run."""
+        held = keeper._held
         if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
             with self._lock:
                 self._let_go(held)
                 self._decide(held, None)  # lost: counted, nothing sent
-            return None
+            return False
         try:
             keeper.start()
         except BaseException:  # no keeper (a thread that cannot start): not run, given back
@@ -514,7 +522,7 @@ class Worker(Turns[Handler]):
                 held.given_back = True
             self._give_back(held, held.confirmed_until)
             raise
-        return keeper
+        return True
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
         keeper = LeaseKeeper._for_worker(
@@ -558,6 +566,8 @@ class Worker(Turns[Handler]):
                 elif held.lost is not None:
                     with self._lock:
                         self._decide(held, None)  # lost: counted, nothing sent
+                return None
+            if not keeper._started and not self._start(keeper):  # a late claim not confirmed
                 return None
             if self.metrics is not None:
                 self.metrics.claimed_with_wait(self.client, job)

@@ -14,10 +14,13 @@ from .args import check_int
 # one connection: redis-py's own connections).
 MAX_CLAIM_BLOCK_S = 1.0
 # Where a stop can cut it (the worker's own connections), one waiting claim
-# waits this long, at most a third of the lease (a reply lost to a half-open
-# connection is noticed, and the claim asked again, well within the lease of
-# the job it may have taken): an idle worker sends one command per 5 s.
+# waits this long, at most IDLE_BLOCK_SHARE of the lease: a reply lost to a
+# half-open connection is noticed (after the wait and a try's time) and the
+# claim asked again by its REQ within half the lease of the jobs it may have
+# taken, which count their lease from the claim's send.  At the default lease
+# (30 s) an idle worker sends one command per 5 s.
 IDLE_BLOCK_S = 5.0
+IDLE_BLOCK_SHARE = 1 / 6
 # Where a claim cannot wait on the server (the scripts backend), an idle
 # worker polls every poll_interval, twice as long after each empty claim, up
 # to this (or poll_interval, if longer): once the queue has stayed empty for a
@@ -161,7 +164,7 @@ class IdleWait:
     """How a worker's one idle claim waits for work, as its backend and client allow.
 
     - The module, on the worker's own connections (a stop cuts the wait):
-      ``EMQ.CLAIM ... BLOCK`` for ``IDLE_BLOCK_S`` (at most a third of the
+      ``EMQ.CLAIM ... BLOCK`` for ``IDLE_BLOCK_S`` (at most a sixth of the
       lease), and again at once: one command per wait, a job enqueued
       meanwhile claimed at once.
     - The module where a wait cannot be cut (a cluster client): BLOCK for
@@ -182,7 +185,7 @@ class IdleWait:
     def block_ms(self, cuttable: bool) -> int:
         """The BLOCK of the next waiting claim (a script ignores it)."""
         if cuttable:
-            return max(1, round(min(IDLE_BLOCK_S, self.lease_ms / 3000) * 1000))
+            return max(1, round(min(IDLE_BLOCK_S * 1000, self.lease_ms * IDLE_BLOCK_SHARE)))
         return max(1, round(min(self.poll_interval, MAX_CLAIM_BLOCK_S) * 1000))
 
     def after(self, jobs: int, waited: float, blocks: bool, cuttable: bool) -> float:
