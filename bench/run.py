@@ -20,7 +20,9 @@ machine's drift:
    and extend_many() (one round trip) against one extend() per job.
 4. Claim path (bench/claim_path.py, servers of its own): idle commands per
    second of 8 waiting claim loops (polling vs claim(block_ms=...)),
-   enqueue-to-claim latency, delayed-job lateness, batch enqueue rate.
+   enqueue-to-claim latency, delayed-job lateness, batch enqueue rate; then
+   idle Workers (bench/idle_workers.py): the commands an idle Worker of 1, 8
+   and 64 slots sends at its defaults, and its stop's latency.
    `--only claimpath` runs only it.
 5. Backends (bench/backends.py, a server of its own): every verb through EMQ.* and
    through its script (the scripts backend, for servers without the module): server
@@ -58,7 +60,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path  # noqa: E402
+from bench import backends, claim_path, idle_workers  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -596,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
     peers.add_server_options(parser)
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="peers and idle workers: also measure the package at this git revision (before/after, one run)",
+    )
     args = parser.parse_args(argv)
     peers.choose_server(args)  # every section's servers: $ECHOMQ_SERVER_BIN
     sizes = QUICK if args.quick else FULL
@@ -607,9 +614,10 @@ def main(argv: list[str] | None = None) -> int:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.only == "peers":
-        return run_peers(args.quick, command)
+        return run_peers(args.quick, command, args.baseline)
     if args.only == "claimpath":
-        return claim_path.main_section(args.quick, command)
+        idle = idle_workers.main_section(args.quick, command, args.baseline)
+        return claim_path.main_section(args.quick, command) | idle
     if args.only == "backends":
         return backends.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
@@ -649,17 +657,18 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "latest.md").write_text(text)
     print(text, flush=True)
     claim_path.main_section(args.quick, command)
+    idle_workers.main_section(args.quick, command, args.baseline)
     backends.main_section(args.quick, command)
     if args.no_peers:
         return 0
-    return run_peers(args.quick, command)
+    return run_peers(args.quick, command, args.baseline)
 
 
-def run_peers(quick: bool, command: str) -> int:
+def run_peers(quick: bool, command: str, baseline: str | None = None) -> int:
     """The peers section: its own servers, its own results files (bench/results/peers-*)."""
     t0 = time.monotonic()
     print("bench: peers ...", file=sys.stderr, flush=True)
-    res = peers.run(peers.QUICK if quick else peers.FULL, command=command)
+    res = peers.run(peers.QUICK if quick else peers.FULL, command=command, baseline=baseline)
     text = peers.markdown(res)
     peers.save(res, text)
     print(f"bench: peers done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)

@@ -43,6 +43,7 @@ Getter = Callable[[Any, argparse.Namespace], object]
 # other arguments it needs).  Every setting of WORKER_SETTINGS has a row: add one with the setting.
 SAMPLES: dict[str, tuple[str, object, str, object, object, Getter, list[str]]] = {
     "--concurrency": ("4", 4, "2", 2, 1, lambda w, a: w.concurrency, []),
+    "--prefetch": ("8", 8, "2", 2, 0, lambda w, a: w.prefetch, []),
     "--lease-ms": ("5000", 5000, "7000", 7000, 30_000, lambda w, a: w.lease_ms, []),
     "--extend-interval": ("1.5", 1.5, "2", 2.0, None, lambda w, a: w.extend_interval, []),
     "--max-attempts": ("5", 5, "7", 7, 3, lambda w, a: w.max_attempts, []),
@@ -54,6 +55,11 @@ SAMPLES: dict[str, tuple[str, object, str, object, object, Getter, list[str]]] =
     "--retry-jitter": ("0.5", 0.5, "0.25", 0.25, None, lambda w, a: w.retry and w.retry.jitter, []),
     "--grace": ("2.5", 2.5, "0", 0.0, 10.0, lambda w, a: w.grace, []),
     "--poll-interval": ("0.5", 0.5, "0.1", 0.1, 0.2, lambda w, a: w.poll_interval, []),
+    "--timeout-ms": ("1500", 1500, "2500", 2500, None, lambda w, a: w.timeout_ms, []),
+    "--timeout-grace": ("0.5", 0.5, "0", 0.0, 5.0, lambda w, a: w.timeout_grace, []),
+    "--reap": ("", True, "0", False, True, lambda w, a: w.reap, []),
+    "--reap-interval": ("2", 2.0, "30", 30.0, 10.0, lambda w, a: w.reap_interval, []),
+    "--max-stalled": ("5", 5, "1", 1, 3, lambda w, a: w.max_stalled, []),
     "--replicas": ("2", 2, "1", 1, None, lambda w, a: w.replica_wait and w.replica_wait.replicas, []),
     "--replicas-timeout-ms": ("2000", 2000, "3000", 3000, 1000,
                               lambda w, a: w.replica_wait.timeout_ms, ["--replicas", "1"]),

@@ -543,3 +543,128 @@ def test_a_subscription_is_pinged_only_while_jobs_are_held() -> None:
     later = 101.5 + 2 * HEALTH_EVERY_S
     assert health.next(later, holding=True) == "ping"
     assert health.next(later + PONG_WITHIN_S, holding=True) == "dead"  # half-open: subscribe again
+
+
+# -- issue 34 and 30: slots, the idle claim, the worker's sweep, timeouts -------------------------
+
+
+def test_a_worker_never_claims_past_its_slots_and_prefetch() -> None:
+    from echomq._runtime import Slots
+
+    slots = Slots(3, prefetch=2)
+    assert slots.free() == 5
+    slots.reserve(5)  # a claim in flight for every slot
+    assert slots.free() == 0
+    slots.answered(5, 2)  # it brought two
+    assert slots.free() == 3 and slots.owned == 2
+    slots.ended()  # a handler ended: its slot is free
+    assert slots.free() == 4
+    slots.ended(9)  # never below nothing
+    assert slots.owned == 0 and slots.free() == 5
+    with pytest.raises(ValueError, match="prefetch"):
+        Slots(1, prefetch=-1)
+
+
+def test_an_idle_claim_waits_on_the_server_where_a_stop_can_cut_it_else_polls_with_a_backoff() -> None:
+    from echomq._runtime import IDLE_BLOCK_S, IDLE_POLL_MAX_S, MAX_CLAIM_BLOCK_S, IdleWait
+
+    idle = IdleWait(0.2, 30_000, jitter=lambda: 0.5)  # jitter at its middle: the pause itself
+    assert idle.block_ms(cuttable=True) == IDLE_BLOCK_S * 1000  # one command per 5 s
+    assert IdleWait(0.2, 3_000).block_ms(cuttable=True) == 500  # at most a sixth of the lease
+    assert idle.block_ms(cuttable=False) == 200  # a cluster client: poll_interval, at most a second
+    assert IdleWait(5.0, 30_000).block_ms(cuttable=False) == MAX_CLAIM_BLOCK_S * 1000
+    assert idle.after(0, 5.0, blocks=True, cuttable=True) == 0.0  # the module waited: claim again now
+    assert idle.after(0, 0.15, blocks=True, cuttable=False) == pytest.approx(0.05)  # the rest of the poll
+    # The scripts backend cannot wait: 0.2, 0.4, 0.8, 1.6, then IDLE_POLL_MAX_S between polls ...
+    pauses = [idle.after(0, 0.0, blocks=False, cuttable=True) for _ in range(7)]
+    assert pauses == pytest.approx([0.2, 0.4, 0.8, 1.6, IDLE_POLL_MAX_S, IDLE_POLL_MAX_S, IDLE_POLL_MAX_S])
+    # ... and a claim that brings a job starts over.
+    assert idle.after(1, 0.0, blocks=False, cuttable=True) == 0.0
+    assert idle.after(0, 0.0, blocks=False, cuttable=True) == pytest.approx(0.2)
+
+
+def test_a_claims_count_is_read_back_from_its_command() -> None:
+    from echomq._protocol import claim
+    from echomq._runtime import count_of
+
+    assert count_of(claim("q", 1000)) == 1 and count_of(claim("q", 1000, 7, 5000)) == 7
+
+
+def test_a_claim_step_renews_only_a_request_that_no_lost_reply_put_in_doubt() -> None:
+    from echomq._protocol import claim
+
+    step = ClaimStep()
+    step.next(lambda: claim("q", 1000, 4, 200), 10.0)
+    step.answered([])
+    step.renew()  # every try answered: nothing held for its REQ, a new one may ask for another count
+    assert step.call is None
+    call, _ = step.next(lambda: claim("q", 1000, 2, 200), 11.0)
+    step.failed()
+    step.renew()  # in doubt: the same REQ until an answer comes
+    assert step.call is call
+
+
+def test_workers_sweep_at_jittered_times_and_boundedly() -> None:
+    from echomq._runtime import REAP_LIMIT, REAP_SWEEPS_PER_TURN, ReapSchedule
+
+    draws = iter([0.0, 1.0, 0.5])
+    schedule = ReapSchedule(10.0, 100.0, jitter=lambda: next(draws))
+    assert schedule.wait(100.0) == pytest.approx(5.0)  # the first turn after half an interval ...
+    schedule.swept(105.0)
+    assert schedule.wait(105.0) == pytest.approx(15.0)  # ... the next after one and a half ...
+    schedule.swept(120.0)
+    assert schedule.wait(120.0) == pytest.approx(10.0)  # ... on average one interval
+    w = worker(max_stalled=2)
+    call = w._reap_call()
+    assert call.args[0] == "EMQ.SWEEP" and call.args[-2:] == (2, REAP_LIMIT)
+    tick = w._reap_tick()
+    full = SweepResult([f"j{n}" for n in range(REAP_LIMIT)], [], [], 0)
+    while tick.wants_more():
+        tick.add(full)  # a full batch each time: sweep again, but not for ever
+    assert tick.sweeps == REAP_SWEEPS_PER_TURN
+    w._reaped(tick)
+    assert w.stats.reaped == REAP_LIMIT * REAP_SWEEPS_PER_TURN
+
+
+def test_a_handler_past_its_timeout_is_told_then_abandoned_and_its_job_failed() -> None:
+    import math
+
+    from echomq._runtime import TIMEOUT
+
+    w, h = worker(timeout_ms=1000, timeout_grace=2.0), held()
+    w._took(h)
+    assert w._time_handler(h, 100.0) == pytest.approx(101.0)
+    assert (h.timeout_at, h.abandon_at) == pytest.approx((101.0, 103.0))
+    assert not h.time_out(100.9) and h.cancel.check() is None
+    assert h.time_out(101.0) and h.cancel.check() == Cancellation(TIMEOUT)  # the deadline watch's call
+    assert h.next_deadline() == h.confirmed_until  # told once
+    assert w._abandon_due(102.9) == [] and w._next_abandon(102.0) == pytest.approx(1.0)
+    assert w._abandon_due(103.0) == [h]
+    finish = w._abandon(h)
+    assert finish.action is Action.FAIL and finish.error == (
+        "TimeoutError: the handler ran longer than its timeout (1000 ms)"
+    )
+    assert w.stats.abandoned == 1 and not h.active and w._abandon_due(104.0) == []
+    assert w._decide(h, None).action is Action.DROP  # it returned later: its job was failed already
+    assert h.lose("stale") is LeaseEvent.IGNORED  # its FAIL's doing, no lost lease
+    plain = worker()
+    assert plain._time_handler(held(), 100.0) == math.inf  # no timeout_ms: no limit
+
+
+def test_a_timed_out_handler_that_raises_fails_with_the_timeouts_error_and_one_that_returns_completes() -> (
+    None
+):
+    from echomq._runtime import TIMEOUT
+
+    w = worker(timeout_ms=300)
+    raised, returned = held(), held()
+    for h in (raised, returned):
+        w._took(h)
+        w._time_handler(h, 100.0)
+        h.cancel.cancel(TIMEOUT)
+    fail = w._decide(raised, Cancelled(TIMEOUT))
+    assert fail.action is Action.FAIL and fail.error.startswith("TimeoutError: the handler ran longer")
+    assert w._decide(returned, None).action is Action.COMPLETE
+    assert w.stats.timed_out == 2
+    with pytest.raises(ValueError, match="timeout_ms"):
+        worker(timeout_ms=0)

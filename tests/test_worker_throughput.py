@@ -139,8 +139,9 @@ def test_one_keeper_thread_checkpoints_every_held_job(client: echomq.Client, r: 
         for _ in ids:
             assert running.acquire(timeout=10)
         first = {i: r.zscore(K.active, i) for i in ids}
-        # 8 handlers + supervisor + one keeper + the cancel listener + the deadline watch: no thread per job
-        assert threading.active_count() - before <= 8 + 4
+        # 8 handlers + supervisor + one keeper + the cancel listener + the deadline watch + the
+        # worker's sweeps: no thread per job
+        assert threading.active_count() - before <= 8 + 5
         # Every lease moves on (checkpoints every 0.5 s), though no job has a keeper thread of its own.
         assert wait_until(lambda: all((r.zscore(K.active, i) or 0) > (first[i] or 0) for i in ids))
     finally:
@@ -193,3 +194,23 @@ def test_a_burst_is_completed_once_each(
     assert sorted(calls) == sorted(ids)  # each job ran once
     assert [r.hget(K.job(i), "state") for i in ids] == [b"done"] * n
     assert r.zcard(K.active) == 0 and r.zcard(K.pending) == 0
+
+
+def test_the_asyncio_worker_packs_its_commands_as_redis_py_does() -> None:
+    # Packed by hiredis when installed (redis-py's asyncio packer is pure Python), byte for byte
+    # what redis-py sends: a command name with a space in it ("COMMAND INFO", the backend probe)
+    # is two arguments, or the probe fails and the worker falls back to the scripts.
+    from redis.asyncio.connection import Connection
+
+    from echomq import _protocol as proto
+    from echomq._scripts import PROBE
+    from echomq.asyncio._attempt import _pack
+
+    connection = Connection()
+    commands = [
+        PROBE,
+        proto.claim("qé", 30_000, 10, 5000).args,
+        proto.complete_claim("q", "j\udcff", "3-00aa", 30_000, 4).args,
+        ("SET", "k", 1.5),
+    ]
+    assert b"".join(_pack(connection, commands)) == b"".join(connection.pack_commands(commands))

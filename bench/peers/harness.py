@@ -12,8 +12,8 @@ redis-server on PATH.
 Contenders (bench/peers/contenders/, bench/peers/node/), each a subprocess
 with its own environment:
 
-- echomq sync Worker (1 thread, 10 threads) and asyncio Worker (10 tasks):
-  the project's .venv, the package under test;
+- echomq sync Worker (1 thread, 10 threads, 1 thread with prefetch 8) and
+  asyncio Worker (1 task, 10 tasks): the project's .venv, the package under test;
 - RQ (SimpleWorker), arq (max_jobs 10), saq (concurrency 10):
   bench/.venv-peers, created here from bench/peers/requirements.txt;
 - BullMQ (concurrency 10): the machine's node, with bench/peers/node's
@@ -36,6 +36,10 @@ delta, less the harness's own first INFO, / N: a script's inner commands are
 counted there too), and the worker process's own CPU us/job (/proc).  Rounds
 are interleaved (every contender once per round, order rotated); the table
 shows medians, and each ratio to BullMQ is the median of the per-round ratios.
+
+`--baseline REF` races the echomq contenders at a git revision too (the
+package's python/ from `git archive REF`, first on PYTHONPATH, against the
+same module): "before" and "after" in one run, on one machine's drift.
 
 Then two echomq-only measurements (extras.py): remote-cancel delivery latency
 and enqueue rate (one call per job, pipelined, and the batch verb once it
@@ -101,6 +105,7 @@ class Contender:
     args: tuple[str, ...] = ()
     concurrency: int = 10
     module: bool = False  # load emq.so into its server
+    baseline: str | None = None  # a git revision of the package (--baseline), else the worktree's
 
 
 CONTENDERS = [
@@ -111,6 +116,15 @@ CONTENDERS = [
         "echomq_peer.py",
         ("--kind", "async"),
         10,
+        module=True,
+    ),
+    Contender(
+        "echomq-async-1",
+        "echomq asyncio Worker, 1 task",
+        "project",
+        "echomq_peer.py",
+        ("--kind", "async"),
+        1,
         module=True,
     ),
     Contender(
@@ -129,6 +143,15 @@ CONTENDERS = [
         "echomq_peer.py",
         ("--kind", "sync"),
         10,
+        module=True,
+    ),
+    Contender(
+        "echomq-sync-1-prefetch",
+        "echomq sync Worker, 1 thread, prefetch 8",
+        "project",
+        "echomq_peer.py",
+        ("--kind", "sync", "--prefetch", "8"),
+        1,
         module=True,
     ),
     Contender("bullmq", "BullMQ{version} (Node), concurrency 10", "node", "bullmq_peer.mjs"),
@@ -153,6 +176,7 @@ class Runtime:
     reason: str = ""  # why it is skipped
     versions: dict[str, str] | None = None
     cwd: Path = CONTENDERS_DIR
+    env: dict[str, str] | None = None
 
 
 def _stamp(*files: Path) -> str:
@@ -232,8 +256,44 @@ def node_peers() -> Runtime:
     return Runtime([node], versions=versions, cwd=NODE_DIR)
 
 
-def runtimes(wanted: set[str]) -> dict[str, Runtime]:
+def baseline_runtime(ref: str) -> Runtime:
+    """The package at git revision ``ref``: its python/ exported to a directory put first on PYTHONPATH."""
+    target = RESULTS / f"baseline-{ref.replace('/', '_')}"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "python/echomq"], capture_output=True, timeout=120
+    )
+    if archive.returncode != 0:
+        return Runtime(None, f"git archive {ref} failed: {tail(archive.stderr.decode(errors='replace'))}")
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True, timeout=120)
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True
+    )
+    return Runtime(
+        [sys.executable],
+        versions={"echomq-baseline": rev.stdout.strip() or ref},
+        env={"PYTHONPATH": str(target / "python")},
+    )
+
+
+def with_baseline(contenders: list[Contender], ref: str) -> list[Contender]:
+    """Each echomq contender twice: the worktree's package, and the one at ``ref`` (--baseline)."""
+    out: list[Contender] = []
+    for c in contenders:
+        out.append(c)
+        if c.runtime == "project" and "--prefetch" not in c.args:  # a setting the baseline may not have
+            label = f"{c.label} (at {ref})"
+            out.append(
+                Contender(f"{c.key}@base", label, "baseline", c.script, c.args, c.concurrency, c.module, ref)
+            )
+    return out
+
+
+def runtimes(wanted: set[str], baseline: str | None = None) -> dict[str, Runtime]:
     out = {"project": Runtime([sys.executable], versions={"echomq": echomq.__version__})}
+    if "baseline" in wanted and baseline is not None:
+        out["baseline"] = baseline_runtime(baseline)
     if "peers" in wanted:
         out["peers"] = python_peers()
     if "node" in wanted:
@@ -271,7 +331,7 @@ def run_contender(c: Contender, rt: Runtime, n: int, census: bool = False) -> di
             str(timeout),
             *c.args,
         ]
-        proc = Proc(argv, rt.cwd)
+        proc = Proc(argv, rt.cwd, rt.env)
         try:
             ready = proc.expect("ready", timeout=120 + 0.05 * n)
             monitor = Census(r) if census else None
@@ -456,8 +516,15 @@ def _ratio(value: float) -> str:
     return "n/a" if value != value else f"{value:.2f}x"
 
 
+def per_round_ratio(res: dict[str, Any], key: str, base: str, metric: str = "jobs_per_s") -> float:
+    """The median over rounds of ``key``'s metric / ``base``'s in the same round."""
+    ones = {run["round"]: run for run in res["runs"].get(base, []) if "error" not in run}
+    runs = [run for run in res["runs"].get(key, []) if "error" not in run]
+    return median([run[metric] / ones[run["round"]][metric] for run in runs if run["round"] in ones])
+
+
 def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    """Issue 18's goals, as ratios from this one run: (goal, measured, target, held; None: cannot tell)."""
+    """Issue 34's goals, as ratios from this one run: (goal, measured, target, held; None: cannot tell)."""
     rows = {row["key"]: row for row in res["rows"] if "skipped" not in row}
     out: list[tuple[str, str, str, bool | None]] = []
     nan = float("nan")
@@ -470,18 +537,19 @@ def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         return rows[key][metric + "_vs_bullmq"] if key in rows else nan
 
     v = ratio("echomq-async", "jobs_per_s")
-    add("asyncio Worker (10 tasks) jobs/s / BullMQ's", v, ">= 1.50x", v >= 1.5)
-    v = ratio("echomq-sync-1", "jobs_per_s")
-    add("sync Worker (1 thread) jobs/s / BullMQ's", v, ">= 1.00x", v >= 1.0)
-    one = {run["round"]: run for run in res["runs"].get("echomq-sync-1", []) if "error" not in run}
-    ten = [run for run in res["runs"].get("echomq-sync-10", []) if "error" not in run]
-    v = median([run["jobs_per_s"] / one[run["round"]]["jobs_per_s"] for run in ten if run["round"] in one])
+    add("asyncio Worker (10 tasks) jobs/s / BullMQ's", v, ">= 2.00x", v >= 2.0)
+    for key, what in (("echomq-sync-1", "1 thread"), ("echomq-sync-10", "10 threads")):
+        v = ratio(key, "jobs_per_s")
+        add(f"sync Worker ({what}) jobs/s / BullMQ's", v, ">= 1.20x", v >= 1.2)
+    v = per_round_ratio(res, "echomq-sync-10", "echomq-sync-1")
     add("sync Worker jobs/s, 10 threads / 1 thread", v, ">= 1.00x (never slower)", v >= 1.0)
-    echo = [key for key in rows if key.startswith("echomq")]
+    v = per_round_ratio(res, "echomq-async", "echomq-async-1")
+    add("asyncio Worker jobs/s, 10 tasks / 1 task", v, ">= 1.00x (never slower)", v >= 1.0)
+    echo = [key for key in rows if key.startswith("echomq") and "@" not in key]
+    for key in ("echomq-sync-1", "echomq-sync-10", "echomq-async", "echomq-sync-1-prefetch"):
+        v = ratio(key, "redis_cpu_us_per_job")
+        add(f"Redis CPU per job / BullMQ's ({key})", v, "<= 0.50x", v <= 0.5)
     if echo:
-        worst = max(echo, key=lambda k: ratio(k, "redis_cpu_us_per_job"))
-        v = ratio(worst, "redis_cpu_us_per_job")
-        add(f"Redis CPU per job / BullMQ's (worst echomq row: {worst})", v, "<= 0.50x", v <= 0.5)
         worst = max(echo, key=lambda k: rows[k]["commands_per_job"])
         v = rows[worst]["commands_per_job"]
         add(f"commands per job (worst echomq row: {worst})", v, "<= 1.2", v <= 1.2, "")
@@ -512,7 +580,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"a fresh redis-server per run; medians of {sz['rounds']} interleaved round(s); "
         "each ratio is the median of the per-round ratios to BullMQ.",
         "",
-        "Issue 18's goals (ratios from this run):",
+        "Issue 34's goals (ratios from this run):",
         "",
         "| goal | measured | target | held |",
         "|---|---|---|---|",
@@ -561,11 +629,17 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def run(
-    sizes: Sizes, only: list[str] | None = None, command: str = "", do_extras: bool = True
+    sizes: Sizes,
+    only: list[str] | None = None,
+    command: str = "",
+    do_extras: bool = True,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     contenders = [c for c in CONTENDERS if not only or c.key in only]
+    if baseline is not None:
+        contenders = with_baseline(contenders, baseline)
     mach = machine()
-    rts = runtimes({c.runtime for c in contenders})
+    rts = runtimes({c.runtime for c in contenders}, baseline)
     for name, rt in rts.items():
         if rt.argv is None:
             log(f"{name} contenders skipped: {rt.reason}")
@@ -644,6 +718,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-extras", action="store_true", help="skip cancel latency and enqueue rate")
     parser.add_argument("--no-census", action="store_true", help="skip the MONITOR census runs")
     add_server_options(parser)
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also race the echomq contenders at this git revision (before/after)",
+    )
     args = parser.parse_args(argv)
     choose_server(args)
     sizes = QUICK if args.quick else FULL
@@ -655,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         census_n=0 if args.no_census else min(sizes.census_n, args.n or sizes.n),
     )
     command = shlex.join(["bench/peers/harness.py", *(argv if argv is not None else sys.argv[1:])])
-    res = run(sizes, args.only, command, not args.no_extras)
+    res = run(sizes, args.only, command, not args.no_extras, args.baseline)
     text = markdown(res)
     path = save(res, text)
     print(text)

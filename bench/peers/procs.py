@@ -31,12 +31,13 @@ class ContenderError(RuntimeError):
 class Proc:
     """A contender subprocess: tagged JSON events from stdout, words to stdin."""
 
-    def __init__(self, argv: list[str], cwd: Path) -> None:
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         self.argv = argv
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self.p = subprocess.Popen(
             argv,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -139,6 +139,16 @@ class WorkerConnections:
         It goes back to the idle ones after a clean use, and is closed after
         an error (the caller's exception propagates).
         """
+        connection, generation = self.take(deadline)
+        clean = False
+        try:
+            yield connection
+            clean = True
+        finally:
+            self.give(connection, generation, clean)
+
+    def take(self, deadline: float) -> tuple[Any, int]:
+        """``connection()``'s first half, for the worker's hot path: a connection and its generation."""
         with self._cond:
             while self._busy >= self.limit:
                 left = deadline - time.monotonic()
@@ -148,22 +158,25 @@ class WorkerConnections:
             self._busy += 1
             generation = self._generation
             connection = self._idle.pop() if self._idle else None
-        clean = False
         try:
             if connection is None or _stale(connection):
                 connection = connection or self._class(**self._options)
                 self._connect(connection, deadline)
-            yield connection
-            clean = True
-        finally:
-            with self._cond:
-                self._busy -= 1
-                keep = clean and generation == self._generation and connection is not None
-                if keep:
-                    self._idle.append(connection)
-                self._cond.notify()
-            if not keep and connection is not None:
-                connection.disconnect()
+        except BaseException:
+            self.give(connection, generation, False)
+            raise
+        return connection, generation
+
+    def give(self, connection: Any, generation: int, clean: bool) -> None:
+        """``connection()``'s second half: kept after a clean use (of this generation), else closed."""
+        with self._cond:
+            self._busy -= 1
+            keep = clean and generation == self._generation and connection is not None
+            if keep:
+                self._idle.append(connection)
+            self._cond.notify()
+        if not keep and connection is not None:
+            connection.disconnect()
 
     @staticmethod
     def _connect(connection: Any, deadline: float) -> None:

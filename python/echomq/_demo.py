@@ -111,8 +111,9 @@ def worker_main(name: str, url: str) -> None:
                 raise
         _report(r, name, "finished", job.id, f"{job.id} finished its work")
 
-    # run() stops on SIGTERM by itself; a short grace keeps the demo's end quick.
-    worker = Worker(client, QUEUE, handler, lease_ms=LEASE_MS, poll_interval=0.05, grace=0.5)
+    # run() stops on SIGTERM by itself; a short grace keeps the demo's end quick.  The demo's
+    # reaper sweeps (and tells each recovery), so its workers do not (reap=False).
+    worker = Worker(client, QUEUE, handler, lease_ms=LEASE_MS, poll_interval=0.05, grace=0.5, reap=False)
     worker.run()
 
 

@@ -1,14 +1,15 @@
 """How a thread worker sends what ends a job's hold, and settles what its claims answered.
 
-A job's end (COMPLETE, FAIL, RELEASE; a COMPLETE with the next claim as one
-EMQ.COMPLETECLAIM, a FAIL or RELEASE pipelined with it), sent again after a
-lost reply until it lands or the job's lease ends, and a forced stop's
-budget (``WorkerCore._bounded``); a FAIL refused past maxmemory keeps its
-lease with EXTEND (``WorkerCore._fail_refused``).  And what a thread does
-as it ends (``_settle``): the jobs its last end claimed are given back, and
-a claim whose answer was lost is asked again by its REQ, its jobs given
-back.  ``worker.py`` runs the threads; this is the part of its loop that
-sends, the "finisher".
+The ends of the jobs its threads finished meanwhile go in one pipeline with
+the claim of as many jobs as its threads are free (``_send_batch``: the
+claim rides in the last COMPLETE, as EMQ.COMPLETECLAIM ... COUNT).  That is
+one try; an end it could not settle is sent the ordinary way (``_finish``:
+again after a lost reply until it lands or the job's lease ends, and a
+forced stop's budget, ``WorkerCore._bounded``; a FAIL refused past
+maxmemory keeps its lease with EXTEND, ``WorkerCore._fail_refused``), and a
+claim whose answer was lost is asked again by its REQ (``_ask_again``; as
+the worker ends, ``_resolve``), its jobs run or given back.  ``worker.py``
+runs the threads; this is the part of its loop that sends, the "finisher".
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
+
+from redis.exceptions import ResponseError
 
 from . import _protocol as proto
 from ._attempt import NotSent
@@ -59,6 +63,16 @@ class _Stopped(Exception):
     """A claim not sent (again): the worker stops; its thread's ``_settle`` asks a lost answer again."""
 
 
+@dataclass(slots=True)
+class Sent:
+    """What one batch's round trip left to do (``Finisher._send_batch``)."""
+
+    claimed_at: float
+    jobs: list[Job] = field(default_factory=list)  # claimed: to run
+    slow: list[Finish] = field(default_factory=list)  # ends to send the ordinary way
+    doubt: ClaimStep | None = None  # a claim whose answer was lost: ask again by its REQ
+
+
 class Finisher(WorkerCore[Client, HandlerT]):
     """The sending half of the thread ``Worker`` (see the module docstring)."""
 
@@ -66,25 +80,22 @@ class Finisher(WorkerCore[Client, HandlerT]):
     _wake: threading.Event
     _forced_event: threading.Event
     _complete_claim: bool
+    _doubts: set[ClaimStep]
 
-    def _settle(self, step: ClaimStep, ready: tuple[list[Job], float] | None) -> None:
-        """The thread ends: give back what a claim answered and nobody ran; ask a lost answer again.
+    def _resolve(self, step: ClaimStep) -> list[Job]:
+        """A stopping worker asks a claim whose answer was lost again (its REQ, without BLOCK).
 
-        ``ready``: the jobs the last job's end brought (the worker stopped
-        before they ran).  ``step``: a claim whose try got no answer may have
-        taken jobs; its REQ, sent again (without BLOCK), answers them, and
-        they are given back.  Both bounded by the jobs' leases and by stop.
+        The jobs it took are returned, for the caller to give back: a job a
+        claim answered is run or released.  Bounded by the jobs' lease and
+        by stop; a server that cannot be reached at all is not waited for
+        when the claim was only waiting on it (``ClaimStep.waiting``).
         """
-        if ready is not None:
-            for job in ready[0]:
-                self._give_back_unrun(job, ready[1])
         if not step.unresolved:
-            return
+            return []
         call = step.resolving()
         now = time.monotonic()
         until = max(step.since + self.lease_ms / 1000, now + min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000))
-        # A waiting claim is not waited for when the server cannot be reached at all (ClaimStep.waiting).
-        unreachable = (lambda exc: isinstance(exc, NotSent)) if step.waiting else None
+        unreachable = _cannot_tell if step.waiting else None
         try:
             jobs = self._send_until(
                 partial(self.client._attempt, call), until, "claim", cap_s=SETTLE_TRY_S,
@@ -92,11 +103,10 @@ class Finisher(WorkerCore[Client, HandlerT]):
             )  # fmt: skip
         except (_GaveUp, _Refused, LeaseLost) as exc:
             self._unresolved(exc.__cause__ or exc)
-            return
+            return []
         step.answered(jobs)
         step.call = None
-        for job in jobs:
-            self._give_back_unrun(job, step.since)
+        return jobs
 
     def _give_back_unrun(self, job: Job, claimed_at: float) -> None:
         held = HeldJob.claimed(
@@ -108,89 +118,117 @@ class Finisher(WorkerCore[Client, HandlerT]):
         now = time.monotonic()
         self._give_back(held, max(held.confirmed_until, now + SETTLE_TRY_S), floor=now + SETTLE_TRY_S)
 
-    def _finish_and_claim(self, finish: Finish, step: ClaimStep) -> tuple[list[Job], float] | None:
-        """Send a job's end and the next claim in one round trip; the jobs claimed, if any.
+    def _send_batch(self, batch: list[Finish], count: int) -> Sent:
+        """One round trip: every end in ``batch`` and a claim of ``count`` jobs, pipelined.
 
-        A COMPLETE goes as one EMQ.COMPLETECLAIM; a FAIL or RELEASE and the
-        claim go pipelined.  Each half keeps its own safety (the end is
-        fenced by the job's token: a repeat answers its first reply; the
-        claim carries its REQ: a repeat answers the jobs it took), so the
-        pair is sent again as a pair after a lost reply, until the job's
-        lease ends: the claim is asked again while its REQ's record lives.
-        An error reply means nothing ran: the end then goes the ordinary
-        way (``_send_end``); the claim is no longer in doubt.
+        The claim rides in the last COMPLETE (EMQ.COMPLETECLAIM ... COUNT),
+        or goes as an EMQ.CLAIM of its own when the batch has none.  Each
+        end keeps its own safety (fenced by its job's token: a repeat
+        answers its first reply) and the claim its own (its REQ).  This is
+        the one try of the fast path: an end that the server refused other
+        than as stale (past maxmemory, say), and every end of a batch whose
+        try failed, are returned in ``Sent.slow`` for the ordinary way
+        (``_finish``: again until it lands or its lease ends); a claim whose
+        answer was lost is ``Sent.doubt``, to ask again by its REQ
+        (``_ask_again``).
         """
-        job = finish.job
         sent = time.monotonic()
-        until = finish.held.confirmed_until
-        cap = self.lease_ms / 3000
-        if finish.action is Action.COMPLETE and self._complete_claim:
-            call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
-            step.adopt(proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call)), sent)
-            try:
-                both = self._send_until(
-                    partial(self.client._attempt, call), until, finish.action.value, job,
-                    on_lost_reply=step.failed, cap_s=cap, refusal=lambda exc: True,
-                )  # fmt: skip
-            except LeaseLost as exc:  # stale: nothing was written, nothing claimed
-                with self._lock:
-                    self._refused(finish, exc)
-                return None
-            except _Refused as refused:  # COMPLETECLAIM refused (past maxmemory, an older module): COMPLETE
-                cause = refused.__cause__
-                if "unknown command" in str(cause).lower():
-                    self._complete_claim = False
-                elif cause is not None:
-                    self._trouble(cause, finish.action.value, job)
-                self._finish(finish)
-                return None
-            except _GaveUp:
-                with self._lock:
-                    self._unfinished(finish)
-                return None
-            with self._lock:
-                if both.gone:
-                    self._refused(finish, JobGone("the job row is gone", job.id))
-                else:
-                    self._landed(finish)
-            return self._claimed(step, both.jobs, sent)
-        end = self._end_call(finish)
-        claim, claimed_at = step.next(lambda: self._claim_call(False), sent)
-        try:
-            end_reply, claim_reply = self._send_until(
-                partial(self.client._attempt_many, [end, claim]), until, finish.action.value, job,
-                on_lost_reply=step.failed, cap_s=cap,
-            )  # fmt: skip
-        except _GaveUp:
-            with self._lock:
-                self._unfinished(finish)
-            return None
-        claimed = None
-        try:
-            jobs = proto.read_reply(claim, claim_reply)
-        except Exception as exc:  # refused: nothing claimed by this try (an earlier one is still in doubt)
-            self._trouble(exc, "claim")
-        else:
-            claimed = self._claimed(step, jobs, claimed_at)
-        try:
-            where = proto.read_reply(end, end_reply)
-        except LeaseLost as exc:
-            with self._lock:
-                self._refused(finish, exc)
-        except Exception:  # refused (past maxmemory, say): the ordinary way, with its rules
-            self._send_end(finish, end, until)
-        else:
-            with self._lock:
-                self._landed(finish, where)  # type: ignore[arg-type]
-        return claimed
+        at = -1  # the call that carries the claim
+        if count > 0 and self._complete_claim:
+            at = next((i for i in range(len(batch) - 1, -1, -1) if batch[i].action is Action.COMPLETE), -1)
+        calls: list[proto.Call[Any]] = [
+            self._end_call(finish) for finish in (batch if at < 0 else batch[:at] + batch[at + 1 :])
+        ]
+        claim: proto.Call[list[Job]] | None = None  # the claim half, as a CLAIM with its REQ
+        if at >= 0:
+            job = batch[at].job
+            carrier = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms, count)
+            calls.insert(at, carrier)
+        elif count > 0:
+            claim = self._claim_call(None, count)
+            calls.append(claim)
+            at = len(calls) - 1
 
-    @staticmethod
-    def _claimed(step: ClaimStep, jobs: list[Job], claimed_at: float) -> tuple[list[Job], float] | None:
+        def in_doubt() -> ClaimStep:
+            """The claim whose answer was lost, as a step to ask again (built only then: a rare path)."""
+            step = ClaimStep()
+            rid = proto.request_id_of(calls[at])
+            step.adopt(claim or proto.claim(self.queue, self.lease_ms, count, request_id=rid), sent)
+            step.failed()
+            return step
+
+        until = self._bounded(min(finish.held.confirmed_until for finish in batch)) if batch else None
+        timeout = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000)
+        if until is not None:
+            timeout = min(timeout, until - sent)
+        out = Sent(claimed_at=sent)
+        try:
+            if timeout <= 0:
+                raise _GaveUp("the batch's first deadline passed")
+            replies = self.client._attempt_many(calls, timeout)
+        except Exception as exc:
+            if at >= 0 and reply_lost(exc):
+                out.doubt = in_doubt()
+            if not isinstance(exc, _GaveUp):
+                self._trouble(exc, "sending ends" if batch else "claim")
+            out.slow = list(batch)
+            return out
+        self._healed()
+        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+            finish = batch[i] if i < len(batch) else None
+            try:
+                if isinstance(reply, BaseException):
+                    if isinstance(reply, ResponseError):
+                        proto.raise_mapped(reply, call)
+                    raise reply
+                value = call.read(reply)
+            except LeaseLost as exc:  # stale or gone: nothing written (a COMPLETECLAIM claimed nothing)
+                if finish is not None:
+                    with self._lock:
+                        self._refused(finish, exc)
+                continue
+            except Exception as exc:  # refused: nothing written, nothing claimed by this call
+                if i == at and finish is not None and "unknown command" in str(exc).lower():
+                    self._complete_claim = False  # an older module: COMPLETE, then CLAIM
+                elif i == at or finish is None or finish.action is not Action.FAIL or not state_refused(exc):
+                    self._trouble(exc, finish.action.value if finish is not None else "claim")
+                if finish is not None:
+                    out.slow.append(finish)
+                continue
+            if i == at:
+                out.jobs = value.jobs if finish is not None else value
+                if finish is not None:
+                    with self._lock:
+                        if value.gone:
+                            self._refused(finish, JobGone("the job row is gone", finish.job.id))
+                        else:
+                            self._landed(finish)
+                continue
+            assert finish is not None
+            with self._lock:
+                self._landed(finish, None if finish.action is Action.COMPLETE else value)
+        return out
+
+    def _ask_again(self, step: ClaimStep) -> list[Job]:
+        """A claim whose answer was lost: its REQ, sent again (no BLOCK), answers what it took.
+
+        Within the lease that claim would have given its jobs, and the stop;
+        still without an answer, it is asked once more as the worker ends
+        (``_doubts``).
+        """
+        call = step.resolving()
+        try:
+            jobs = self._send_until(
+                partial(self.client._attempt, call), step.since + self.lease_ms / 1000, "claim",
+                on_lost_reply=step.failed, cap_s=self.lease_ms / 3000,
+            )  # fmt: skip
+        except (_GaveUp, _Refused, LeaseLost):
+            with self._lock:
+                self._doubts.add(step)
+            return []
         step.answered(jobs)
-        if not jobs:
-            step.call = None  # answered: nothing claimed for this REQ, and the next claim may wait
-            return None
-        return jobs, claimed_at
+        step.call = None
+        return jobs
 
     def _send_until(
         self,
@@ -319,3 +357,14 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 self._unfinished(finish)
             return None
         return sent + self.lease_ms / 1000
+
+
+def _cannot_tell(exc: BaseException) -> bool:
+    """A waiting claim's REQ, asked again, that the server cannot answer now: not waited for.
+
+    Unreachable (nothing sent), or refused (past maxmemory, loading: CLAIM
+    reads no record then).  A claim that was only waiting took nothing
+    unless a job came in the instant its connection dropped; the job's
+    lease then lapses and a sweep recovers it.
+    """
+    return isinstance(exc, (NotSent, ResponseError))

@@ -1,4 +1,5 @@
-"""The deadline watch: one thread that loses each watched lease when its deadline passes.
+"""The deadline watch: one thread that loses each watched lease when its deadline passes
+(and tells a handler past its timeout, ``_runtime.timeouts``).
 
 Both keepers need it.  A thread keeper's checkpoint may be stuck on a dead
 connection; an asyncio keeper's event loop may be blocked by a handler that
@@ -18,6 +19,7 @@ it reaches is noticed.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -30,6 +32,12 @@ from ._runtime import HeldJob
 __all__ = ["WATCH", "DeadlineWatch"]
 
 FAKE_CLOCK_POLL_S = 0.05
+log = logging.getLogger("echomq.lease")
+# The thread sleeps at most this long, even with nothing watched: a job added
+# with a later deadline (a lease of more than this) need not wake it.  A busy
+# worker adds a job and removes it a moment later, and a wake per job costs
+# its threads the GIL.
+HORIZON_S = 5.0
 
 
 _Lock = AbstractContextManager[Any]
@@ -53,11 +61,19 @@ class DeadlineWatch:
         """Watch ``held``'s deadline; ``lock`` is what its keeper holds while it updates ``held``."""
         with self._cond:
             self._watched[id(held)] = (held, lock, clock)
-            self._ensure_thread()
+            if self._thread is None or not self._retained:  # a retained thread never ends (_run)
+                self._ensure_thread()
             # Wake the thread only if it would otherwise sleep past this deadline:
             # a busy worker adds and removes jobs all the time.
             self._changes += 1
-            if clock is not time.monotonic or held.confirmed_until < self._wakes_at:
+            if clock is not time.monotonic or held.next_deadline() < self._wakes_at:
+                self._cond.notify()
+
+    def earlier(self, when: float) -> None:
+        """A watched job's next deadline is now ``when`` (a handler's timeout): look by then."""
+        with self._cond:
+            self._changes += 1
+            if when < self._wakes_at:
                 self._cond.notify()
 
     def remove(self, held: HeldJob) -> None:
@@ -114,11 +130,16 @@ class DeadlineWatch:
                     return
                 entries = list(self._watched.values())
                 seen = self._changes
-            wait = self._expire(entries)
+            try:
+                wait = self._expire(entries)
+            except Exception:  # a bug: never leave deadlines unwatched; look again soon
+                log.exception("the deadline watch failed; it goes on")
+                wait = FAKE_CLOCK_POLL_S
+            wait = HORIZON_S if wait is None else min(wait, HORIZON_S)
             with self._cond:
                 if self._changes != seen or self._idle():
                     continue  # added while we looked: look again before sleeping
-                self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+                self._wakes_at = time.monotonic() + wait
                 self._cond.wait(wait)
                 self._wakes_at = -math.inf
 
@@ -134,7 +155,8 @@ class DeadlineWatch:
                 held.expire(now)
                 if held.lost is not None:
                     continue
-                left = max(held.time_left(now), 0.0)
+                held.time_out(now)  # a handler past its timeout: "timeout" to its token
+                left = max(held.next_deadline() - now, 0.0)
             if clock is not time.monotonic:
                 left = min(left, FAKE_CLOCK_POLL_S)
             wait = left if wait is None else min(wait, left)

@@ -45,7 +45,8 @@ class CancelToken:
     def __init__(self) -> None:
         self._cancellation: Cancellation | None = None
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        # Made by the first sleep(): a worker makes a token per job, and most are never slept on.
+        self._event: threading.Event | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Cancellation]]] = []
 
     def cancel(self, reason: str | None = None) -> bool:
@@ -61,7 +62,9 @@ class CancelToken:
                 return False
             cancellation = self._cancellation = Cancellation(reason)
             waiters, self._waiters = self._waiters, []
-        self._event.set()
+            event = self._event
+        if event is not None:
+            event.set()
         for loop, future in waiters:  # awaiting tasks may live on other threads' loops
             # A waiter whose loop was closed (its task will never run again)
             # must neither make cancel() raise nor keep the waiters after it
@@ -92,7 +95,15 @@ class CancelToken:
 
     def sleep(self, seconds: float) -> Cancellation | None:
         """Sleep up to ``seconds``, waking early on cancel; returns what ``check()`` would."""
-        self._event.wait(seconds)
+        event = self._event
+        if event is None:
+            with self._lock:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self._cancellation is not None:
+                        self._event.set()
+                event = self._event
+        event.wait(seconds)
         return self._cancellation
 
     async def wait(self) -> Cancellation:

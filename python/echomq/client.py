@@ -523,12 +523,18 @@ class Client:
         connections = self._connections()
         deadline = time.monotonic() + max(timeout, 0.001)
         try:
-            with connections.connection(deadline) as connection:
+            # take/give rather than connection(): a busy worker makes this call per job.
+            connection, generation = connections.take(deadline)
+            clean = False
+            try:
                 rendering = self._rendering or self._probe_on(connections, connection, deadline)
                 commands = [rendering.command(call.args) for call in calls]
                 replies = connections.round_trip(connection, commands, deadline, cutter)
                 if any(_missing(reply) for reply in replies):
                     self._load_on(connections, connection, rendering, calls, replies, deadline)
+                clean = True
+            finally:
+                connections.give(connection, generation, clean)
         except NotSent:
             raise
         except (redis.TimeoutError, redis.ConnectionError):

@@ -54,7 +54,7 @@ from ._runtime import (
     lost_reason,
     state_refused,
 )
-from ._watch import WATCH
+from ._watch import HORIZON_S, WATCH
 from .cancel import Cancellation
 from .client import Client, Cutter
 from .errors import BadArgument
@@ -89,10 +89,12 @@ class LeaseKeeper(KeeperCore[Client]):
         # One lock between the checkpoint thread, the handler's own
         # checkpoint() and the deadline watch: the HeldJob is not thread-safe.
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        # A keeper of its own (not a worker's: _shared) makes these in start(): a worker makes one per job.
+        self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
-        self._cutter = Cutter()
+        self._cutter: Cutter | None = None
         self._shared: SharedKeeper | None = None  # a worker's one keeper thread checkpoints this job
+        self._started = False
 
     def __enter__(self) -> LeaseKeeper:
         self.start()
@@ -105,10 +107,15 @@ class LeaseKeeper(KeeperCore[Client]):
 
     def start(self) -> None:
         """Start checkpointing in a background thread (and watching the deadline)."""
+        self._started = True
         WATCH.add(self._held, self._lock, self._clock)
         if self._shared is not None:
             self._shared.add(self)
             return
+        with self._lock:
+            self._stop, self._cutter = threading.Event(), Cutter()
+            if self._held.stopped:
+                self._stop.set()
         self._thread = threading.Thread(target=self._run, name=f"echomq-lease-{self.job.id}", daemon=True)
         self._thread.start()
 
@@ -116,11 +123,13 @@ class LeaseKeeper(KeeperCore[Client]):
         """Stop checkpointing, cut a checkpoint in flight short, then look at the deadline a last time."""
         with self._lock:
             self._held.stop()
-            thread = self._thread
-        self._stop.set()
+            thread, stop, cutter = self._thread, self._stop, self._cutter
+        if stop is not None:
+            stop.set()
         if self._shared is not None:
             self._shared.discard(self)
-        self._cutter.cut()
+        if cutter is not None:
+            cutter.cut()
         if thread is not None and thread is not threading.current_thread():
             thread.join(STOP_JOIN_S)
         WATCH.remove(self._held)
@@ -161,6 +170,7 @@ class LeaseKeeper(KeeperCore[Client]):
         return True
 
     def _run(self) -> None:
+        assert self._stop is not None
         while True:
             with self._lock:
                 wait = self._held.wait_before_checkpoint(self._clock())
@@ -226,7 +236,9 @@ class SharedKeeper:
             self._changes += 1
             if keeper._held.next_checkpoint < self._wakes_at:
                 self._cond.notify()
-        self.ensure()
+            running = self._thread is not None
+        if not running:  # one that died is started again by the worker's supervisor (ensure, every tick)
+            self.ensure()
 
     def ensure(self) -> bool:
         """Start the thread unless it runs (never started, could not start, died); True if it runs."""
@@ -304,12 +316,14 @@ class SharedKeeper:
             except Exception as exc:  # a bug, or memory: logged, and the keeper goes on
                 lease_log.error("%s: a checkpoint round failed: %r", self._name, exc, exc_info=exc)
                 wait = 0.1
+            # Not past the horizon, even with nothing held: see _watch.HORIZON_S.
+            wait = HORIZON_S if wait is None else min(wait, HORIZON_S)
             with self._cond:
                 if self._closed:
                     return
                 if self._changes != seen:
                     continue  # added while we looked: look again before sleeping
-                self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+                self._wakes_at = time.monotonic() + wait
                 self._cond.wait(wait)
                 self._wakes_at = -math.inf
 

@@ -94,6 +94,10 @@ class _Shared:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors = 0
+        # One flush at a time: a worker's stop flushes while the thread may be
+        # mid-flush, and must not return (the process may exit) before the
+        # deltas the thread took have reached Redis.
+        self._flushing = threading.Lock()
 
     def add(self, queue: str, field: str, n: int = 1) -> None:
         with self._lock:
@@ -109,6 +113,10 @@ class _Shared:
         self._wake.set()
 
     def _flush(self) -> None:
+        with self._flushing:
+            self._flush_now()
+
+    def _flush_now(self) -> None:
         with self._lock:
             deltas, self._deltas = self._deltas, {}
         if not deltas or self.redis is None:

@@ -8,26 +8,30 @@
     worker = echomq.Worker(client, "mail", handler, lease_ms=30_000, concurrency=4)
     worker.run()            # until SIGINT/SIGTERM or stop(); or start() ... stop(), or `with worker:`
 
-``concurrency`` threads each claim and run one job at a time; ``run()``'s own
-thread supervises them: it turns signals into a shutdown, times the grace
-period, and gives jobs back.  A job whose lease was lost is never completed
-or failed by this worker: it belongs to whoever holds it now.  What to do
-when a handler ends, how a shutdown proceeds, and the stats are
+``concurrency`` threads run one job at a time each; ``run()``'s own thread
+supervises them: it turns signals into a shutdown, times the grace period,
+and gives jobs back.  A job whose lease was lost is never completed or
+failed by this worker: it belongs to whoever holds it now.  What to do when
+a handler ends, how a shutdown proceeds, and the stats are
 ``_runtime.WorkerCore``'s; this file only runs threads and sends commands.
 
-Two rules hold on every path out of a thread's loop, a second signal's
-included: a job a claim answered is run or given back (``_settle``: the
-jobs a job's end brought, and the jobs a claim whose answer was lost may
-have taken, asked again by its REQ); and every command is bounded, by its
-job's lease and by the stop (``WorkerCore._bounded``).  Idle threads take
-turns at one waiting claim (``_ClaimGate``), so they never hold the
-connections the running jobs' ends and checkpoints need.
+The threads take turns at the sending and the claiming (``_turns.py``): a
+busy worker sends a few commands per batch of jobs, a single-thread one
+one EMQ.COMPLETECLAIM per job, an idle one one waiting claim per wait.
+Two rules hold on every path out, a second signal's included: a job a
+claim answered is run or given back (the jobs waiting for a thread at a
+stop, and those a claim whose answer was lost may have taken, asked again
+by its REQ: ``_settle``); and every command is bounded, by its job's lease
+and by the stop (``WorkerCore._bounded``).  A handler past its timeout and
+its grace is abandoned (``_abandon_overdue``): Python cannot stop its
+thread, which runs on, and another takes its place.
 """
 
 from __future__ import annotations
 
 import collections
 import inspect
+import math
 import signal
 import threading
 import time
@@ -36,18 +40,19 @@ from functools import partial
 from types import FrameType, TracebackType
 from typing import TypeVar, cast
 
-from ._finisher import Finisher, _GaveUp, _Stopped
+from ._finisher import _GaveUp
 from ._log import CURRENT_JOB
 from ._pushes import CancelListener
 from ._runtime import (
     ATTEMPT_TIMEOUT_S,
-    Action,
     Backoff,
     ClaimStep,
     Finish,
     WorkerStats,
     error_text,
 )
+from ._sweeper import Sweeper
+from ._turns import Turns
 from ._watch import WATCH
 from .cancel import CancelToken
 from .client import Client, Cutter, Job
@@ -64,53 +69,19 @@ Handler = Callable[[JobContext], object] | Callable[[Job, CancelToken], object]
 # How often the supervising thread looks at signals, the grace and its threads.
 TICK_S = 0.05
 # Connections a worker needs besides one per slot: its keeper's batch, a
-# pushed cancel's checkpoint, the supervisor's give-backs.
-OWN_LOOPS = 3
+# pushed cancel's checkpoint, the supervisor's give-backs, the waiting claim,
+# its sweeps.
+OWN_LOOPS = 5
 
 
-class _ClaimGate:
-    """One waiting claim per worker: idle threads take turns at it instead of each waiting on the server.
-
-    A waiting claim holds a connection for up to a second; a hundred idle
-    threads would hold a hundred, and the running jobs' ends and
-    checkpoints would find none.  A thread whose turn comes claims (and is
-    answered at once while jobs are there), then lets the next one go.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._taken = False
-
-    def enter(self, stopping: Callable[[], bool]) -> bool:
-        """Wait for the turn; False when the worker stops first (``wake_all``).
-
-        No timed polling: a hundred idle threads sleep until the turn passes.
-        """
-        with self._cond:
-            while self._taken and not stopping():
-                self._cond.wait()
-            if stopping():
-                return False
-            self._taken = True
-            return True
-
-    def leave(self) -> None:
-        with self._cond:
-            self._taken = False
-            self._cond.notify()
-
-    def wake_all(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-
-class Worker(Finisher[Handler]):
+class Worker(Turns[Handler]):
     """Runs ``handler`` for the jobs of ``queue``, ``concurrency`` at a time, in threads.
 
     ``Worker(client, queue, handler, *, lease_ms=30_000, max_attempts=3,
-    concurrency=1, poll_interval=0.2, extend_interval=None, grace=10.0,
-    retry=None, metrics=None, replicas=0, replicas_timeout_ms=1000,
-    replicas_aof=False)``:
+    concurrency=1, prefetch=0, poll_interval=0.2, extend_interval=None,
+    grace=10.0, retry=None, metrics=None, replicas=0,
+    replicas_timeout_ms=1000, replicas_aof=False, reap=True,
+    reap_interval=10.0, max_stalled=3, timeout_ms=None, timeout_grace=5.0)``:
 
     - ``handler(ctx)`` gets a ``JobContext`` (the job, its cancel token,
       ``checkpoint()``); a handler taking two arguments gets ``(job,
@@ -123,9 +94,15 @@ class Worker(Finisher[Handler]):
       it again at the end.
     - ``lease_ms``: each job's lease, checkpointed every ``extend_interval``
       seconds (default: a third of the lease).
-    - ``poll_interval``: how often an idle thread looks for work; its claim
-      waits on the server (up to a second of it), so a job enqueued
-      meanwhile is claimed at once.
+    - ``concurrency``: threads running a job each; ``prefetch``: jobs
+      claimed beyond the free threads, their leases kept while they wait
+      (off by default: it costs fairness, and a crash leaves them held
+      until their leases lapse; see the worker guide).
+    - ``poll_interval``: where a claim cannot wait on the server (the
+      scripts backend; Redis Cluster), how often an idle worker claims (the
+      scripts backend backs off to 3 s while the queue stays empty).
+      Elsewhere one claim for the whole worker waits on the server, 5 s a
+      command, and a job enqueued meanwhile is claimed at once.
     - ``retry``: an ``echomq.RetryPolicy``: its ``max_attempts``, and a
       failed job is claimable again only after its ``delay_ms(attempt)``.
     - ``grace``: on ``stop()`` or a signal, how long running handlers may
@@ -138,6 +115,14 @@ class Worker(Finisher[Handler]):
       given back unrun (no try used), counted in ``stats.not_replicated``,
       and the thread waits ``poll_interval`` before it claims again.
       Fewer re-runs after a failover; still at least once.
+    - ``reap``: sweep the queue now and then (every ``reap_interval``
+      seconds on average, jittered; small bounded sweeps): the jobs of
+      workers that died come back, dead-lettered at ``max_stalled`` stalls,
+      and the dead retention is applied.  A ``Reaper`` stays optional.
+    - ``timeout_ms``: a handler running longer has its token cancelled with
+      "timeout"; ``timeout_grace`` seconds later it is abandoned and its job
+      failed with a timeout error (a try used).  Python cannot stop a
+      thread: an abandoned handler's thread runs on, another takes its place.
     - ``stats``: a ``WorkerStats``.
 
     Every argument is checked here: TypeError or ValueError naming it.  A
@@ -157,18 +142,21 @@ class Worker(Finisher[Handler]):
         self._wake = threading.Event()  # set when stopping: idle and backing-off threads look again
         self._forced_event = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._handling: set[threading.Thread] = set()  # threads in a handler now (a forced stop leaves them)
+        # Threads in a handler now, and its job's keeper (a forced stop leaves them; a timeout abandons them).
+        self._handling: dict[threading.Thread, LeaseKeeper] = {}
+        self._abandoned: set[threading.Thread] = set()  # their handlers ran past the timeout's grace
         self._supervisor: threading.Thread | None = None
         self._supervisor_ident: int | None = None
         self._started = False
         self._done = threading.Event()
         self._signals: collections.deque[int] = collections.deque()
         self._keepers = SharedKeeper(f"echomq-worker-{self.queue}-leases")  # one thread keeps every lease
-        self._gate = _ClaimGate()
-        self._claim_cutter = Cutter()  # stop() cuts the waiting claim (one at a time: _ClaimGate)
+        self._claim_cutter = Cutter()  # stop() cuts the waiting claim (one per worker: _wait_for_work)
         self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
         self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
+        self._sweeper: Sweeper | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
+        self._init_turns()
 
     # -- control ---------------------------------------------------------------
 
@@ -253,7 +241,7 @@ class Worker(Finisher[Handler]):
         with self._lock:
             self._request_stop(time.monotonic(), grace)
         self._wake.set()
-        self._gate.wake_all()
+        self._wake_threads()
         self._claim_cutter.cut()
         me = threading.get_ident()
         if not self._started or me == self._supervisor_ident or threading.current_thread() in self._threads:
@@ -286,10 +274,19 @@ class Worker(Finisher[Handler]):
             holding: Callable[[], bool] = lambda: len(self._held) > 0  # noqa: E731 (the listener pings only then)
             self._listener = CancelListener(self.client, self.queue, self._keepers, holding)
             self._listener.ensure()
+        if self.reap:
+            self._sweeper = Sweeper(self, self._lock)
+            self._sweeper.start()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
         ]
+        if self.prefetch:  # one more thread, that only sends and claims: the others run what is ready
+            self._threads.append(
+                threading.Thread(
+                    target=self._loop, args=(False,), name=f"echomq-worker-{self.queue}-sender", daemon=True
+                )
+            )
         for t in self._threads:
             t.start()
 
@@ -332,12 +329,15 @@ class Worker(Finisher[Handler]):
                             self._interrupt = exc
                         first = self._request_stop(time.monotonic())
                     self._wake.set()
-                    self._gate.wake_all()
+                    self._wake_threads()
                     if not first:
                         self._go_forced()
                         return
         finally:
+            if self._sweeper is not None:
+                self._sweeper.stop()
             self._join_threads()
+            self._settle()
             self._keepers.close()
             if self._listener is not None:
                 self._listener.close()
@@ -352,7 +352,11 @@ class Worker(Finisher[Handler]):
         every command bounded by the force's budget: a job a claim answered
         is released before the process goes, a second signal or not.
         """
-        for t in self._threads:
+        for t in list(self._threads):
+            with self._lock:
+                abandoned = t in self._abandoned
+            if abandoned:  # its handler ran past the timeout's grace: nothing to wait for
+                continue
             if not self._forced:
                 t.join()
                 continue
@@ -375,11 +379,15 @@ class Worker(Finisher[Handler]):
             holding = len(self._held) > 0
         if stopping:
             self._wake.set()
-            self._gate.wake_all()
+            self._wake_threads()
+            self._give_back_ready()
+            if self._sweeper is not None:
+                self._sweeper.cut()
         if force:
             self._go_forced()
             return True
-        if not any(t.is_alive() for t in self._threads):
+        self._abandon_overdue(now)
+        if not any(t.is_alive() for t in self._threads if t not in self._abandoned):
             return True
         if holding:
             self._keepers.ensure()  # a keeper thread that could not start (or died) runs again
@@ -388,81 +396,46 @@ class Worker(Finisher[Handler]):
         time.sleep(TICK_S if wait is None else min(wait, TICK_S))
         return False
 
+    def _abandon_overdue(self, now: float) -> None:
+        """Handlers a grace past their timeout: their jobs failed without them, their threads replaced.
+
+        Python cannot stop a thread: an abandoned handler runs on, and its
+        thread ends when it returns (its job's end then sends nothing).
+        ``_abandon_handler`` is the seam for a driver that can stop one.
+        """
+        with self._lock:
+            overdue = [(held, self._abandon(held)) for held in self._abandon_due(now)]
+            running = {keeper._held: (t, keeper) for t, keeper in self._handling.items()}
+            abandoned = [running[held] for held, _ in overdue if held in running]
+            self._abandoned.update(thread for thread, _ in abandoned)
+        for thread, keeper in abandoned:
+            keeper.stop()  # no more checkpoints: the job ends with its FAIL
+            self._abandon_handler(thread)
+        if overdue:
+            with self._turns_lock:
+                self._slots.ended(len(overdue))
+                self._pending += [finish for _, finish in overdue]
+                self._turns.notify_all()
+
+    def _abandon_handler(self, thread: threading.Thread) -> None:
+        """Leave a handler's thread to itself and start another in its place (the worker keeps its slots)."""
+        if self._stop_requested:
+            return
+        replacement = threading.Thread(target=self._loop, name=f"{thread.name}-after-timeout", daemon=True)
+        self._threads.append(replacement)
+        replacement.start()
+
     def _go_forced(self) -> None:
         """Stop at once: give back the jobs whose handlers still run, within ``FORCE_BUDGET_S``."""
         with self._lock:
             stuck = self._force()
         self._forced_event.set()
         self._wake.set()
-        self._gate.wake_all()
+        self._wake_threads()
         for held in stuck:
             self._give_back(held, self._force_until)
 
-    # -- a worker thread -------------------------------------------------------
-
-    def _loop(self) -> None:
-        pause, step = Backoff(), ClaimStep()
-        ready: tuple[list[Job], float] | None = None  # claimed with the last job's end
-        try:
-            while True:
-                if ready is not None:  # run, or given back unrun when stopping (_process)
-                    (jobs, claimed_at), ready = ready, None
-                    jobs = self._replicated(jobs, claimed_at)
-                elif self._stop_requested:
-                    return
-                else:
-                    claimed = self._take_turn(step, pause)
-                    if claimed is None:
-                        continue
-                    pause = Backoff()
-                    jobs, claimed_at = claimed
-                ready = self._run_jobs(jobs, claimed_at, step)
-        finally:
-            self._settle(step, ready)
-
-    def _take_turn(self, step: ClaimStep, pause: Backoff) -> tuple[list[Job], float] | None:
-        """This thread's turn at the worker's one waiting claim; the jobs it brought, or None."""
-        if not self._gate.enter(lambda: self._stop_requested):
-            return None
-        try:
-            try:
-                jobs, claimed_at = self._claim(step, settle=True)
-            finally:
-                self._gate.leave()
-        except _Stopped:
-            return None
-        except _GaveUp:
-            self._wake.wait(pause.next_wait(time.monotonic()) or self.poll_interval)
-            return None
-        except Exception as exc:  # a bug, not the server: logged once, and the loop goes on
-            self._trouble(exc, "claim")
-            self._wake.wait(self.poll_interval)
-            return None
-        jobs = self._replicated(jobs, claimed_at)
-        if not jobs:  # the claim waited on the server; the rest of poll_interval here
-            rest = self.poll_interval - (time.monotonic() - claimed_at)
-            if rest > 0.001:
-                self._wake.wait(rest)
-            return None
-        return jobs, claimed_at
-
-    def _run_jobs(
-        self, jobs: list[Job], claimed_at: float, step: ClaimStep
-    ) -> tuple[list[Job], float] | None:
-        """Run (or, stopping, give back) each job; the last one's end claims the next: what it brought."""
-        ready = None
-        for n, job in enumerate(jobs):
-            try:
-                finish = self._process(job, claimed_at, defer=True)
-                if finish is None:
-                    continue
-                if n == len(jobs) - 1 and not self._stop_requested and finish.action is not Action.DROP:
-                    ready = self._finish_and_claim(finish, step)
-                else:
-                    self._finish(finish)
-            except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
-                self._trouble(exc, "processing a job", job)
-        return ready
+    # -- a job -----------------------------------------------------------------
 
     def work_one(self) -> bool:
         """Claim and process one job in this thread; False when the queue had none.
@@ -471,32 +444,38 @@ class Worker(Finisher[Handler]):
         """
         step = ClaimStep()
         try:
-            jobs, claimed_at = self._claim(step, wait=False)
+            jobs, claimed_at = self._claim(step)
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         jobs = self._replicated(jobs, claimed_at, loop=False)
         for job in jobs:
-            self._process(job, claimed_at)
+            keeper = self._adopt(job, claimed_at)
+            if keeper is not None:
+                finish = self._execute(keeper)
+                if finish is not None:
+                    self._finish(finish)
         return bool(jobs)
 
-    def _claim(self, step: ClaimStep, wait: bool = True, settle: bool = False) -> tuple[list[Job], float]:
+    def _claim(
+        self, step: ClaimStep, *, count: int = 1, block_ms: int | None = None, settle: bool = False
+    ) -> tuple[list[Job], float]:
         """One claim step: the jobs of one EMQ.CLAIM, and when (``time.monotonic()``) its REQ was first sent.
 
         The same call (so the same REQ) is sent again after a lost reply
-        until it is answered (or a forced stop), and by the loop's next
-        steps until it brings jobs back (``ClaimStep``): a job the server
-        handed to a reply we did not get comes back to us, and one answered
-        late has its lease confirmed before it runs (``_process``).  With
-        ``wait`` the claim waits on the server for a job (``claim_block_ms``).
-        With ``settle``, a stop ends the tries at once unless one got no
-        answer (``_Stopped``); then the thread's ``_settle`` asks again.
-        The waiting claim can be cut by ``stop()`` (``_claim_cutter``): a
+        until it is answered (or a forced stop), and by the next steps
+        until it brings jobs back (``ClaimStep``): a job the server handed
+        to a reply we did not get comes back to us, and one answered late
+        has its lease confirmed before it runs (``_adopt``).  With
+        ``block_ms`` the claim waits on the server for a job.  With
+        ``settle`` (the waiting claim), a stop ends the tries at once unless
+        one got no answer (``_Stopped``); then ``_settle`` asks again.  The
+        waiting claim can be cut by ``stop()`` (``_claim_cutter``): a
         waiting claim whose connection drops claims nothing, and a frozen
-        server cannot hold the stop for a whole try.
-        The command is ``_claim_call()``'s, shared with the asyncio worker.
+        server cannot hold the stop for a whole try.  The command is
+        ``_claim_call()``'s, shared with the asyncio worker.
         """
-        call, claimed_at = step.next(lambda: self._claim_call(wait), time.monotonic())
-        extra = self.claim_block_ms / 1000 if wait else 0.0
+        call, claimed_at = step.next(lambda: self._claim_call(block_ms, count), time.monotonic())
+        extra = (block_ms or 0) / 1000
         cutter = self._claim_cutter if settle else None
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
@@ -508,40 +487,95 @@ class Worker(Finisher[Handler]):
         step.answered(jobs)
         return jobs, claimed_at
 
-    def _process(self, job: Job, claimed_at: float, defer: bool = False) -> Finish | None:
-        """Run ``job``'s handler under its lease; send its end, or with ``defer`` return it to send."""
-        cancel = CancelToken()
-        keeper = LeaseKeeper(
-            self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
-        )
-        keeper._troubles = self._troubles
-        if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
-            keeper._shared = self._keepers
+    def _adopt(self, job: Job, claimed_at: float) -> LeaseKeeper | None:
+        """``job``'s lease keeper, started; None when the worker does not run it (given back).
+
+        Not started for a claim answered so late that its lease may have
+        lapsed: the thread that runs the job confirms it first (``_start``),
+        each in its own thread, not one after another here.
+        """
+        keeper = self._keeper(job, claimed_at)
         held = keeper._held
         with self._lock:
-            run_it = self._took(held)
+            took = self._took(held)
+        if not took:  # the claim was in flight when stop() came: give it back unrun
+            self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+            return None
+        if held.needs_confirmation(time.monotonic()):
+            return keeper
+        return keeper if self._start(keeper) else None
+
+    def _start(self, keeper: LeaseKeeper) -> bool:
+        """Start ``keeper`` (confirming a late claim's lease first); False when the job is not run."""
+        held = keeper._held
+        if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
+            with self._lock:
+                self._let_go(held)
+                self._decide(held, None)  # lost: counted, nothing sent
+            return False
+        try:
+            keeper.start()
+        except BaseException:  # no keeper (a thread that cannot start): not run, given back
+            keeper.stop()
+            with self._lock:
+                self._let_go(held)
+                held.given_back = True
+            self._give_back(held, held.confirmed_until)
+            raise
+        return True
+
+    def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
+        keeper = LeaseKeeper._for_worker(
+            self.client, job, self.lease_ms, CancelToken(), interval=self._interval, claimed_at=claimed_at,
+            troubles=self._troubles,
+        )  # fmt: skip
+        if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
+            keeper._shared = self._keepers
+        return keeper
+
+    def _run(self, keeper: LeaseKeeper) -> None:
+        """A thread's turn at a ready job: run it and hand its end to the finisher."""
+        finish = self._execute(keeper)
+        if keeper._held.abandoned:
+            return  # its slot was freed, and its FAIL sent, when it was abandoned
+        if finish is not None:
+            self._hand(finish)
+        else:
+            with self._turns_lock:
+                self._slots.ended()
+                self._turns.notify()
+
+    def _execute(self, keeper: LeaseKeeper) -> Finish | None:
+        """Run the handler of an adopted job; its end, or None when it was not run (given back, lost)."""
+        held = keeper._held
+        job = held.job
         context = CURRENT_JOB.set(job)
         try:
-            if not run_it:  # the claim was in flight when stop() came: give it back unrun
-                self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+            with self._lock:
+                if self._stop_requested or not held.active:
+                    self._let_go(held)
+                    give_back = not held.given_back and held.lost is None
+                    held.given_back = held.given_back or give_back
+                else:
+                    give_back = None
+            if give_back is not None:  # not run: the worker stops, or the lease was lost while it waited
+                keeper.stop()
+                if give_back:
+                    self._settled_unrun(job)
+                    self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+                elif held.lost is not None:
+                    with self._lock:
+                        self._decide(held, None)  # lost: counted, nothing sent
+                return None
+            if not keeper._started and not self._start(keeper):  # a late claim not confirmed
                 return None
             if self.metrics is not None:
                 self.metrics.claimed_with_wait(self.client, job)
-            if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
-                with self._lock:
-                    self._let_go(held)
-                    self._decide(held, None)  # lost: counted, nothing sent
-                return None
-            try:
-                keeper.start()
-            except BaseException:  # no keeper (a thread that cannot start): not run, given back
-                keeper.stop()
-                with self._lock:
-                    self._let_go(held)
-                    held.given_back = True
-                self._give_back(held, held.confirmed_until)
-                raise
-            error, interrupted = self._call_handler(job, cancel, keeper)
+            with keeper._lock:
+                timeout_at = self._time_handler(held, time.monotonic())
+            if timeout_at < math.inf:
+                WATCH.earlier(timeout_at)
+            error, interrupted = self._call_handler(job, held.cancel, keeper)
             with self._lock:
                 self._let_go(held)
                 finish = self._decide(held, error, interrupted)
@@ -550,11 +584,8 @@ class Worker(Finisher[Handler]):
                     self._interrupted(error, time.monotonic())
             if interrupted:
                 self._wake.set()
-                self._gate.wake_all()
-            if defer:
-                return finish
-            self._finish(finish)
-            return None
+                self._wake_threads()
+            return finish
         finally:
             CURRENT_JOB.reset(context)
 
@@ -564,7 +595,7 @@ class Worker(Finisher[Handler]):
         """Run the handler; (its exception or None, whether that exception asks the worker to stop)."""
         me = threading.current_thread()
         with self._lock:
-            self._handling.add(me)
+            self._handling[me] = keeper
         error: BaseException | None = None
         interrupted = False
         try:
@@ -578,7 +609,7 @@ class Worker(Finisher[Handler]):
             error, interrupted = exc, True
         finally:
             with self._lock:
-                self._handling.discard(me)
+                self._handling.pop(me, None)
             keeper.stop()
         return error, interrupted
 

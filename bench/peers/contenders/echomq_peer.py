@@ -44,15 +44,20 @@ def verify(url: str, queue: str, ids: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_sync(url: str, n: int, queue: str, concurrency: int, timeout: float) -> None:
+def run_sync(url: str, n: int, queue: str, concurrency: int, timeout: float, prefetch: int = 0) -> None:
     client = echomq.Client(redis.Redis.from_url(url))
     t = time.perf_counter()
     ids = [client.enqueue(queue, b"") for _ in range(n)]
     emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
     expect("go")
     clock = Clock()
+    settings = {"prefetch": prefetch} if prefetch else {}  # older packages have no prefetch
     worker = echomq.Worker(
-        echomq.Client(redis.Redis.from_url(url)), queue, lambda job, cancel: None, concurrency=concurrency
+        echomq.Client(redis.Redis.from_url(url)),
+        queue,
+        lambda job, cancel: None,
+        concurrency=concurrency,
+        **settings,
     )
     worker.start()
     while finished(worker.stats) < n and clock.elapsed() < timeout:
@@ -101,10 +106,11 @@ async def run_async(url: str, n: int, queue: str, concurrency: int, timeout: flo
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--kind", choices=["sync", "async"], required=True)
+    p.add_argument("--prefetch", type=int, default=0, help="the sync Worker's prefetch (0: off, the default)")
     a = p.parse_args()
     try:
         if a.kind == "sync":
-            run_sync(a.url, a.n, a.queue, a.concurrency, a.timeout)
+            run_sync(a.url, a.n, a.queue, a.concurrency, a.timeout, a.prefetch)
         else:
             asyncio.run(run_async(a.url, a.n, a.queue, a.concurrency, a.timeout))
     except Exception as exc:

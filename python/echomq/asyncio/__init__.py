@@ -15,7 +15,7 @@ lease keeper, reaper and worker.
 
 ``CancelToken`` is the same class as in sync code: ``await token.wait()``
 works from any event loop, and ``cancel()`` from any thread.  The drivers
-follow the thread drivers' rules (``_runtime.py``): the same deadline watch
+follow the thread drivers' rules (``_runtime``): the same deadline watch
 (a handler that blocks the loop still has its token cancelled at the
 deadline), the same retries, the same shutdown.
 

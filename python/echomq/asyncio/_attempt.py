@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +26,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from .._attempt import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
+
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # the fast extra is not installed
+    _hiredis_pack = None
 
 __all__ = ["Progress", "WorkerConnections"]
 
@@ -155,14 +161,42 @@ class WorkerConnections:
     async def round_trip(connection: Any, commands: list[tuple[Any, ...]], progress: Progress) -> list[Any]:
         """Send ``commands`` pipelined and read every reply; error replies are values (ResponseError)."""
         progress.sent = True
-        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        await connection.send_packed_command(_pack(connection, commands), check_health=False)
         replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await connection.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
+        # The try's own deadline (the caller's asyncio.timeout) bounds the reads, not the
+        # connection's socket_timeout: a waiting claim (BLOCK) may wait longer than that.
+        bound, connection.socket_timeout = connection.socket_timeout, None
+        try:
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        finally:
+            connection.socket_timeout = bound
         return replies
+
+
+def _pack(connection: Any, commands: list[tuple[Any, ...]]) -> Any:
+    """The commands as RESP: hiredis's packer when installed (the ``fast`` extra) and the connection
+    encodes as it does (UTF-8, strict), else redis-py's own (pure Python in its asyncio connection,
+    and a busy worker's largest cost after the event loop)."""
+    encoder = getattr(connection, "encoder", None)
+    if (
+        _hiredis_pack is not None
+        and getattr(encoder, "encoding", None) == "utf-8"
+        and getattr(encoder, "encoding_errors", None) == "strict"
+    ):
+        return [b"".join(_hiredis_pack(_split_name(command)) for command in commands)]
+    return connection.pack_commands(commands)
+
+
+def _split_name(command: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A command name with words in it ("COMMAND INFO") sent as separate arguments, as redis-py does."""
+    name = command[0]
+    if isinstance(name, str) and " " in name:
+        return (*name.split(), *command[1:])
+    return command
 
 
 async def _usable(connection: Any) -> bool:

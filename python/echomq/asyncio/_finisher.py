@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis
+from redis.exceptions import ResponseError
 
 from .. import _protocol as proto
 from .._attempt import NotSent
@@ -69,6 +70,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
 
     _coalescer: Coalescer
     _unowned: dict[str, tuple[Job, float]]
+    _waiting: dict[str, Any]
     _claim_step: ClaimStep
     _doubts: set[ClaimStep]
     _settling: set[asyncio.Task[Any]]
@@ -138,7 +140,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
         now = time.monotonic()
         until = max(step.since + self.lease_ms / 1000, now + min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000))
         # A waiting claim is not waited for when the server cannot be reached at all (ClaimStep.waiting).
-        unreachable = (lambda exc: isinstance(exc, NotSent)) if step.waiting else None
+        unreachable = _cannot_tell if step.waiting else None
         try:
             jobs = await self._send_until(
                 call, until, "claim", cap_s=SETTLE_TRY_S, refusal=unreachable, floor=now + SETTLE_TRY_S
@@ -160,6 +162,9 @@ class Finisher(WorkerCore[Client, HandlerT]):
         """Give back ``jobs``, claimed at ``claimed_at``, unrun (no try used); none is a runner's."""
         for job in jobs:
             self._unowned.pop(job.token, None)
+            waited = self._waiting.pop(job.token, None)
+            if waited is not None:  # prefetched: its keeper stops before the job goes back
+                await waited.stop()
             held = HeldJob.claimed(
                 job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
             )
@@ -420,3 +425,14 @@ def _cancelling() -> bool:
     """Whether the current task is being cancelled (Python 3.11+; before it, not known: False)."""
     task = asyncio.current_task()
     return task is not None and sys.version_info >= (3, 11) and task.cancelling() > 0
+
+
+def _cannot_tell(exc: BaseException) -> bool:
+    """A waiting claim's REQ, asked again, that the server cannot answer now: not waited for.
+
+    Unreachable (nothing sent), or refused (past maxmemory, loading: CLAIM
+    reads no record then).  A claim that was only waiting took nothing
+    unless a job came in the instant its connection dropped; the job's
+    lease then lapses and a sweep recovers it.
+    """
+    return isinstance(exc, (NotSent, ResponseError))

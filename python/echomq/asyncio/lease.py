@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _protocol as proto
 from .._runtime import KeeperCore, LeaseEvent, checkpoint_round, lease_log, state_refused
-from .._watch import WATCH
+from .._watch import HORIZON_S, WATCH
 from ..cancel import Cancellation
 from ..errors import BadArgument
 from ._waits import wait_event
@@ -47,7 +47,7 @@ class LeaseKeeper(KeeperCore[Client]):
         # A thread lock, held only between awaits: the deadline watch thread
         # updates the HeldJob too.
         self._lock = threading.Lock()
-        self._stop = asyncio.Event()
+        self._stop: asyncio.Event | None = None  # a keeper of its own (not a worker's) makes it in start()
         self._task: asyncio.Task[Any] | None = None
         self._sending = False
         self._shared: Keepers | None = None  # a worker's one keeper task checkpoints this job
@@ -67,13 +67,17 @@ class LeaseKeeper(KeeperCore[Client]):
         if self._shared is not None:
             self._shared.add(self)
             return
+        self._stop = asyncio.Event()
+        if self._held.stopped:
+            self._stop.set()
         self._task = asyncio.create_task(self._run(), name=f"echomq-lease-{self.job.id}")
 
     async def stop(self) -> None:
         """Stop checkpointing, cancel a checkpoint in flight, then look at the deadline a last time."""
         with self._lock:
             self._held.stop()
-        self._stop.set()
+        if self._stop is not None:
+            self._stop.set()
         if self._shared is not None:
             self._shared.discard(self)
         task = self._task
@@ -110,6 +114,7 @@ class LeaseKeeper(KeeperCore[Client]):
         return True
 
     async def _run(self) -> None:
+        assert self._stop is not None
         while True:
             with self._lock:
                 wait = self._held.wait_before_checkpoint(self._clock())
@@ -219,7 +224,8 @@ class Keepers:
             except Exception as exc:  # a bug, or memory: logged, and the keeper goes on
                 lease_log.error("the lease keeper's round failed: %r", exc, exc_info=exc)
                 wait = 0.1
-            self._wakes_at = math.inf if wait is None else time.monotonic() + wait
+            wait = HORIZON_S if wait is None else min(wait, HORIZON_S)  # see _watch.HORIZON_S
+            self._wakes_at = time.monotonic() + wait
             await wait_event(self._wake, wait)
             self._wakes_at = -math.inf
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import signal
 import sys
 import threading
@@ -31,11 +32,14 @@ from .._runtime import (
     Backoff,
     ClaimStep,
     HeldJob,
+    IdleWait,
+    count_of,
 )
 from .._watch import WATCH
 from ..cancel import CancelToken
 from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
 from ._pushes import CancelListener
+from ._sweeper import sweep_loop
 from ._together import Coalescer
 from ._waits import wait_event
 from .client import Client
@@ -47,8 +51,8 @@ __all__ = ["Worker"]
 T = TypeVar("T")
 
 # Connections a worker needs besides one per runner: the claimer, the batches
-# sent together, the keeper's batch, a pushed cancel's checkpoint.
-OWN_LOOPS = 4
+# sent together, the keeper's batch, a pushed cancel's checkpoint, its sweeps.
+OWN_LOOPS = 5
 
 
 class Worker(Finisher[AsyncHandler]):
@@ -96,10 +100,12 @@ class Worker(Finisher[AsyncHandler]):
         self._slot: asyncio.Event | None = None  # set when a runner becomes free
         # Jobs a claim answered that no runner has taken yet (by token): given back if the worker ends first.
         self._unowned: dict[str, tuple[Job, float]] = {}
+        self._waiting: dict[str, LeaseKeeper] = {}  # prefetch: the keepers of jobs waiting for a runner
         self._claim_step = ClaimStep()  # the claimer's; asked again at the end if its answer was lost
         self._doubts: set[ClaimStep] = set()  # runners' claims (COMPLETECLAIM) sent, answers not yet read
         self._settling: set[asyncio.Task[Any]] = set()  # give-backs of answers whose callers were cancelled
         self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
+        self._sweeps: asyncio.Task[None] | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
 
     # -- control ---------------------------------------------------------------
@@ -155,6 +161,8 @@ class Worker(Finisher[AsyncHandler]):
         attempt = self._claim_attempt
         if self._stop_requested and attempt is not None and not attempt.done():
             attempt.cancel()  # the waiting claim: a dropped connection claims nothing; _settle asks again
+        if self._stop_requested and self._sweeps is not None:
+            self._sweeps.cancel()  # a sweep in flight: what it took is taken
 
     async def _run(self, handle_signals: bool) -> None:
         if self._started:
@@ -172,13 +180,19 @@ class Worker(Finisher[AsyncHandler]):
         self.client._reserve(self._reserved)
         restore = self._install_signals(loop) if handle_signals else None
         try:
-            self._jobs, self._slot, self._free = asyncio.Queue(), asyncio.Event(), self.concurrency
+            self._jobs, self._slot = asyncio.Queue(), asyncio.Event()
+            self._free = self.concurrency + self.prefetch
             self._loops = [
                 asyncio.create_task(self._runner(), name=f"echomq-worker-{self.queue}-{n}")
                 for n in range(self.concurrency)
             ]
             claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
             self._loops.append(claimer)
+            if self.reap:
+                self._sweeps = asyncio.create_task(
+                    sweep_loop(self, self._stopping), name=f"echomq-worker-{self.queue}-sweep"
+                )
+                self._loops.append(self._sweeps)
             if self._push_cancels:
                 self._listener = CancelListener(
                     self.client, self.queue, self._keepers, lambda: len(self._held) > 0
@@ -235,7 +249,8 @@ class Worker(Finisher[AsyncHandler]):
     async def _supervise(self) -> None:
         assert self._wake is not None
         while True:
-            wait = self._shutdown_tick(time.monotonic())
+            now = time.monotonic()
+            wait = self._shutdown_tick(now)
             if self._force_pending or wait == 0.0:
                 await self._force_stop()
                 return
@@ -243,8 +258,55 @@ class Worker(Finisher[AsyncHandler]):
                 return
             if self._stop_requested and self._stopping is not None:
                 self._stopping.set()  # idle tasks stop waiting for their next poll
+                self._give_back_waiting()
+            self._abandon_overdue(now)
+            abandon = self._next_abandon(time.monotonic())
+            if abandon is not None:
+                wait = abandon if wait is None else min(wait, abandon)
             await wait_event(self._wake, wait)
             self._wake.clear()
+
+    def _give_back_waiting(self) -> None:
+        """At a stop, the prefetched jobs waiting for a runner are given back now, not after a busy one."""
+        if not self._waiting or self._jobs is None:
+            return
+        keep: list[tuple[Job, float, bool] | None] = []
+        waited: list[tuple[Job, float]] = []
+        while not self._jobs.empty():
+            item = self._jobs.get_nowait()
+            if item is not None and item[0].token in self._waiting:
+                waited.append((item[0], item[1]))
+            else:
+                keep.append(item)
+        for item in keep:
+            self._jobs.put_nowait(item)
+        for job, claimed_at in waited:
+            self._free += 1
+            task = asyncio.get_running_loop().create_task(
+                self._give_back_these([job], claimed_at), name="echomq-give-back"
+            )
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    def _abandon_overdue(self, now: float) -> None:
+        """Handlers a grace past their timeout: their jobs failed without them, their tasks cancelled.
+
+        A handler that does not let the cancellation through (it catches
+        CancelledError, or blocks the loop) keeps its runner until it ends;
+        its job's end then sends nothing.
+        """
+        for held in self._abandon_due(now):
+            finish = self._abandon(held)
+            self._abandon_handler(held)
+            task = asyncio.get_running_loop().create_task(self._finish(finish), name="echomq-timeout-fail")
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    def _abandon_handler(self, held: HeldJob) -> None:
+        """Cancel the task running ``held``'s handler (the seam for a driver that can stop one for real)."""
+        task = self._handlers.get(held)
+        if task is not None:
+            task.cancel()
 
     async def _force_stop(self) -> None:
         """Stop at once: cancel the handlers still running, give their jobs back, end every task."""
@@ -285,15 +347,21 @@ class Worker(Finisher[AsyncHandler]):
         """
         assert self._stopping is not None and self._wake is not None
         assert self._jobs is not None and self._slot is not None
-        pause, step = Backoff(), self._claim_step
+        pause, step, idle = Backoff(), self._claim_step, IdleWait(self.poll_interval, self.lease_ms)
+        cuttable = self.client._bounded()
         try:
             while not self._stop_requested:
                 if self._free <= 0:
                     self._slot.clear()
                     await self._slot.wait()
                     continue
+                count = self._free
+                if step.call is not None and count_of(step.call) != count:
+                    step.renew()
                 try:
-                    jobs, claimed_at = await self._claim(step, count=self._free, stop_ok=True)
+                    jobs, claimed_at = await self._claim(
+                        step, count=count, block_ms=idle.block_ms(cuttable), stop_ok=True
+                    )
                 except _Stopped:
                     return
                 except _GaveUp:
@@ -305,15 +373,17 @@ class Worker(Finisher[AsyncHandler]):
                     continue
                 pause = Backoff()
                 self._hand(jobs, claimed_at)
+                rest = idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
                 jobs = await self._replicated(jobs, claimed_at)
-                if not jobs:  # the claim waited on the server; the rest of poll_interval here
-                    rest = self.poll_interval - (time.monotonic() - claimed_at)
+                if not jobs:  # the claim waited on the server, or polls (see IdleWait)
                     if rest > 0.001:
                         await wait_event(self._stopping, rest)
                     continue
                 self._free -= len(jobs)
                 landed = not self._stop_requested  # answered before any stop: they run
                 for job in jobs:
+                    if self.prefetch:
+                        self._keep_waiting(job, claimed_at)
                     self._jobs.put_nowait((job, claimed_at, landed))
         finally:
             for _ in range(self.concurrency):  # the runners give back what is queued, then end
@@ -344,7 +414,7 @@ class Worker(Finisher[AsyncHandler]):
     async def work_one(self) -> bool:
         """Claim and process one job; False when the queue had none (see ``echomq.Worker.work_one``)."""
         try:
-            jobs, claimed_at = await self._claim(ClaimStep(), wait=False)
+            jobs, claimed_at = await self._claim(ClaimStep())
         except _GaveUp as exc:
             raise exc.__cause__ or exc from None
         self._hand(jobs, claimed_at)
@@ -354,15 +424,15 @@ class Worker(Finisher[AsyncHandler]):
         return bool(jobs)
 
     async def _claim(
-        self, step: ClaimStep, wait: bool = True, count: int = 1, stop_ok: bool = False
+        self, step: ClaimStep, *, count: int = 1, block_ms: int | None = None, stop_ok: bool = False
     ) -> tuple[list[Job], float]:
         """One claim step (see ``echomq.Worker._claim``: the same REQ until jobs come back).
 
         With ``stop_ok`` (the claimer), a stop ends the tries (``_Stopped``)
         and cuts the waiting try (``_poke``).
         """
-        call, claimed_at = step.next(lambda: self._claim_call(wait, count), time.monotonic())
-        extra = self.claim_block_ms / 1000 if wait else 0.0
+        call, claimed_at = step.next(lambda: self._claim_call(block_ms, count), time.monotonic())
+        extra = (block_ms or 0) / 1000
         # A lost reply must be noticed, and the claim sent again, well before the
         # lease it took lapses (then the retry is answered with the job): each
         # attempt waits at most a third of the lease, plus the server-side wait.
@@ -385,26 +455,30 @@ class Worker(Finisher[AsyncHandler]):
         this task to run next.  ``landed``: see ``WorkerCore._took``.
         """
         self._unowned.pop(job.token, None)  # this task's from now: run, or given back
-        cancel = CancelToken()
-        keeper = LeaseKeeper(
-            self.client, job, self.lease_ms, cancel, interval=self.extend_interval, claimed_at=claimed_at
-        )
-        keeper._troubles = self._troubles
-        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
-            keeper._shared = self._keepers
+        waited = self._waiting.pop(job.token, None)  # prefetched: its lease kept since the claim
+        keeper = waited or self._keeper(job, claimed_at)
         held = keeper._held
         context = CURRENT_JOB.set(job)
         try:
+            if waited is not None and self._stop_requested:
+                landed = False  # a prefetched job that waited for a runner: given back at a stop
             if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
+                if waited is not None:
+                    await keeper.stop()
                 await self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
                 return []
             if self.metrics is not None:
                 await self.metrics.aclaimed_with_wait(self.client, job)
-            if held.needs_confirmation(time.monotonic()) and not await self._confirm(keeper):
+            if (
+                waited is None
+                and held.needs_confirmation(time.monotonic())
+                and not await self._confirm(keeper)
+            ):
                 self._let_go(held)
                 self._decide(held, None)  # lost: counted, nothing sent
                 return []
-            keeper.start()
+            if waited is None:
+                keeper.start()
             # The handler runs in this task (a task of its own would cost a few
             # loop turns per job); a forced stop cancels this task while it is
             # here, and _call_handler tells that cancel from one the handler
@@ -412,12 +486,19 @@ class Worker(Finisher[AsyncHandler]):
             current = asyncio.current_task()
             assert current is not None
             self._handlers[held] = current
+            with keeper._lock:
+                timeout_at = self._time_handler(held, time.monotonic())
+            if timeout_at < math.inf:
+                WATCH.earlier(timeout_at)
+                if self._wake is not None:
+                    self._wake.set()  # the supervisor looks at its grace's end
             try:
                 error, interrupted = await self._call_handler(held, keeper)
             finally:
                 self._handlers.pop(held, None)
                 await keeper.stop()
-            interrupted = interrupted and not held.given_back  # our own forced stop is no request to stop
+            # our own forced stop, or a timeout's abandon, is no request to stop
+            interrupted = interrupted and not (held.given_back or held.abandoned)
             self._let_go(held)
             finish = self._decide(held, error, interrupted)
             if interrupted:
@@ -431,6 +512,25 @@ class Worker(Finisher[AsyncHandler]):
             return []
         finally:
             CURRENT_JOB.reset(context)
+
+    def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
+        keeper = LeaseKeeper._for_worker(
+            self.client, job, self.lease_ms, CancelToken(), interval=self._interval, claimed_at=claimed_at,
+            troubles=self._troubles,
+        )  # fmt: skip
+        if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
+            keeper._shared = self._keepers
+        return keeper
+
+    def _keep_waiting(self, job: Job, claimed_at: float) -> None:
+        """``prefetch``: a job claimed ahead of a free runner has its lease kept while it waits.
+
+        Not one answered so late that it must be confirmed first: its runner does that.
+        """
+        keeper = self._keeper(job, claimed_at)
+        if not keeper._held.needs_confirmation(time.monotonic()):
+            keeper.start()
+            self._waiting[job.token] = keeper
 
     async def _call_handler(self, held: HeldJob, keeper: LeaseKeeper) -> tuple[BaseException | None, bool]:
         """Run the handler; returns (its exception or None, whether that exception asks the worker to stop).
@@ -452,7 +552,7 @@ class Worker(Finisher[AsyncHandler]):
             # Ours only when a forced stop cancelled the task (the job was
             # given back then); else the handler let a cancellation of its
             # own escape: its job's failure.
-            if held.given_back:
+            if held.given_back or held.abandoned:
                 current = asyncio.current_task()
                 if current is not None and sys.version_info >= (3, 11):
                     current.uncancel()  # consumed: later timeouts in this task work as usual
@@ -463,6 +563,11 @@ class Worker(Finisher[AsyncHandler]):
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
             return exc, True
         return None, False
+
+    def _blocks(self) -> bool:
+        """Whether the claims wait on the server (the module does; a script cannot)."""
+        rendering = self.client._rendering
+        return rendering is not None and rendering.name == "module"
 
     async def _confirm(self, keeper: LeaseKeeper) -> bool:
         """A claim answered late: confirm its lease before the handler runs (``echomq.Worker._confirm``)."""

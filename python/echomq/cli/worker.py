@@ -57,6 +57,15 @@ def port_or_zero(value: str) -> int:
 # default and the Worker keyword it goes to ("retry.<field>": a field of its RetryPolicy).
 WORKER_SETTINGS = (
     Setting("--concurrency", positive, 1, "jobs at a time", to="concurrency", short="-c", metavar="N"),
+    Setting(
+        "--prefetch",
+        whole,
+        0,
+        "jobs claimed ahead of a free slot, their leases kept while they wait (fairness and a crash cost "
+        "more: see the worker guide)",
+        to="prefetch",
+        metavar="N",
+    ),
     Setting("--lease-ms", positive, 30_000, "each job's lease, in ms", to="lease_ms", metavar="MS"),
     Setting(
         "--extend-interval",
@@ -133,9 +142,54 @@ WORKER_SETTINGS = (
         "--poll-interval",
         seconds,
         0.2,
-        "how often an idle slot looks for work, in seconds",
+        "where a claim cannot wait on the server (the scripts backend, a cluster): how often an idle "
+        "worker claims, in seconds (the scripts backend backs off to 3 s while the queue stays empty)",
         to="poll_interval",
         metavar="SECONDS",
+    ),
+    Setting(
+        "--timeout-ms",
+        positive,
+        None,
+        'a handler running longer has its token cancelled ("timeout"); after --timeout-grace its job fails',
+        to="timeout_ms",
+        shown="none",
+        metavar="MS",
+    ),
+    Setting(
+        "--timeout-grace",
+        seconds,
+        5.0,
+        "seconds a timed-out handler gets to stop before its job fails without it (a thread runs on)",
+        to="timeout_grace",
+        shown="5",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "--reap",
+        boolean,
+        True,
+        "sweep the queue now and then: lapsed jobs (a crashed worker's) back to pending, the dead "
+        "retention applied",
+        to="reap",
+        switch=True,
+    ),
+    Setting(
+        "--reap-interval",
+        seconds,
+        10.0,
+        "seconds between this worker's sweeps, on average (each wait drawn from half to one and a half)",
+        to="reap_interval",
+        shown="10",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "--max-stalled",
+        positive,
+        3,
+        "this worker's sweeps dead-letter a job that lapsed this many times",
+        to="max_stalled",
+        metavar="N",
     ),
     Setting(
         "--replicas",

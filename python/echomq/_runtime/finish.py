@@ -1,0 +1,198 @@
+"""Finishing a job: what its handler's end decides (``Action``, ``Finish``), what it sends, what it counts.
+
+``Finishing`` is the part of ``WorkerCore`` that decides a held job's end
+and settles it by the server's answer; both drivers' finishers send it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .. import _protocol as proto
+from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
+from ..cancel import Cancellation
+from ..errors import Cancelled, LeaseLost
+from .lease import TIMEOUT, HeldJob
+from .logs import job_fields, worker_log
+from .shutdown import SHUTDOWN
+from .stats import WorkerStats
+from .troubles import Troubles
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
+    from ..retry import RetryPolicy
+
+
+def error_text(error: BaseException) -> str:
+    """The ``last_error`` a worker records for a handler's exception."""
+    if isinstance(error, Cancelled):
+        return str(error)  # "cancelled: <reason>"
+    return f"{type(error).__name__}: {error}"
+
+
+class Action(enum.Enum):
+    """What a worker does with a job whose handler has ended."""
+
+    COMPLETE = "complete"
+    FAIL = "fail"
+    RELEASE = "release"
+    """Give the job back without using an attempt: shutdown, or the handler raised a BaseException."""
+    DROP = "drop"
+    """The lease was lost (or the job given back already): it belongs to someone else; send nothing."""
+
+
+@dataclass(slots=True)
+class Finish:
+    """The decision for one job whose handler ended, and what it needs to be sent."""
+
+    held: HeldJob
+    action: Action
+    error: str = ""  # FAIL's last_error
+
+    @property
+    def job(self) -> Job:
+        return self.held.job
+
+
+class Finishing:
+    """Deciding and settling a job's end, for ``WorkerCore`` (see the module docstring)."""
+
+    queue: str
+    stats: WorkerStats
+    metrics: Metrics | None
+    retry: RetryPolicy | None
+    max_attempts: int
+    _troubles: Troubles
+    _stop_requested: bool
+    _timed_out_error: Callable[[HeldJob, BaseException | None], str | None]  # Timing's
+
+    def _decide(self, held: HeldJob, error: BaseException | None, interrupted: bool = False) -> Finish:
+        """What to send for a job whose handler ended with ``error`` (None: it returned).
+
+        Nothing if the lease was lost, a forced shutdown gave the job back
+        already or a timeout abandoned it; RELEASE if the handler's exception
+        is a request to stop (``interrupted``) or came after "shutdown";
+        COMPLETE if it returned; else FAIL with the error's text (the
+        timeout's, after "timeout").
+        """
+        if held.given_back or held.abandoned:  # given back, or failed, while its handler ran: nothing to send
+            return Finish(held, Action.DROP)
+        if held.lost is not None:
+            self.stats.leases_lost += 1
+            self._ended(held.job, "lost")
+            return Finish(held, Action.DROP)
+        held.finishing = True
+        if interrupted:
+            return Finish(held, Action.RELEASE, error_text(error) if error is not None else "")
+        cancellation = held.cancel.check()
+        if cancellation is not None and cancellation.reason == TIMEOUT:
+            self.stats.timed_out += 1
+        if error is None:
+            return Finish(held, Action.COMPLETE)
+        if cancellation == Cancellation(SHUTDOWN):
+            return Finish(held, Action.RELEASE, error_text(error))
+        return Finish(held, Action.FAIL, self._timed_out_error(held, error) or error_text(error))
+
+    def _landed(self, finish: Finish, where: FailOutcome | ReleaseOutcome | None = None) -> None:
+        """COMPLETE, FAIL or RELEASE was accepted; ``where`` is FAIL's or RELEASE's answer."""
+        self._troubles.healed()
+        fields = job_fields(finish.job)
+        if finish.action is Action.COMPLETE:
+            self.stats.completed += 1
+            self._ended(finish.job, "completed")
+            return
+        assert where is not None
+        if finish.action is Action.RELEASE:
+            if where == "cancelled":
+                self.stats.cancelled += 1
+            else:
+                self.stats.released += 1
+            self._ended(finish.job, "cancelled" if where == "cancelled" else "released")
+            worker_log.info("job %s given back, now %s", finish.job.id, where, extra=fields)
+            return
+        self.stats.record_fail(where)
+        self._ended(finish.job, "retried" if where == "pending" else where)
+        worker_log.info("job %s failed (%s), now %s", finish.job.id, finish.error, where, extra=fields)
+
+    def _refused(self, finish: Finish, exc: LeaseLost) -> None:
+        """COMPLETE, FAIL or RELEASE was refused: the lease lapsed between the keeper's last check and now."""
+        self.stats.rejected += 1
+        self._ended(finish.job, "refused")
+        worker_log.warning(
+            "job %s: %s refused: %s", finish.job.id, finish.action.value, exc, extra=job_fields(finish.job)
+        )
+
+    def _ended(self, job: Job, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(job, outcome)
+
+    def _fail_refused(self, finish: Finish, exc: BaseException, since: float, now: float) -> Finish:
+        """FAIL was refused past maxmemory (``state_refused``; it is deny-oom, nothing was written).
+
+        What to send next: the same FAIL, while the driver keeps the lease
+        alive with EXTEND (not deny-oom) between tries; nothing can claim the
+        job meanwhile anyway (CLAIM is deny-oom too), and the FAIL lands with
+        its error and its try once memory is freed.  A worker that stops
+        gives the job back instead (RELEASE, not deny-oom either): no try
+        used, and its error, which the row cannot take now, is logged here.
+        A refused end never becomes a stall.
+        """
+        fields = job_fields(finish.job)
+        if not self._stop_requested:
+            if now == since:
+                worker_log.warning(
+                    "job %s: FAIL refused (%s); its lease is kept while it is tried again",
+                    finish.job.id, exc, extra=fields,
+                )  # fmt: skip
+            return finish
+        worker_log.warning(
+            "job %s: FAIL refused for %.1f s (%s) and the worker stops; giving the job back (RELEASE: no "
+            "try used) with its error kept here: %s",
+            finish.job.id, now - since, exc, finish.error, extra=fields,
+        )  # fmt: skip
+        return Finish(finish.held, Action.RELEASE, finish.error)
+
+    def _settled_unrun(self, job: Job) -> None:
+        """A job claimed for a REQ nobody ran is being given back (a stop settling its claims)."""
+        worker_log.info(
+            "job %s: claimed as the worker stopped; giving it back unrun", job.id, extra=job_fields(job)
+        )
+
+    def _unresolved(self, exc: BaseException | None) -> None:
+        """A stopping worker could not learn what a claim took (the server did not answer in time)."""
+        worker_log.warning(
+            "worker of %r: a claim's answer was lost and could not be asked again before the stop's end "
+            "(%s); a job it took, if any, is recovered when its lease lapses",
+            self.queue, exc,
+        )  # fmt: skip
+
+    def _unfinished(self, finish: Finish) -> None:
+        """The job's end could not be sent before its lease ended (the server stayed unreachable)."""
+        self.stats.leases_lost += 1
+        self._ended(finish.job, "lost")
+        worker_log.warning(
+            "job %s: no answer to its %s before its lease ended (if it reached the server it took "
+            "effect; if not, the reaper gives the job to another worker)",
+            finish.job.id,
+            finish.action.value,
+            extra=job_fields(finish.job),
+        )
+
+    def _fail_call(self, job: Job, error: str) -> Call[FailOutcome]:
+        """Where a failed job goes: FAIL with its error, and the retry policy's delay if there is one."""
+        if self.retry is None:
+            return proto.fail(job.queue, job.id, job.token, error, self.max_attempts)
+        delay = self.retry.delay_ms(job.attempt)
+        return proto.fail(job.queue, job.id, job.token, error, self.retry.max_attempts, delay)
+
+    def _end_call(self, finish: Finish) -> Call[object]:
+        """The command that ends a job's hold: COMPLETE, FAIL (``_fail_call``) or RELEASE."""
+        job = finish.job
+        if finish.action is Action.COMPLETE:
+            return proto.complete(job.queue, job.id, job.token)  # type: ignore[return-value]
+        if finish.action is Action.FAIL:
+            return self._fail_call(job, finish.error)  # type: ignore[return-value]
+        return proto.release(job.queue, job.id, job.token)  # type: ignore[return-value]
