@@ -324,8 +324,9 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         err = emq_open_derived(ctx, user, &lanes.meta, lanes.meta_name, EMQ_DERIVED_DELETE);
     } else if (!err) {
         err = emq_lanes_open(&lanes, EMQ_LANE_META);
-        if (!err && tombstones) {
-            lanes.stale = lanes.stale > (long long)tombstones ? lanes.stale - (long long)tombstones : 0;
+        long long stale = lanes.stale > (long long)tombstones ? lanes.stale - (long long)tombstones : 0;
+        if (!err && stale != lanes.stale) {
+            lanes.stale = stale;
             lanes.stale_changed = 1;
         }
     }

@@ -327,8 +327,11 @@ static int collect(Claim *c, long long now, long count) {
     if (err) return err;
     /* <pending> loses what was read of it, the promoted entries taken included. */
     l->pops = index + next_promoted;
-    if (drops) {
-        l->stale = l->stale > drops ? l->stale - drops : 0;
+    /* Never below 0 (a hand-deleted row dropped more than `stale` counted),
+     * and written only when it changes. */
+    long long stale = l->stale > drops ? l->stale - drops : 0;
+    if (stale != l->stale) {
+        l->stale = stale;
         l->stale_changed = 1;
     }
     return EMQ_OK;

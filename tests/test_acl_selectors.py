@@ -27,7 +27,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import needs
-from .helpers import digest
+from .helpers import digest, entries
 
 pytestmark = [pytest.mark.backends, needs("acl_keys", "ACL selectors and the module's ACL API: Redis 7.0+")]
 
@@ -109,7 +109,7 @@ def test_a_selector_that_may_write_the_rows_lets_the_verbs_run(
     assert job is not None and job.id == "z"
     if backend == "module":
         assert user.enqueue(Q, b"p", job_id="n") == "n"
-        assert admin.zrange(K.pending, 0, -1) == [b"n"]
+        assert entries(admin, K) == [b"n"]
     else:
         refused(user, admin, *proto.enqueue(Q, b"p", "n").args)
     assert admin.hget(K.job("z"), "state") == b"active"

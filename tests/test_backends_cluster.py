@@ -28,7 +28,7 @@ from echomq.testing import EmbeddedServer
 
 from .clusters import owner, queue_in_slot, start_cluster
 from .conftest import ServerFactory, needs
-from .helpers import digest
+from .helpers import digest, queued
 from .test_resharding import SlotMove
 
 pytestmark = [pytest.mark.slow, needs("script_flags", "script flags (#!lua shebangs) are Redis 7.0+")]
@@ -77,7 +77,7 @@ def test_the_client_picks_the_scripts_and_routes_every_queue_to_its_node(
         node = owner(nodes, keys.pending)
         direct = node.client()
         assert direct.hget(keys.job("a"), "state") == b"done"
-        assert direct.zcard(keys.pending) == 2
+        assert queued(direct, keys) == 2
         direct.close()
         routed[node.port] += 1
         assert client.obliterate(q, force=True).removed == 2

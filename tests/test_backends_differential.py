@@ -249,8 +249,10 @@ class Gen:
             pairs += [self.pick(IDS), self.pick(PAYLOADS)]
         count = str(n).encode()
         if self.chance(0.1):
-            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()] * 2
-                              + [b"4611686018427387905", b"9223372036854775807", b"2147483648"])
+            count = self.pick(
+                [b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()] * 2
+                + [b"4611686018427387905", b"9223372036854775807", b"2147483648"]
+            )
         return self.line("EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when()])
 
     def claim(self) -> Step:
@@ -264,8 +266,15 @@ class Gen:
             opts += [self.pick([b"BLOCK", b"block"]), b"1" if wait == b"0" else wait]  # 0 waits forever
         if self.chance(0.5):
             self.rng.shuffle(opts)  # pairs may split: a syntax error, as it should be
-        bad = [[b"COUNT"], [b"REQ", b""], [b"LIMIT", b"1"], [b"COUNT", b"1", b"COUNT", b"2"],
-               [b"BLOCK", b"-1"], [b"BLOCK", b"9007199254740992"], [b"BLOCK", b"1", b"BLOCK", b"1"]]
+        bad = [
+            [b"COUNT"],
+            [b"REQ", b""],
+            [b"LIMIT", b"1"],
+            [b"COUNT", b"1", b"COUNT", b"2"],
+            [b"BLOCK", b"-1"],
+            [b"BLOCK", b"9007199254740992"],
+            [b"BLOCK", b"1", b"BLOCK", b"1"],
+        ]
         opts = self.options(bad, [opts])
         return self.line(
             "EMQ.CLAIM", [self.key("pending"), self.key("active"), self.base(), self.number(LEASES), *opts]

@@ -16,6 +16,8 @@ from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .helpers import queued
+
 Q = "ops"
 K = queue_keys(Q)
 
@@ -83,7 +85,7 @@ def test_reap_command_runs_for_a_duration(
         server, capsys, "reap", Q, "--interval", "0.05", "--duration", "0.3", "--max-stalled", "5"
     )
     assert code == 0 and "total recovered 5 (j0 j1 j2 j3 j4)  dead 0  cancelled 0  expired 0  errors 0" in out
-    assert r.zcard(K.pending) == 5
+    assert queued(r, K) == 5
 
 
 def test_cancel_command(

@@ -16,7 +16,7 @@ from echomq import _protocol as proto
 from echomq.keyspace import queue_keys
 
 from .conftest import ServerFactory, wait_for_replica
-from .helpers import digest, now_ms
+from .helpers import digest, now_ms, queued
 
 pytestmark = pytest.mark.backends
 
@@ -50,7 +50,7 @@ def test_completes_and_claims_the_next_jobs(client: echomq.Client, r: redis.Redi
         row = r.hgetall(K.job(jid.decode()))
         assert row[b"state"] == b"active" and row[b"token"] == token and attempt == 1 and state is None
         assert before + 5000 <= r.zscore(K.active, jid) <= after + 5000
-    assert r.zcard(K.pending) == 0 and r.zcard(K.active) == 2
+    assert queued(r, K) == 0 and r.zcard(K.active) == 2
     assert r.exists(K.base + "req:r1")
     # A repeat (its reply was lost): the same answer, nothing written.
     state = digest(r)

@@ -133,9 +133,7 @@ class FuzzServer:
     def connect(self) -> Resp:
         if self.conn is None:
             if self.server is None:
-                self.server = EmbeddedServer(
-                    debug_args(), module=self.module, wrapper=self.wrapper
-                ).start()
+                self.server = EmbeddedServer(debug_args(), module=self.module, wrapper=self.wrapper).start()
             self.conn = Resp(self.server.port)
             for command in self.configure:
                 self.conn.call(*command)

@@ -18,7 +18,7 @@ import echomq
 from echomq.keyspace import queue_keys
 from echomq.testing import queue_problems
 
-from .helpers import digest, now_ms
+from .helpers import digest, entries, now_ms, queued
 
 Q = queue_keys("q")
 
@@ -209,7 +209,7 @@ def test_retrydead_takes_the_oldest_dead_in_bounded_batches(client: echomq.Clien
     first_death = int(r.zscore(Q.dead, "d0") or 0)
     assert retrydead(r, 2, "UNTIL", first_death - 1) == [0, 0]
     assert retrydead(r, 2) == [2, 0]
-    assert sorted(r.zrange(Q.pending, 0, -1)) == [b"d0", b"d1"]
+    assert sorted(entries(r, Q)) == [b"d0", b"d1"]
     assert r.hget(Q.job("d0"), "retries") == b"1"
     assert retrydead(r, 10, "until", int(r.zscore(Q.dead, "d2") or 0)) == [1, 0]
     assert retrydead(r, 10) == [2, 0]
@@ -280,7 +280,7 @@ def test_client_bulk_loops_end_even_while_jobs_keep_dying(client: echomq.Client,
         make_dead(client, f"d{i}")
     result = client.retry_dead("q", limit=3)
     assert result == echomq.RetryDeadResult(retried=7, dropped=0)
-    assert r.zcard(Q.pending) == 7
+    assert queued(r, Q) == 7
     for _ in range(7):  # they die again, with later death times
         job = client.claim("q", lease_ms=60_000)
         assert job is not None

@@ -13,7 +13,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
-from .helpers import now_ms
+from .helpers import now_ms, queued
 
 pytestmark = pytest.mark.backends  # every test once with the module, once with the scripts
 
@@ -102,7 +102,7 @@ def test_reaper_recovers_in_the_background_and_drains(r: redis.Redis, client: ec
     seen: list[echomq.SweepResult] = []
     with echomq.Reaper(client, Q, interval=0.05, max_stalled=2, limit=10, on_sweep=seen.append) as reaper:
         assert wait_until(lambda: reaper.recovered == 25)
-    assert r.zcard(K.pending) == 25 and not r.exists(K.active)
+    assert queued(r, K) == 25 and not r.exists(K.active)
     assert seen and sum(len(s) for s in seen) == 25
     assert reaper.errors == 0
 

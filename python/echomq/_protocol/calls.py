@@ -184,6 +184,44 @@ def payload_bytes(value: object) -> bytes:
     return data("payload", value)
 
 
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000
+"""The range of ``priority=`` (the server's PRIORITY): smaller runs first, 0 is the default."""
+
+
+def priority_args(value: object) -> tuple[Any, ...]:
+    """ENQUEUE's ``PRIORITY <n>`` (nothing for None or 0: the default lane)."""
+    if value is None:
+        return ()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int, not {type(value).__name__}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValueError(f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {value}")
+    return () if value == 0 else ("PRIORITY", value)
+
+
+MAX_TRACEBACK_BYTES = 8192
+"""The most of a traceback a client sends with FAIL (its newest frames; the server takes up to 64 KiB)."""
+
+
+def traceback_bytes(value: object) -> bytes:
+    """A traceback as FAIL's TRACE sends it: UTF-8, its last ``MAX_TRACEBACK_BYTES`` bytes.
+
+    A traceback reads oldest frame first and ends with the exception: when it
+    is too long the oldest frames go, cut at a line, behind a marker line.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"traceback must be a str, not {type(value).__name__}")
+    raw = value.encode("utf-8", "surrogateescape")
+    if len(raw) <= MAX_TRACEBACK_BYTES:
+        return raw
+    marker = b"... (older frames cut: the newest 8 KiB are kept)\n"
+    tail = raw[len(raw) - (MAX_TRACEBACK_BYTES - len(marker)) :]
+    newline = tail.find(b"\n")
+    if 0 <= newline < len(tail) - 1:
+        tail = tail[newline + 1 :]
+    return marker + tail
+
+
 def when_args(delay_ms: int | None, run_at_ms: int | None) -> tuple[Any, ...]:
     """ENQUEUE's ``DELAY <ms>`` or ``AT <unix-ms>`` (neither: claimable at once)."""
     if delay_ms is not None and run_at_ms is not None:
@@ -250,6 +288,11 @@ _BAD_ARGUMENT = (
     "UNTIL ",
     "the same id appears twice",
     "the checkpoint state is larger",
+    "PRIORITY ",
+    "the payload is larger",
+    "the result is larger",
+    "the TRACE is larger",
+    "the progress is larger",
     "syntax error",
     "the REQ request id ",
     "<active>",

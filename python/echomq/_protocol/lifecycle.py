@@ -35,8 +35,10 @@ from .calls import (
     new_request_id,
     payload_bytes,
     positive_int,
+    priority_args,
     raise_mapped,
     text,
+    traceback_bytes,
     when_args,
     wire,
 )
@@ -188,7 +190,12 @@ def extend_batch(queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int) -
 
 
 def checkpoint(
-    queue: str, job_id: JobId, token: str, lease_ms: int, state: bytes | None = None
+    queue: str,
+    job_id: JobId,
+    token: str,
+    lease_ms: int,
+    state: bytes | None = None,
+    progress: bytes | str | None = None,
 ) -> Call[Cancellation | None]:
     keys, wid = keys_of(queue), wire(job_id)
     tok = check_token(token)
@@ -198,6 +205,8 @@ def checkpoint(
         if not isinstance(state, bytes | bytearray | memoryview):
             raise TypeError(f"state must be bytes, not {type(state).__name__}")
         args += ("STATE", bytes(state))
+    if progress is not None:
+        args += ("PROGRESS", data("progress", progress))
     return Call(args, _requested_cancel, queue, wid)
 
 
@@ -215,10 +224,11 @@ def enqueue(
     job_id: JobId | None,
     delay_ms: int | None = None,
     run_at_ms: int | None = None,
+    priority: int | None = None,
 ) -> Call[str]:
     keys = keys_of(queue)
     body = payload_bytes(payload)
-    when = when_args(delay_ms, run_at_ms)
+    when = (*when_args(delay_ms, run_at_ms), *priority_args(priority))
     wid = wire(job_id) if job_id is not None else new_id()
     args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, "REQ", new_request_id())
     return Call(args, _enqueued_id, queue, wid)
@@ -229,16 +239,21 @@ MAX_ENQUEUE_MANY = 10_000
 
 
 def enqueue_many(
-    queue: str, items: Iterable[EnqueueItem], delay_ms: int | None = None, chunk: int = MAX_ENQUEUE_MANY
+    queue: str,
+    items: Iterable[EnqueueItem],
+    delay_ms: int | None = None,
+    chunk: int = MAX_ENQUEUE_MANY,
+    priority: int | None = None,
 ) -> list[Call[list[str]]]:
     """One EMQ.ENQUEUEMANY per ``chunk`` jobs (each all or nothing), every item checked first.
 
     An item is a payload (the job gets a new id) or a ``(job_id, payload)``
     pair.  Ids must be distinct across the whole input (``ValueError``):
-    two chunks cannot see each other's ids.
+    two chunks cannot see each other's ids.  Every job gets the same delay
+    and priority.
     """
     keys = keys_of(queue)
-    when = when_args(delay_ms, None)
+    when = (*when_args(delay_ms, None), *priority_args(priority))
     positive_int("chunk", chunk)
     jobs: list[tuple[bytes, bytes]] = []
     seen: set[bytes] = set()
@@ -298,9 +313,9 @@ def claim(
 
 
 def complete_claim(
-    queue: str, job_id: JobId, token: str, lease_ms: int, count: int = 1
+    queue: str, job_id: JobId, token: str, lease_ms: int, count: int = 1, result: bytes | str | None = None
 ) -> Call[CompletedAndClaimed]:
-    """COMPLETE ``job_id``, then CLAIM up to ``count`` jobs, in one command (with a fresh REQ).
+    """COMPLETE ``job_id`` (with its ``result``), then CLAIM up to ``count`` jobs, one command.
 
     The claim's REQ is the call's last argument (``request_id_of``): a claim
     sent with it answers the jobs this call took, should its reply be lost.
@@ -313,6 +328,8 @@ def complete_claim(
     args += (lease_ms,)
     if count != 1:
         args += ("COUNT", count)
+    if result is not None:
+        args += ("RESULT", data("result", result))
     return Call((*args, "REQ", new_request_id()), _completed_and_claimed, queue, wid)
 
 
@@ -323,22 +340,38 @@ def request_id_of(call: Call[Any]) -> bytes:
     return rid
 
 
-def complete(queue: str, job_id: JobId, token: str) -> Call[None]:
+def complete(queue: str, job_id: JobId, token: str, result: bytes | str | None = None) -> Call[None]:
     keys, wid = keys_of(queue), wire(job_id)
     tok = check_token(token)
-    return Call(("EMQ.COMPLETE", keys.active, keys.job(wid), wid, tok), _none_unless_gone, queue, wid)
+    args: tuple[Any, ...] = ("EMQ.COMPLETE", keys.active, keys.job(wid), wid, tok)
+    if result is not None:
+        args += ("RESULT", data("result", result))
+    return Call(args, _none_unless_gone, queue, wid)
 
 
 def fail(
-    queue: str, job_id: JobId, token: str, error: str, max_attempts: int, delay_ms: int | None = None
+    queue: str,
+    job_id: JobId,
+    token: str,
+    error: str,
+    max_attempts: int,
+    delay_ms: int | None = None,
+    traceback: str | None = None,
+    dead: bool = False,
 ) -> Call[FailOutcome]:
     keys, wid = keys_of(queue), wire(job_id)
     tok = check_token(token)
     text_bytes = message("error", error)
     positive_int("max_attempts", max_attempts)
-    delay = () if delay_ms is None else ("DELAY", ms_int("delay_ms", delay_ms))
+    options: tuple[Any, ...] = () if delay_ms is None else ("DELAY", ms_int("delay_ms", delay_ms))
+    if traceback is not None:
+        options += ("TRACE", traceback_bytes(traceback))
+    if not isinstance(dead, bool):
+        raise TypeError(f"dead must be a bool, not {type(dead).__name__}")
+    if dead:
+        options += ("DEAD",)
     args: tuple[Any, ...] = ("EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, wid, tok)
-    args += (max_attempts, text_bytes, *delay)
+    args += (max_attempts, text_bytes, *options)
     return Call(args, _fail_outcome, queue, wid)
 
 

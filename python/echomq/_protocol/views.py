@@ -1,30 +1,96 @@
-"""The read views: a job, a queue's counts and counters, pages of its sets, the queues.
+"""The read views: a job, a queue's counts and counters, the queues.
 
 Each is a ``Read``: the keyed commands to send in one MULTI/EXEC (one slot,
 so a cluster node serves it whole), built from the server's clock read just
-before, and how to read their replies.
+before, and how to read their replies.  Pages of a queue's keys (waiting,
+active, dead jobs) are in ``pages.py``.
+
+A queue's keys (docs/reference/keyspace.md): its claimable jobs wait in
+lanes -- ``pending`` (a list: priority 0, with tombstones of cancelled jobs
+counted in ``meta``'s ``stale``) and ``priority`` (a sorted set: every other
+level) -- and jobs not due yet in ``delayed``.  A row keeps a value longer
+than 64 bytes (up to 1 KiB) in pieces: ``payload``, ``payload:1``, ...
+(``joined`` puts them together).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic
 
-from .calls import JobId, T, keys_of, positive_int, text, wire
+from .calls import JobId, T, keys_of, text, wire
+
+PIECE_BYTES, MAX_PIECES = 64, 16
+"""A value of 65 to 1024 bytes is stored in pieces of 64 bytes (module/emq_row.h)."""
+
+SEQ_LIMIT = 2**42
+"""<base>priority's scores are (level + 1024) * 2**42 + seq (module/emq_core.h)."""
+
+
+def piece_fields(name: str) -> tuple[str, ...]:
+    """The fields a pieced value may take: ``name``, ``name:1``, ... ``name:15``."""
+    return (name, *(f"{name}:{i}" for i in range(1, MAX_PIECES)))
+
+
+def joined(values: Sequence[Any]) -> bytes | None:
+    """A value from its fields (``piece_fields`` order, as HMGET answers): None when absent.
+
+    Only a head of exactly 64 bytes has pieces; the pieces run until one is
+    missing (or is longer than a piece: not one of ours), as the module reads them.
+    """
+    head = values[0] if values else None
+    if head is None:
+        return None
+    if len(head) != PIECE_BYTES:
+        return _opt_bytes(head)
+    parts = [head]
+    for piece in values[1:]:
+        if piece is None or len(piece) > PIECE_BYTES:
+            break
+        parts.append(piece)
+    return b"".join(_opt_bytes(p) or b"" for p in parts)
+
+
+def joined_size(lengths: Sequence[Any]) -> int:
+    """A value's size from its fields' HSTRLENs (0: absent), as ``joined`` would count it."""
+    sizes = [int(n) for n in lengths]
+    if not sizes or sizes[0] != PIECE_BYTES:
+        return sizes[0] if sizes else 0
+    total = sizes[0]
+    for n in sizes[1:]:
+        if n == 0 or n > PIECE_BYTES:
+            break
+        total += n
+    return total
+
+
+def priority_level(score: float) -> int:
+    """The level of a member of <base>priority, from its score."""
+    return int(score) // SEQ_LIMIT - 1024
+
+
+def level_floor(level: int) -> int:
+    """The lowest score of a level in <base>priority."""
+    return (level + 1024) * SEQ_LIMIT
 
 
 @dataclass(frozen=True)
 class JobInfo:
-    """One job as its row and the queue's sets said at one instant (``server_time``, ms).
+    """One job as its row and the queue's keys said at one instant (``server_time``, ms).
 
     Times are server ms.  ``lease_deadline``/``lease_left_ms`` while the job
     is active (negative time left: the lease lapsed and a sweep will take
-    it); ``due_at`` while it waits with a pending score in the future (a
-    delayed job); ``dead_at`` while it is in the dead set; ``expires_at`` when
-    the row has a retention expiry.  ``payload`` only when asked for
-    (``payload_size`` always).  Fields that are absent or not integers read
-    as None (0 for the counters).
+    it); ``due_at`` while it waits to be due (a delayed job); ``dead_at``
+    while it is in the dead set; ``expires_at`` when the row has a retention
+    expiry.  ``payload`` only when asked for (``payload_size`` always).
+    ``priority`` is the job's level (smaller runs first; 0 the default);
+    ``result`` what COMPLETE stored (``client.complete(..., result=)``),
+    ``progress`` the last progress a checkpoint stored (anyone may read it;
+    ``checkpoint_size`` is the resume state's, which only the job reads
+    back), ``traceback`` the last failure's (``client.fail(...,
+    traceback=)``).  Fields that are absent or not integers read as None (0
+    for the counters).
     """
 
     queue: str
@@ -51,6 +117,10 @@ class JobInfo:
     checkpoint_at: int | None
     checkpoint_attempt: int | None
     server_time: int
+    priority: int = 0
+    result: bytes | None = None
+    progress: bytes | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +130,12 @@ class QueueCounts:
     ``pending`` is claimable now, ``delayed`` waits for a later time;
     ``lapsed`` of the ``active`` are past their lease (a sweep takes them);
     ``failed`` is the dead-lettered metric (every death ever, not the dead
-    set's size).
+    set's size).  ``by_priority`` splits ``pending`` by level (smaller runs
+    first; 0 is the default), the levels that have jobs, at most
+    ``MAX_LEVELS_SHOWN`` of them; due jobs not yet moved to their lane
+    (``delayed``'s due members) are counted in ``pending``, not there.
+    ``stale`` counts the tombstones of cancelled jobs still in the default
+    lane (claims drop them).
     """
 
     pending: int
@@ -71,11 +146,17 @@ class QueueCounts:
     paused: bool
     failed: int
     server_time: int
+    by_priority: dict[int, int] = field(default_factory=dict)
+    stale: int = 0
+
+
+MAX_LEVELS_SHOWN = 100
+"""The most levels ``QueueCounts.by_priority`` lists (one round trip each after the first)."""
 
 
 @dataclass(frozen=True)
 class DeadJob:
-    """A job in the dead set: when it died (server ms), why, and its counters."""
+    """A job in the dead set: when it died (server ms), why (its traceback too), and its counters."""
 
     id: str
     died_at: int
@@ -84,6 +165,7 @@ class DeadJob:
     tries: int
     retries: int
     stalled: int
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,37 +196,55 @@ def _opt_text(value: Any) -> str | None:
     return None if value is None else text(value)
 
 
+def _opt_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return value if isinstance(value, bytes) else text(value).encode("utf-8", "surrogateescape")
+
+
+def _score(value: Any) -> int | None:
+    return None if value is None else int(float(value))
+
+
 JOB_FIELDS = (
     "state", "attempts", "tries", "retries", "stalled", "last_error", "cancel_requested",
     "enqueued_at", "claimed_at", "finished_at", "checkpoint_at", "checkpoint_attempt",
+    "priority", "traceback", "progress",
 )  # fmt: skip
 
 
 def job_info(queue: str, job_id: JobId, with_payload: bool = False) -> Read[JobInfo | None]:
     keys, wid = keys_of(queue), wire(job_id)
     row = keys.job(wid)
-    fields = (*JOB_FIELDS, "payload") if with_payload else JOB_FIELDS
+    payload_fields, result_fields = piece_fields("payload"), piece_fields("result")
 
     def build(now: int) -> list[tuple[Any, ...]]:
-        return [
+        commands: list[tuple[Any, ...]] = [
             ("EXISTS", row),
-            ("HMGET", row, *fields),
-            ("HSTRLEN", row, "payload"),
+            ("HMGET", row, *JOB_FIELDS),
+            ("HMGET", row, *result_fields),
             ("HEXISTS", row, "checkpoint"),
             ("HSTRLEN", row, "checkpoint"),
             ("ZSCORE", keys.active, wid),
-            ("ZSCORE", keys.pending, wid),
+            ("ZSCORE", keys.delayed, wid),
             ("ZSCORE", keys.dead, wid),
             ("PTTL", row),
         ]
+        if with_payload:
+            commands.append(("HMGET", row, *payload_fields))
+        else:
+            commands += [("HSTRLEN", row, f) for f in payload_fields]
+        return commands
 
     def parse(now: int, replies: list[Any]) -> JobInfo | None:
-        exists, values, payload_size, has_checkpoint, checkpoint_size, active, pending, dead, pttl = replies
+        exists, values, result, has_checkpoint, checkpoint_size, active, delayed, dead, pttl = replies[:9]
         if not exists:
             return None
-        v = dict(zip(fields, values, strict=True))
-        deadline = None if active is None else int(float(active))
-        due = None if pending is None or float(pending) <= now else int(float(pending))
+        v = dict(zip(JOB_FIELDS, values, strict=True))
+        payload = joined(replies[9]) if with_payload else None
+        size = len(payload or b"") if with_payload else joined_size(replies[9:])
+        deadline = _score(active)
+        due = _score(delayed)
         cancel = v["cancel_requested"]
         return JobInfo(
             queue=queue,
@@ -162,27 +262,36 @@ def job_info(queue: str, job_id: JobId, with_payload: bool = False) -> Read[JobI
             finished_at=_int(v["finished_at"]),
             lease_deadline=deadline,
             lease_left_ms=None if deadline is None else deadline - now,
-            due_at=due,
-            dead_at=None if dead is None else int(float(dead)),
+            due_at=due if due is not None and due > now else None,
+            dead_at=_score(dead),
             expires_at=now + int(pttl) if int(pttl) >= 0 else None,
-            payload_size=int(payload_size),
-            payload=None if not with_payload else wire(v["payload"] or b""),
+            payload_size=size,
+            payload=(payload or b"") if with_payload else None,
             checkpoint_size=int(checkpoint_size) if has_checkpoint else None,
             checkpoint_at=_int(v["checkpoint_at"]),
             checkpoint_attempt=_int(v["checkpoint_attempt"]),
             server_time=now,
+            priority=_count(v["priority"]),
+            result=joined(result),
+            progress=_opt_bytes(v["progress"]),
+            traceback=_opt_text(v["traceback"]),
         )
 
     return Read(keys.pending, build, parse)
 
 
 def counts(queue: str) -> Read[QueueCounts]:
+    """The counts, with ``by_priority`` holding level 0 and, as -1 - <first level> when there is
+    one, the first other level to count (``priority_level_count`` goes on from it)."""
     keys = keys_of(queue)
 
     def build(now: int) -> list[tuple[Any, ...]]:
         return [
-            ("ZCARD", keys.pending),
-            ("ZCOUNT", keys.pending, "-inf", now),
+            ("LLEN", keys.pending),
+            ("HGET", keys.meta, "stale"),
+            ("ZCARD", keys.priority),
+            ("ZCARD", keys.delayed),
+            ("ZCOUNT", keys.delayed, "-inf", now),
             ("ZCARD", keys.active),
             ("ZCOUNT", keys.active, "-inf", f"({now}"),
             ("ZCARD", keys.dead),
@@ -191,17 +300,43 @@ def counts(queue: str) -> Read[QueueCounts]:
         ]
 
     def parse(now: int, replies: list[Any]) -> QueueCounts:
-        waiting, ready, active, lapsed, dead, paused, failed = replies
+        entries, stale, prioritised, delayed, due, active, lapsed, dead, paused, failed = replies
+        tombstones = min(_count(stale), int(entries))
+        in_list = int(entries) - tombstones
         return QueueCounts(
-            pending=int(ready),
-            delayed=int(waiting) - int(ready),
+            pending=in_list + int(prioritised) + int(due),
+            delayed=int(delayed) - int(due),
             active=int(active),
             lapsed=int(lapsed),
             dead=int(dead),
             paused=bool(paused),
             failed=_count(failed),
             server_time=now,
+            by_priority={0: in_list} if in_list else {},
+            stale=tombstones,
         )
+
+    return Read(keys.pending, build, parse)
+
+
+def priority_levels(queue: str, level: int | None) -> Read[tuple[int, int | None]]:
+    """One step through the levels of <base>priority: (jobs at ``level``, the next level up or None).
+
+    With ``level`` None the step only finds the lowest level: (0, it).
+    """
+    keys = keys_of(queue)
+    start = "-inf" if level is None else level_floor(level + 1)
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        commands: list[tuple[Any, ...]] = []
+        if level is not None:
+            commands.append(("ZCOUNT", keys.priority, level_floor(level), f"({level_floor(level + 1)}"))
+        commands.append(("ZRANGE", keys.priority, start, "+inf", "BYSCORE", "LIMIT", 0, 1, "WITHSCORES"))
+        return commands
+
+    def parse(now: int, replies: list[Any]) -> tuple[int, int | None]:
+        first = _pairs(replies[-1])
+        return (0 if level is None else int(replies[0])), (priority_level(first[0][1]) if first else None)
 
     return Read(keys.pending, build, parse)
 
@@ -211,107 +346,6 @@ def _pairs(reply: Any) -> list[tuple[bytes, float]]:
     if reply and isinstance(reply[0], list | tuple):
         return [(wire(m), float(s)) for m, s in reply]
     return [(wire(reply[i]), float(reply[i + 1])) for i in range(0, len(reply), 2)]
-
-
-DEAD_FIELDS = ("last_error", "attempts", "tries", "retries", "stalled")
-
-
-def dead_page(queue: str, offset: int, count: int) -> Read[list[tuple[bytes, int]]]:
-    """The ids and death times of one page of the dead set, oldest first."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
-    positive_int("count", count)
-    keys = keys_of(queue)
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        return [("ZRANGE", keys.dead, offset, offset + count - 1, "WITHSCORES")]
-
-    def parse(now: int, replies: list[Any]) -> list[tuple[bytes, int]]:
-        return [(m, int(s)) for m, s in _pairs(replies[0])]
-
-    return Read(keys.dead, build, parse)
-
-
-def dead_rows(queue: str, page: list[tuple[bytes, int]]) -> Read[list[DeadJob]]:
-    """The rows of a page of dead ids; ids that left the dead set meanwhile are left out."""
-    keys = keys_of(queue)
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        commands: list[tuple[Any, ...]] = []
-        for wid, _ in page:
-            commands.append(("ZSCORE", keys.dead, wid))
-            commands.append(("HMGET", keys.job(wid), *DEAD_FIELDS))
-        return commands
-
-    def parse(now: int, replies: list[Any]) -> list[DeadJob]:
-        jobs = []
-        for i, _ in enumerate(page):
-            score, values = replies[2 * i], replies[2 * i + 1]
-            if score is None:
-                continue
-            last_error, attempts, tries, retries, stalled = values
-            jobs.append(
-                DeadJob(
-                    id=text(page[i][0]),
-                    died_at=int(float(score)),
-                    last_error=_opt_text(last_error),
-                    attempts=_count(attempts),
-                    tries=_count(tries if tries is not None else attempts),
-                    retries=_count(retries),
-                    stalled=_count(stalled),
-                )
-            )
-        return jobs
-
-    return Read(keys.dead, build, parse)
-
-
-# -- the operator's views: active and waiting jobs, the queues, shared counters ----
-
-
-@dataclass(frozen=True)
-class ActiveJob:
-    """A job in the active set: its lease (server ms) and what its row says about it.
-
-    ``lease_left_ms`` is negative once the lease has lapsed (a sweep will
-    take the job).  ``cancel_requested`` is True once a cancel was asked
-    for (``cancel_reason`` is its reason, None when none was given).
-    """
-
-    id: str
-    lease_deadline: int
-    lease_left_ms: int
-    claimed_at: int | None
-    enqueued_at: int | None
-    attempts: int
-    tries: int
-    stalled: int
-    cancel_requested: bool
-    cancel_reason: str | None
-
-
-@dataclass(frozen=True)
-class PendingJob:
-    """A job in the pending set, in claim order: when it is (or was) due, and its counters.
-
-    ``due_at`` is its pending score (server ms): the enqueue time, a delayed
-    job's due time, or 0 for a job put back at the head of the queue (by a
-    sweep or a release).  ``delayed`` is True while ``due_at`` is in the
-    future.  ``waiting_ms`` is how long it has been claimable: now minus
-    ``due_at`` (for a job at the head, minus its last claim or its enqueue
-    time), 0 while delayed.
-    """
-
-    id: str
-    due_at: int
-    delayed: bool
-    waiting_ms: int
-    enqueued_at: int | None
-    claimed_at: int | None
-    attempts: int
-    tries: int
-    retries: int
-    cancel_requested: bool
 
 
 COUNTER_FIELDS = ("claimed", "completed", "failed", "cancelled", "released", "recovered", "lease_lost")
@@ -365,128 +399,22 @@ def add_counters(queue: str, deltas: dict[str, int]) -> list[tuple[Any, ...]]:
     return [("HINCRBY", key, name, n) for name, n in deltas.items() if n and name in COUNTER_FIELDS]
 
 
-def _page(queue: str, key: str, offset: int, count: int) -> Read[list[tuple[bytes, int]]]:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
-    positive_int("count", count)
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        return [("ZRANGE", key, offset, offset + count - 1, "WITHSCORES")]
-
-    def parse(now: int, replies: list[Any]) -> list[tuple[bytes, int]]:
-        return [(m, int(s)) for m, s in _pairs(replies[0])]
-
-    return Read(key, build, parse)
-
-
-ACTIVE_FIELDS = ("claimed_at", "enqueued_at", "attempts", "tries", "stalled", "cancel_requested")
-
-
-def active_page(queue: str, offset: int, count: int) -> Read[list[tuple[bytes, int]]]:
-    """The ids and lease deadlines of one page of the active set, soonest deadline first."""
-    return _page(queue, keys_of(queue).active, offset, count)
-
-
-def active_rows(queue: str, page: list[tuple[bytes, int]]) -> Read[list[ActiveJob]]:
-    """The rows of a page of active ids; ids that left the active set meanwhile are left out."""
-    keys = keys_of(queue)
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        commands: list[tuple[Any, ...]] = []
-        for wid, _ in page:
-            commands.append(("ZSCORE", keys.active, wid))
-            commands.append(("HMGET", keys.job(wid), *ACTIVE_FIELDS))
-        return commands
-
-    def parse(now: int, replies: list[Any]) -> list[ActiveJob]:
-        jobs = []
-        for i, (wid, _) in enumerate(page):
-            score, values = replies[2 * i], replies[2 * i + 1]
-            if score is None:
-                continue
-            claimed, enqueued, attempts, tries, stalled, cancel = values
-            deadline = int(float(score))
-            jobs.append(
-                ActiveJob(
-                    id=text(wid),
-                    lease_deadline=deadline,
-                    lease_left_ms=deadline - now,
-                    claimed_at=_int(claimed),
-                    enqueued_at=_int(enqueued),
-                    attempts=_count(attempts),
-                    tries=_count(tries if tries is not None else attempts),
-                    stalled=_count(stalled),
-                    cancel_requested=cancel is not None,
-                    cancel_reason=(text(cancel) or None) if cancel is not None else None,
-                )
-            )
-        return jobs
-
-    return Read(keys.active, build, parse)
-
-
-PENDING_FIELDS = ("enqueued_at", "claimed_at", "attempts", "tries", "retries", "cancel_requested")
-
-
-def pending_page(queue: str, offset: int, count: int) -> Read[list[tuple[bytes, int]]]:
-    """The ids and due times of one page of the pending set, in claim order."""
-    return _page(queue, keys_of(queue).pending, offset, count)
-
-
-def pending_rows(queue: str, page: list[tuple[bytes, int]]) -> Read[list[PendingJob]]:
-    """The rows of a page of pending ids; ids claimed or cancelled meanwhile are left out."""
-    keys = keys_of(queue)
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        commands: list[tuple[Any, ...]] = []
-        for wid, _ in page:
-            commands.append(("ZSCORE", keys.pending, wid))
-            commands.append(("HMGET", keys.job(wid), *PENDING_FIELDS))
-        return commands
-
-    def parse(now: int, replies: list[Any]) -> list[PendingJob]:
-        jobs = []
-        for i, (wid, _) in enumerate(page):
-            score, values = replies[2 * i], replies[2 * i + 1]
-            if score is None:
-                continue
-            enqueued, claimed, attempts, tries, retries, cancel = values
-            due = int(float(score))
-            since = due if due > 0 else (_int(claimed) or _int(enqueued) or now)
-            jobs.append(
-                PendingJob(
-                    id=text(wid),
-                    due_at=due,
-                    delayed=due > now,
-                    waiting_ms=max(0, now - since),
-                    enqueued_at=_int(enqueued),
-                    claimed_at=_int(claimed),
-                    attempts=_count(attempts),
-                    tries=_count(tries if tries is not None else attempts),
-                    retries=_count(retries),
-                    cancel_requested=cancel is not None,
-                )
-            )
-        return jobs
-
-    return Read(keys.pending, build, parse)
-
-
-QUEUE_SETS = ("pending", "active", "dead")
-QUEUES_PATTERN = "emq:{*}:*"
+QUEUE_KEYS = ("pending", "priority", "delayed", "active", "dead")
+QUEUES_PATTERN = "emq:{*}:[adp]*"
+"""A queue's lanes and sets, and no row (``job:``), setting (``meta``) or record (``req:``)."""
 
 
 def scan_queues(cursor: int, count: int) -> tuple[Any, ...]:
-    """One SCAN step over the sorted sets that look like a queue's (``emq:{Q}:pending|active|dead``)."""
-    return ("SCAN", cursor, "MATCH", QUEUES_PATTERN, "COUNT", count, "TYPE", "zset")
+    """One SCAN step over the keys that look like a queue's lanes and sets (``emq:{Q}:pending``...)."""
+    return ("SCAN", cursor, "MATCH", QUEUES_PATTERN, "COUNT", count)
 
 
 def queue_of_key(key: bytes | str) -> str | None:
-    """The queue a key found by ``scan_queues`` belongs to, or None when it is not a queue's set."""
+    """The queue a key found by ``scan_queues`` belongs to, or None when it is not a queue's lane or set."""
     name = text(key)
     if not name.startswith("emq:{"):
         return None
     queue, sep, rest = name[len("emq:{") :].partition("}:")
-    if not sep or rest not in QUEUE_SETS or not queue or "{" in queue or "}" in queue:
+    if not sep or rest not in QUEUE_KEYS or not queue or "{" in queue or "}" in queue:
         return None
     return queue

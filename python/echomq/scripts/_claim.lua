@@ -253,9 +253,11 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     end
     -- <pending> loses what was read of it, the promoted entries taken included
     lanes.pops = index + next_promoted - 1
-    if drops > 0 then
-        local d = emq.int(drops)
-        lanes.stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
+    -- never below 0 (a hand-deleted row dropped more than `stale` counted), written only when it changes
+    local d = emq.int(drops)
+    local stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
+    if stale ~= lanes.stale then
+        lanes.stale = stale
         lanes.stale_changed = true
     end
     local due = -1

@@ -70,9 +70,10 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
     else
         -- the others pause the queue in it, and count off the tombstones
         lanes:open(false, false, true)
-        if tombstones > 0 then
-            local d = emq.int(tombstones)
-            lanes.stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
+        local d = emq.int(tombstones)
+        local stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
+        if stale ~= lanes.stale then
+            lanes.stale = stale
             lanes.stale_changed = true
         end
     end
