@@ -80,7 +80,7 @@ def test_retry_gives_a_dead_job_a_fresh_budget_and_keeps_its_token_counting(
     assert row[b"last_error"] == b"twice"  # history is kept
     assert b"closed_by" not in row and b"finished_at" not in row and b"cancel_requested" not in row
     assert r.zscore(Q.dead, "j") is None and not r.exists(Q.dead)
-    assert before <= r.zscore(Q.pending, "j") <= now_ms(r)  # behind the work already waiting
+    assert entries(r, Q)[-1:] == [b"j"] and before <= now_ms(r)  # at the tail: behind the work waiting
     assert r.pttl(Q.job("j")) == -1
 
     # The full budget again: two more claims before it dies; the token keeps counting.
@@ -147,7 +147,7 @@ def test_retry_refuses_jobs_that_are_not_dead_or_cancelled(client: echomq.Client
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "held"], NO_STATE.format("active"))
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "waiting"], NO_STATE.format("pending"))
     r.hset(Q.job("finished"), "state", "done")
-    r.zrem(Q.pending, "finished")
+    r.lrem(Q.pending, 0, "finished")
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "finished"], NO_STATE.format("done"))
     unknown = "EMQSTATE the job has no known state: only a dead or cancelled job can be retried"
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "odd"], unknown)
@@ -489,12 +489,12 @@ def test_obliterate_never_leaves_half_a_job_enqueued_meanwhile(client: echomq.Cl
     r.delete(Q.job("done"))
     client.enqueue("q", b"again", job_id="done")
     assert r.execute_command("EMQ.FORGET", Q.pending, Q.base, "done", "cancelled", "held", "nope") == 2
-    assert r.hget(Q.job("done"), "state") == b"pending" and r.zscore(Q.pending, "done") is not None
+    assert r.hget(Q.job("done"), "state") == b"pending" and b"done" in entries(r, Q)
     assert queue_problems(r, "q") == []
 
 
 def test_obliterate_errors(r: redis.Redis) -> None:
-    r.zadd(Q.pending, {"x": 1})
+    r.rpush(Q.pending, "x")
     refused(
         r,
         ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base],
@@ -513,7 +513,7 @@ def test_obliterate_errors(r: redis.Redis) -> None:
     r.set(Q.dead, "x")
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5], WRONGTYPE)
     r.delete(Q.dead)
-    r.zadd(Q.pending, {"y": 2})
+    r.rpush(Q.pending, "y")
     r.set(Q.meta, "x")  # it cannot be paused while members remain
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 1], WRONGTYPE)
     assert obliterate(r, 2) == [2, 0]  # but the last step deletes it whatever it is

@@ -400,13 +400,15 @@ def add_counters(queue: str, deltas: dict[str, int]) -> list[tuple[Any, ...]]:
 
 
 QUEUE_KEYS = ("pending", "priority", "delayed", "active", "dead")
-QUEUES_PATTERN = "emq:{*}:[adp]*"
-"""A queue's lanes and sets, and no row (``job:``), setting (``meta``) or record (``req:``)."""
+QUEUE_SCANS = (("emq:{*}:[adp]*", "zset"), ("emq:{*}:pending", "list"))
+"""The passes of ``scan_queues``: a queue's sorted sets (``priority``, ``delayed``, ``active``,
+``dead``: no row ``job:``, setting ``meta`` or record ``req:`` is one), then its list (``pending``)."""
 
 
-def scan_queues(cursor: int, count: int) -> tuple[Any, ...]:
-    """One SCAN step over the keys that look like a queue's lanes and sets (``emq:{Q}:pending``...)."""
-    return ("SCAN", cursor, "MATCH", QUEUES_PATTERN, "COUNT", count)
+def scan_queues(cursor: int, count: int, scan: int = 0) -> tuple[Any, ...]:
+    """One SCAN step of pass ``scan`` (``QUEUE_SCANS``) over the keys that look like a queue's."""
+    pattern, kind = QUEUE_SCANS[scan]
+    return ("SCAN", cursor, "MATCH", pattern, "COUNT", count, "TYPE", kind)
 
 
 def queue_of_key(key: bytes | str) -> str | None:

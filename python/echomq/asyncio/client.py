@@ -648,16 +648,25 @@ class Client:
         step = min(1000, scan_budget)
         nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
         for node in nodes:
-            target = {} if node is None else {"target_nodes": node}
-            cursor, examined = 0, 0
-            while True:
-                reply = await self.redis.execute_command(*proto.scan_queues(cursor, step), **target)
-                cursor, keys = proto.scan_reply(reply)
-                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
-                examined += step
-                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
-                    break
+            for scan in range(len(proto.QUEUE_SCANS)):
+                target = {} if node is None else {"target_nodes": node}
+                found |= await self._scan_queues(scan, step, scan_budget, limit - len(found), target)
         return sorted(found)[:limit]
+
+    async def _scan_queues(
+        self, scan: int, step: int, budget: int, limit: int, target: dict[str, Any]
+    ) -> set[str]:
+        """One pass of ``queues`` on one node: at most ``budget`` keys examined, ``limit`` queues found."""
+        found: set[str] = set()
+        cursor, examined = 0, 0
+        while limit > 0:
+            reply = await self.redis.execute_command(*proto.scan_queues(cursor, step, scan), **target)
+            cursor, keys = proto.scan_reply(reply)
+            found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+            examined += step
+            if cursor == 0 or examined >= budget or len(found) >= limit:
+                break
+        return found
 
     async def retry(self, queue: str, job_id: JobId) -> None:
         """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
