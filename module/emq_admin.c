@@ -220,8 +220,9 @@ typedef struct {
  * counted off `stale`).  While members remain after a call, the queue is
  * paused (meta `paused`), so no claim takes a job of a queue half deleted;
  * the call that leaves them all empty also deletes <base>meta and
- * <base>metrics:failed.  Reply [removed, remaining]: entries and members
- * removed by this call, and those left.  -EMQBUSY when <active> is not
+ * <base>metrics:failed.  Reply [removed, remaining]: the jobs removed by
+ * this call (its tombstones not counted), and the entries and members left
+ * (tombstones counted: the step that reaches 0 is the last).  -EMQBUSY when <active> is not
  * empty and FORCE is not given: nothing written.  Rows in no set (done and
  * cancelled, kept for their retention) are EMQ.FORGET's.  A job deleted
  * before it ended is announced on <base>done:<id>.
@@ -355,7 +356,7 @@ reply:
         emq_reply_error(ctx, err);
     } else {
         RedisModule_ReplyWithArray(ctx, 2);
-        RedisModule_ReplyWithLongLong(ctx, (long long)n);
+        RedisModule_ReplyWithLongLong(ctx, (long long)(n - tombstones)); /* the jobs: a tombstone is none */
         RedisModule_ReplyWithLongLong(ctx, (long long)remaining);
     }
     emq_fx_commit(&fx);

@@ -156,7 +156,7 @@ def test_a_sweep_on_the_importing_node_does_not_guess_that_rows_are_gone(nodes: 
     src = owner(nodes, keys.base).client()
     src.hset(keys.job("j1"), mapping={"state": "active", "attempts": 1, "token": "1"})
     src.zadd(keys.active, {"j1": 1000})  # lapsed long ago
-    src.zadd(keys.pending, {"other": 1})
+    src.rpush(keys.pending, "other")
     src.zadd(keys.dead, {"older": 1})
     src.hset(keys.meta, "done_ttl_ms", 60_000)
     move = SlotMove(nodes, keys)

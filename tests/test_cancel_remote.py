@@ -36,8 +36,10 @@ def test_cancel_pending_job_is_never_claimed(r: redis.Redis, client: echomq.Clie
     assert row[b"state"] == b"cancelled" and row[b"cancel_requested"] == b"not needed"
     assert before <= int(row[b"finished_at"]) <= after
     assert 0 < r.pttl(K.job("j")) <= CANCELLED_TTL_MS
-    assert not r.exists(K.pending)
+    # Its entry stays, a tombstone counted in <base>meta's `stale`; the next claim drops it.
+    assert entries(r, K) == [b"j"] and r.hget(K.meta, "stale") == b"1"
     assert client.claim(Q, lease_ms=1000) is None
+    assert not r.exists(K.pending) and r.hget(K.meta, "stale") == b"0"
     assert cancel(r, "j", "again") == b"finished"  # idempotent
     assert r.hget(K.job("j"), "cancel_requested") == b"not needed"
 

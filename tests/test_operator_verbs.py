@@ -495,6 +495,7 @@ def test_obliterate_never_leaves_half_a_job_enqueued_meanwhile(client: echomq.Cl
 
 def test_obliterate_errors(r: redis.Redis) -> None:
     r.rpush(Q.pending, "x")
+    r.hset(Q.job("x"), "state", "pending")
     refused(
         r,
         ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base],
@@ -514,6 +515,7 @@ def test_obliterate_errors(r: redis.Redis) -> None:
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5], WRONGTYPE)
     r.delete(Q.dead)
     r.rpush(Q.pending, "y")
+    r.hset(Q.job("y"), "state", "pending")
     r.set(Q.meta, "x")  # it cannot be paused while members remain
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 1], WRONGTYPE)
     assert obliterate(r, 2) == [2, 0]  # but the last step deletes it whatever it is

@@ -5,7 +5,8 @@
 -- <base>priority, <base>delayed, <dead>, then <active> (with FORCE), each with its row (a
 -- tombstone of <pending> has none: it only leaves, counted off `stale`).  While members remain
 -- after the step the queue is paused (meta `paused`); the step that leaves them all empty also
--- deletes <base>meta and <base>metrics:failed.  Reply [removed, remaining].  -EMQBUSY when
+-- deletes <base>meta and <base>metrics:failed.  Reply [removed, remaining]: the jobs removed
+-- (tombstones not counted), the entries and members left (tombstones counted).  -EMQBUSY when
 -- <active> is not empty and FORCE is not given: nothing written.  A job deleted before it ended
 -- is announced on <base>done:<id>.  Not deny-oom (allow-oom): it frees memory.
 return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
@@ -94,5 +95,5 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
         if not emq.hexists(meta, lanes.types.meta, 'paused') then redis.call('HSET', meta, 'paused', '1') end
         lanes:apply()
     end
-    return { #members, remaining }
+    return { #members - tombstones, remaining } -- the jobs removed (a tombstone is none), the entries left
 end)
