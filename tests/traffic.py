@@ -78,7 +78,9 @@ def _lanes(r: redis.Redis, q: str, rng: random.Random, i: int, seen: Counter[str
         r.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, f"new-{i}", payload, *options)
         seen["enqueued"] += 1
         if rng.random() < 0.4:  # cancelled while it waits: a tombstone, or out of its lane
-            seen[f"cancel-{r.execute_command('EMQ.CANCEL', keys.pending, keys.base, f'new-{i}', 'no')!r}"] += 1
+            seen[
+                f"cancel-{r.execute_command('EMQ.CANCEL', keys.pending, keys.base, f'new-{i}', 'no')!r}"
+            ] += 1
         return
     job_id = f"new-{rng.randrange(max(i, 1))}" if rng.random() < 0.5 else f"job-{rng.randrange(40)}"
     token = r.hget(keys.job(job_id), "token") or b"1"
