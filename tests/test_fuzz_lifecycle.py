@@ -487,7 +487,8 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
          [*claim, b"COUNT", b"2", b"REQ", b"r1"]),
         ([[b"SET", b + b"req:r1", b"1:h1:1"], *waiting], [*claim, b"REQ", b"r1"]),
         ([*waiting, [b"HSET", b + b"meta", b"paused", b"1"]], claim),
-        ([[b"ZADD", b + b"delayed", b"+inf", b"later"], [b"HSET", b + b"job:later", b"state", b"pending"]], claim),
+        ([[b"ZADD", b + b"delayed", b"+inf", b"later"], [b"HSET", b + b"job:later", b"state", b"pending"]],
+         claim),
         (ranked, [*claim, b"COUNT", b"3"]),  # u, then the tombstone dropped, then v
         ([*ranked, *waiting], [*claim, b"COUNT", b"5"]),
         ([*ranked, [b"ZADD", b + b"delayed", b"1", b"u"], [b"ZREM", b + b"priority", b"u"]], claim),
