@@ -149,6 +149,11 @@ FEATURES = {
     # ACLCheckCommandPermissions and the user functions: derived keys ACL-checked;
     # also ACL DRYRUN, %R~/%W~ key permissions and COMMAND GETKEYSANDFLAGS (7.0)
     "acl_keys": {"redis": (7, 0), "valkey": (7, 2)},
+    # ListGet: a <pending> entry by index in O(1) from the ends (Redis 7.0; before it, LRANGE
+    # through RedisModule_Call)
+    "list_get": {"redis": (7, 0), "valkey": (7, 2)},
+    # PublishMessageShard: a job's end announced with SPUBLISH (Redis 7.0; before it PUBLISH)
+    "sharded_pubsub": {"redis": (7, 0), "valkey": (7, 2)},
     # Not the module's: script flags (#!lua shebangs, allow-oom) and EXPIRE's GT, which
     # the scripts backend needs (Redis 7.0)
     "script_flags": {"redis": (7, 0), "valkey": (7, 2)},
@@ -162,6 +167,8 @@ FEATURE_FUNCTIONS = {
     "own_category": {"AddACLCategory"},
     "module_configs": {"RegisterNumericConfig", "LoadConfigs"},
     "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckCommandPermissions"},
+    "list_get": {"ListGet"},
+    "sharded_pubsub": {"PublishMessageShard"},
     "script_flags": set(),
     "waitaof": set(),
 }
@@ -264,7 +271,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def backend(request: pytest.FixtureRequest) -> str:
     """The backend the test's `server` and `client` run: "module" unless marked `backends`."""
-    return str(getattr(request, "param", "module"))
+    name = str(getattr(request, "param", "module"))
+    if name == "scripts" and not supports("script_flags"):
+        pytest.skip("the scripts backend needs script flags (#!lua shebangs): Redis 7.0+")
+    return name
 
 
 @pytest.fixture(scope="session")
