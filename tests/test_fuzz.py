@@ -189,6 +189,8 @@ ERRORS = [
     (rb"ERR a swept job row has a 'stalled' field that is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
     (rb"ERR increment or decrement would overflow", None),
+    # a recovered (or due) job whose row's level is corrupt: it cannot be put back in its lane
+    (rb"ERR the job row's 'priority' field is not an integer from -1000 to 1000", None),
     (
         rb"NOPERM this user has no permissions to access the job rows or metrics derived from <base>",
         "-NOPERM",

@@ -728,8 +728,9 @@ class Client:
     ) -> Job | None:
         """Take the next pending job and lease it for ``lease_ms``; None when none is claimable.
 
-        Recovered jobs come first, then by due time, first in, first out.  The
-        Job carries its payload: one round trip.  With ``block_ms``, waits up to
+        The most urgent job: smaller priorities first, first in, first out
+        within a level (a job given back or recovered at the head of its
+        level).  The Job carries its payload: one round trip.  With ``block_ms``, waits up to
         that long (0: no limit) for a job, on the server (EMQ.CLAIM ... BLOCK):
         waiting claims are served first come, first served, and cost no
         commands while they wait.  A wait is cut into commands that each end
@@ -776,7 +777,7 @@ class Client:
         replicas_timeout_ms: int = 1000,
         replicas_aof: bool = False,
     ) -> list[Job]:
-        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable.
+        """Take up to ``count`` jobs in one round trip (in claim order); [] when none is claimable.
 
         ``block_ms`` waits as in ``claim``, and returns as soon as at least
         one job is claimable.  ``replicas`` and its companions as in

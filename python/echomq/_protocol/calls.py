@@ -93,8 +93,9 @@ def server_ms(time_reply: Sequence[int | bytes | str]) -> int:
 
 
 def new_id() -> bytes:
-    # Time first, so jobs enqueued in the same server millisecond (equal
-    # pending scores, ordered by id) still come out roughly in order.
+    # Time first, so ids sort roughly as their jobs were made (the views
+    # and `echomq dead` list by id where times tie, and SWEEP's recoveries of
+    # one lease deadline go back in id order).
     # os.urandom, not uuid4: a sixth of the cost, which enqueue_many pays per job.
     return f"{time.time_ns():x}-{os.urandom(6).hex()}".encode()
 
