@@ -17,7 +17,7 @@ import redis
 
 import echomq
 from echomq.keyspace import queue_keys
-from echomq.testing import queue_problems
+from echomq.testing import EmbeddedServer, queue_problems
 
 from .helpers import SEQ_LIMIT, digest, entries, now_ms
 
@@ -209,3 +209,39 @@ def test_the_blocking_claim_wakes_for_a_job_of_any_level(r: redis.Redis, client:
     client.enqueue("q", b"", "p", priority=7)
     waiter.join(30)
     assert [j.id for j in got if j] == ["p"]
+
+
+def test_blocked_claims_are_served_in_order_the_most_urgent_job_first(
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer
+) -> None:
+    """Two claims waiting, first come first served: the one that blocked first gets the most urgent
+    of the jobs that arrive together (one MULTI), the second the next."""
+    if client.backend == "scripts":
+        pytest.skip("the scripts backend polls: it has no blocked claim to wake")
+    got: dict[str, list[str]] = {}
+
+    def wait(name: str) -> None:
+        own = echomq.Client(server.client())
+        got[name] = [j.id for j in own.claim_many("q", 60_000, 1, block_ms=20_000)]
+
+    def blocked_until(n: int) -> None:
+        for _ in range(500):
+            if len([c for c in r.client_list() if c.get("cmd") == "emq.claim"]) >= n:
+                return
+            threading.Event().wait(0.02)
+        raise AssertionError(f"{n} claims never blocked")
+
+    waiters = [threading.Thread(target=wait, args=(name,)) for name in ("first", "second")]
+    for n, waiter in enumerate(waiters, 1):
+        waiter.start()
+        blocked_until(n)
+    keys = queue_keys("q")
+    pipe = r.pipeline(transaction=True)
+    pipe.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "low", b"", "PRIORITY", 5)
+    pipe.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "plain", b"")
+    pipe.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "urgent", b"", "PRIORITY", -5)
+    pipe.execute()
+    for waiter in waiters:
+        waiter.join(30)
+    assert got == {"first": ["urgent"], "second": ["plain"]}
+    assert [j.id for j in client.claim_many("q", 60_000, 5)] == ["low"]
