@@ -163,12 +163,13 @@ def test_a_worker_of_emq_commands_needs_the_core_commands_on_its_keys(
     server: EmbeddedServer, admin: redis.Redis, backend: str
 ) -> None:
     """docs/reference/acl.md: `+@emq` runs the verbs, with the core commands that read and write
-    what they derive (`+@hash +get +set +del`); `+@emq` alone is refused the derived writes."""
+    what they derive (`+@hash +@sortedset +get +set +del`: the rows, the lanes, the records); `+@emq`
+    alone is refused the derived writes."""
     if backend == "scripts":
         pytest.skip("the scripts run as FCALL, which is not in @emq")
     keys = [f"~{K.base}*", "&*"]
     admin.execute_command("ACL", "SETUSER", "emqonly", "reset", "on", ">pw", "-@all", "+@emq", *keys)
-    core = ["+@hash", "+get", "+set", "+del"]
+    core = ["+@hash", "+@sortedset", "+get", "+set", "+del"]
     admin.execute_command("ACL", "SETUSER", "emqworker", "reset", "on", ">pw", "-@all", "+@emq", *core, *keys)
     try:
         echomq.Client(admin).enqueue(Q, b"p", job_id="z")
