@@ -59,7 +59,7 @@ def test_enqueue_writes_row_and_pending_entry(r: redis.Redis) -> None:
     assert (row[b"state"], row[b"payload"]) == (b"pending", b"\x00payload")
     assert before <= int(row[b"enqueued_at"]) <= now_ms(r)
     assert r.pttl(K.job("j1")) == -1
-    assert r.object("encoding", K.job("j1")) == b"listpack"
+    assert r.object("encoding", K.job("j1")) in (b"listpack", b"ziplist")  # ziplist: Redis 6.2's name
 
 
 def test_enqueue_with_req_answers_its_own_retry(r: redis.Redis) -> None:
