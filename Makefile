@@ -62,7 +62,7 @@ SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tes
 	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
 	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py \
 	tests/test_docs_reference.py tests/test_limits.py tests/test_request_records.py tests/test_acl_reference.py \
-	tests/test_acl_selectors.py
+	tests/test_acl_selectors.py tests/test_tombstones.py tests/test_results.py
 
 # Two test processes (pytest-xdist): the suite mostly waits on servers.  A file's
 # tests stay in one process: a fuzz file's last test checks what the others counted.

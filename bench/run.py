@@ -29,7 +29,11 @@ machine's drift:
    usec per call (the EVALSHA line of commandstats) and calls per second; a waiting
    claim's idle commands and enqueue-to-claim latency, module BLOCK against the
    scripts' polling.  `--only backends` runs only it.
-6. Peers (bench/peers/harness.py, after the server above has stopped): the
+6. Memory (bench/memory.py, servers of their own, Redis 7.0 and Valkey 8): bytes per
+   waiting and per done job before (main's module) and after, the cost of each part of
+   a row, CLAIM's server usec per claim with no priority, one level and 100 levels.
+   `--only memory` runs only it.
+7. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
    `--no-peers` skips it; `--only peers` runs only it.
@@ -60,7 +64,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, idle_workers  # noqa: E402
+from bench import backends, claim_path, idle_workers, memory  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -593,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=["extend", "sweep", "python", "claimpath", "backends", "peers"],
+        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "peers"],
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
@@ -620,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
         return claim_path.main_section(args.quick, command) | idle
     if args.only == "backends":
         return backends.main_section(args.quick, command)
+    if args.only == "memory":
+        return memory.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -659,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     claim_path.main_section(args.quick, command)
     idle_workers.main_section(args.quick, command, args.baseline)
     backends.main_section(args.quick, command)
+    memory.main_section(args.quick, command)
     if args.no_peers:
         return 0
     return run_peers(args.quick, command, args.baseline)

@@ -71,7 +71,6 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
     EMQ_ONE_OF("when", EMQ_CHOICE("DELAY", "ms", EMQ_INTEGER),             \
                EMQ_CHOICE("AT", "unix-time-ms", EMQ_UNIX_TIME))
 #define LOG_ACTIVE "O(log N) where N is the number of active jobs"
-#define LOG_PENDING "O(log N) where N is the number of pending jobs"
 
 static const EmqCommand commands[] = {
     {"emq.extend", EmqExtend_RedisCommand, "write fast",
@@ -81,46 +80,57 @@ static const EmqCommand commands[] = {
                       EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING),
                       EMQ_ARG("lease-ms", EMQ_INTEGER))},
     {"emq.checkpoint", EmqCheckpoint_RedisCommand, "write fast",
-     .summary = "Extends a held job's lease as EMQ.EXTEND does, stores its state, and returns its cancel request",
+     .summary = "Extends a held job's lease as EMQ.EXTEND does, stores its state and progress, and returns its "
+                "cancel request",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_UPDATE),
                       EMQ_ARG_KEY("job", EMQ_RW | EMQ_ACCESS | EMQ_UPDATE), EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("token", EMQ_STRING), EMQ_ARG("lease-ms", EMQ_INTEGER),
-                      EMQ_OPTION("STATE", "state", EMQ_STRING))},
+                      EMQ_OPTION("STATE", "state", EMQ_STRING), EMQ_OPTION("PROGRESS", "progress", EMQ_STRING))},
     {"emq.sweep", EmqSweep_RedisCommand, "write deny-oom",
-     .summary = "Sends jobs whose lease lapsed back to pending, or to dead once they stalled max-stalled times",
-     .complexity = "O(log N + M) where N is the number of active jobs and M the number swept, at most limit",
+     .summary = "Sends jobs whose lease lapsed back to the head of their lane, or to dead once they stalled "
+                "max-stalled times",
+     .complexity = "O(log N + M) where N is the number of active jobs and M the number swept (at most limit) and "
+                   "promoted (at most 1000)",
      .since = EMQ_SINCE, .tips = "nondeterministic_output",
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
                       EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
                       EMQ_ARG_KEY("dead", EMQ_RW | EMQ_ACCESS | EMQ_UPDATE), EMQ_ARG_BASE,
                       EMQ_ARG("max-stalled", EMQ_INTEGER), EMQ_ARG("limit", EMQ_INTEGER))},
     {"emq.enqueue", EmqEnqueue_RedisCommand, "write deny-oom fast",
-     .summary = "Adds a job: creates its row and queues its id in pending, claimable now or at a due time",
-     .complexity = LOG_PENDING, .since = EMQ_SINCE,
+     .summary = "Adds a job: creates its row and queues its id in its lane, claimable now or at a due time",
+     .complexity = "O(1) for priority 0, else O(log N) where N is the number of jobs of the other levels (or "
+                   "delayed)",
+     .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
-                      EMQ_ARG("payload", EMQ_STRING), EMQ_WHEN, EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+                      EMQ_ARG("payload", EMQ_STRING), EMQ_WHEN, EMQ_OPTION("PRIORITY", "priority", EMQ_INTEGER),
+                      EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
     {"emq.enqueuemany", EmqEnqueueMany_RedisCommand, "write deny-oom",
-     .summary = "Adds count jobs in one call, all or none: a row each and one pending entry each",
-     .complexity = "O(M log N) where N is the number of pending jobs and M the number added",
+     .summary = "Adds count jobs in one call, all or none: a row each and one entry each in their lane",
+     .complexity = "O(M) for priority 0, else O(M log N), where M is the number added and N the number of jobs "
+                   "of the other levels (or delayed)",
      .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("count", EMQ_INTEGER),
                       EMQ_REPEATED("job", EMQ_ARG("id", EMQ_STRING), EMQ_ARG("payload", EMQ_STRING)), EMQ_WHEN,
-                      EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+                      EMQ_OPTION("PRIORITY", "priority", EMQ_INTEGER), EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
     {"emq.claim", EmqClaim_RedisCommand, "write deny-oom fast",
-     .summary = "Leases the oldest claimable jobs (waiting for one with BLOCK): ids, fresh tokens, payloads, states",
-     .complexity = "O(log N + M) where N is the number of pending jobs and M the number claimed",
+     .summary = "Leases the next claimable jobs in priority order (waiting for one with BLOCK): ids, fresh tokens, "
+                "payloads, states",
+     .complexity = "O(M log N) where N is the number of waiting jobs and M the number claimed, promoted (at most "
+                   "1000) and dropped (at most 1000)",
      .since = EMQ_SINCE, .tips = "nondeterministic_output", .categories = "blocking",
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_ACCESS | EMQ_DELETE),
                       EMQ_ARG_KEY("active", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE,
                       EMQ_ARG("lease-ms", EMQ_INTEGER), EMQ_OPTION("COUNT", "count", EMQ_INTEGER),
                       EMQ_OPTION("REQ", "request-id", EMQ_STRING), EMQ_OPTION("BLOCK", "ms", EMQ_INTEGER))},
     {"emq.complete", EmqComplete_RedisCommand, "write fast",
-     .summary = "Marks a held job done and removes it from active, if the token still holds the job",
+     .summary = "Marks a held job done (keeping its result) and removes it from active, if the token still holds "
+                "the job",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_DELETE),
                       EMQ_ARG_KEY("job", EMQ_RW | EMQ_ACCESS | EMQ_UPDATE),
-                      EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING))},
+                      EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING),
+                      EMQ_OPTION("RESULT", "result", EMQ_STRING))},
     {"emq.completeclaim", EmqCompleteClaim_RedisCommand, "write deny-oom fast",
      .summary = "EMQ.COMPLETE, then EMQ.CLAIM, in one call: finishes a held job and leases the next ones",
      .complexity = "O(log N + M) where N is the number of pending and active jobs and M the number claimed",
@@ -129,26 +139,32 @@ static const EmqCommand commands[] = {
                       EMQ_ARG_KEY("job", EMQ_RW | EMQ_ACCESS | EMQ_UPDATE),
                       EMQ_ARG_KEY("pending", EMQ_RW | EMQ_ACCESS | EMQ_DELETE), EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("token", EMQ_STRING), EMQ_ARG("lease-ms", EMQ_INTEGER),
-                      EMQ_OPTION("COUNT", "count", EMQ_INTEGER), EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+                      EMQ_OPTION("COUNT", "count", EMQ_INTEGER), EMQ_OPTION("REQ", "request-id", EMQ_STRING),
+                      EMQ_OPTION("RESULT", "result", EMQ_STRING))},
     {"emq.fail", EmqFail_RedisCommand, "write deny-oom fast",
-     .summary = "Records a held job's failure: back to pending for another attempt, or dead at max-attempts",
+     .summary = "Records a held job's failure: back to its lane for another attempt, or dead at max-attempts "
+                "(or at once with DEAD)",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
                       EMQ_ARG_KEY("dead", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("token", EMQ_STRING), EMQ_ARG("max-attempts", EMQ_INTEGER),
-                      EMQ_ARG("error", EMQ_STRING), EMQ_OPTION("DELAY", "ms", EMQ_INTEGER))},
+                      EMQ_ARG("error", EMQ_STRING), EMQ_OPTION("DELAY", "ms", EMQ_INTEGER),
+                      EMQ_OPTION("TRACE", "traceback", EMQ_STRING), EMQ_FLAG("DEAD"))},
     {"emq.release", EmqRelease_RedisCommand, "write fast",
-     .summary = "Gives a held job back to pending without using an attempt, if the token still holds it",
+     .summary = "Gives a held job back to the head of its lane without using an attempt, if the token still "
+                "holds it",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
                       EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING))},
     {"emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast",
-     .summary = "Cancels a job: at once when it is pending, else at its holder's next EMQ.CHECKPOINT",
-     .complexity = LOG_PENDING, .since = EMQ_SINCE,
-     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_DELETE), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
+     .summary = "Cancels a job: at once when it is waiting, else at its holder's next EMQ.CHECKPOINT",
+     .complexity = "O(1) for priority 0 (its entry stays, a tombstone), else O(log N) where N is the number of "
+                   "jobs of the other levels (or delayed)",
+     .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("reason", EMQ_STRING))},
     {"emq.retry", EmqRetry_RedisCommand, "write deny-oom fast",
-     .summary = "Sends a dead or cancelled job back to pending with a fresh retry budget",
+     .summary = "Sends a dead or cancelled job back to the tail of its lane with a fresh retry budget",
      .complexity = "O(log N) where N is the number of dead jobs", .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("dead", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
                       EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING))},
@@ -206,6 +222,15 @@ static void create_strings(void) {
         int n = snprintf(buf, sizeof buf, "%d", i);
         emq_small_int[i] = RedisModule_CreateString(NULL, buf, (size_t)n);
     }
+    static const char *const valued[EMQ_VALUES] = {"payload", "result"};
+    for (int v = 0; v < EMQ_VALUES; v++) {
+        emq_piece_name[v][0] = const_string(valued[v]);
+        for (int i = 1; i < EMQ_MAX_PIECES; i++) {
+            char buf[32];
+            int n = snprintf(buf, sizeof buf, "%s:%d", valued[v], i);
+            emq_piece_name[v][i] = RedisModule_CreateString(NULL, buf, (size_t)n);
+        }
+    }
 }
 
 static void free_strings(void) {
@@ -218,6 +243,11 @@ static void free_strings(void) {
         if (emq_small_int[i]) RedisModule_FreeString(NULL, emq_small_int[i]);
         emq_small_int[i] = NULL;
     }
+    for (int v = 0; v < EMQ_VALUES; v++)
+        for (int i = 0; i < EMQ_MAX_PIECES; i++) {
+            if (emq_piece_name[v][i]) RedisModule_FreeString(NULL, emq_piece_name[v][i]);
+            emq_piece_name[v][i] = NULL;
+        }
 }
 
 /* -- loading --------------------------------------------------------------- */
@@ -237,8 +267,12 @@ static const char *fallback_of(const char *fn) {
                                     "deny each by name (docs/reference/acl.md)"},
         {"AddACLCategory", "no @emq ACL category; the commands are still in @write and @fast or @slow"},
         {"RegisterNumericConfig", "no CONFIG SET emq.*: the settings are fixed at load (load arguments "
-                                  "max-limit <n> max-state-bytes <n>)"},
+                                  "max-limit <n> max-state-bytes <n> max-payload-bytes <n> "
+                                  "max-result-bytes <n>)"},
         {"LoadConfigs", "no CONFIG SET emq.*: the settings are fixed at load"},
+        {"ListGet", "a claim reads the head of <pending> with LRANGE (RedisModule_Call), a little slower"},
+        {"PublishMessageShard", "a job that ends is announced on <base>done:<id> with PUBLISH, not SPUBLISH "
+                                "(this server has no sharded pub/sub)"},
     };
     for (size_t i = 0; i < sizeof fallbacks / sizeof *fallbacks; i++)
         if (strcmp(fn, fallbacks[i].fn) == 0) return fallbacks[i].fallback;
@@ -254,8 +288,11 @@ static void log_fallbacks(RedisModuleCtx *ctx) {
                         missing[i], fallback_of(missing[i]));
     if (missing[0] == NULL)
         RedisModule_Log(ctx, "notice", "loaded; every optional module API function was found");
-    RedisModule_Log(ctx, "notice", "settings: max-limit %lld, max-state-bytes %lld (%s)",
-                    emq_config_max_limit(), emq_config_max_state_bytes(),
+    RedisModule_Log(ctx, "notice",
+                    "settings: max-limit %lld, max-state-bytes %lld, max-payload-bytes %lld, "
+                    "max-result-bytes %lld (%s)",
+                    emq_config_max_limit(), emq_config_max_state_bytes(), emq_config_max_payload_bytes(),
+                    emq_config_max_result_bytes(),
                     emq_config_is_live() ? "CONFIG SET emq.<name> changes them"
                                          : "fixed at load: this server has no module configs");
 }

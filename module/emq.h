@@ -26,7 +26,11 @@
  *   emq_core.c     the decisions, pure C: parsing, deadlines, transitions, error texts
  *   emq_effects.c  every write: the change, its keyspace event, its replication
  *   emq_keys.c     a queue's keys: checks, derived names, ACL, opening, the fence
- *   emq_wake.c     claims that wait on <pending>, and what wakes them
+ *   emq_lanes.c    where a job waits: <pending>, <base>priority, <base>delayed;
+ *                  a claim's choice, promotion, tombstones
+ *   emq_row.c      what a row holds: values in 64-byte pieces, the level
+ *   emq_end.c      the two hooks: a job leaves <active>, a job ends
+ *   emq_wake.c     claims that wait on a queue's lanes, and what wakes them
  *   emq_rm.c/.h    our own declaration of the module API we call
  *
  * Every handler runs in the same order: parse -> open and type-check ->
@@ -37,8 +41,11 @@
 #include "emq_config.h"
 #include "emq_core.h"
 #include "emq_effects.h"
+#include "emq_end.h"
 #include "emq_keys.h"
+#include "emq_lanes.h"
 #include "emq_rm.h"
+#include "emq_row.h"
 #include "emq_wake.h"
 
 /* Field names, state values and small numbers, made once at load (a
@@ -69,6 +76,12 @@
     X(state, "state")                         \
     X(last_error, "last_error")               \
     X(payload, "payload")                     \
+    X(result, "result")                       \
+    X(traceback, "traceback")                 \
+    X(progress, "progress")                   \
+    X(priority, "priority")                   \
+    X(stale, "stale")                         \
+    X(seq, "seq")                             \
     X(enqueued_at, "enqueued_at")             \
     X(cancel_requested, "cancel_requested")   \
     X(count, "count")                         \
@@ -82,7 +95,9 @@
     X(acl_hset, "HSET")                       \
     X(acl_get, "GET")                         \
     X(acl_set, "SET")                         \
-    X(acl_del, "DEL")
+    X(acl_del, "DEL")                         \
+    X(acl_zscore, "ZSCORE")                   \
+    X(acl_zadd, "ZADD")
 
 #define EMQ_STRING_FIELD(name, text) RedisModuleString *name;
 typedef struct {
@@ -119,20 +134,31 @@ int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
 int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* COMPLETE's steps (emq_finish.c), which EMQ.COMPLETECLAIM (emq_claim.c)
- * runs before its claim: check the arguments; open, read and decide (an
- * error: nothing may be written; c->reply is :1 or :-1, c->write whether
- * apply writes); apply; close (always, after prepare). */
+ * runs before its claim: check the arguments (and RESULT's size, against
+ * emq.max-result-bytes); open, read and decide (an error: nothing may be
+ * written; c->reply is :1 or :-1, c->write whether apply writes); apply;
+ * close (always, after prepare). */
 typedef struct {
     EmqKey active, row;
     RedisModuleUser *user;
+    RedisModuleString *base;   /* made by prepare, freed by close */
+    RedisModuleString *result; /* borrowed: RESULT's bytes, or NULL */
     EmqMeta meta;
+    EmqEnd end;
     int reply, write;
 } EmqCompleting;
 int emq_complete_check(RedisModuleString *active, RedisModuleString *job, RedisModuleString *id);
+int emq_check_result(RedisModuleString *result);
 int emq_complete_prepare(RedisModuleCtx *ctx, EmqCompleting *c, RedisModuleString *active, RedisModuleString *job,
-                         RedisModuleString *id, RedisModuleString *token);
+                         RedisModuleString *id, RedisModuleString *token, RedisModuleString *result);
 void emq_complete_apply(EmqFx *fx, EmqCompleting *c, RedisModuleString *id, long long now);
 void emq_complete_close(EmqCompleting *c);
+
+/* [RESULT <bytes>] of COMPLETE and COMPLETECLAIM, from argv[from] on: the
+ * bytes (or NULL), checked against emq.max-result-bytes, and against
+ * maxmemory where `oom_check` (COMPLETE is not deny-oom). */
+int emq_parse_result(RedisModuleCtx *ctx, RedisModuleString **argv, int from, int argc, int oom_check,
+                     RedisModuleString **result);
 
 /* Answer an error from the core's table. */
 int emq_reply_error(RedisModuleCtx *ctx, int err);

@@ -199,22 +199,33 @@ static int del_checked(RedisModuleCtx *ctx, EmqFx *fx, RedisModuleString *name) 
     return existed;
 }
 
-static size_t zcard(EmqKey *set) {
-    return emq_key_empty(set) ? 0 : RedisModule_ValueLength(set->key);
+static size_t card(EmqKey *k) {
+    return emq_key_empty(k) ? 0 : RedisModule_ValueLength(k->key);
 }
+
+/* One member a step of OBLITERATE takes: where from, its row, and whether
+ * the row goes with it (a tombstone of <pending> takes no row). */
+typedef struct {
+    RedisModuleString *id, *row;
+    EmqKey *from; /* NULL: an entry of <pending> */
+    int deletes, ended;
+} Doomed;
 
 /* ------------------------------------------------------------------------
  * EMQ.OBLITERATE <active> <pending> <dead> <base> <limit> [FORCE]
  *
- * Removes up to <limit> members of <pending>, then <dead>, then <active>
- * (with FORCE) and DELetes their rows.  While members remain after a call,
- * the queue is paused (meta `paused`), so no claim takes a job of a queue
- * half deleted; the call that leaves the three sets empty also deletes
- * <base>meta and <base>metrics:failed.  Reply [removed, remaining]:
- * members removed by this call, members left in the three sets.
- * -EMQBUSY when <active> is not empty and FORCE is not given: nothing
- * written.  Rows in no set (done and cancelled, kept for their retention)
- * are EMQ.FORGET's.
+ * Removes up to <limit> entries of <pending>, then members of
+ * <base>priority, <base>delayed, <dead>, then <active> (with FORCE), and
+ * DELetes their rows (a tombstone of <pending> has none: it only leaves,
+ * counted off `stale`).  While members remain after a call, the queue is
+ * paused (meta `paused`), so no claim takes a job of a queue half deleted;
+ * the call that leaves them all empty also deletes <base>meta and
+ * <base>metrics:failed.  Reply [removed, remaining]: the jobs removed by
+ * this call (its tombstones not counted), and the entries and members left
+ * (tombstones counted: the step that reaches 0 is the last).  -EMQBUSY when <active> is not
+ * empty and FORCE is not given: nothing written.  Rows in no set (done and
+ * cancelled, kept for their retention) are EMQ.FORGET's.  A job deleted
+ * before it ended is announced on <base>done:<id>.
  * ------------------------------------------------------------------------ */
 int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
@@ -236,63 +247,108 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     /* open and type-check */
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
     RedisModuleUser *user = NULL;
-    EmqKey set[3], meta = {0};
-    EmqKey *active = &set[0], *pending = &set[1], *dead = &set[2];
-    for (int i = 0; i < 3; i++) emq_key_open(ctx, &set[i], argv[1 + i], rw);
-    RedisModuleString *meta_name = emq_derived_key(ctx, argv[4], "meta", NULL);
+    EmqKey active, pending, dead;
+    emq_key_open(ctx, &active, argv[1], rw);
+    emq_key_open(ctx, &pending, argv[2], rw);
+    emq_key_open(ctx, &dead, argv[3], rw);
     RedisModuleString *metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
-    RedisModuleString **ids = NULL, **rows = NULL;
-    EmqKey **from = NULL;
-    size_t n = 0;
+    Doomed *d = NULL;
+    size_t n = 0, entries = 0, tombstones = 0;
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    for (int i = 0; i < 3 && !err; i++)
-        if (!emq_type_ok(&set[i], REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
-    if (!err && !force && !emq_key_empty(active)) err = EMQ_ERR_BUSY;
+    EmqLanes lanes;
+    emq_lanes_init(&lanes, ctx, NULL, argv[4], &pending);
+    EmqEnd end;
+    emq_end_init(&end, ctx, argv[4]);
+    if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST) ||
+        !emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET))
+        err = EMQ_ERR_WRONGTYPE;
+    if (!err && !force && !emq_key_empty(&active)) err = EMQ_ERR_BUSY;
     if (!err && !emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
+    lanes.user = user;
+    if (!err) err = emq_lanes_open(&lanes, EMQ_LANE_PRIORITY | EMQ_LANE_DELAYED);
     if (err) goto reply;
 
-    /* read: the members this call takes, pending first, the held last */
-    EmqKey *order[3] = {pending, dead, active};
-    RedisModuleString **got[3];
-    size_t k[3];
-    for (int s = 0; s < 3; s++) {
-        k[s] = emq_zset_head(order[s], HUGE_VAL, limit - (long long)n, &got[s]);
-        n += k[s];
-    }
-    ids = RedisModule_Alloc((n ? n : 1) * sizeof *ids);
-    from = RedisModule_Alloc((n ? n : 1) * sizeof *from);
-    for (size_t s = 0, at = 0; s < 3; s++) {
-        for (size_t i = 0; i < k[s]; i++, at++) {
-            ids[at] = got[s][i];
-            from[at] = order[s];
+    /* read: the entries and members this call takes, <pending> first, the
+     * held last; every row it reads or deletes is checked first */
+    size_t total = card(&pending) + card(&lanes.priority) + card(&lanes.delayed) + card(&dead) + card(&active);
+    d = RedisModule_Alloc(((size_t)limit < total ? (size_t)limit : total) * sizeof *d + sizeof *d);
+    for (; (long long)n < limit; n++, entries++) {
+        RedisModuleString *id = emq_lanes_entry(&lanes, (long)entries);
+        if (id == NULL) break;
+        d[n] = (Doomed){.id = id, .row = emq_derived_key(ctx, argv[4], "job:", id)};
+        EmqKey row;
+        err = emq_open_derived(ctx, user, &row, d[n].row, EMQ_DERIVED_READ_DELETE);
+        if (!err && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+        if (!err) {
+            RedisModuleString *state = emq_hget(&row, emq_str.state);
+            int pending_state = state && emq_str_equal(state, emq_str.pending), seen = 0;
+            if (state) RedisModule_FreeString(NULL, state);
+            for (size_t k = 0; k < n && !seen; k++) seen = d[k].deletes && emq_str_equal(d[k].id, id);
+            d[n].deletes = emq_entry_live(!emq_key_empty(&row), pending_state, emq_hexists(&row, emq_str.priority),
+                                          emq_lanes_is_delayed(&lanes, id), seen);
+            d[n].ended = 0;
+            tombstones += !d[n].deletes;
         }
-        if (got[s]) RedisModule_Free(got[s]);
+        emq_key_close(&row);
+        if (err) {
+            n++;
+            goto reply;
+        }
     }
-    rows = RedisModule_Alloc((n ? n : 1) * sizeof *rows);
-    for (size_t i = 0; i < n; i++) rows[i] = emq_derived_key(ctx, argv[4], "job:", ids[i]);
-    size_t remaining = zcard(active) + zcard(pending) + zcard(dead) - n;
+    EmqKey *sets[4] = {&lanes.priority, &lanes.delayed, &dead, &active};
+    for (int s = 0; s < 4 && (long long)n < limit; s++) {
+        RedisModuleString **got;
+        size_t k = emq_zset_head(sets[s], HUGE_VAL, limit - (long long)n, &got);
+        for (size_t i = 0; i < k; i++, n++)
+            d[n] = (Doomed){.id = got[i], .row = emq_derived_key(ctx, argv[4], "job:", got[i]), .from = sets[s],
+                            .deletes = 1, .ended = sets[s] == &dead};
+        if (got) RedisModule_Free(got);
+    }
+    size_t remaining = total - n;
 
     /* decide: every key this call deletes or writes is checked first */
-    err = check_derived(ctx, user, rows, n);
+    for (size_t i = 0; !err && i < n; i++) {
+        if (d[i].from == NULL) continue; /* read above, with the right to delete it */
+        RedisModuleString *row = d[i].row;
+        err = check_derived(ctx, user, &row, 1);
+    }
+    for (size_t i = 0; !err && i < n; i++)
+        if (d[i].deletes) err = emq_ended_prepare(&end, d[i].id, EMQ_END_DELETED, d[i].ended);
     if (!err && remaining == 0) err = check_derived(ctx, user, &metrics_name, 1);
     /* The step that empties the sets deletes <base>meta (whatever it holds:
      * a meta of the wrong type cannot be paused, but it can be deleted);
-     * the others pause the queue in it. */
-    if (!err && remaining == 0) err = emq_open_derived(ctx, user, &meta, meta_name, EMQ_DERIVED_DELETE);
-    else if (!err) err = open_meta(ctx, user, meta_name, &meta, 1);
+     * the others pause the queue in it, and count off the tombstones. */
+    if (!err && remaining == 0) {
+        lanes.meta_name = emq_derived_key(ctx, argv[4], "meta", NULL);
+        lanes.opened |= EMQ_LANE_META;
+        err = emq_open_derived(ctx, user, &lanes.meta, lanes.meta_name, EMQ_DERIVED_DELETE);
+    } else if (!err) {
+        err = emq_lanes_open(&lanes, EMQ_LANE_META);
+        long long stale = lanes.stale > (long long)tombstones ? lanes.stale - (long long)tombstones : 0;
+        if (!err && stale != lanes.stale) {
+            lanes.stale = stale;
+            lanes.stale_changed = 1;
+        }
+    }
     if (err) goto reply;
 
-    /* apply */
+    /* apply: the entries of <pending> in one LPOP, then member by member */
+    emq_fx_lpop(&fx, &pending, (long)entries);
     for (size_t i = 0; i < n; i++) {
-        emq_fx_zrem(&fx, from[i], ids[i]);
-        del_checked(ctx, &fx, rows[i]);
+        if (d[i].from) emq_fx_zrem(&fx, d[i].from, d[i].id);
+        if (d[i].deletes) {
+            del_checked(ctx, &fx, d[i].row);
+            emq_ended_apply(&end, &fx, d[i].id, EMQ_END_DELETED, d[i].ended);
+        }
     }
     if (remaining == 0) {
-        emq_fx_del(&fx, &meta);
+        emq_fx_del(&fx, &lanes.meta);
         del_checked(ctx, &fx, metrics_name);
-    } else if (!emq_hexists(&meta, emq_str.paused)) {
-        emq_fx_hset(&fx, &meta, "hset", 1, emq_str.paused, emq_small_int[1]);
+    } else {
+        if (!emq_hexists(&lanes.meta, emq_str.paused))
+            emq_fx_hset(&fx, &lanes.meta, "hset", 1, emq_str.paused, emq_small_int[1]);
+        emq_lanes_apply(&lanes, &fx);
     }
 
 reply:
@@ -300,21 +356,21 @@ reply:
         emq_reply_error(ctx, err);
     } else {
         RedisModule_ReplyWithArray(ctx, 2);
-        RedisModule_ReplyWithLongLong(ctx, (long long)n);
+        RedisModule_ReplyWithLongLong(ctx, (long long)(n - tombstones)); /* the jobs: a tombstone is none */
         RedisModule_ReplyWithLongLong(ctx, (long long)remaining);
     }
     emq_fx_commit(&fx);
     for (size_t i = 0; i < n; i++) {
-        RedisModule_FreeString(ctx, ids[i]);
-        if (rows) RedisModule_FreeString(ctx, rows[i]);
+        RedisModule_FreeString(ctx, d[i].id);
+        RedisModule_FreeString(ctx, d[i].row);
     }
-    RedisModule_Free(ids);
-    RedisModule_Free(rows);
-    RedisModule_Free(from);
-    emq_key_close(&meta);
-    RedisModule_FreeString(ctx, meta_name);
+    if (d) RedisModule_Free(d);
+    emq_end_close(&end);
+    emq_lanes_close(&lanes);
     RedisModule_FreeString(ctx, metrics_name);
-    for (int i = 2; i >= 0; i--) emq_key_close(&set[i]);
+    emq_key_close(&dead);
+    emq_key_close(&pending);
+    emq_key_close(&active);
     if (user) RedisModule_FreeModuleUser(user);
     return REDISMODULE_OK;
 }
@@ -358,9 +414,20 @@ int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
         emq_key_close(&row);
     }
 
-    /* apply */
+    /* The rows deleted are of jobs that ended: the `ended` hook's deletion
+     * steps run (emq_end.h). */
+    EmqEnd end;
+    emq_end_init(&end, ctx, argv[2]);
     for (size_t i = 0; i < n && !err; i++)
-        if (forget[i]) deleted += del_checked(ctx, &fx, rows[i]);
+        if (forget[i]) err = emq_ended_prepare(&end, argv[3 + i], EMQ_END_DELETED, 1);
+
+    /* apply */
+    for (size_t i = 0; i < n && !err; i++) {
+        if (!forget[i]) continue;
+        deleted += del_checked(ctx, &fx, rows[i]);
+        emq_ended_apply(&end, &fx, argv[3 + i], EMQ_END_DELETED, 1);
+    }
+    emq_end_close(&end);
 
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, deleted);

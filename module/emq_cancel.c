@@ -4,14 +4,17 @@
  * ask; the first reason is kept) and the holder learns of the request at
  * its next checkpoint, EMQ.CHECKPOINT (emq_lease.c) -- the way a heartbeat
  * carries cancellation back to a running activity.  A job that is only
- * waiting is cancelled on the spot: it leaves <pending> and is never
- * claimed. */
+ * waiting is cancelled on the spot and never claimed: it leaves
+ * <base>delayed or <base>priority, or its entry in <pending> becomes a
+ * tombstone that claims drop (emq_lanes.h: removing it from the middle of a
+ * list would be O(n)). */
 #include "emq.h"
 
 /* ------------------------------------------------------------------------
  * EMQ.CANCEL <pending> <base> <id> <reason>
  *
- * +cancelled  the job was pending: it left <pending>, state=cancelled
+ * +cancelled  the job was waiting (state pending): it left its lane,
+ *             state=cancelled, and its id is announced on <base>done:<id>
  * +requested  the job is held (or otherwise not pending): the request is on
  *             the row for the holder's next EMQ.CHECKPOINT
  * +finished   the job is done, dead or cancelled already: nothing written
@@ -36,38 +39,53 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     RedisModuleString *id = argv[3], *reason = argv[4];
     long long now = RedisModule_Milliseconds();
 
-    /* open and type-check: the derived row's ACL before it is read */
+    /* open and type-check: the derived row's ACL before it is read; <pending>
+     * is only checked (a waiting job's entry stays, a tombstone) */
     RedisModuleUser *user = NULL;
     EmqKey pending, row = {0};
-    emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ);
     RedisModuleString *row_name = emq_derived_key(ctx, argv[2], "job:", id);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
+    EmqLanes lanes;
+    emq_lanes_init(&lanes, ctx, NULL, argv[2], &pending);
+    EmqEnd end;
+    emq_end_init(&end, ctx, argv[2]);
     int decision = EMQ_CANCEL_GONE;
-    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
+    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else err = emq_open_row(ctx, &user, &row, row_name);
     if (err) goto reply;
 
-    /* read and decide */
+    /* read and decide: a row that says pending is a waiting job (in a lane,
+     * or delayed) */
     int exists = !emq_key_empty(&row);
-    double score;
-    int in_pending = exists && RedisModule_ZsetScore(pending.key, id, &score) == REDISMODULE_OK;
-    decision = emq_cancel_decide(exists, in_pending, exists && !in_pending && row_is_finished(&row));
+    RedisModuleString *state = emq_hget(&row, emq_str.state);
+    int waiting = state && emq_str_equal(state, emq_str.pending);
+    if (state) RedisModule_FreeString(NULL, state);
+    decision = emq_cancel_decide(exists, waiting, exists && !waiting && row_is_finished(&row));
     /* Idempotent: asking again keeps the first reason. */
     int first = exists && !emq_hexists(&row, emq_str.cancel_requested);
     EmqMeta meta;
-    if (decision == EMQ_CANCEL_NOW) err = emq_read_meta(ctx, user, argv[2], &meta);
+    long long level = 0;
+    if (decision == EMQ_CANCEL_NOW) {
+        err = emq_read_meta(ctx, user, argv[2], &meta);
+        lanes.user = user;
+        if (!err) err = emq_row_level(&row, &level);
+        if (!err) err = emq_lanes_remove(&lanes, id, level);
+        if (!err) err = emq_ended_prepare(&end, id, EMQ_END_CANCELLED, 0);
+    }
     if (err) goto reply;
 
     /* apply */
     if (decision == EMQ_CANCEL_NOW) {
         RedisModuleString *at = emq_fx_number(&fx, now);
-        emq_fx_zrem(&fx, &pending, id);
+        emq_lanes_apply(&lanes, &fx);
         if (first)
             emq_fx_hset(&fx, &row, "hset", 3, emq_str.state, emq_str.cancelled, emq_str.finished_at, at,
                         emq_str.cancel_requested, reason);
         else
             emq_fx_hset(&fx, &row, "hset", 2, emq_str.state, emq_str.cancelled, emq_str.finished_at, at);
+        emq_ended_apply(&end, &fx, id, EMQ_END_CANCELLED, 0);
         emq_fx_retain(&fx, &row, now, meta.cancelled_ttl);
     } else if (decision == EMQ_CANCEL_REQUEST && first) {
         emq_fx_hset(&fx, &row, "hset", 1, emq_str.cancel_requested, reason);
@@ -99,6 +117,8 @@ reply:
         }
     }
     emq_fx_commit(&fx);
+    emq_lanes_close(&lanes);
+    emq_end_close(&end);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&pending);

@@ -1,9 +1,12 @@
 /* emq_claim.c -- a worker takes jobs: EMQ.CLAIM.
  *
- * CLAIM moves the oldest claimable ids from <pending> to <active>, leased
- * until server-now + lease-ms, and gives each a fresh fencing token: the
- * row's `attempts` (every claim of the job, never lowered) joined with 8
- * random bytes.  The counter alone would repeat after a failover that lost
+ * CLAIM moves the next claimable jobs from their lanes (emq_lanes.h) to
+ * <active>, leased until server-now + lease-ms, and gives each a fresh
+ * fencing token: the row's `attempts` (every claim of the job, never
+ * lowered) joined with 8 random bytes.  Per job it takes the head of
+ * <base>priority when its level is below 0, else the next live entry of
+ * <pending> (dropping tombstones), else the head of <base>priority: O(log n)
+ * a job.  First it moves the due members of <base>delayed to their lanes.  The counter alone would repeat after a failover that lost
  * the last claims; the random part does not (emq_core.h, emq_format_token).
  * The reply carries what a worker needs to start -- id, token, payload, the
  * attempt within its retry budget, the last checkpointed state -- so a job
@@ -30,11 +33,14 @@ typedef struct {
     RedisModuleUser *user;
     RedisModuleString *base;
     Claimed *jobs;
-    long n;
+    long n, cap;
     int reanswered; /* the jobs are a retry's: answered, never applied */
+    int bound_hit;  /* EMQ_DROP_MAX tombstones dropped: the rest waits for the next call */
     EmqKey pending, own_active, record;
     EmqKey *active; /* own_active, or COMPLETECLAIM's (opened by its complete) */
     RedisModuleString *record_name;
+    RedisModuleString *done; /* the job COMPLETECLAIM completes in this call, or NULL */
+    EmqLanes lanes;
 } Claim;
 
 static void claim_release(Claim *c) {
@@ -44,6 +50,7 @@ static void claim_release(Claim *c) {
         RedisModule_FreeString(c->ctx, c->jobs[i].id);
     }
     RedisModule_Free(c->jobs);
+    emq_lanes_close(&c->lanes);
     emq_key_close(&c->record);
     if (c->record_name) RedisModule_FreeString(c->ctx, c->record_name);
     if (c->active == &c->own_active) emq_key_close(&c->own_active);
@@ -57,7 +64,7 @@ static void reply_job(RedisModuleCtx *ctx, Claimed *j) {
     RedisModule_ReplyWithArray(ctx, 5);
     RedisModule_ReplyWithString(ctx, j->id);
     RedisModule_ReplyWithStringBuffer(ctx, j->token, (size_t)j->tokenlen);
-    RedisModuleString *payload = emq_hget(&j->row, emq_str.payload);
+    RedisModuleString *payload = emq_row_value(&j->row, EMQ_VALUE_PAYLOAD);
     if (payload) {
         RedisModule_ReplyWithString(ctx, payload);
         RedisModule_FreeString(NULL, payload);
@@ -84,7 +91,10 @@ static void reply_jobs(Claim *c) {
 }
 
 static Claimed *add_job(Claim *c, long cap, RedisModuleString *id) {
-    if (c->jobs == NULL) c->jobs = RedisModule_Alloc((size_t)cap * sizeof *c->jobs);
+    if (c->jobs == NULL) {
+        c->jobs = RedisModule_Alloc((size_t)cap * sizeof *c->jobs);
+        c->cap = cap;
+    }
     Claimed *j = &c->jobs[c->n++];
     memset(j, 0, sizeof *j);
     j->id = id;
@@ -146,38 +156,195 @@ static int reanswer(Claim *c, const char *rec, size_t reclen, RedisModuleString 
     return EMQ_OK;
 }
 
-/* Collect up to `count` claimable heads (score <= now) and check every row
- * before anything is written: the claim takes all of them or none. */
-static int collect(Claim *c, long long now, long count) {
-    if (emq_key_empty(&c->pending)) return EMQ_OK;
-    RedisModule_ZsetFirstInScoreRange(c->pending.key, -HUGE_VAL, (double)now, 0, 0);
-    while (c->n < count && !RedisModule_ZsetRangeEndReached(c->pending.key)) {
-        double score;
-        add_job(c, count, RedisModule_ZsetRangeCurrentElement(c->pending.key, &score));
-        RedisModule_ZsetRangeNext(c->pending.key);
-    }
-    RedisModule_ZsetRangeStop(c->pending.key);
+/* 1 when this claim took `id` already (an id in two places of a damaged
+ * queue is taken once), or COMPLETECLAIM completes it: a tombstone of it
+ * may wait in <pending> while it ran, and its row is open already. */
+static int taken(Claim *c, RedisModuleString *id) {
+    if (c->done && emq_str_equal(c->done, id)) return 1;
+    for (long i = 0; i < c->n; i++)
+        if (emq_str_equal(c->jobs[i].id, id)) return 1;
+    return 0;
+}
+
+/* The counters of a job taken: its row opened for writing (the caller's
+ * ACL first), and the claim's number and the try's, as HINCRBY would make
+ * them.  A row that vanished while its id waited in <base>priority starts
+ * at attempt 1. */
+static int count_claim(Claim *c, Claimed *j) {
+    int err = EMQ_OK;
+    if (j->row.key == NULL) err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
+    if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    if (!err) err = emq_hash_incr(&j->row, emq_str.attempts, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, &j->attempts);
+    if (!err) err = emq_hash_incr(&j->row, emq_str.tries, 1, EMQ_ERR_TRIES_NOT_INTEGER, &j->tries);
+    if (err) return err;
     unsigned char random8[8];
-    for (long i = 0; i < c->n; i++) {
-        Claimed *j = &c->jobs[i];
-        int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
-        if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
-        /* A row that vanished while its id waited starts at attempt 1. */
-        if (!err) err = emq_hash_incr(&j->row, emq_str.attempts, 1, EMQ_ERR_ATTEMPTS_NOT_INTEGER, &j->attempts);
-        if (!err) err = emq_hash_incr(&j->row, emq_str.tries, 1, EMQ_ERR_TRIES_NOT_INTEGER, &j->tries);
-        if (err) return err;
-        RedisModule_GetRandomBytes(random8, sizeof random8);
-        j->tokenlen = emq_format_token(j->attempts, random8, j->token);
+    RedisModule_GetRandomBytes(random8, sizeof random8);
+    j->tokenlen = emq_format_token(j->attempts, random8, j->token);
+    return EMQ_OK;
+}
+
+/* Take a job of <base>priority, or one a promotion moved (`id` is ours). */
+static int take(Claim *c, long count, RedisModuleString *id) {
+    if (taken(c, id)) {
+        RedisModule_FreeString(NULL, id);
+        return EMQ_OK;
+    }
+    return count_claim(c, add_job(c, count, id));
+}
+
+/* An entry of <pending> (`id` is ours): taken when live (emq_entry_live),
+ * else a tombstone (*live 0). */
+static int take_if_live(Claim *c, long count, RedisModuleString *id, int *live) {
+    *live = 0;
+    if (taken(c, id)) {
+        RedisModule_FreeString(NULL, id);
+        return EMQ_OK;
+    }
+    Claimed *j = add_job(c, count, id);
+    int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
+    if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    if (err) return err;
+    RedisModuleString *state = emq_hget(&j->row, emq_str.state);
+    int pending = state && emq_str_equal(state, emq_str.pending);
+    if (state) RedisModule_FreeString(NULL, state);
+    *live = emq_entry_live(!emq_key_empty(&j->row), pending, emq_hexists(&j->row, emq_str.priority),
+                           emq_lanes_is_delayed(&c->lanes, id), 0);
+    if (*live) return count_claim(c, j);
+    emq_key_close(&j->row);
+    RedisModule_FreeString(c->ctx, j->row_name);
+    RedisModule_FreeString(c->ctx, j->id);
+    c->n--;
+    return EMQ_OK;
+}
+
+/* <base>priority as it will be once the promotion is applied: its members
+ * (read with the range iterator, which no write may meet: nothing is
+ * written before apply) merged with the promoted ones, by score. */
+typedef struct {
+    EmqLanes *l;
+    int iterating;
+    RedisModuleString *head; /* the iterator's current member, or NULL */
+    double head_score;
+    long promoted; /* the next of l->promoted_priority */
+} PriorityStream;
+
+static void ps_advance(PriorityStream *ps) {
+    ps->head = NULL;
+    if (!ps->iterating) return;
+    if (RedisModule_ZsetRangeEndReached(ps->l->priority.key)) return;
+    ps->head = RedisModule_ZsetRangeCurrentElement(ps->l->priority.key, &ps->head_score);
+    RedisModule_ZsetRangeNext(ps->l->priority.key);
+}
+
+static void ps_open(PriorityStream *ps, EmqLanes *l) {
+    memset(ps, 0, sizeof *ps);
+    ps->l = l;
+    if (!emq_key_empty(&l->priority)) {
+        ps->iterating = RedisModule_ZsetFirstInScoreRange(l->priority.key, -HUGE_VAL, HUGE_VAL, 0, 0) ==
+                        REDISMODULE_OK;
+        ps_advance(ps);
+    }
+}
+
+static void ps_close(PriorityStream *ps) {
+    if (ps->head) RedisModule_FreeString(NULL, ps->head);
+    if (ps->iterating) RedisModule_ZsetRangeStop(ps->l->priority.key);
+}
+
+/* The level of the stream's next job, 0 when it has none (*more 0). */
+static long long ps_level(PriorityStream *ps, int *more) {
+    EmqIds *p = &ps->l->promoted_priority;
+    int from_promoted = ps->promoted < p->n && (!ps->head || (double)p->scores[ps->promoted] < ps->head_score);
+    *more = ps->head != NULL || ps->promoted < p->n;
+    if (!*more) return 0;
+    return emq_priority_level(from_promoted ? (double)p->scores[ps->promoted] : ps->head_score);
+}
+
+/* The stream's next job, which leaves <base>priority at apply (a new string). */
+static RedisModuleString *ps_take(PriorityStream *ps) {
+    EmqIds *p = &ps->l->promoted_priority;
+    RedisModuleString *id;
+    if (ps->promoted < p->n && (!ps->head || (double)p->scores[ps->promoted] < ps->head_score)) {
+        id = p->ids[ps->promoted++];
+        RedisModule_RetainString(NULL, id);
+    } else {
+        id = ps->head;
+        ps_advance(ps);
+    }
+    emq_ids_add(&ps->l->leave_priority, id, 0);
+    return id;
+}
+
+/* Decide the claim: promote what is due, then take up to `count` jobs,
+ * each from the lane emq_priority_goes_first and emq_entry_live say, and
+ * check every row before anything is written: the claim takes all of them
+ * or none.  Tombstones met on the way are dropped (at most EMQ_DROP_MAX:
+ * c->bound_hit, and the rest waits for the next call). */
+static int collect(Claim *c, long long now, long count) {
+    EmqLanes *l = &c->lanes;
+    l->user = c->user;
+    int err = emq_lanes_open(l, EMQ_LANE_ALL);
+    if (!err) err = emq_lanes_promote(l, now);
+    if (err) return err;
+    /* The promoted jobs of a level follow its waiting ones (their seq is
+     * newer); across levels they are merged by score. */
+    emq_sort_scored(&l->promoted_priority);
+    PriorityStream ps;
+    ps_open(&ps, l);
+    long index = 0, next_promoted = 0, drops = 0;
+    while (!err && c->n < count) {
+        int more;
+        long long level = ps_level(&ps, &more);
+        if (more && emq_priority_goes_first(level)) {
+            err = take(c, count, ps_take(&ps));
+            continue;
+        }
+        int live = 0;
+        while (!err && !live) {
+            if (drops >= EMQ_DROP_MAX) {
+                c->bound_hit = 1;
+                break;
+            }
+            RedisModuleString *entry = emq_lanes_entry(l, index);
+            if (entry == NULL) break;
+            index++;
+            err = take_if_live(c, count, entry, &live);
+            if (!err && !live) drops++;
+        }
+        if (err || c->bound_hit) break;
+        if (live) continue;
+        if (next_promoted < l->promoted_tails.n) {
+            RedisModuleString *id = l->promoted_tails.ids[next_promoted++];
+            RedisModule_RetainString(NULL, id);
+            err = take(c, count, id);
+        } else if (more) {
+            err = take(c, count, ps_take(&ps));
+        } else {
+            break;
+        }
+    }
+    ps_close(&ps);
+    if (err) return err;
+    /* <pending> loses what was read of it, the promoted entries taken included. */
+    l->pops = index + next_promoted;
+    /* Never below 0 (a hand-deleted row dropped more than `stale` counted),
+     * and written only when it changes. */
+    long long stale = l->stale > drops ? l->stale - drops : 0;
+    if (stale != l->stale) {
+        l->stale = stale;
+        l->stale_changed = 1;
     }
     return EMQ_OK;
 }
 
+/* The lanes first (the promotion, the entries taken and dropped), then
+ * each job as before: its row, its lease. */
 static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
+    emq_lanes_apply(&c->lanes, fx);
     size_t reclen = 0;
     for (long i = 0; i < c->n; i++) {
         Claimed *j = &c->jobs[i];
         RedisModuleString *token = RedisModule_CreateString(c->ctx, j->token, (size_t)j->tokenlen);
-        emq_fx_zrem(fx, &c->pending, j->id);
         emq_fx_hset(fx, &j->row, "hincrby", 1, emq_str.attempts, emq_fx_number(fx, j->attempts));
         emq_fx_hset(fx, &j->row, "hset", 4, emq_str.tries, emq_fx_number(fx, j->tries), emq_str.token, token,
                     emq_str.state, emq_str.active, emq_str.claimed_at, emq_fx_number(fx, now));
@@ -231,14 +398,17 @@ typedef struct {
     RedisModuleString *req;
     long long block; /* -1: no BLOCK */
     long long deadline;
+    RedisModuleString *result; /* COMPLETECLAIM's RESULT, or NULL */
 } ClaimArgs;
 
-/* The options from argv[first] on (BLOCK only where `block`), in the order
- * the errors are answered. */
-static int parse_options(RedisModuleString **argv, int argc, int first, int block, long long now, ClaimArgs *a) {
+/* The options from argv[first] on (BLOCK only where `block`, RESULT only
+ * where `result`), in the order the errors are answered. */
+static int parse_options(RedisModuleString **argv, int argc, int first, int block, int result, long long now,
+                         ClaimArgs *a) {
     a->count = 1;
     a->req = NULL;
     a->block = -1;
+    a->result = NULL;
     int seen_count = 0;
     for (int i = first; i < argc; i += 2) {
         size_t len;
@@ -256,6 +426,10 @@ static int parse_options(RedisModuleString **argv, int argc, int first, int bloc
         } else if (block && emq_option_is(opt, len, "BLOCK") && a->block < 0) {
             int err = emq_parse_block(now, val, vlen, &a->block);
             if (err) return err;
+        } else if (result && emq_option_is(opt, len, "RESULT") && !a->result) {
+            a->result = argv[i + 1];
+            int err = emq_check_result(a->result);
+            if (err) return err;
         } else {
             return EMQ_ERR_SYNTAX;
         }
@@ -272,7 +446,7 @@ static long long claim_ceiling(long long count) {
 
 /* Everything but the arity, in the order the errors are answered. */
 static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, long long now, ClaimArgs *a) {
-    int err = parse_options(argv, argc, 5, 1, now, a);
+    int err = parse_options(argv, argc, 5, 1, 0, now, a);
     if (err) return err;
     err = emq_check_queue(ctx, &argv[1], PENDING_ACTIVE, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_KEYS);
     if (err) return err;
@@ -282,38 +456,26 @@ static int parse_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, l
     return emq_lease_deadline(now, lease, lease_len, &a->deadline);
 }
 
-/* The earliest due time in <pending> after now (a delayed job), or -1. */
-static long long next_due(EmqKey *pending, long long now) {
-    if (RedisModule_KeyType(pending->key) != REDISMODULE_KEYTYPE_ZSET) return -1;
-    long long due = -1;
-    if (RedisModule_ZsetFirstInScoreRange(pending->key, (double)now, HUGE_VAL, 1, 0) == REDISMODULE_OK &&
-        !RedisModule_ZsetRangeEndReached(pending->key)) {
-        double score;
-        RedisModuleString *id = RedisModule_ZsetRangeCurrentElement(pending->key, &score);
-        RedisModule_FreeString(NULL, id);
-        due = (long long)score;
-        if ((double)due < score) due++; /* a fractional score written by hand: the next whole ms */
-    }
-    RedisModule_ZsetRangeStop(pending->key);
-    return due;
-}
-
 enum { CLAIM_ANSWERED, CLAIM_NOTHING };
 
 /* Open, type-check, read and decide, writing nothing: EMQ_OK and *outcome
  * CLAIM_ANSWERED (c->n jobs to apply, or a retry's to answer as they are)
- * or CLAIM_NOTHING (then *due is the earliest future due time in <pending>,
- * or -1).  c->active is open already.  `waiting`: the call of a blocked
- * claim, which keeps waiting (is not answered WRONGTYPE) when <pending>
- * holds another type.  `done`: the job COMPLETECLAIM completes in the same
- * call (NULL for CLAIM). */
+ * or CLAIM_NOTHING (then *due is when to look again: the earliest future
+ * due time in <base>delayed, the next millisecond when a bound left work
+ * for the next call, or -1).  Nothing claimable may still leave lane work
+ * to apply: due members promoted, tombstones dropped.  c->active is open
+ * already.  `waiting`: the call of a blocked claim, which keeps waiting (is
+ * not answered WRONGTYPE) when a lane holds another type.  `done`: the job
+ * COMPLETECLAIM completes in the same call (NULL for CLAIM). */
 static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *a, long long now, int waiting,
                          RedisModuleString *done, int *outcome, long long *due) {
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
     *outcome = CLAIM_ANSWERED;
     *due = -1;
     emq_key_open(c->ctx, &c->pending, pending, rw);
-    if (!emq_type_ok(&c->pending, REDISMODULE_KEYTYPE_ZSET)) {
+    emq_lanes_init(&c->lanes, c->ctx, NULL, c->base, &c->pending);
+    c->done = done;
+    if (!emq_type_ok(&c->pending, REDISMODULE_KEYTYPE_LIST)) {
         if (!waiting) return EMQ_ERR_WRONGTYPE;
         *outcome = CLAIM_NOTHING;
         return EMQ_OK;
@@ -341,16 +503,22 @@ static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *
         return EMQ_OK;
     }
     if (!err) err = collect(c, now, (long)a->count);
+    if (err == EMQ_ERR_WRONGTYPE && waiting && !(emq_type_ok(&c->lanes.priority, REDISMODULE_KEYTYPE_ZSET) &&
+                                                 emq_type_ok(&c->lanes.delayed, REDISMODULE_KEYTYPE_ZSET))) {
+        *outcome = CLAIM_NOTHING; /* as BZPOPMIN keeps waiting on a key of another type */
+        return EMQ_OK;
+    }
     if (!err && c->n == 0) {
+        long long next;
         *outcome = CLAIM_NOTHING;
-        *due = next_due(&c->pending, now);
+        *due = c->bound_hit || emq_lanes_due_left(&c->lanes, now, &next) ? now + 1 : next;
     }
     return err;
 }
 
 /* Open, read, decide, apply and answer -- unless nothing is claimable:
- * then CLAIM_NOTHING, nothing written, nothing answered, and *due the
- * earliest future due time in <pending> (or -1). */
+ * then CLAIM_NOTHING, nothing answered (only the lanes' promotion and
+ * dropped tombstones written), and *due when to look again (or -1). */
 static int claim_run(RedisModuleCtx *ctx, RedisModuleString **argv, const ClaimArgs *a, long long now,
                      int waiting, long long *due) {
     Claim c = {.ctx = ctx, .base = argv[3]};
@@ -360,7 +528,7 @@ static int claim_run(RedisModuleCtx *ctx, RedisModuleString **argv, const ClaimA
     emq_fx_begin(&fx, ctx);
     int outcome;
     int err = claim_prepare(&c, argv[1], a, now, waiting, NULL, &outcome, due);
-    if (!err && outcome == CLAIM_ANSWERED && !c.reanswered) apply(&c, &fx, now, a->deadline);
+    if (!err && !c.reanswered) apply(&c, &fx, now, a->deadline);
     if (err) emq_reply_error(ctx, err);
     else if (outcome == CLAIM_ANSWERED) reply_jobs(&c);
     emq_fx_commit(&fx);
@@ -409,9 +577,9 @@ int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
 
 /* ------------------------------------------------------------------------
  * EMQ.COMPLETECLAIM <active> <job> <pending> <id> <token> <lease-ms>
- *                   [COUNT <n>] [REQ <request-id>]
+ *                   [COUNT <n>] [REQ <request-id>] [RESULT <bytes>]
  *
- * EMQ.COMPLETE <active> <job> <id> <token>, then EMQ.CLAIM <pending>
+ * EMQ.COMPLETE <active> <job> <id> <token> [RESULT <bytes>], then EMQ.CLAIM <pending>
  * <active> <base> <lease-ms> [COUNT <n>] [REQ <request-id>] (<base> from
  * <active>), in one call: a worker finishes a job and takes the next in
  * one round trip.  Everything both check comes first: an error answers
@@ -429,7 +597,7 @@ int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
     if (err) return emq_reply_error(ctx, err);
     long long now = RedisModule_Milliseconds();
     ClaimArgs a;
-    err = parse_options(argv, argc, 7, 0, now, &a);
+    err = parse_options(argv, argc, 7, 0, 1, now, &a);
     RedisModuleString *base = err ? NULL : emq_base_of(ctx, argv[1], "active");
     if (!err) {
         RedisModuleString *keys[2] = {argv[3], argv[1]};
@@ -453,13 +621,13 @@ int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
     Claim c = {.ctx = ctx, .base = base, .active = &done.active};
     int outcome = CLAIM_NOTHING;
     long long due;
-    err = emq_complete_prepare(ctx, &done, argv[1], argv[2], id, token);
+    err = emq_complete_prepare(ctx, &done, argv[1], argv[2], id, token, a.result);
     if (!err) err = claim_prepare(&c, argv[3], &a, now, 0, done.write ? id : NULL, &outcome, &due);
 
     /* apply, reply */
     if (!err) {
         emq_complete_apply(&fx, &done, id, now);
-        if (outcome == CLAIM_ANSWERED && !c.reanswered) apply(&c, &fx, now, a.deadline);
+        if (!c.reanswered) apply(&c, &fx, now, a.deadline);
         RedisModule_ReplyWithArray(ctx, 2);
         RedisModule_ReplyWithLongLong(ctx, done.reply);
         if (outcome == CLAIM_ANSWERED) reply_jobs(&c);

@@ -19,11 +19,15 @@ typedef struct {
  * survive, 100 times the Reaper's own batch of 100.  Each setting has a
  * ceiling the verbs are tested at (emq_core.h); the server refuses a CONFIG
  * SET beyond it, and a load argument beyond it refuses the load. */
-enum { MAX_LIMIT, MAX_STATE_BYTES, SETTINGS };
+enum { MAX_LIMIT, MAX_STATE_BYTES, MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, SETTINGS };
 static EmqSetting settings[SETTINGS] = {
     [MAX_LIMIT] = {"max-limit", 10000, 10000, 1, EMQ_MAX_LIMIT_CEILING, REDISMODULE_CONFIG_DEFAULT, 0},
     [MAX_STATE_BYTES] = {"max-state-bytes", 65536, 65536, 0, EMQ_MAX_STATE_BYTES_CEILING, REDISMODULE_CONFIG_MEMORY,
                          0},
+    [MAX_PAYLOAD_BYTES] = {"max-payload-bytes", EMQ_DEFAULT_MAX_PAYLOAD_BYTES, EMQ_DEFAULT_MAX_PAYLOAD_BYTES, 0,
+                           EMQ_MAX_PAYLOAD_BYTES_CEILING, REDISMODULE_CONFIG_MEMORY, 0},
+    [MAX_RESULT_BYTES] = {"max-result-bytes", EMQ_DEFAULT_MAX_RESULT_BYTES, EMQ_DEFAULT_MAX_RESULT_BYTES, 0,
+                          EMQ_MAX_RESULT_BYTES_CEILING, REDISMODULE_CONFIG_MEMORY, 0},
 };
 static int live;
 
@@ -33,6 +37,14 @@ long long emq_config_max_limit(void) {
 
 long long emq_config_max_state_bytes(void) {
     return settings[MAX_STATE_BYTES].value;
+}
+
+long long emq_config_max_payload_bytes(void) {
+    return settings[MAX_PAYLOAD_BYTES].value;
+}
+
+long long emq_config_max_result_bytes(void) {
+    return settings[MAX_RESULT_BYTES].value;
 }
 
 int emq_config_is_live(void) {
@@ -58,7 +70,7 @@ int emq_config_load_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         if (s == NULL) {
             RedisModule_Log(ctx, "warning",
                             "not loaded: unknown load argument '%.*s' (emq.so takes: max-limit <n>, "
-                            "max-state-bytes <n>)",
+                            "max-state-bytes <n>, max-payload-bytes <n>, max-result-bytes <n>)",
                             (int)(len > 200 ? 200 : len), name);
             return REDISMODULE_ERR;
         }

@@ -7,7 +7,11 @@
  *                        purge); a larger one is refused with
  *                        EMQ_ERR_LIMIT_TOO_LARGE, which names the setting.
  *   emq.max-state-bytes  (default 65536)  the largest checkpoint state blob
- *                        a job may store.
+ *                        (or progress) a job may store.
+ *   emq.max-payload-bytes (default 1 MiB)  the largest payload ENQUEUE and
+ *                        ENQUEUEMANY take.
+ *   emq.max-result-bytes (default 1 MiB)  the largest result COMPLETE and
+ *                        COMPLETECLAIM store.
  *
  * Where the server has module configs (Redis 7.0+, Valkey), they are
  * `CONFIG GET/SET emq.<name>`, `emq.<name> <value>` in the config file, and
@@ -23,6 +27,8 @@
 /* The current values; the verbs read them on every call. */
 long long emq_config_max_limit(void);
 long long emq_config_max_state_bytes(void);
+long long emq_config_max_payload_bytes(void);
+long long emq_config_max_result_bytes(void);
 
 /* Read the load arguments, NAME VALUE pairs.  An unknown name, a missing
  * or bad value, or a repeated name is refused: logged, and ERR returned. */

@@ -66,6 +66,12 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_STATE_UNKNOWN] =
         "EMQSTATE the job has no known state: only a dead or cancelled job can be retried",
     [EMQ_ERR_BUSY] = "EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too",
+    [EMQ_ERR_PRIORITY] = "ERR PRIORITY must be an integer from -1000 to 1000",
+    [EMQ_ERR_PRIORITY_FIELD] = "ERR the job row's 'priority' field is not an integer from -1000 to 1000",
+    [EMQ_ERR_PAYLOAD_TOO_LARGE] = "ERR the payload is larger than emq.max-payload-bytes",
+    [EMQ_ERR_RESULT_TOO_LARGE] = "ERR the result is larger than emq.max-result-bytes",
+    [EMQ_ERR_TRACE_TOO_LARGE] = "ERR the TRACE is larger than 65536 bytes",
+    [EMQ_ERR_PROGRESS_TOO_LARGE] = "ERR the progress is larger than emq.max-state-bytes",
 };
 
 const char *emq_error_text(int err) {
@@ -429,9 +435,9 @@ int emq_closed_route(const char *closed_by, size_t len) {
     return EMQ_FAIL_TO_PENDING;
 }
 
-int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested) {
+int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested, int dead) {
     if (cancel_requested) return EMQ_FAIL_TO_CANCELLED;
-    return attempts >= max_attempts ? EMQ_FAIL_TO_DEAD : EMQ_FAIL_TO_PENDING;
+    return dead || attempts >= max_attempts ? EMQ_FAIL_TO_DEAD : EMQ_FAIL_TO_PENDING;
 }
 
 static int is(const char *s, size_t len, const char *word) {
@@ -446,6 +452,58 @@ int emq_cancel_decide(int row_exists, int in_pending, int finished) {
     if (!row_exists) return EMQ_CANCEL_GONE;
     if (in_pending) return EMQ_CANCEL_NOW;
     return finished ? EMQ_CANCEL_FINISHED : EMQ_CANCEL_REQUEST;
+}
+
+/* -- the v3 keyspace ------------------------------------------------------ */
+
+int emq_parse_priority(const char *s, size_t len, long long *out) {
+    long long v;
+    if (emq_parse_ll(s, len, &v) != 0 || v < EMQ_PRIORITY_MIN || v > EMQ_PRIORITY_MAX) return EMQ_ERR_PRIORITY;
+    *out = v;
+    return EMQ_OK;
+}
+
+int emq_row_priority(const char *s, size_t len, int present, long long *out) {
+    if (!present) {
+        *out = 0;
+        return EMQ_OK;
+    }
+    return emq_parse_priority(s, len, out) == EMQ_OK ? EMQ_OK : EMQ_ERR_PRIORITY_FIELD;
+}
+
+long long emq_priority_score(long long level, long long seq) {
+    return (level + 1024) * EMQ_SEQ_LIMIT + seq;
+}
+
+long long emq_priority_level(double score) {
+    /* Scores are exact integers below 2^53: the division is too. */
+    long long s = (long long)score;
+    return s / EMQ_SEQ_LIMIT - 1024;
+}
+
+long long emq_next_seq(long long seq, int lane_empty) {
+    if (lane_empty || seq < 0 || seq >= EMQ_SEQ_LIMIT - 1) return 1;
+    return seq + 1;
+}
+
+int emq_parse_meta_counter(const char *s, size_t len, int present, long long *out) {
+    long long v = 0;
+    if (present && (emq_parse_ll(s, len, &v) != 0 || v < 0)) return EMQ_ERR_META_NOT_INTEGER;
+    *out = v;
+    return EMQ_OK;
+}
+
+int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_delayed, int taken) {
+    return row_exists && state_pending && !has_priority && !in_delayed && !taken;
+}
+
+int emq_priority_goes_first(long long level) {
+    return level < 0;
+}
+
+int emq_pieces(size_t len) {
+    if (len <= EMQ_PIECE_BYTES || len > EMQ_PIECED_MAX) return 1;
+    return (int)((len + EMQ_PIECE_BYTES - 1) / EMQ_PIECE_BYTES);
 }
 
 /* -- retention ---------------------------------------------------------- */

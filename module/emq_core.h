@@ -38,6 +38,22 @@
  * default. */
 #define EMQ_MAX_LIMIT_CEILING 100000
 
+/* The largest job payload ENQUEUE and ENQUEUEMANY take by default
+ * (emq.max-payload-bytes), and the largest result COMPLETE and
+ * COMPLETECLAIM store by default (emq.max-result-bytes): 1 MiB.  A job's
+ * data belongs in the queue while it is small; a larger one belongs in a
+ * store the payload names.  Both may be raised to 16 MiB, the ceiling the
+ * suite runs them at. */
+#define EMQ_DEFAULT_MAX_PAYLOAD_BYTES (1024LL * 1024)
+#define EMQ_DEFAULT_MAX_RESULT_BYTES (1024LL * 1024)
+#define EMQ_MAX_PAYLOAD_BYTES_CEILING (16LL * 1024 * 1024)
+#define EMQ_MAX_RESULT_BYTES_CEILING (16LL * 1024 * 1024)
+
+/* The largest traceback FAIL ... TRACE stores: 64 KiB.  The client cuts a
+ * traceback to its newest 8 KiB; this bounds what any other caller may
+ * leave on a row, fixed rather than a setting. */
+#define EMQ_MAX_TRACE_BYTES 65536
+
 /* The highest emq.max-state-bytes: 16 MiB.  A state is a job's progress,
  * not its data, and a CLAIM hands back up to EMQ_MAX_CLAIM_COUNT of them in
  * one reply; the suite stores and hands back a state of this size. */
@@ -108,6 +124,13 @@ typedef enum {
     EMQ_ERR_STATE_DONE,
     EMQ_ERR_STATE_UNKNOWN,
     EMQ_ERR_BUSY,
+    /* the v3 keyspace: priorities, ceilings on what a row holds (issues 29, 30, 31) */
+    EMQ_ERR_PRIORITY,
+    EMQ_ERR_PRIORITY_FIELD,
+    EMQ_ERR_PAYLOAD_TOO_LARGE,
+    EMQ_ERR_RESULT_TOO_LARGE,
+    EMQ_ERR_TRACE_TOO_LARGE,
+    EMQ_ERR_PROGRESS_TOO_LARGE,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -291,21 +314,90 @@ EMQ_EXPORT int emq_closed_route(const char *closed_by, size_t len);
 EMQ_EXPORT const char *emq_verb_name(int verb);
 
 /* Where FAIL sends a job: a job whose cancel was requested ends cancelled
- * (not retried, not a failure); else it is dead at max_attempts claims, and
+ * (not retried, not a failure); else it is dead at max_attempts claims, or
+ * at once with FAIL's DEAD (the handler said retrying cannot help), and
  * back in pending below that. */
 typedef enum { EMQ_FAIL_TO_PENDING, EMQ_FAIL_TO_DEAD, EMQ_FAIL_TO_CANCELLED } EmqFailRoute;
 
-EMQ_EXPORT int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested);
+EMQ_EXPORT int emq_fail_route(long long attempts, long long max_attempts, int cancel_requested, int dead);
 
 /* 1 when a row's `state` says the job is over: done, dead or cancelled. */
 EMQ_EXPORT int emq_state_is_finished(const char *state, size_t len);
 
 /* What CANCEL does to a job: nothing for an unknown id (:-1), cancel a
- * waiting job on the spot, store the request for a held one, or nothing for
- * a finished one. */
+ * waiting job (its row says pending: in a lane or delayed) on the spot,
+ * store the request for a held one, or nothing for a finished one. */
 typedef enum { EMQ_CANCEL_GONE, EMQ_CANCEL_NOW, EMQ_CANCEL_REQUEST, EMQ_CANCEL_FINISHED } EmqCancel;
 
 EMQ_EXPORT int emq_cancel_decide(int row_exists, int in_pending, int finished);
+
+/* -- the v3 keyspace: lanes, priorities, tombstones, pieces --------------
+ *
+ * A claimable job waits in a lane: level 0 in <base>pending (a list), any
+ * other level in <base>priority (a sorted set scored
+ * (level + 1024) * 2^42 + seq); a job not yet due waits in <base>delayed
+ * (scored with its due time) and enters its lane's tail when it comes due.
+ * docs/reference/keyspace.md says why. */
+
+/* PRIORITY <n>: smaller runs first; 0, the default, is the list. */
+#define EMQ_PRIORITY_MIN (-1000)
+#define EMQ_PRIORITY_MAX 1000
+
+/* seq, <base>meta's FIFO counter within a level, stays below 2^42 so that
+ * every score is an exact double: (1000 + 1024) * 2^42 + 2^42 < 2^53. */
+#define EMQ_SEQ_LIMIT 4398046511104LL
+
+/* The most due members of <base>delayed one call moves to their lanes, and
+ * the most tombstones of <base>pending one claim drops: each call's work is
+ * bounded whatever the queue holds. */
+#define EMQ_PROMOTE_MAX 1000
+#define EMQ_DROP_MAX 1000
+
+/* PRIORITY's argument: an integer from EMQ_PRIORITY_MIN to EMQ_PRIORITY_MAX
+ * (EMQ_ERR_PRIORITY). */
+EMQ_EXPORT int emq_parse_priority(const char *s, size_t len, long long *out);
+
+/* A row's `priority` field (absent: 0): the same range, else
+ * EMQ_ERR_PRIORITY_FIELD. */
+EMQ_EXPORT int emq_row_priority(const char *s, size_t len, int present, long long *out);
+
+/* The score of a job at `level` with `seq` in <base>priority, and the level
+ * a score is at.  seq 0 is the head of its level (a job put back: RELEASE,
+ * SWEEP's recoveries); a job entering its level's tail takes the next seq. */
+EMQ_EXPORT long long emq_priority_score(long long level, long long seq);
+EMQ_EXPORT long long emq_priority_level(double score);
+
+/* The seq after `seq`: seq + 1, or 1 again past EMQ_SEQ_LIMIT - 1 (also
+ * when the lane is empty, `lane_empty`: the counter restarts where no job
+ * can be overtaken). */
+EMQ_EXPORT long long emq_next_seq(long long seq, int lane_empty);
+
+/* <base>meta's counters, `stale` and `seq`: absent is 0; anything but a
+ * canonical integer >= 0 is EMQ_ERR_META_NOT_INTEGER. */
+EMQ_EXPORT int emq_parse_meta_counter(const char *s, size_t len, int present, long long *out);
+
+/* Is an entry of <base>pending live, a job a claim may take?  Its row
+ * exists and says pending, it has no priority (it waits in <base>priority
+ * then), it is not delayed, and this claim has not taken its id already.
+ * Anything else is a tombstone: dropped, and counted off `stale`. */
+EMQ_EXPORT int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_delayed, int taken);
+
+/* The next job of a claim: the head of <base>priority when its level is
+ * below 0, else a live entry of <base>pending, else the head of
+ * <base>priority. */
+EMQ_EXPORT int emq_priority_goes_first(long long level);
+
+/* A value longer than EMQ_PIECE_BYTES and at most EMQ_PIECED_MAX bytes is
+ * stored in pieces of EMQ_PIECE_BYTES: `payload`, `payload:1`,
+ * `payload:2`, ... (the same for `result`), so that the row stays a
+ * listpack (a hash stays one only while every value is at most
+ * hash-max-listpack-value, 64 bytes by default).  A longer value is stored
+ * whole.  emq_pieces() is how many fields a value of `len` bytes takes
+ * (1: stored whole). */
+#define EMQ_PIECE_BYTES 64
+#define EMQ_PIECED_MAX 1024
+#define EMQ_MAX_PIECES (EMQ_PIECED_MAX / EMQ_PIECE_BYTES)
+EMQ_EXPORT int emq_pieces(size_t len);
 
 /* -- retention ---------------------------------------------------------- */
 

@@ -3,8 +3,8 @@
  *
  * A dead job waits in <dead>, scored with the time it died, with its row:
  * its payload, its last error, its history.  An operator decides what
- * becomes of it.  RETRY sends it (or a cancelled job) back to <pending> with
- * a fresh budget; PURGE deletes it.
+ * becomes of it.  RETRY sends it (or a cancelled job) back to the tail of
+ * its lane with a fresh budget; PURGE deletes it.
  *
  * The budget is the row's `tries`, which a retry resets; the fencing token
  * is not touched.  `attempts` keeps counting every claim of the job's whole
@@ -45,9 +45,9 @@ static int next_retries(EmqKey *row, long long *retries) {
 /* The retry itself, in the order of the core commands it stands for:
  * ZREM <dead>; HSET state pending tries 0 stalled 0; HINCRBY retries;
  * HDEL cancel_requested closed_by finished_at; PERSIST (a cancelled row
- * was expiring); ZADD <pending> now. */
-static void retry_apply(EmqFx *fx, EmqKey *dead, EmqKey *pending, EmqKey *row, RedisModuleString *id,
-                        long long now, long long retries) {
+ * was expiring).  The job enters its lane's tail with the caller's
+ * emq_lanes_apply (one RPUSH or ZADD for a whole batch). */
+static void retry_apply(EmqFx *fx, EmqKey *dead, EmqKey *row, RedisModuleString *id, long long retries) {
     RedisModuleString *zero = emq_small_int[0];
     emq_fx_zrem(fx, dead, id);
     emq_fx_hset(fx, row, "hset", 3, emq_str.state, emq_str.pending, emq_str.tries, zero, emq_str.stalled, zero);
@@ -56,7 +56,13 @@ static void retry_apply(EmqFx *fx, EmqKey *dead, EmqKey *pending, EmqKey *row, R
     emq_fx_hdel(fx, row, emq_str.closed_by);
     emq_fx_hdel(fx, row, emq_str.finished_at);
     emq_fx_persist(fx, row);
-    emq_fx_zadd(fx, pending, now, id, 0);
+}
+
+/* The lane a retried job enters: its level, the tail. */
+static int retry_place(EmqLanes *lanes, EmqKey *row, RedisModuleString *id) {
+    long long level;
+    int err = emq_row_level(row, &level);
+    return err ? err : emq_lanes_place(lanes, id, level, EMQ_AT_TAIL);
 }
 
 /* [UNTIL <ms>] from argv[first] on; *until stays +inf without it. */
@@ -79,8 +85,8 @@ static int parse_until(RedisModuleString **argv, int first, int argc, double *un
 /* ------------------------------------------------------------------------
  * EMQ.RETRY <dead> <pending> <base> <id>
  *
- * +pending  the dead or cancelled job waits in <pending> again (at
- *           server-now, behind the work already waiting) with a fresh
+ * +pending  the dead or cancelled job waits at the tail of its lane again
+ *           (behind the work already waiting) with a fresh
  *           budget: tries=0 stalled=0, retries+1; cancel_requested,
  *           closed_by and finished_at are gone and the row expires no more.
  * :-1       no such row.
@@ -92,7 +98,6 @@ int EmqRetry_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     int err = emq_check_queue(ctx, &argv[1], DEAD_PENDING, 2, argv[3], EMQ_ERR_DEAD_PENDING_KEYS);
     if (err) return emq_reply_error(ctx, err);
     RedisModuleString *id = argv[4];
-    long long now = RedisModule_Milliseconds();
 
     /* open and type-check: the derived row's ACL before it is read */
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
@@ -103,8 +108,10 @@ int EmqRetry_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     RedisModuleString *row_name = emq_derived_key(ctx, argv[3], "job:", id);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
+    EmqLanes lanes;
+    emq_lanes_init(&lanes, ctx, NULL, argv[3], &pending);
     int gone = 0;
-    if (!emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET))
+    if (!emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST))
         err = EMQ_ERR_WRONGTYPE;
     else err = emq_open_row(ctx, &user, &row, row_name);
     if (err) goto reply;
@@ -112,22 +119,25 @@ int EmqRetry_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     /* read and decide */
     gone = emq_key_empty(&row);
     long long retries = 0;
+    lanes.user = user;
     if (!gone) err = retry_state(&row);
     if (!gone && !err) err = next_retries(&row, &retries);
+    if (!gone && !err) err = retry_place(&lanes, &row, id);
     if (gone || err) goto reply;
 
     /* apply */
-    retry_apply(&fx, &dead, &pending, &row, id, now, retries);
-    /* TODO(claim path): emq_signal_claimable(ctx, argv[2]) once it exists: wake blocked claimers. */
+    retry_apply(&fx, &dead, &row, id, retries);
+    emq_lanes_apply(&lanes, &fx);
 
 reply:
     if (err) emq_reply_error(ctx, err);
     else if (gone) RedisModule_ReplyWithLongLong(ctx, -1);
     else RedisModule_ReplyWithSimpleString(ctx, "pending");
     emq_fx_commit(&fx);
+    int requeued = pending.modified || lanes.priority.modified;
+    emq_lanes_close(&lanes);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
-    int requeued = pending.modified;
     emq_key_close(&pending);
     if (requeued) emq_signal_claimable(ctx, argv[2]); /* claims waiting on the queue */
     emq_key_close(&dead);
@@ -204,7 +214,6 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
     if (!err) err = parse_until(argv, 5, argc, &until);
     if (!err) err = emq_check_queue(ctx, &argv[1], DEAD_PENDING, 2, argv[3], EMQ_ERR_DEAD_PENDING_KEYS);
     if (err) return emq_reply_error(ctx, err);
-    long long now = RedisModule_Milliseconds();
 
     /* open and type-check */
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
@@ -214,7 +223,9 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
     DeadBatch b = {.ctx = ctx};
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    if (!emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET))
+    EmqLanes lanes;
+    emq_lanes_init(&lanes, ctx, NULL, argv[3], &pending);
+    if (!emq_type_ok(&dead, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST))
         err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &b.user))
         err = EMQ_ERR_NOPERM_DERIVED;
@@ -223,23 +234,25 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
 
     /* read and decide */
     long long retried = 0;
+    lanes.user = b.user;
     for (size_t i = 0; !err && i < b.n; i++) {
         DeadMember *d = &b.m[i];
         /* No row, or a row in another state: not a dead job, dropped from <dead>. */
         if (emq_key_empty(&d->row) || retry_state(&d->row) != EMQ_OK) continue;
         err = next_retries(&d->row, &d->retries);
+        if (!err) err = retry_place(&lanes, &d->row, d->id);
         d->act = 1;
         retried++;
     }
     if (err) goto reply;
 
-    /* apply */
+    /* apply: member by member, then the lanes (one RPUSH or ZADD for all) */
     for (size_t i = 0; i < b.n; i++) {
         DeadMember *d = &b.m[i];
-        if (d->act) retry_apply(&fx, &dead, &pending, &d->row, d->id, now, d->retries);
+        if (d->act) retry_apply(&fx, &dead, &d->row, d->id, d->retries);
         else emq_fx_zrem(&fx, &dead, d->id);
     }
-    /* TODO(claim path): emq_signal_claimable(ctx, argv[2]) once it exists (when retried > 0). */
+    emq_lanes_apply(&lanes, &fx);
 
 reply:
     if (err) {
@@ -250,8 +263,9 @@ reply:
         RedisModule_ReplyWithLongLong(ctx, (long long)b.n - retried);
     }
     emq_fx_commit(&fx);
+    int requeued = pending.modified || lanes.priority.modified;
+    emq_lanes_close(&lanes);
     batch_release(&b);
-    int requeued = pending.modified;
     emq_key_close(&pending);
     if (requeued) emq_signal_claimable(ctx, argv[2]); /* claims waiting on the queue */
     emq_key_close(&dead);
@@ -281,6 +295,8 @@ int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     /* open and type-check */
     EmqKey dead;
     emq_key_open(ctx, &dead, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+    EmqEnd end;
+    emq_end_init(&end, ctx, argv[2]);
     DeadBatch b = {.ctx = ctx};
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
@@ -299,16 +315,26 @@ int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
         if (state) RedisModule_FreeString(NULL, state);
     }
 
+    /* The rows deleted are of jobs that ended (dead): the `ended` hook's
+     * deletion steps run (emq_end.h). */
+    for (size_t i = 0; !err && i < b.n; i++)
+        if (b.m[i].act) err = emq_ended_prepare(&end, b.m[i].id, EMQ_END_DELETED, 1);
+    if (err) goto reply;
+
     /* apply: ZREM, then DEL, member by member */
     for (size_t i = 0; i < b.n; i++) {
         emq_fx_zrem(&fx, &dead, b.m[i].id);
-        if (b.m[i].act) emq_fx_del(&fx, &b.m[i].row);
+        if (b.m[i].act) {
+            emq_fx_del(&fx, &b.m[i].row);
+            emq_ended_apply(&end, &fx, b.m[i].id, EMQ_END_DELETED, 1);
+        }
     }
 
 reply:
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, (long long)b.n);
     emq_fx_commit(&fx);
+    emq_end_close(&end);
     batch_release(&b);
     emq_key_close(&dead);
     return REDISMODULE_OK;

@@ -51,11 +51,7 @@ static EmqFxEntry *entry_for(EmqFx *fx, EmqKey *k, const char *cmd, int xx) {
     return e;
 }
 
-RedisModuleString *emq_fx_number(EmqFx *fx, long long v) {
-    if (v >= 0 && v < EMQ_SMALL_INTS) return emq_small_int[v];
-    char buf[24];
-    int n = snprintf(buf, sizeof buf, "%lld", v);
-    RedisModuleString *s = RedisModule_CreateString(NULL, buf, (size_t)n);
+RedisModuleString *emq_fx_own(EmqFx *fx, RedisModuleString *s) {
     if (fx->nowned == fx->capowned) {
         fx->capowned = fx->capowned ? fx->capowned * 2 : 8;
         fx->owned = RedisModule_Realloc(fx->owned, (size_t)fx->capowned * sizeof *fx->owned);
@@ -64,8 +60,16 @@ RedisModuleString *emq_fx_number(EmqFx *fx, long long v) {
     return s;
 }
 
+RedisModuleString *emq_fx_number(EmqFx *fx, long long v) {
+    if (v >= 0 && v < EMQ_SMALL_INTS) return emq_small_int[v];
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%lld", v);
+    return emq_fx_own(fx, RedisModule_CreateString(NULL, buf, (size_t)n));
+}
+
 static const char ZADD[] = "ZADD", ZREM[] = "ZREM", HSET[] = "HSET", HDEL[] = "HDEL", SET[] = "SET",
-                  PEXPIREAT[] = "PEXPIREAT", PERSIST[] = "PERSIST", DEL[] = "DEL";
+                  PEXPIREAT[] = "PEXPIREAT", PERSIST[] = "PERSIST", DEL[] = "DEL", RPUSH[] = "RPUSH",
+                  LPUSH[] = "LPUSH", LPOP[] = "LPOP";
 
 int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *member, int xx) {
     int flags = xx ? REDISMODULE_ZADD_XX : 0;
@@ -105,6 +109,85 @@ long emq_fx_zadd_many(EmqFx *fx, EmqKey *set, long long score, RedisModuleString
         RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set->name);
     }
     return changed;
+}
+
+long emq_fx_zadd_pairs(EmqFx *fx, EmqKey *set, const long long *scores, RedisModuleString *const *members, long n) {
+    long changed = 0;
+    EmqFxEntry *e = NULL;
+    for (long i = 0; i < n; i++) {
+        int flags = 0;
+        if (RedisModule_ZsetAdd(set->key, (double)scores[i], members[i], &flags) != REDISMODULE_OK) continue;
+        if (!(flags & (REDISMODULE_ZADD_ADDED | REDISMODULE_ZADD_UPDATED))) continue;
+        if (e == NULL) e = entry_for(fx, set, ZADD, 0);
+        push_arg(e, emq_fx_number(fx, scores[i]));
+        push_arg(e, members[i]);
+        changed++;
+    }
+    if (changed) {
+        set->modified = 1;
+        RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_ZSET, "zadd", set->name);
+    }
+    return changed;
+}
+
+long emq_fx_zrem_many(EmqFx *fx, EmqKey *set, RedisModuleString *const *members, long n) {
+    long removed = 0;
+    EmqFxEntry *e = NULL;
+    for (long i = 0; i < n; i++) {
+        int deleted = 0;
+        if (RedisModule_KeyType(set->key) != REDISMODULE_KEYTYPE_ZSET) break;
+        RedisModule_ZsetRem(set->key, members[i], &deleted);
+        if (!deleted) continue;
+        if (e == NULL) e = entry_for(fx, set, ZREM, 0);
+        push_arg(e, members[i]);
+        removed++;
+    }
+    if (removed == 0) return 0;
+    set->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_ZSET, "zrem", set->name);
+    if (RedisModule_KeyType(set->key) == REDISMODULE_KEYTYPE_EMPTY)
+        RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "del", set->name);
+    return removed;
+}
+
+void emq_fx_push(EmqFx *fx, EmqKey *list, int head, RedisModuleString *const *members, long n) {
+    if (n <= 0) return;
+    EmqFxEntry *e = entry_for(fx, list, head ? LPUSH : RPUSH, 0);
+    for (long i = 0; i < n; i++) {
+        RedisModule_ListPush(list->key, head ? REDISMODULE_LIST_HEAD : REDISMODULE_LIST_TAIL, members[i]);
+        push_arg(e, members[i]);
+    }
+    list->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_LIST, head ? "lpush" : "rpush", list->name);
+}
+
+long emq_fx_lpop(EmqFx *fx, EmqKey *list, long n) {
+    long popped = 0;
+    while (popped < n && RedisModule_KeyType(list->key) == REDISMODULE_KEYTYPE_LIST) {
+        RedisModuleString *s = RedisModule_ListPop(list->key, REDISMODULE_LIST_HEAD);
+        if (s == NULL) break;
+        RedisModule_FreeString(NULL, s);
+        popped++;
+    }
+    if (popped == 0) return 0;
+    list->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_LIST, "lpop", list->name);
+    /* The API deletes a list it emptied, silently; LPOP says "del". */
+    if (RedisModule_KeyType(list->key) == REDISMODULE_KEYTYPE_EMPTY)
+        RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "del", list->name);
+    /* A count, not the entries: a replica pops the same head (its list is the master's). */
+    EmqFxEntry *e = entry_for(fx, list, LPOP, 0);
+    if (e->argc == 2) { /* a second LPOP of the key in one command: one LPOP of both counts */
+        size_t len;
+        const char *p = RedisModule_StringPtrLen(e->argv[1], &len);
+        long long before = 0;
+        emq_parse_ll(p, len, &before);
+        RedisModule_FreeString(NULL, e->argv[1]);
+        e->argc = 1;
+        popped += (long)before;
+    }
+    push_arg(e, emq_fx_number(fx, popped));
+    return popped;
 }
 
 int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member) {
@@ -148,6 +231,26 @@ void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...) {
         }
     }
     va_end(ap);
+    row->modified = 1;
+    RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_HASH, event, row->name);
+}
+
+void emq_fx_hset_argv(EmqFx *fx, EmqKey *row, const char *event, int npairs, RedisModuleString *const *fields,
+                      RedisModuleString *const *values) {
+    EmqFxEntry *e = entry_for(fx, row, HSET, 0);
+    for (int p = 0; p < npairs; p++) {
+        RedisModule_HashSet(row->key, REDISMODULE_HASH_NONE, fields[p], values[p], NULL);
+        int i = 1;
+        while (i < e->argc && !same_bytes(e->argv[i], fields[p])) i += 2;
+        if (i < e->argc) {
+            RedisModule_RetainString(NULL, values[p]);
+            RedisModule_FreeString(NULL, e->argv[i + 1]);
+            e->argv[i + 1] = values[p];
+        } else {
+            push_arg(e, fields[p]);
+            push_arg(e, values[p]);
+        }
+    }
     row->modified = 1;
     RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_HASH, event, row->name);
 }

@@ -64,6 +64,28 @@ long emq_fx_zadd_many(EmqFx *fx, EmqKey *set, long long score, RedisModuleString
  * when the member was there.  Returns 1 when it was removed. */
 int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member);
 
+/* ZADD <set> <s1> <m1> <s2> <m2> ...: n members, each at its own score, as
+ * ONE core ZADD: one "zadd" event when any changed.  Returns how many. */
+long emq_fx_zadd_pairs(EmqFx *fx, EmqKey *set, const long long *scores, RedisModuleString *const *members, long n);
+
+/* ZREM <set> <m1> ... <mn>, as ONE core ZREM: one "zrem" event (and "del"
+ * when the set is emptied) when any member was there.  Returns how many. */
+long emq_fx_zrem_many(EmqFx *fx, EmqKey *set, RedisModuleString *const *members, long n);
+
+/* RPUSH <list> m1 ... mn (tail) or LPUSH <list> m1 ... mn (head: mn ends
+ * first, as LPUSH does), as ONE core command: one "rpush"/"lpush" event. */
+void emq_fx_push(EmqFx *fx, EmqKey *list, int head, RedisModuleString *const *members, long n);
+
+/* LPOP <list> <n>: the n head entries leave the list (one "lpop" event, and
+ * "del" when it is emptied); the caller read them already (a claim decides
+ * on what it read, then pops).  Returns how many were popped. */
+long emq_fx_lpop(EmqFx *fx, EmqKey *list, long n);
+
+/* HSET <row> f1 v1 ... fn vn from arrays (a row's pieces: their number
+ * depends on the value).  Fires `event` once. */
+void emq_fx_hset_argv(EmqFx *fx, EmqKey *row, const char *event, int npairs, RedisModuleString *const *fields,
+                      RedisModuleString *const *values);
+
 /* HSET <row> f1 v1 ... fn vn: `npairs` (field, value) RedisModuleString
  * pairs follow.  Fires `event` ("hset", or "hincrby" where the core command
  * would be HINCRBY) once.  Consecutive HSETs of one row propagate as one. */
@@ -93,5 +115,9 @@ void emq_fx_retain(EmqFx *fx, EmqKey *row, long long now_ms, long long ttl_ms);
 
 /* A decimal string for `v` that lives until emq_fx_commit(). */
 RedisModuleString *emq_fx_number(EmqFx *fx, long long v);
+
+/* A string made for a write (a piece of a value): the layer frees it at
+ * emq_fx_commit(), after propagating it.  Returns s. */
+RedisModuleString *emq_fx_own(EmqFx *fx, RedisModuleString *s);
 
 #endif

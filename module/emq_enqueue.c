@@ -1,12 +1,14 @@
 /* emq_enqueue.c -- jobs enter the queue: EMQ.ENQUEUE and EMQ.ENQUEUEMANY.
  *
- * ENQUEUE writes the job's row and puts its id in <pending>, scored with
- * the time it may be claimed: server-now, or later with DELAY or AT (a
- * delayed job is a member of <pending> scored in the future: CLAIM takes
- * only scores <= now).  Claims take jobs in due-time order, first in,
- * first out among equals.  An id names one job for its whole life:
- * re-enqueueing a live id would reset the fencing state of whoever holds
- * it.  ENQUEUEMANY does the same for many jobs in one call, all or none. */
+ * ENQUEUE writes the job's row -- only what a waiting job needs: state,
+ * payload (in pieces, emq_row.h), enqueued_at, and priority when it is not
+ * 0 -- and puts its id at the tail of its lane (emq_lanes.h): <pending>
+ * for priority 0, <base>priority for any other; or, with a DELAY or an AT
+ * in the future, in <base>delayed until it is due.  Claims take the lanes
+ * in priority order, first in, first out within a level.  An id names one
+ * job for its whole life: re-enqueueing a live id would reset the fencing
+ * state of whoever holds it.  ENQUEUEMANY does the same for many jobs in
+ * one call, all or none. */
 #include <string.h>
 
 #include "emq.h"
@@ -14,13 +16,15 @@
 
 static const char *const PENDING[] = {"pending"};
 
-/* [DELAY <ms> | AT <unix-ms>] [REQ <request-id>], from argv[from]: the
- * request id (or NULL) and the due time (now when neither DELAY nor AT). */
+/* [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>], from
+ * argv[from]: the request id (or NULL), the due time (now when neither
+ * DELAY nor AT) and the level (0 without PRIORITY). */
 static int parse_options(RedisModuleString **argv, int from, int argc, long long now, RedisModuleString **req,
-                         long long *due) {
-    int seen_when = 0;
+                         long long *due, long long *level) {
+    int seen_when = 0, seen_priority = 0;
     *req = NULL;
     *due = now;
+    *level = 0;
     for (int i = from; i < argc; i += 2) {
         size_t len, vlen;
         const char *opt = RedisModule_StringPtrLen(argv[i], &len);
@@ -30,6 +34,10 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
         if (emq_option_is(opt, len, "REQ") && !*req) {
             if (vlen == 0) return EMQ_ERR_REQ_EMPTY;
             *req = argv[i + 1];
+        } else if (emq_option_is(opt, len, "PRIORITY") && !seen_priority) {
+            seen_priority = 1;
+            int err = emq_parse_priority(val, vlen, level);
+            if (err) return err;
         } else if (delay || at) {
             if (seen_when) return seen_when == (delay ? 1 : 2) ? EMQ_ERR_SYNTAX : EMQ_ERR_DELAY_AND_AT;
             seen_when = delay ? 1 : 2;
@@ -42,11 +50,29 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
     return EMQ_OK;
 }
 
-/* The new row: one HSET, as the core command would be. */
-static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at) {
-    RedisModuleString *zero = emq_small_int[0];
-    emq_fx_hset(fx, row, "hset", 5, emq_str.state, emq_str.pending, emq_str.attempts, zero, emq_str.tries, zero,
-                emq_str.payload, payload, emq_str.enqueued_at, at);
+/* The payload's ceiling (emq.max-payload-bytes). */
+static int check_payload(RedisModuleString *payload) {
+    size_t len;
+    RedisModule_StringPtrLen(payload, &len);
+    return (long long)len > emq_config_max_payload_bytes() ? EMQ_ERR_PAYLOAD_TOO_LARGE : EMQ_OK;
+}
+
+/* The new row: one HSET, as the core command would be: state, the payload
+ * and its pieces, enqueued_at, and the level when it is not 0.  No
+ * counters: a row without `attempts` or `tries` has been claimed 0 times. */
+static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at,
+                      RedisModuleString *level) {
+    RedisModuleString *fields[EMQ_MAX_PIECES + 3], *values[EMQ_MAX_PIECES + 3];
+    fields[0] = emq_str.state, values[0] = emq_str.pending;
+    int n = 1 + emq_row_pieces(fx, EMQ_VALUE_PAYLOAD, payload, fields + 1, values + 1);
+    fields[n] = emq_str.enqueued_at, values[n++] = at;
+    if (level) fields[n] = emq_str.priority, values[n++] = level;
+    emq_fx_hset_argv(fx, row, "hset", n, fields, values);
+}
+
+/* The level as the row stores it: nothing for 0. */
+static RedisModuleString *level_field(EmqFx *fx, long long level) {
+    return level == 0 ? NULL : emq_fx_number(fx, level);
 }
 
 /* With REQ: open <base>req:<request-id> (the caller's ACL first).  An
@@ -74,12 +100,14 @@ static void write_record(RedisModuleCtx *ctx, EmqFx *fx, EmqKey *record, long lo
 
 /* ------------------------------------------------------------------------
  * EMQ.ENQUEUE <pending> <base> <id> <payload> [DELAY <ms> | AT <unix-ms>]
- *             [REQ <request-id>]
+ *             [PRIORITY <n>] [REQ <request-id>]
  *
- * :1 the row <base>job:<id> is created (state=pending, attempts=0, tries=0,
- * payload, enqueued_at) and <id> waits in <pending>, claimable from
- * server-now (+ DELAY ms, or from AT; an AT in the past is now); with REQ,
- * the record <base>req:<request-id> = "1" is kept for 60 s.
+ * :1 the row <base>job:<id> is created (state=pending, payload and its
+ * pieces, enqueued_at, priority unless 0) and <id> waits at the tail of its
+ * lane, claimable from server-now -- or in <base>delayed until server-now +
+ * DELAY ms, or AT (an AT in the past is now); with REQ, the record
+ * <base>req:<request-id> = "1" is kept for 60 s.  -ERR for a payload over
+ * emq.max-payload-bytes.
  * -EMQEXISTS when the row exists.  A retry whose first reply was lost (the
  * record exists) answers :1 again and writes nothing -- also when the job
  * has run and its row is gone since.
@@ -88,8 +116,9 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     /* parse */
     if (argc < 5) return RedisModule_WrongArity(ctx);
     RedisModuleString *id = argv[3], *payload = argv[4], *req;
-    long long now = RedisModule_Milliseconds(), due;
-    int err = parse_options(argv, 5, argc, now, &req, &due);
+    long long now = RedisModule_Milliseconds(), due, level;
+    int err = parse_options(argv, 5, argc, now, &req, &due, &level);
+    if (!err) err = check_payload(payload);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
 
@@ -101,8 +130,10 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     RedisModuleString *row_name = emq_derived_key(ctx, argv[2], "job:", id);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
+    EmqLanes lanes;
+    emq_lanes_init(&lanes, ctx, NULL, argv[2], &pending);
     int wrote = 0;
-    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
+    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     else err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_CREATE);
     if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
@@ -110,16 +141,19 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
 
     /* read and decide: a retry of this very call (its record exists: the
      * first call ran, whatever became of the job since), a taken id, or a
-     * new job */
+     * new job -- and where it waits */
     if (req && !emq_key_empty(&record)) goto reply;
     if (!emq_key_empty(&row)) {
         err = EMQ_ERR_EXISTS;
         goto reply;
     }
+    lanes.user = user;
+    err = emq_lanes_enter(&lanes, id, level, due, now);
+    if (err) goto reply;
 
     /* apply */
-    write_row(&fx, &row, payload, emq_fx_number(&fx, now));
-    emq_fx_zadd(&fx, &pending, due, id, 0);
+    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level));
+    emq_lanes_apply(&lanes, &fx);
     if (req) write_record(ctx, &fx, &record, 1, now);
     wrote = 1;
 
@@ -127,6 +161,7 @@ reply:
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, 1);
     emq_fx_commit(&fx);
+    emq_lanes_close(&lanes);
     emq_key_close(&record);
     if (record_name) RedisModule_FreeString(ctx, record_name);
     emq_key_close(&row);
@@ -139,15 +174,16 @@ reply:
 
 /* ------------------------------------------------------------------------
  * EMQ.ENQUEUEMANY <pending> <base> <count> <id> <payload> [<id> <payload> ...]
- *                 [DELAY <ms> | AT <unix-ms>] [REQ <request-id>]
+ *                 [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>]
  *
  * :<count> every job is created as by ENQUEUE (one row each, the same due
- * time for all), or none is: -EMQEXISTS when any of the rows exists.  With
+ * time and level for all, entering the lane in argument order), or none
+ * is: -EMQEXISTS when any of the rows exists.  With
  * REQ, one record <base>req:<request-id> = "<count>" is kept for 60 s: a
  * retry whose first reply was lost answers :<count> again and writes
  * nothing, whatever became of the jobs since.  Two equal ids in one call
  * are refused.  At most emq.max-limit jobs (10,000 by default).
- * Propagated as one HSET per row and one ZADD with every id.
+ * Propagated as one HSET per row and one RPUSH (or ZADD) with every id.
  * ------------------------------------------------------------------------ */
 typedef struct {
     RedisModuleCtx *ctx;
@@ -183,8 +219,9 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     if (err) return emq_reply_error(ctx, err);
     if (!emq_count_fits(count, 2, 4, argc)) return RedisModule_WrongArity(ctx);
     RedisModuleString *req;
-    long long now = RedisModule_Milliseconds(), due;
-    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due);
+    long long now = RedisModule_Milliseconds(), due, level;
+    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level);
+    for (long long i = 0; !err && i < count; i++) err = check_payload(argv[5 + 2 * i]);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
     Many m = {.ctx = ctx, .n = (long)count};
@@ -212,8 +249,10 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     emq_key_open(ctx, &pending, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
+    EmqLanes lanes;
+    emq_lanes_init(&lanes, ctx, NULL, argv[2], &pending);
     int wrote = 0;
-    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
+    if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     for (long i = 0; !err && i < m.n; i++) {
         m.names[i] = emq_derived_key(ctx, argv[2], "job:", m.ids[i]);
@@ -222,16 +261,19 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
     if (err) goto reply;
 
-    /* read and decide: a retry of this very call, all new, or refused */
+    /* read and decide: a retry of this very call, all new, or refused; and
+     * where they wait */
     if (req && !emq_key_empty(&record)) goto reply;
     for (long i = 0; !err && i < m.n; i++)
         if (!emq_key_empty(&m.rows[i])) err = EMQ_ERR_EXISTS;
+    lanes.user = user;
+    for (long i = 0; !err && i < m.n; i++) err = emq_lanes_enter(&lanes, m.ids[i], level, due, now);
     if (err) goto reply;
 
-    /* apply: the rows, then one ZADD, then the record */
-    RedisModuleString *at = emq_fx_number(&fx, now);
-    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at);
-    emq_fx_zadd_many(&fx, &pending, due, m.ids, m.n);
+    /* apply: the rows, then the lane (one RPUSH or ZADD), then the record */
+    RedisModuleString *at = emq_fx_number(&fx, now), *lf = level_field(&fx, level);
+    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf);
+    emq_lanes_apply(&lanes, &fx);
     if (req) write_record(ctx, &fx, &record, count, now);
     wrote = 1;
 
@@ -239,6 +281,7 @@ reply:
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, m.n);
     emq_fx_commit(&fx);
+    emq_lanes_close(&lanes);
     emq_key_close(&record);
     if (record_name) RedisModule_FreeString(ctx, record_name);
     many_release(&m);

@@ -265,13 +265,16 @@ static int may_run(RedisModuleUser *user, RedisModuleString *command, RedisModul
 
 int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int access) {
     if (user == NULL) return 1;
-    int string = access & EMQ_DERIVED_STRING;
-    if ((access & EMQ_DERIVED_READ) &&
-        !(string ? may_run(user, emq_str.acl_get, key, 0) : may_run(user, emq_str.acl_hget, key, 1)))
-        return 0;
-    if ((access & EMQ_DERIVED_WRITE) &&
-        !(string ? may_run(user, emq_str.acl_set, key, 1) : may_run(user, emq_str.acl_hset, key, 2)))
-        return 0;
+    RedisModuleString *read = emq_str.acl_hget, *write = emq_str.acl_hset;
+    int read_args = 1, write_args = 2;
+    if (access & EMQ_DERIVED_STRING) {
+        read = emq_str.acl_get, write = emq_str.acl_set;
+        read_args = 0, write_args = 1;
+    } else if (access & EMQ_DERIVED_ZSET) {
+        read = emq_str.acl_zscore, write = emq_str.acl_zadd;
+    }
+    if ((access & EMQ_DERIVED_READ) && !may_run(user, read, key, read_args)) return 0;
+    if ((access & EMQ_DERIVED_WRITE) && !may_run(user, write, key, write_args)) return 0;
     if ((access & EMQ_DERIVED_DELETE) && !may_run(user, emq_str.acl_del, key, 0)) return 0;
     return 1;
 }

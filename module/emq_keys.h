@@ -147,6 +147,8 @@ int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id
  *   EMQ_DERIVED_WRITE   create or change it:     HSET <key> (SET for a string)
  *   EMQ_DERIVED_DELETE  delete it:               DEL <key>
  *   EMQ_DERIVED_STRING  the key is a string (a request record)
+ *   EMQ_DERIVED_ZSET    the key is a sorted set (<base>priority, <base>delayed):
+ *                       read is ZSCORE, create or change ZADD
  * and the usual ones are named:
  *   EMQ_DERIVED_READ_WRITE  the rows and the metric a verb reads and changes
  *                           (SWEEP, CLAIM, FAIL, CANCEL, RELEASE, RETRY...);
@@ -165,11 +167,13 @@ int emq_check_holder_or_retry(EmqKey *active, EmqKey *row, RedisModuleString *id
 #define EMQ_DERIVED_WRITE 2
 #define EMQ_DERIVED_DELETE 4
 #define EMQ_DERIVED_STRING 8
+#define EMQ_DERIVED_ZSET 16
 #define EMQ_DERIVED_READ_WRITE (EMQ_DERIVED_READ | EMQ_DERIVED_WRITE)
 #define EMQ_DERIVED_CREATE EMQ_DERIVED_WRITE
 #define EMQ_DERIVED_RECORD (EMQ_DERIVED_READ | EMQ_DERIVED_WRITE | EMQ_DERIVED_STRING)
 #define EMQ_DERIVED_RECORD_CREATE (EMQ_DERIVED_WRITE | EMQ_DERIVED_STRING)
 #define EMQ_DERIVED_READ_DELETE (EMQ_DERIVED_READ | EMQ_DERIVED_DELETE)
+#define EMQ_DERIVED_LANE (EMQ_DERIVED_READ | EMQ_DERIVED_WRITE | EMQ_DERIVED_ZSET)
 int emq_acl_user(RedisModuleCtx *ctx, RedisModuleUser **user);
 int emq_acl_may(RedisModuleUser *user, RedisModuleString *key, int access);
 

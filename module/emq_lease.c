@@ -15,6 +15,7 @@
  * -EMQSTALE the token is not the row's, or <id> is no longer active.
  *
  * EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms> [STATE <bytes>]
+ *                [PROGRESS <bytes>]
  *
  * The same for holders that want remote cancels delivered (EMQ.CANCEL,
  * emq_cancel.c): on success it answers [1, reason], the stored cancel
@@ -22,22 +23,26 @@
  * row in the same step (fields checkpoint, checkpoint_at,
  * checkpoint_attempt), fenced like the lease: a stale holder's state is
  * refused with its extension.  The next claim of the job hands the state
- * back, so a recovered job resumes where its last holder left off.
+ * back, so a recovered job resumes where its last holder left off.  With
+ * PROGRESS, the bytes are stored as the row's `progress`, fenced the same
+ * way, for anyone to read (EMQ.CHECKPOINT's state is the job's own).
  *
  * State grows memory, the lease does not: past maxmemory a checkpoint WITH
- * state is refused (-OOM, nothing written) while one without state still
- * extends the lease -- the worker sends the checkpoint again without the
- * state at once (its next checkpoint with state replaces what was lost).  The size is capped (emq.max-state-bytes).
+ * state (or progress) is refused (-OOM, nothing written) while one without
+ * still extends the lease -- the worker sends the checkpoint again without
+ * the state at once (its next checkpoint with state replaces what was
+ * lost).  Both sizes are capped by emq.max-state-bytes.
  * ------------------------------------------------------------------------ */
 static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc, int with_cancel) {
     /* parse */
     if (with_cancel ? argc < 6 : argc != 6) return RedisModule_WrongArity(ctx);
-    RedisModuleString *state = NULL;
+    RedisModuleString *state = NULL, *progress = NULL;
     for (int i = 6; i < argc; i += 2) {
         size_t len;
         const char *opt = RedisModule_StringPtrLen(argv[i], &len);
-        if (i + 1 >= argc || state || !emq_option_is(opt, len, "STATE")) return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
-        state = argv[i + 1];
+        if (i + 1 < argc && !state && emq_option_is(opt, len, "STATE")) state = argv[i + 1];
+        else if (i + 1 < argc && !progress && emq_option_is(opt, len, "PROGRESS")) progress = argv[i + 1];
+        else return emq_reply_error(ctx, EMQ_ERR_SYNTAX);
     }
     RedisModuleString *id = argv[3], *token = argv[4];
     /* Opening one key twice with WRITE is undefined in the module API. */
@@ -53,18 +58,19 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     long long deadline;
     long long now = RedisModule_Milliseconds();
     int err = emq_lease_deadline(now, lease, lease_len, &deadline);
-    if (!err && state) {
-        size_t state_len;
-        RedisModule_StringPtrLen(state, &state_len);
-        if ((long long)state_len > emq_config_max_state_bytes()) err = EMQ_ERR_STATE_TOO_LARGE;
-        else if (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_OOM) err = EMQ_ERR_OOM;
-    }
+    size_t state_len = 0, progress_len = 0;
+    if (state) RedisModule_StringPtrLen(state, &state_len);
+    if (progress) RedisModule_StringPtrLen(progress, &progress_len);
+    if (!err && (long long)state_len > emq_config_max_state_bytes()) err = EMQ_ERR_STATE_TOO_LARGE;
+    if (!err && (long long)progress_len > emq_config_max_state_bytes()) err = EMQ_ERR_PROGRESS_TOO_LARGE;
+    if (!err && (state || progress) && (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_OOM))
+        err = EMQ_ERR_OOM;
     if (err) return emq_reply_error(ctx, err);
 
     /* open and type-check */
     EmqKey active, row;
     emq_key_open(ctx, &active, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
-    emq_key_open(ctx, &row, argv[2], state ? REDISMODULE_READ | REDISMODULE_WRITE : REDISMODULE_READ);
+    emq_key_open(ctx, &row, argv[2], state || progress ? REDISMODULE_READ | REDISMODULE_WRITE : REDISMODULE_READ);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
     if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) {
@@ -96,13 +102,18 @@ static int extend_lease(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
         goto done;
     }
 
+    /* One HSET of the state's fields and the progress, as the core command would be. */
+    RedisModuleString *fields[4], *values[4], *attempts = NULL;
+    int n = 0;
     if (state) {
-        RedisModuleString *attempts = emq_hget(&row, emq_str.attempts);
-        RedisModuleString *attempt = attempts ? attempts : emq_small_int[0];
-        emq_fx_hset(&fx, &row, "hset", 3, emq_str.checkpoint, state, emq_str.checkpoint_at,
-                    emq_fx_number(&fx, now), emq_str.checkpoint_attempt, attempt);
-        if (attempts) RedisModule_FreeString(NULL, attempts);
+        attempts = emq_hget(&row, emq_str.attempts);
+        fields[n] = emq_str.checkpoint, values[n++] = state;
+        fields[n] = emq_str.checkpoint_at, values[n++] = emq_fx_number(&fx, now);
+        fields[n] = emq_str.checkpoint_attempt, values[n++] = attempts ? attempts : emq_small_int[0];
     }
+    if (progress) fields[n] = emq_str.progress, values[n++] = progress;
+    if (n) emq_fx_hset_argv(&fx, &row, "hset", n, fields, values);
+    if (attempts) RedisModule_FreeString(NULL, attempts);
 
     /* reply */
     if (!with_cancel) {

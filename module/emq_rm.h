@@ -24,8 +24,13 @@
 /* KeyType() answers. */
 #define REDISMODULE_KEYTYPE_EMPTY 0
 #define REDISMODULE_KEYTYPE_STRING 1
+#define REDISMODULE_KEYTYPE_LIST 2
 #define REDISMODULE_KEYTYPE_HASH 3
 #define REDISMODULE_KEYTYPE_ZSET 5
+
+/* ListPush()/ListPop(): which end. */
+#define REDISMODULE_LIST_HEAD 0
+#define REDISMODULE_LIST_TAIL 1
 
 /* ZsetAdd() input and output flags. */
 #define REDISMODULE_ZADD_XX (1 << 0)
@@ -59,6 +64,7 @@
 /* NotifyKeyspaceEvent() classes. */
 #define REDISMODULE_NOTIFY_GENERIC (1 << 2)
 #define REDISMODULE_NOTIFY_STRING (1 << 3)
+#define REDISMODULE_NOTIFY_LIST (1 << 4)
 #define REDISMODULE_NOTIFY_HASH (1 << 6)
 #define REDISMODULE_NOTIFY_ZSET (1 << 7)
 
@@ -239,6 +245,8 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(void, CloseKey, (RedisModuleKey * key))                                                 \
     X(int, KeyType, (RedisModuleKey * key))                                                   \
     X(size_t, ValueLength, (RedisModuleKey * key))                                            \
+    X(int, ListPush, (RedisModuleKey * key, int where, RedisModuleString *ele))               \
+    X(RedisModuleString *, ListPop, (RedisModuleKey * key, int where))                        \
     X(int, ZsetAdd, (RedisModuleKey * key, double score, RedisModuleString *ele, int *flags)) \
     X(int, ZsetRem, (RedisModuleKey * key, RedisModuleString * ele, int *deleted))            \
     X(int, ZsetScore, (RedisModuleKey * key, RedisModuleString * ele, double *score))         \
@@ -270,6 +278,9 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(int, SelectDb, (RedisModuleCtx * ctx, int newid))                                       \
     X(RedisModuleCallReply *, Call, (RedisModuleCtx * ctx, const char *cmd, const char *fmt, ...)) \
     X(void, FreeCallReply, (RedisModuleCallReply * reply))                                   \
+    X(size_t, CallReplyLength, (RedisModuleCallReply * reply))                               \
+    X(RedisModuleCallReply *, CallReplyArrayElement, (RedisModuleCallReply * reply, size_t idx)) \
+    X(RedisModuleString *, CreateStringFromCallReply, (RedisModuleCallReply * reply))        \
     X(RedisModuleBlockedClient *, BlockClientOnKeys,                                          \
       (RedisModuleCtx * ctx, RedisModuleCmdFunc reply_callback, RedisModuleCmdFunc timeout_callback, \
        RedisModuleFreePrivdataFunc free_privdata, long long timeout_ms, RedisModuleString **keys,   \
@@ -289,8 +300,9 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
 /* NULL where the server does not have them (each checked at use; what falls
  * back without one is logged at load, emq.c).  Redis 6.2 has
  * IsModuleNameBusy and FreeModuleUser; 7.0 brings the other ACL user
- * functions, GetCommand, SetCommandInfo and the config functions; 7.2
- * SetCommandACLCategories; 7.4 AddACLCategory.  Valkey 8 and 9 have all. */
+ * functions, GetCommand, SetCommandInfo, the config functions, ListGet and
+ * PublishMessageShard; 7.2 SetCommandACLCategories; 7.4 AddACLCategory.
+ * Valkey 8 and 9 have all. */
 #define EMQ_RM_OPTIONAL(X)                                                                       \
     X(int, IsModuleNameBusy, (const char *name))                                                 \
     X(RedisModuleString *, GetCurrentUserName, (RedisModuleCtx * ctx))                           \
@@ -305,7 +317,10 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
       (RedisModuleCtx * ctx, const char *name, long long default_val, unsigned int flags,        \
        long long min, long long max, RedisModuleConfigGetNumericFunc getfn,                      \
        RedisModuleConfigSetNumericFunc setfn, RedisModuleConfigApplyFunc applyfn, void *privdata)) \
-    X(int, LoadConfigs, (RedisModuleCtx * ctx))
+    X(int, LoadConfigs, (RedisModuleCtx * ctx))                                                   \
+    X(RedisModuleString *, ListGet, (RedisModuleKey * key, long index))                          \
+    X(int, PublishMessageShard,                                                                  \
+      (RedisModuleCtx * ctx, RedisModuleString * channel, RedisModuleString * message))
 
 #define EMQ_RM_DECLARE(ret, name, params) extern ret(*RedisModule_##name) params;
 EMQ_RM_REQUIRED(EMQ_RM_DECLARE)

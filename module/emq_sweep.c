@@ -2,8 +2,10 @@
  *
  * A job whose holder stopped checkpointing has a deadline in the past.  The
  * sweep takes such jobs, oldest deadline first, counts a stall on each row,
- * and sends each back to pending -- or, at <max-stalled> stalls, to the
- * dead set: a job that keeps killing its workers is poison.  A lapsed job
+ * and sends each back to the head of its lane (before the jobs that waited
+ * there, in deadline order) -- or, at <max-stalled> stalls, to the dead
+ * set: a job that keeps killing its workers is poison.  First it moves the
+ * due members of <base>delayed to their lanes, as a claim does.  A lapsed job
  * whose cancel was requested ends cancelled instead (its holder is gone; it
  * must not run again).  The sweep is also where the dead retention is kept:
  * dead rows older than it (when the queue sets one) leave <dead> with their
@@ -31,7 +33,7 @@ enum { SWEPT_RECOVERED, SWEPT_DEAD, SWEPT_CANCELLED, SWEPT_EXPIRED };
 typedef struct {
     RedisModuleString *id;
     EmqKey row;
-    long long stalled;
+    long long stalled, level;
     int fate;
 } SweptJob;
 
@@ -44,9 +46,13 @@ typedef struct {
     EmqMeta meta;
     long long failed; /* the metric's count after this sweep */
     RedisModuleUser *user; /* the caller, for the derived keys' ACL; NULL: no check */
+    EmqLanes lanes;
+    EmqEnd end;
 } Sweep;
 
 static void sweep_release(Sweep *s) {
+    emq_lanes_close(&s->lanes);
+    emq_end_close(&s->end);
     for (size_t i = 0; i < s->count; i++) {
         emq_key_close(&s->jobs[i].row);
         if (s->jobs[i].row.name) RedisModule_FreeString(s->ctx, s->jobs[i].row.name);
@@ -104,9 +110,17 @@ static int sweep_decide(Sweep *s, long long max_stalled) {
         int err = emq_open_derived(s->ctx, NULL, &j->row, j->row.name, sweep_access(j));
         if (err) return err;
         if (!emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) return EMQ_ERR_WRONGTYPE;
-        if (j->fate == SWEPT_EXPIRED) continue;
+        if (j->fate == SWEPT_EXPIRED) {
+            err = emq_ended_prepare(&s->end, j->id, EMQ_END_DELETED, 1);
+            if (err) return err;
+            continue;
+        }
+        err = emq_left_active_prepare(&s->end, j->id);
+        if (err) return err;
         if (emq_hexists(&j->row, emq_str.cancel_requested)) {
             j->fate = SWEPT_CANCELLED;
+            err = emq_ended_prepare(&s->end, j->id, EMQ_END_CANCELLED, 0);
+            if (err) return err;
             continue;
         }
         /* A row that vanished while its id stayed active is re-created by the
@@ -115,6 +129,11 @@ static int sweep_decide(Sweep *s, long long max_stalled) {
         if (err) return err;
         j->fate = emq_stall_is_dead(j->stalled, max_stalled) ? SWEPT_DEAD : SWEPT_RECOVERED;
         deaths += j->fate == SWEPT_DEAD;
+        if (j->fate == SWEPT_DEAD) err = emq_ended_prepare(&s->end, j->id, EMQ_END_DEAD, 0);
+        /* Back to the head of its lane, in deadline order. */
+        if (j->fate == SWEPT_RECOVERED) err = emq_row_level(&j->row, &j->level);
+        if (!err && j->fate == SWEPT_RECOVERED) err = emq_lanes_place(&s->lanes, j->id, j->level, EMQ_AT_HEAD);
+        if (err) return err;
     }
     if (deaths == 0) return EMQ_OK;
 
@@ -135,12 +154,15 @@ static void sweep_apply(Sweep *s, EmqFx *fx, long long now) {
         if (j->fate == SWEPT_EXPIRED) {
             emq_fx_zrem(fx, &s->dead, j->id);
             emq_fx_del(fx, &j->row);
+            emq_ended_apply(&s->end, fx, j->id, EMQ_END_DELETED, 1);
             continue;
         }
         emq_fx_zrem(fx, &s->active, j->id);
+        emq_left_active_apply(&s->end, fx, j->id);
         if (j->fate == SWEPT_CANCELLED) {
             emq_fx_hset(fx, &j->row, "hset", 2, emq_str.state, emq_str.cancelled, emq_str.finished_at,
                         emq_fx_number(fx, now));
+            emq_ended_apply(&s->end, fx, j->id, EMQ_END_CANCELLED, 0);
             emq_fx_retain(fx, &j->row, now, s->meta.cancelled_ttl);
             continue;
         }
@@ -151,11 +173,13 @@ static void sweep_apply(Sweep *s, EmqFx *fx, long long now) {
                         emq_fx_number(fx, now));
             emq_fx_zadd(fx, &s->dead, now, j->id, 0);
             emq_fx_hset(fx, &s->metrics, "hincrby", 1, emq_str.count, emq_fx_number(fx, ++s->failed));
+            emq_ended_apply(&s->end, fx, j->id, EMQ_END_DEAD, 0);
         } else {
-            emq_fx_zadd(fx, &s->pending, 0, j->id, 0);
             emq_fx_hset(fx, &j->row, "hset", 1, emq_str.state, emq_str.pending);
         }
     }
+    /* The lanes last: the promotion, and the recovered at their heads. */
+    emq_lanes_apply(&s->lanes, fx);
 }
 
 static void reply_ids(Sweep *s, int fate) {
@@ -187,9 +211,11 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     emq_key_open(ctx, &s.active, argv[1], rw);
     emq_key_open(ctx, &s.pending, argv[2], rw);
     emq_key_open(ctx, &s.dead, argv[3], rw);
+    emq_lanes_init(&s.lanes, ctx, NULL, argv[4], &s.pending);
+    emq_end_init(&s.end, ctx, argv[4]);
     EmqFx fx;
     emq_fx_begin(&fx, ctx);
-    if (!emq_type_ok(&s.active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&s.pending, REDISMODULE_KEYTYPE_ZSET) ||
+    if (!emq_type_ok(&s.active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&s.pending, REDISMODULE_KEYTYPE_LIST) ||
         !emq_type_ok(&s.dead, REDISMODULE_KEYTYPE_ZSET)) {
         emq_reply_error(ctx, EMQ_ERR_WRONGTYPE);
         goto done;
@@ -197,6 +223,8 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
 
     /* read and decide */
     err = emq_acl_user(ctx, &s.user) ? emq_read_meta(ctx, s.user, s.base, &s.meta) : EMQ_ERR_NOPERM_DERIVED;
+    s.lanes.user = s.user;
+    if (!err) err = emq_lanes_promote(&s.lanes, now);
     if (!err) {
         sweep_collect(&s, &s.active, now, limit, SWEPT_RECOVERED);
         s.lapsed = s.count;
@@ -222,7 +250,8 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
 
 done:
     emq_fx_commit(&fx);
-    if (s.pending.modified) emq_signal_claimable(ctx, argv[2]);
+    int requeued = s.pending.modified || s.lanes.priority.modified;
     sweep_release(&s);
+    if (requeued) emq_signal_claimable(ctx, argv[2]);
     return REDISMODULE_OK;
 }

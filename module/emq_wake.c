@@ -16,8 +16,16 @@
  * delayed job (the claims find nothing due and re-arm). */
 #define EMQ_WAKE_MAX_SLEEP_MS 10000
 
+/* The keys a waiting claim waits on: its queue's three lanes.  A module's
+ * blocked client is served only when a signalled key exists (the server
+ * looks the key up first), and a queue's claimable jobs may all be in
+ * <base>priority, or all not due yet in <base>delayed, with <pending>
+ * absent: so a claim waits on each, and a verb signals the lane it wrote. */
+enum { LANE_PENDING, LANE_PRIORITY, LANE_DELAYED, LANES };
+static const char *const lane_suffix[LANES] = {"pending", "priority", "delayed"};
+
 typedef struct {
-    RedisModuleString *pending; /* the key's name, for SignalKeyAsReady */
+    RedisModuleString *lanes[LANES]; /* the keys' names, for SignalKeyAsReady */
     int dbid;
     long waiters;
     int armed;
@@ -52,6 +60,26 @@ static WaitKey *find(int dbid, RedisModuleString *name) {
     return nokey ? NULL : w;
 }
 
+/* The three lanes of the queue whose <pending> is `pending` (new strings). */
+static void lanes_of(RedisModuleString *pending, RedisModuleString **lanes) {
+    size_t len;
+    const char *p = RedisModule_StringPtrLen(pending, &len);
+    size_t baselen = len >= 7 ? len - 7 : 0; /* <pending> is <base>pending, checked by every verb */
+    for (int i = 0; i < LANES; i++) {
+        size_t slen = strlen(lane_suffix[i]);
+        char small[256];
+        char *buf = baselen + slen <= sizeof small ? small : RedisModule_Alloc(baselen + slen);
+        memcpy(buf, p, baselen);
+        memcpy(buf + baselen, lane_suffix[i], slen);
+        lanes[i] = RedisModule_CreateString(NULL, buf, baselen + slen);
+        if (buf != small) RedisModule_Free(buf);
+    }
+}
+
+static void free_lanes(RedisModuleString **lanes) {
+    for (int i = 0; i < LANES; i++) RedisModule_FreeString(NULL, lanes[i]);
+}
+
 static WaitKey *find_or_add(int dbid, RedisModuleString *name) {
     WaitKey *w = find(dbid, name);
     if (w) return w;
@@ -61,9 +89,7 @@ static WaitKey *find_or_add(int dbid, RedisModuleString *name) {
     char *key = registry_key(dbid, name, small, sizeof small, &len);
     w = RedisModule_Alloc(sizeof *w + len);
     memset(w, 0, sizeof *w);
-    size_t namelen;
-    const char *n = RedisModule_StringPtrLen(name, &namelen);
-    w->pending = RedisModule_CreateString(NULL, n, namelen);
+    lanes_of(name, w->lanes);
     w->dbid = dbid;
     w->idlen = len;
     memcpy(w->id, key, len);
@@ -76,7 +102,8 @@ static void on_due(RedisModuleCtx *ctx, void *data) {
     WaitKey *w = data;
     w->armed = 0;
     RedisModule_SelectDb(ctx, w->dbid);
-    RedisModule_SignalKeyAsReady(ctx, w->pending);
+    /* The due job is in <base>delayed, or was moved to its lane already. */
+    for (int i = 0; i < LANES; i++) RedisModule_SignalKeyAsReady(ctx, w->lanes[i]);
 }
 
 /* Bring the key's timer forward to due_ms (never back: a timer that fires
@@ -98,12 +125,16 @@ static void stop_waiting(RedisModuleCtx *ctx, void *privdata) {
     if (--w->waiters > 0) return;
     if (w->armed) RedisModule_StopTimer(ctx, w->timer, NULL);
     RedisModule_DictDelC(registry, w->id, w->idlen, NULL);
-    RedisModule_FreeString(NULL, w->pending);
+    free_lanes(w->lanes);
     RedisModule_Free(w);
 }
 
 void emq_signal_claimable(RedisModuleCtx *ctx, RedisModuleString *pending) {
-    RedisModule_SignalKeyAsReady(ctx, pending);
+    /* Only a key with waiting claims costs more than a lookup. */
+    WaitKey *w = find(RedisModule_GetSelectedDb(ctx), pending);
+    if (w == NULL) return;
+    RedisModule_SignalKeyAsReady(ctx, w->lanes[LANE_PENDING]);
+    RedisModule_SignalKeyAsReady(ctx, w->lanes[LANE_PRIORITY]);
 }
 
 void emq_signal_due(RedisModuleCtx *ctx, RedisModuleString *pending, long long due_ms, long long now_ms) {
@@ -124,7 +155,7 @@ void emq_wait(RedisModuleCtx *ctx, RedisModuleString *pending, long long block_m
               long long now_ms, RedisModuleCmdFunc reply, RedisModuleCmdFunc timeout) {
     WaitKey *w = find_or_add(RedisModule_GetSelectedDb(ctx), pending);
     w->waiters++;
-    RedisModule_BlockClientOnKeys(ctx, reply, timeout, stop_waiting, block_ms, &pending, 1, w);
+    RedisModule_BlockClientOnKeys(ctx, reply, timeout, stop_waiting, block_ms, w->lanes, LANES, w);
     if (next_due_ms >= 0) arm(ctx, w, next_due_ms, now_ms);
 }
 

@@ -1,8 +1,9 @@
 /* emq_wake.h -- claims that wait for work (EMQ.CLAIM ... BLOCK), and what
  * wakes them.
  *
- * A waiting claim is a client blocked on its <pending> key, the way
- * BZPOPMIN blocks (RedisModule_BlockClientOnKeys).  The server calls the
+ * A waiting claim is a client blocked on its queue's lanes -- <pending>,
+ * <base>priority and <base>delayed -- the way BZPOPMIN blocks
+ * (RedisModule_BlockClientOnKeys).  The server calls the
  * claim's reply callback, in the order the clients blocked, whenever the
  * key is signalled ready; the callback runs the same claim and either
  * answers or stays blocked.  Two things signal a <pending>:
@@ -24,7 +25,8 @@
 
 #include "emq_rm.h"
 
-/* Jobs of <pending> may be claimable now: wake the claims waiting on it. */
+/* Jobs of the queue of <pending> may be claimable now (in <pending> or
+ * <base>priority): wake the claims waiting on it. */
 void emq_signal_claimable(RedisModuleCtx *ctx, RedisModuleString *pending);
 
 /* A job of <pending> becomes claimable at due_ms (server clock; now_ms is
@@ -36,11 +38,11 @@ void emq_signal_due(RedisModuleCtx *ctx, RedisModuleString *pending, long long d
  * context that denies blocking (there a claim answers as without BLOCK). */
 int emq_may_block(RedisModuleCtx *ctx);
 
-/* Block the caller on <pending> for block_ms (0: no time limit).  The
+/* Block the caller on the lanes of <pending> for block_ms (0: no time limit).  The
  * server later calls `reply` (which answers and returns REDISMODULE_OK, or
  * returns REDISMODULE_ERR to keep waiting) and, at the time limit or on
  * CLIENT UNBLOCK, `timeout`.  next_due_ms (or -1) is the earliest future
- * due time in <pending>: the key's timer is armed for it. */
+ * due time in <base>delayed: the key's timer is armed for it. */
 void emq_wait(RedisModuleCtx *ctx, RedisModuleString *pending, long long block_ms, long long next_due_ms,
               long long now_ms, RedisModuleCmdFunc reply, RedisModuleCmdFunc timeout);
 

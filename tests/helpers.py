@@ -149,3 +149,72 @@ def check_resumes(
         elif row.get(b"state") == b"done":
             assert steps is None, f"{job} is done without a stored state: {row}"
     return resumed
+
+
+# -- the v3 keyspace: where a job waits (docs/reference/keyspace.md) ------------------------
+
+SEQ_LIMIT = 2**42  # <base>priority's scores: (level + 1024) * 2^42 + seq
+
+
+def put_waiting(
+    r: redis.Redis,
+    queue: str,
+    job_id: str | bytes,
+    *,
+    priority: int = 0,
+    due: int | None = None,
+    head: bool = False,
+    **row: object,
+) -> QueueKeys:
+    """A waiting job as ENQUEUE (``head``: a RELEASE or a sweep's recovery) leaves it: its row, and
+    its id in its lane -- ``pending``'s tail (or head), ``priority`` at the next seq (seq 0 at the
+    head), or ``delayed`` until ``due``."""
+    keys = queue_keys(queue)
+    fields: dict[str, object] = {"state": "pending", **row}
+    if priority:
+        fields["priority"] = priority
+    r.hset(keys.job(job_id), mapping=fields)  # type: ignore[arg-type]
+    if due is not None:
+        r.zadd(keys.delayed, {job_id: due})
+    elif priority:
+        seq = 0 if head else int(r.hincrby(keys.meta, "seq", 1))
+        r.zadd(keys.priority, {job_id: (priority + 1024) * SEQ_LIMIT + seq})
+    elif head:
+        r.lpush(keys.pending, job_id)
+    else:
+        r.rpush(keys.pending, job_id)
+    return keys
+
+
+def entries(r: redis.Redis, keys: QueueKeys) -> list[bytes]:
+    """``pending``'s entries, head first, tombstones included."""
+    return [bytes(e) for e in r.lrange(keys.pending, 0, -1)]
+
+
+def waiting(r: redis.Redis, keys: QueueKeys) -> list[bytes]:
+    """The ids a claim would take, in its order: the levels below 0, ``pending``'s live entries, the
+    levels above 0 (delayed jobs are not there: ``delayed(r, keys)``)."""
+    scored = [(m, s) for m, s in r.zrange(keys.priority, 0, -1, withscores=True)]
+    below = [bytes(m) for m, s in scored if s < 1024 * SEQ_LIMIT]
+    above = [bytes(m) for m, s in scored if s >= 1024 * SEQ_LIMIT]
+    live, seen = [], set()
+    for entry in entries(r, keys):
+        state, level = r.hmget(keys.job(entry), "state", "priority")
+        is_delayed = r.zscore(keys.delayed, entry) is not None
+        if state == b"pending" and level is None and not is_delayed and entry not in seen:
+            live.append(entry)
+            seen.add(entry)
+    return below + live + above
+
+
+def delayed(r: redis.Redis, keys: QueueKeys) -> dict[bytes, float]:
+    """The delayed jobs and their due times."""
+    return {bytes(m): float(s) for m, s in r.zrange(keys.delayed, 0, -1, withscores=True)}
+
+
+def queued(r: redis.Redis, keys: QueueKeys) -> int:
+    """How many jobs wait (claimable or delayed): ``pending``'s entries less its tombstones, plus
+    ``priority`` and ``delayed``."""
+    stale = int(r.hget(keys.meta, "stale") or 0) if r.type(keys.meta) == b"hash" else 0
+    length = int(r.llen(keys.pending)) if r.type(keys.pending) == b"list" else 0
+    return length - stale + int(r.zcard(keys.priority)) + int(r.zcard(keys.delayed))

@@ -25,28 +25,32 @@ from .helpers import digest, extend_args, now_ms, put_active, sweep_args
 A, B = queue_keys("a"), queue_keys("b")
 DERIVED = "derived from <base>"
 
-# SWEEP reads the queue's settings (<base>meta, for the dead retention) on
-# every call, so every user below that may sweep queue b may read its meta.
+# SWEEP reads the queue's settings (<base>meta, for the dead retention) and
+# its delayed jobs (<base>delayed, the due ones move to their lanes) on every
+# call, so every user below that may sweep queue b may read its meta and
+# touch its lanes.
 B_META = "%R~emq:{b}:meta"
+B_LANES = ["~emq:{b}:priority", "~emq:{b}:delayed"]
 
 USERS = {
     # Only queue a, every key of it.
     "alice": ["~emq:{a}:*"],
-    # Queue b's three sets and settings, none of its rows nor its metric.
-    "bob": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", B_META],
-    # Queue b's sets, settings and rows, not its metric.
-    "carol": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:job:*", B_META],
-    # Queue b's sets, settings and metric, its rows read-only.
+    # Queue b's sets, lanes and settings, none of its rows nor its metric.
+    "bob": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", *B_LANES, B_META],
+    # Queue b's sets, lanes, settings and rows, not its metric.
+    "carol": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", *B_LANES, "~emq:{b}:job:*", B_META],
+    # Queue b's sets, lanes, settings and metric, its rows read-only.
     "dave": [
         "~emq:{b}:active",
         "~emq:{b}:pending",
         "~emq:{b}:dead",
+        *B_LANES,
         "~emq:{b}:metrics:*",
         "%R~emq:{b}:job:*",
         B_META,
     ],
-    # Queue b's three sets only: not even its settings.
-    "erin": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead"],
+    # Queue b's three sets and lanes only: not even its settings.
+    "erin": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", *B_LANES],
 }
 
 

@@ -22,7 +22,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, needs, wait_for_replica
-from .helpers import TOKEN_RE, digest, now_ms, put_active
+from .helpers import TOKEN_RE, digest, now_ms, put_active, queued
 
 pytestmark = needs("script_flags", "script flags (#!lua shebangs) are Redis 7.0+")
 
@@ -98,8 +98,13 @@ USERS = {
     "bob": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:meta", "~emq:{b}:req:*"],
     # Queue b's sets, settings, metric and claim records; its rows read-only.
     "dave": [
-        "~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:meta", "~emq:{b}:metrics:*",
-        "~emq:{b}:req:*", "%R~emq:{b}:job:*",
+        "~emq:{b}:active",
+        "~emq:{b}:pending",
+        "~emq:{b}:dead",
+        "~emq:{b}:meta",
+        "~emq:{b}:metrics:*",
+        "~emq:{b}:req:*",
+        "%R~emq:{b}:job:*",
     ],
     # Queue b's sets and rows, not its settings.
     "carol": ["~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:job:*"],
@@ -332,7 +337,7 @@ def test_the_library_is_loaded_where_missing_and_kept_by_replicas(server_factory
     ]  # fmt: skip
     m.function_flush()
     client.enqueue(Q, b"y", job_id="b")
-    assert m.zcard(K.pending) == 2 and libraries(m) == [library.name]
+    assert queued(m, K) == 2 and libraries(m) == [library.name]
 
 
 def test_where_the_library_may_not_be_loaded_the_client_runs_one_script_per_verb(

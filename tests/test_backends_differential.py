@@ -68,15 +68,25 @@ pytestmark = needs("script_flags", "script flags (#!lua shebangs) are Redis 7.0+
 SEEDS = range(int(os.environ.get("ECHOMQ_DIFF_SEEDS", "16")))
 STEPS = int(os.environ.get("ECHOMQ_DIFF_STEPS", "320"))
 MAX_LIMIT, MAX_STATE_BYTES = 8, 16
-LIMITS = _scripts.ScriptLimits(max_limit=MAX_LIMIT, max_state_bytes=MAX_STATE_BYTES)
+MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES = 1100, 1030  # above the pieces' 1 KiB, so both shapes are met
+LIMITS = _scripts.ScriptLimits(
+    max_limit=MAX_LIMIT,
+    max_state_bytes=MAX_STATE_BYTES,
+    max_payload_bytes=MAX_PAYLOAD_BYTES,
+    max_result_bytes=MAX_RESULT_BYTES,
+)
 
 TOKEN = re.compile(rb"(-?[0-9]+)-([0-9a-f]{16})")
 TIME_FIELDS = {b"enqueued_at", b"claimed_at", b"finished_at", b"checkpoint_at"}
-TIME_SETS = (b"pending", b"active", b"dead")
+TIME_SETS = (b"active", b"dead", b"delayed")
 A_TIME = 10**12  # scores and fields above this are server times (2001 on), not counters
 
 IDS = [b"a", b"b", b"c", b"d", b"e", b"f", "ü".encode(), b"sp ace", b"x:y", b"\xff\x00"]
 PAYLOADS = [b"", b"p", b"payload", b"\x00\xff", b"1-0123456789abcdef", b"x" * 40]
+# Values stored in 64-byte pieces (up to 1 KiB), whole above, or over the ceilings set below.
+PIECED = [b"x" * 64, b"y" * 65, bytes(range(256)) * 4, b"z" * 1025, b"w" * 1101]
+PRIORITIES = [b"0", b"-1", b"-1000", b"1000", b"3", b"3", b"-2"]
+BAD_PRIORITIES = [b"1001", b"-1001", b"x", b"", b"1.5", b"+1", b"-0", b"01"]
 REQS = [b"r1", b"r1", b"r2", b"r3"]
 ENQUEUE_REQS = [b"e1", b"e1", b"e2", b"e3", b"e4"] * 4 + [b"r1"]
 LEASES = [b"60000", b"120000", b"3600000"]
@@ -91,7 +101,8 @@ RETENTIONS = [b"-1", b"0", b"60000", b"3600000", b"86400000", b"9007199254740992
 # answer them (docs/guides/scripts-backend.md: the scripts answer integers above 2^53 rounded).
 FIELD_VALUES = [b"x", b"", b"1.5", b"-3", b"0", b"7", b"9223372036854775807", b"01", b"1 "]
 ROW_FIELDS = [b"attempts", b"tries", b"stalled", b"retries", b"token", b"closed_by", b"state",
-              b"cancel_requested", b"request", b"payload"]  # fmt: skip
+              b"cancel_requested", b"request", b"payload", b"payload:1", b"result:2", b"priority",
+              b"priority", b"traceback"]  # fmt: skip
 # Settings of <base>meta: corrupt ones, and retentions that expire nothing during a trace
 # (a row expiring a few ms after it finished would vanish at a different step on each queue).
 META_VALUES = [b"x", b"", b"1.5", b"-3", b"01", b"9223372036854775807", b"9007199254740993", *RETENTIONS]
@@ -230,27 +241,35 @@ class Gen:
                                [b"at", FAR_AT]])  # fmt: skip
         if self.chance(0.4):  # enqueues' request ids, now and then a claim's (a REQ used twice)
             opts += [self.pick([b"REQ", b"req"]), self.pick(ENQUEUE_REQS)]
+        if self.chance(0.35):  # a level: most of a trace's jobs wait in <base>priority
+            opts += [self.pick([b"PRIORITY", b"priority"]), self.pick(PRIORITIES)]
         if self.chance(0.2):
             self.rng.shuffle(opts)
         bad = [[b"REQ"], [b"REQ", b""], [b"NOPE", b"1"], [b"REQ", b"r1", b"REQ", b"r2"], [b"DELAY", b"-1"],
                [b"DELAY", b"x"], [b"DELAY", b"9007199254740992"], [b"AT", b"-5"], [b"AT", b"1.5"],
                [b"AT", b"9007199254740993"], [b"DELAY", b"0", b"AT", b"0"], [b"AT", b"0", b"DELAY", b"0"],
-               [b"DELAY", b"0", b"DELAY", b"0"]]  # fmt: skip
+               [b"DELAY", b"0", b"DELAY", b"0"], [b"PRIORITY"], [b"PRIORITY", self.pick(BAD_PRIORITIES)],
+               [b"PRIORITY", b"1", b"PRIORITY", b"1"]]  # fmt: skip
         return self.options(bad, [opts], 0.1)
 
+    def payload(self) -> bytes:
+        return bytes(self.pick(PIECED)) if self.chance(0.2) else bytes(self.pick(PAYLOADS))
+
     def enqueue(self) -> Step:
-        job, payload = self.pick(IDS), self.pick(PAYLOADS)
+        job, payload = self.pick(IDS), self.payload()
         return self.line("EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *self.when()])
 
     def enqueuemany(self) -> Step:
         n = self.rng.randint(1, 4)
         pairs: list[bytes] = []
         for _ in range(n):
-            pairs += [self.pick(IDS), self.pick(PAYLOADS)]
+            pairs += [self.pick(IDS), self.payload()]
         count = str(n).encode()
         if self.chance(0.1):
-            count = self.pick([b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()] * 2
-                              + [b"4611686018427387905", b"9223372036854775807", b"2147483648"])
+            count = self.pick(
+                [b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()] * 2
+                + [b"4611686018427387905", b"9223372036854775807", b"2147483648"]
+            )
         return self.line("EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when()])
 
     def claim(self) -> Step:
@@ -264,8 +283,15 @@ class Gen:
             opts += [self.pick([b"BLOCK", b"block"]), b"1" if wait == b"0" else wait]  # 0 waits forever
         if self.chance(0.5):
             self.rng.shuffle(opts)  # pairs may split: a syntax error, as it should be
-        bad = [[b"COUNT"], [b"REQ", b""], [b"LIMIT", b"1"], [b"COUNT", b"1", b"COUNT", b"2"],
-               [b"BLOCK", b"-1"], [b"BLOCK", b"9007199254740992"], [b"BLOCK", b"1", b"BLOCK", b"1"]]
+        bad = [
+            [b"COUNT"],
+            [b"REQ", b""],
+            [b"LIMIT", b"1"],
+            [b"COUNT", b"1", b"COUNT", b"2"],
+            [b"BLOCK", b"-1"],
+            [b"BLOCK", b"9007199254740992"],
+            [b"BLOCK", b"1", b"BLOCK", b"1"],
+        ]
         opts = self.options(bad, [opts])
         return self.line(
             "EMQ.CLAIM", [self.key("pending"), self.key("active"), self.base(), self.number(LEASES), *opts]
@@ -280,7 +306,10 @@ class Gen:
             opts += [self.pick([b"COUNT", b"count"]), self.number([b"1", b"2", b"3", b"1001"])]
         if self.chance(0.4):
             opts += [b"REQ", self.pick(REQS)]
-        bad = [[b"COUNT"], [b"REQ", b""], [b"BLOCK", b"1"], [b"COUNT", b"1", b"COUNT", b"2"]]
+        if self.chance(0.3):
+            opts += [self.pick([b"RESULT", b"result"]), self.payload()]
+        bad = [[b"COUNT"], [b"REQ", b""], [b"BLOCK", b"1"], [b"COUNT", b"1", b"COUNT", b"2"], [b"RESULT"],
+               [b"RESULT", b"a", b"RESULT", b"b"]]  # fmt: skip
         opts = self.options(bad, [opts])
         return self.line("EMQ.COMPLETECLAIM", [
             active, row, self.key("pending"), job, self.tokenize(job), self.number(LEASES), *opts,
@@ -294,19 +323,33 @@ class Gen:
         parts: list[Any] = [active, row, job, self.tokenize(job), self.number(LEASES)]
         if verb == "EMQ.CHECKPOINT":
             state = self.pick([b"s", b"state", b"\x00" * 16, b"y" * 17, b""])
-            parts += self.options([[b"STATE"], [b"NOPE", b"x"], [b"STATE", b"a", b"STATE", b"b"]],
-                                  [[], [b"STATE", state], [b"state", state]])  # fmt: skip
+            progress = self.pick([b"50%", b"", b"p" * 16, b"q" * 17])  # emq.max-state-bytes: 16 here
+            parts += self.options([[b"STATE"], [b"NOPE", b"x"], [b"STATE", b"a", b"STATE", b"b"],
+                                   [b"PROGRESS"], [b"PROGRESS", b"a", b"PROGRESS", b"b"]],
+                                  [[], [b"STATE", state], [b"state", state], [b"PROGRESS", progress],
+                                   [b"progress", progress, b"STATE", state]])  # fmt: skip
         return self.line(verb, parts)
 
     def complete(self) -> Step:
         job = self.job()
-        return self.line("EMQ.COMPLETE", [self.key("active"), self.row(job), job, self.tokenize(job)])
+        result = self.options([[b"RESULT"], [b"RESULT", b"a", b"RESULT", b"b"], [b"NOPE", b"x"]],
+                              [[], [], [b"RESULT", self.payload()], [b"result", b""]])  # fmt: skip
+        parts = [self.key("active"), self.row(job), job, self.tokenize(job), *result]
+        return self.line("EMQ.COMPLETE", parts)
 
     def fail(self) -> Step:
         job = self.job()
         delay = self.options([[b"DELAY"], [b"DELAY", b"-1"], [b"NOPE", b"1"], [b"DELAY", b"1", b"x", b"y"],
                               [b"DELAY", b"9007199254740992"]],
                              [[], [], [], [b"DELAY", b"0"], [b"delay", FAR_DELAY]], 0.1)  # fmt: skip
+        if self.chance(0.3):
+            delay += [self.pick([b"TRACE", b"trace"]), self.pick([b"Traceback:\n  boom", b"", b"t" * 200])]
+        if self.chance(0.15):
+            delay.append(self.pick([b"DEAD", b"dead"]))
+        if self.chance(0.03):
+            delay += self.pick([[b"TRACE"], [b"DEAD", b"DEAD"], [b"TRACE", b"a", b"TRACE", b"b"]])
+        if self.chance(0.05):
+            self.rng.shuffle(delay)
         return self.line("EMQ.FAIL", [
             self.key("active"), self.key("pending"), self.key("dead"), self.base(), job, self.tokenize(job),
             self.number([b"1", b"2", b"3", b"5"]), self.pick([b"boom", b"", b"\x00err"]), *delay,
@@ -371,23 +414,25 @@ class Gen:
     def harness(self) -> Step:
         """Raw writes, the same on both queues: lapsed leases, corrupt fields, wrong types."""
         job = self.job()
-        roll = self.rng.randrange(10)
+        roll = self.rng.randrange(12)
         score = str(1000 + self.rng.randrange(100)).encode()
         counters = [b"attempts", b"tries", b"stalled", b"retries"]
         row_field = self.pick(counters) if self.chance(0.7) else self.pick(ROW_FIELDS)
         row_value = self.pick(FIELD_VALUES)
         state_field, state_value = self.pick([b"state", b"closed_by"]), self.pick(STATES + CLOSED_BY)
         meta = self.chance(0.5)
-        setting = self.pick([b"count", b"paused", b"done_ttl_ms", b"cancelled_ttl_ms", b"dead_ttl_ms"])
+        setting = self.pick([b"count", b"paused", b"done_ttl_ms", b"cancelled_ttl_ms", b"dead_ttl_ms",
+                             b"stale", b"seq"])  # fmt: skip
         setting_value = self.pick(META_VALUES)
-        target = self.rng.randrange(7)
+        target = self.rng.randrange(9)
+        due = str(self.rng.randrange(1, 50)).encode()
         forged, rid = self.pick(FORGED_RECORDS), self.pick([b"r3", b"e4"])  # the rarest ids: claims go on
 
         def write(s: Side) -> list[list[bytes]]:
             k = s.keys
             row = b(k.base) + b"job:" + job
             keys = [b(k.pending), b(k.active), b(k.dead), b(k.meta), b(k.metrics_failed),
-                    b(k.base) + b"req:r1", row]  # fmt: skip
+                    b(k.priority), b(k.delayed), b(k.base) + b"req:r1", row]  # fmt: skip
             if roll <= 2:  # a holder died long ago: its lease lapsed
                 return [[b"ZADD", b(k.active), b"XX", score, job]]
             if roll == 3:
@@ -402,7 +447,11 @@ class Gen:
                 return [[b"SET", b(k.base) + b"req:" + rid, forged]]
             if roll == 7:  # repair: the wrong-typed keys go
                 return [[b"EVAL", b"if redis.call('TYPE', KEYS[1]).ok == 'string' then "
-                         b"redis.call('DEL', KEYS[1]) end", b"1", key] for key in keys[:6]]  # fmt: skip
+                         b"redis.call('DEL', KEYS[1]) end", b"1", key] for key in keys[:8]]  # fmt: skip
+            if roll == 10:  # delayed jobs came due (the traces' delays are far off): the next
+                return [[b"ZADD", b(k.delayed), b"XX", due, job]]  # claim or sweep moves them
+            if roll == 11:  # a waiting job's entry duplicated (a lost tombstone's count)
+                return [[b"RPUSH", b(k.pending), job]]
             return [[b"DEL", row]]
 
         def make(s: Side) -> list[bytes]:
@@ -453,6 +502,8 @@ def snapshot(r: redis.Redis, pattern: str, rename: bool) -> Snapshot:
             pipe.hgetall(key)
         elif kind == "string":
             pipe.get(key)
+        elif kind == "list":
+            pipe.lrange(key, 0, -1)
         else:
             pipe.type(key)
     values = pipe.execute()
@@ -518,6 +569,9 @@ def compare(m: Snapshot, s: Snapshot, tol: int) -> Diff:
                     diff.resync_fields.append((key, f, mv[f]))
                     continue
                 diff.mismatches.append(f"{where}: {f.decode()} = {mv[f]!r} vs {sv[f]!r}")
+        elif mk == "list":
+            if mv != sv:
+                diff.mismatches.append(f"{where}: entries {mv} vs {sv}")
         elif mask(mv or b"") != mask(sv or b""):
             diff.mismatches.append(f"{where}: {mv!r} vs {sv!r}")
     return diff
@@ -525,18 +579,18 @@ def compare(m: Snapshot, s: Snapshot, tol: int) -> Diff:
 
 def times_written(before: Snapshot, after: Snapshot, now: int) -> Iterator[tuple[str, int]]:
     """(where, ms) of every server time this step wrote (fields and time scores that changed;
-    ``now``: the step's end, after which a pending score is a due time, not a time written)."""
+    ``now``: the step's end, after which a <base>delayed score is a due time, not a time written)."""
     for key, (kind, value, _) in after.items():
         old = before.get(key, ("", {}, -1))[1] if before.get(key, ("",))[0] == kind else {}
         if kind == "hash":
             for f in TIME_FIELDS & value.keys():
                 if old.get(f) != value[f] and value[f].isdigit():
                     yield f"{key!r}.{f.decode()}", int(value[f])
-        elif kind == "zset" and key.endswith((b"pending", b"dead")):
+        elif kind == "zset" and key.endswith((b"delayed", b"dead")):
             for member, score in value.items():
                 if old.get(member) == score or score < A_TIME:
                     continue
-                if key.endswith(b"pending") and score > now:  # a due time, given with DELAY or AT
+                if key.endswith(b"delayed") and score > now:  # a due time, given with DELAY or AT
                     continue
                 yield f"{key!r}[{member!r}]", int(score)
 
@@ -545,7 +599,8 @@ def times_written(before: Snapshot, after: Snapshot, now: int) -> Iterator[tuple
 
 
 class Events:
-    """The keyspace events (and cancel announcements) fired between two marks."""
+    """The keyspace events, cancel announcements and done:<id> announcements (sharded: a
+    subscription per channel, every id of the traces on both queues) fired between two marks."""
 
     MARK = "echomq-diff-mark"
 
@@ -554,7 +609,9 @@ class Events:
         self.sub = r.pubsub()
         self.sub.psubscribe("__keyevent@0__:*", "emq:*:cancel")
         self.sub.subscribe(self.MARK)
-        for _ in range(3):
+        done = [f"emq:{{{q}}}:done:".encode() + job for q in ("m", "s") for job in IDS]
+        self.sub.ssubscribe(*done)
+        for _ in range(3 + len(done)):
             assert self.sub.get_message(timeout=5) is not None
 
     def take(self) -> list[tuple[bytes, bytes]]:
@@ -567,7 +624,7 @@ class Events:
                 continue
             if msg["type"] == "message" and msg["channel"] == self.MARK.encode():
                 return out
-            if msg["type"] == "pmessage":
+            if msg["type"] in ("pmessage", "smessage"):
                 out.append((msg["channel"], msg["data"]))
         raise TimeoutError("the mark never came back")
 
@@ -657,7 +714,8 @@ class Differential:
                 replies.append(self.harness(side, argv) if step.verb == "harness" else side.send(argv))
             t1 = self.now()
             m_reply, s_reply = replies
-            where = f"step {n} {step.verb} {step.make(self.m)!r}"
+            shown = [a if len(a) < 80 else a[:60] + b"..." for a in step.make(self.m)]  # long payloads cut
+            where = f"step {n} {step.verb} {shown!r}"
             assert mask(to_module_names(s_reply)) == mask(m_reply), (
                 f"{where}: module {m_reply!r} vs scripts {s_reply!r}"
             )
@@ -774,6 +832,15 @@ def grid() -> list[Step]:
         line("EMQ.RETRYDEAD", key("dead"), key("pending"), base, b"5", b"UNTIL", b"soon"),
         line("EMQ.PURGE", key("dead"), base, b"5", b"UNTIL", b"1.5"),
         hset(b"a", b"retries", b"0"), line("EMQ.RETRYDEAD", key("dead"), key("pending"), base, b"5"),
+        # a row's level not an integer in range, met where a job goes back to its lane
+        enqueue(b"b"), line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
+        hset(b"b", b"priority", b"1001"),
+        line("EMQ.RELEASE", key("active"), key("pending"), base, b"b", held(b"b")),
+        line("EMQ.FAIL", key("active"), key("pending"), key("dead"), base, b"b", held(b"b"), b"5", b"e",
+             b"TRACE", b"t" * 65537),  # the fixed ceiling on a traceback
+        hset(b"b", b"priority", b"-4"),
+        line("EMQ.FAIL", key("active"), key("pending"), key("dead"), base, b"b", held(b"b"), b"5", b"e",
+             b"TRACE", b"t" * 65536),
     ]  # fmt: skip
     for verb in _scripts.scripts():
         steps.append(line(verb))  # no arguments at all: the server's arity error
@@ -790,6 +857,8 @@ def diff_server(server_factory: ServerFactory) -> EmbeddedServer:
     r = srv.client()
     r.config_set("emq.max-limit", MAX_LIMIT)
     r.config_set("emq.max-state-bytes", MAX_STATE_BYTES)
+    r.config_set("emq.max-payload-bytes", MAX_PAYLOAD_BYTES)
+    r.config_set("emq.max-result-bytes", MAX_RESULT_BYTES)
     r.close()
     return srv
 

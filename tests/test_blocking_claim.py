@@ -34,7 +34,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, wait_for_replica
-from .helpers import digest, now_ms
+from .helpers import digest, entries, now_ms
 from .test_notifications import captured
 
 Q = queue_keys("q")
@@ -172,7 +172,7 @@ def test_enqueuemany_wakes_a_claim_that_takes_count(srv: EmbeddedServer, r: redi
     w = block(srv, r, "COUNT", 3, "BLOCK", 5000)
     r.execute_command("EMQ.ENQUEUEMANY", Q.pending, Q.base, 4, "a", "1", "b", "2", "c", "3", "d", "4")
     assert [job[0] for job in w.result()] == [b"a", b"b", b"c"]
-    assert r.zrange(Q.pending, 0, -1) == [b"d"]
+    assert entries(r, Q) == [b"d"]
 
 
 def test_fail_release_and_sweep_wake_waiting_claims(srv: EmbeddedServer, r: redis.Redis) -> None:
@@ -193,7 +193,7 @@ def test_fail_release_and_sweep_wake_waiting_claims(srv: EmbeddedServer, r: redi
 
 def test_a_delayed_job_falling_due_wakes_a_waiting_claim(srv: EmbeddedServer, r: redis.Redis) -> None:
     enqueue(r, "later", "DELAY", 300)
-    due = r.zscore(Q.pending, "later")
+    due = r.zscore(Q.delayed, "later")
     w = block(srv, r, "BLOCK", 5000)
     (job,) = w.result()
     served = int(r.hget(Q.job("later"), "claimed_at"))  # type: ignore[arg-type]
@@ -236,7 +236,7 @@ def test_a_paused_queue_keeps_claims_waiting(srv: EmbeddedServer, r: redis.Redis
     time.sleep(0.1)
     assert blocked_clients(r) == 1
     assert w.result() is None  # timed out; the job still waits
-    assert r.zrange(Q.pending, 0, -1) == [b"j"]
+    assert entries(r, Q) == [b"j"]
     # Resuming and then signalling (RESUME will; any enqueue does) serves the next waiting claim.
     w = block(srv, r, "BLOCK", 5000)
     r.hdel(Q.meta, "paused")
@@ -293,9 +293,9 @@ def test_the_blocked_reply_path_fires_what_a_claim_fires(server_factory: ServerF
     events = captured(r, enqueue_and_wait)
     assert events == [
         ("hset", Q.job("j")),
-        ("zadd", Q.pending),
+        ("rpush", Q.pending),
         # the claim, served from the reply callback
-        ("zrem", Q.pending),
+        ("lpop", Q.pending),
         ("del", Q.pending),
         ("hincrby", Q.job("j")),
         ("hset", Q.job("j")),
@@ -319,15 +319,17 @@ def test_the_blocked_reply_path_checks_the_acl(server_factory: ServerFactory) ->
         ">pw",
         "+@all",
         "~emq:{q}:pending",
+        "~emq:{q}:priority",
+        "~emq:{q}:delayed",
         "~emq:{q}:active",
         "~emq:{q}:meta",
-    )  # the queue's sets and settings, not its rows: it may wait, not claim
+    )  # the queue's lanes, sets and settings, not its rows: it may wait, not claim
     w = Waiting(srv, *claim_args("BLOCK", 5000), username="sets", password="pw")
     wait_blocked(admin, 1)
     enqueue(admin, "j")
     with pytest.raises(redis.exceptions.NoPermissionError):
         w.result()
-    assert admin.zrange(Q.pending, 0, -1) == [b"j"] and not admin.exists(Q.active)
+    assert entries(admin, Q) == [b"j"] and not admin.exists(Q.active)
     admin.close()
     srv.stop()
 
@@ -356,7 +358,7 @@ def test_a_dropped_connection_ends_the_wait(srv: EmbeddedServer, r: redis.Redis)
     assert w.done.wait(5)
     enqueue(r, "j")  # nobody claims it: the dead client was not served
     time.sleep(0.05)
-    assert r.zrange(Q.pending, 0, -1) == [b"j"] and not r.exists(Q.active)
+    assert entries(r, Q) == [b"j"] and not r.exists(Q.active)
 
 
 def test_a_deleted_or_retyped_pending_keeps_the_claim_waiting(srv: EmbeddedServer, r: redis.Redis) -> None:
@@ -638,7 +640,7 @@ def test_cancelling_an_asyncio_claim_ends_its_wait_on_the_server(srv: EmbeddedSe
     wait_blocked(r, 0)
     enqueue(r, "j")
     time.sleep(0.05)
-    assert r.zrange(Q.pending, 0, -1) == [b"j"]  # nobody claimed it for the cancelled task
+    assert entries(r, Q) == [b"j"]  # nobody claimed it for the cancelled task
 
 
 def test_the_operators_verbs_wake_waiting_claims(srv: EmbeddedServer, r: redis.Redis) -> None:

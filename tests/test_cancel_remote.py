@@ -12,7 +12,7 @@ import echomq
 from echomq.keyspace import queue_keys
 
 from .conftest import ServerFactory, wait_for_replica
-from .helpers import digest, forged_token, now_ms
+from .helpers import digest, entries, forged_token, now_ms
 
 Q = "remote"
 K = queue_keys(Q)
@@ -36,8 +36,10 @@ def test_cancel_pending_job_is_never_claimed(r: redis.Redis, client: echomq.Clie
     assert row[b"state"] == b"cancelled" and row[b"cancel_requested"] == b"not needed"
     assert before <= int(row[b"finished_at"]) <= after
     assert 0 < r.pttl(K.job("j")) <= CANCELLED_TTL_MS
-    assert not r.exists(K.pending)
+    # Its entry stays, a tombstone counted in <base>meta's `stale`; the next claim drops it.
+    assert entries(r, K) == [b"j"] and r.hget(K.meta, "stale") == b"1"
     assert client.claim(Q, lease_ms=1000) is None
+    assert not r.exists(K.pending) and r.hget(K.meta, "stale") == b"0"
     assert cancel(r, "j", "again") == b"finished"  # idempotent
     assert r.hget(K.job("j"), "cancel_requested") == b"not needed"
 
@@ -131,7 +133,7 @@ def test_swept_job_with_a_request_ends_cancelled_by_the_sweep(r: redis.Redis, cl
     assert row[b"state"] == b"cancelled" and before <= int(row[b"finished_at"]) <= after
     assert b"stalled" not in row  # not counted as a stall
     assert 0 < r.pttl(K.job("doomed")) <= CANCELLED_TTL_MS
-    assert r.zrange(K.pending, 0, -1) == [b"next"] and not r.exists(K.active, K.dead)
+    assert entries(r, K) == [b"next"] and not r.exists(K.active, K.dead)
     nxt = client.claim(Q, lease_ms=10_000)
     assert nxt is not None and nxt.id == "next"
     assert client.claim(Q, lease_ms=10_000) is None

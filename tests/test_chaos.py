@@ -28,7 +28,7 @@ from echomq.keyspace import queue_keys
 
 from . import chaos_worker
 from .conftest import ServerFactory
-from .helpers import check_resumes
+from .helpers import check_resumes, queued
 
 pytestmark = pytest.mark.backends
 
@@ -120,7 +120,7 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
     try:
         with reaper:
             while time.monotonic() < deadline:
-                if r.zcard(K.pending) == 0 and r.zcard(K.active) == 0:
+                if queued(r, K) == 0 and r.zcard(K.active) == 0:
                     break
                 crashes += pool.replace_dead()
                 pool.resume_due()
@@ -137,7 +137,7 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
                     os.kill(victim.pid, signal.SIGSTOP)
                     pool.frozen[victim.pid] = time.monotonic() + LEASE_MS * 2.5 / 1000
                     freezes += 1
-            finished = r.zcard(K.pending) == 0 and r.zcard(K.active) == 0
+            finished = queued(r, K) == 0 and r.zcard(K.active) == 0
     finally:
         pool.stop_all()
     crashes -= kills  # replace_dead also restarted the ones we killed

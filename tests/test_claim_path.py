@@ -24,7 +24,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, wait_for_replica
-from .helpers import digest, now_ms
+from .helpers import digest, entries, now_ms, queued
 from .test_core_cffi import Core
 from .test_notifications import captured
 
@@ -80,19 +80,19 @@ def refused(r: redis.Redis, message: str, *command: object) -> None:
 # -- ENQUEUE ... DELAY | AT ------------------------------------------------------
 
 
-def test_a_delayed_job_waits_in_pending_scored_with_its_due_time(r: redis.Redis) -> None:
+def test_a_delayed_job_waits_in_delayed_scored_with_its_due_time(r: redis.Redis) -> None:
     before = now_ms(r)
     assert enqueue(r, "later", "DELAY", 60_000) == 1
     after = now_ms(r)
-    score = r.zscore(Q.pending, "later")
+    score = r.zscore(Q.delayed, "later")
     assert score is not None and before + 60_000 <= score <= after + 60_000
     row = r.hgetall(Q.job("later"))
-    assert row[b"state"] == b"pending" and row[b"attempts"] == b"0" and row[b"tries"] == b"0"
+    assert row[b"state"] == b"pending" and b"attempts" not in row and b"tries" not in row
     assert before <= int(row[b"enqueued_at"]) <= after  # enqueued now, due later
+    assert not r.exists(Q.pending)  # not in its lane before its due time
     assert claim(r) is None  # not claimable before its due time
-    # The operator's count of delayed jobs: members of <pending> scored in the future.
-    assert r.zcount(Q.pending, f"({now_ms(r)}", "+inf") == 1
-    assert r.zcount(Q.pending, "-inf", now_ms(r)) == 0
+    # The operator's count of delayed jobs: the members of <base>delayed scored in the future.
+    assert r.zcount(Q.delayed, f"({now_ms(r)}", "+inf") == 1
 
 
 def test_due_order_and_a_short_delay_becomes_claimable(r: redis.Redis) -> None:
@@ -108,11 +108,11 @@ def test_due_order_and_a_short_delay_becomes_claimable(r: redis.Redis) -> None:
 def test_at_is_an_absolute_due_time_and_a_past_one_means_now(r: redis.Redis) -> None:
     now = now_ms(r)
     assert enqueue(r, "future", "AT", now + 3_600_000) == 1
-    assert r.zscore(Q.pending, "future") == now + 3_600_000
+    assert r.zscore(Q.delayed, "future") == now + 3_600_000
     assert enqueue(r, "past", "AT", 5) == 1
-    assert now <= r.zscore(Q.pending, "past") <= now_ms(r)  # type: ignore[operator]
+    assert entries(r, Q) == [b"past"] and r.zscore(Q.delayed, "past") is None  # due now: in its lane
     assert enqueue(r, "edge", "AT", MAX_EXACT) == 1  # the latest exact score is accepted
-    assert r.zscore(Q.pending, "edge") == MAX_EXACT
+    assert r.zscore(Q.delayed, "edge") == MAX_EXACT
     assert [job[0] for job in claim(r)] == [b"past"]
 
 
@@ -159,7 +159,7 @@ def test_fail_with_delay_sends_the_job_back_due_later(r: redis.Redis) -> None:
     (job,) = claim(r)
     before = now_ms(r)
     assert fail(r, "j", job[1], 3, "DELAY", 60_000) == b"pending"
-    score = r.zscore(Q.pending, "j")
+    score = r.zscore(Q.delayed, "j")
     assert score is not None and before + 60_000 <= score <= now_ms(r) + 60_000
     assert r.hget(Q.job("j"), "state") == b"pending" and not r.exists(Q.active)
     assert claim(r) is None
@@ -215,20 +215,19 @@ def test_enqueuemany_writes_every_row_and_one_pending_entry_each(r: redis.Redis)
         assert row.pop(b"payload") == payload
         at = int(row.pop(b"enqueued_at"))
         assert before <= at <= after
-        assert row == {b"state": b"pending", b"attempts": b"0", b"tries": b"0"}
-    scores = dict(r.zrange(Q.pending, 0, -1, withscores=True))
-    assert set(scores) == {b"a", b"b", b"c"} and len(set(scores.values())) == 1
-    assert [job[0] for job in claim(r, "COUNT", 10)] == [b"a", b"b", b"c"]  # equal scores: by id
+        assert row == {b"state": b"pending"}
+    assert entries(r, Q) == [b"a", b"b", b"c"]  # in argument order, at the tail of their lane
+    assert [job[0] for job in claim(r, "COUNT", 10)] == [b"a", b"b", b"c"]
 
 
 def test_enqueuemany_with_delay_at_and_req(r: redis.Redis) -> None:
     now = now_ms(r)
     assert many(r, ("a", "1"), ("b", "2"), opts=("AT", now + 3_600_000, "REQ", "batch-1")) == 2
-    assert r.zrange(Q.pending, 0, -1, withscores=True) == [(b"a", now + 3_600_000), (b"b", now + 3_600_000)]
+    assert r.zrange(Q.delayed, 0, -1, withscores=True) == [(b"a", now + 3_600_000), (b"b", now + 3_600_000)]
     assert not r.hexists(Q.job("a"), "request") and r.get(Q.base + "req:batch-1") == b"2"
     assert claim(r) is None
     assert many(r, ("c", "3"), opts=("DELAY", 60_000)) == 1
-    assert r.zscore(Q.pending, "c") >= now + 60_000  # type: ignore[operator]
+    assert r.zscore(Q.delayed, "c") >= now + 60_000  # type: ignore[operator]
 
 
 def test_enqueuemany_is_all_or_nothing(r: redis.Redis) -> None:
@@ -283,7 +282,7 @@ def test_enqueuemany_errors_write_nothing(r: redis.Redis) -> None:
 def test_enqueuemany_takes_10000_jobs_in_one_call(r: redis.Redis) -> None:
     flat = [x for i in range(10_000) for x in (f"j{i}", "p")]
     assert r.execute_command("EMQ.ENQUEUEMANY", Q.pending, Q.base, 10_000, *flat) == 10_000
-    assert r.zcard(Q.pending) == 10_000 and r.exists(Q.job("j9999"))
+    assert queued(r, Q) == 10_000 and r.exists(Q.job("j9999"))
 
 
 def test_enqueuemany_in_multi_and_from_lua(r: redis.Redis) -> None:
@@ -293,7 +292,7 @@ def test_enqueuemany_in_multi_and_from_lua(r: redis.Redis) -> None:
     assert pipe.execute(raise_on_error=False)[0] == 2
     script = "return redis.call('EMQ.ENQUEUEMANY', KEYS[1], ARGV[1], 2, 'c', '3', 'd', '4', 'DELAY', 10)"
     assert r.eval(script, 1, Q.pending, Q.base) == 2
-    assert r.zcard(Q.pending) == 4
+    assert queued(r, Q) == 4
 
 
 # -- keyspace events, replication, ACL, OOM ---------------------------------------------
@@ -308,9 +307,11 @@ def test_enqueuemany_fires_an_hset_per_row_and_one_zadd(notifying: EmbeddedServe
     nr = notifying.client()
     nr.flushall()
     events = captured(nr, lambda: many(nr, ("a", "1"), ("b", "2"), ("c", "3"), opts=("DELAY", 10)))
-    assert events == [("hset", Q.job("a")), ("hset", Q.job("b")), ("hset", Q.job("c")), ("zadd", Q.pending)]
+    assert events == [("hset", Q.job("a")), ("hset", Q.job("b")), ("hset", Q.job("c")), ("zadd", Q.delayed)]
+    events = captured(nr, lambda: many(nr, ("e", "1"), ("f", "2")))  # due now: one RPUSH
+    assert events == [("hset", Q.job("e")), ("hset", Q.job("f")), ("rpush", Q.pending)]
     events = captured(nr, lambda: enqueue(nr, "d", "AT", 5))
-    assert events == [("hset", Q.job("d")), ("zadd", Q.pending)]
+    assert events == [("hset", Q.job("d")), ("rpush", Q.pending)]
 
     # An error fires nothing.
     def refused_batch() -> None:
@@ -327,7 +328,7 @@ def test_fail_with_delay_fires_what_fail_fires(notifying: EmbeddedServer) -> Non
     enqueue(nr, "j")
     (job,) = claim(nr)
     events = captured(nr, lambda: fail(nr, "j", job[1], 3, "DELAY", 100))
-    assert events == [("zrem", Q.active), ("del", Q.active), ("hset", Q.job("j")), ("zadd", Q.pending)]
+    assert events == [("zrem", Q.active), ("del", Q.active), ("hset", Q.job("j")), ("zadd", Q.delayed)]
     nr.close()
 
 
@@ -342,17 +343,19 @@ def test_replicas_get_one_hset_per_row_one_zadd_and_absolute_due_times(server_fa
     s.config_resetstat()
     flat = [x for i in range(50) for x in (f"j{i}", f"payload-{i}")]
     assert m.execute_command("EMQ.ENQUEUEMANY", Q.pending, Q.base, 50, *flat, "DELAY", 60_000) == 50
-    enqueue(m, "one", "AT", 123)
-    enqueue(m, "two", "DELAY", 5)
+    enqueue(m, "one", "AT", 123)  # due now: its lane
+    enqueue(m, "two", "DELAY", 60_000)
     (job,) = claim(m)
     fail(m, job[0].decode(), job[1], 3, "DELAY", 30_000)
     m.execute_command("WAIT", 1, 5000)
     wait_for_replica(m, s)
     assert digest(s) == digest(m)
-    assert s.zrange(Q.pending, 0, -1, withscores=True) == m.zrange(Q.pending, 0, -1, withscores=True)
+    assert s.zrange(Q.delayed, 0, -1, withscores=True) == m.zrange(Q.delayed, 0, -1, withscores=True)
     stats = s.info("commandstats")
     assert stats["cmdstat_hset"]["calls"] == 50 + 2 + 2  # a row each, the claim's row, the fail's row
-    assert stats["cmdstat_zadd"]["calls"] == 1 + 2 + 2  # ONE for the batch
+    # ONE for the batch, one for "two", the claim's lease, the fail's due time
+    assert stats["cmdstat_zadd"]["calls"] == 1 + 1 + 1 + 1
+    assert stats["cmdstat_rpush"]["calls"] == 1 and stats["cmdstat_lpop"]["calls"] == 1
     assert not any(name.startswith("cmdstat_emq") for name in stats)
     m.close()
     s.close()
@@ -361,10 +364,10 @@ def test_replicas_get_one_hset_per_row_one_zadd_and_absolute_due_times(server_fa
 
 
 ACL_USERS = {
-    # Queue q's pending set and rows a* only.
-    "amy": ["~emq:{q}:pending", "~emq:{q}:job:a*"],
-    # Queue q's pending set, no rows.
-    "ben": ["~emq:{q}:pending"],
+    # Queue q's lanes and rows a* only.
+    "amy": ["~emq:{q}:pending", "~emq:{q}:delayed", "~emq:{q}:job:a*"],
+    # Queue q's lanes, no rows.
+    "ben": ["~emq:{q}:pending", "~emq:{q}:delayed"],
 }
 
 
@@ -426,8 +429,8 @@ def test_client_enqueue_with_delay_and_run_at(client: echomq.Client, r: redis.Re
     client.enqueue("q", b"x", job_id="d", delay_ms=60_000)
     client.enqueue("q", b"y", job_id="t", run_at_ms=now + 120_000)
     client.enqueue("q", "z", job_id="n")
-    assert r.zscore(Q.pending, "d") >= now + 60_000  # type: ignore[operator]
-    assert r.zscore(Q.pending, "t") == now + 120_000
+    assert r.zscore(Q.delayed, "d") >= now + 60_000  # type: ignore[operator]
+    assert r.zscore(Q.delayed, "t") == now + 120_000
     job = client.claim("q", 60_000)
     assert job is not None and job.id == "n" and client.claim("q", 60_000) is None
     with pytest.raises(ValueError, match="not both"):
@@ -444,7 +447,7 @@ def test_client_enqueue_many_payloads_and_pairs(client: echomq.Client, r: redis.
     ids = client.enqueue_many("q", [b"a", "b", ("mine", b"c"), (b"\xffbin", "d")])
     assert len(ids) == 4 and ids[2] == "mine" and ids[3] == b"\xffbin".decode("utf-8", "surrogateescape")
     assert ids[0] < ids[1]  # new ids are time-ordered
-    # One due time for the batch: equal scores, in id order (new ids are hex time, before "mine").
+    # The batch enters its lane in the order given.
     assert [j.payload for j in client.claim_many("q", 60_000, 10)] == [b"a", b"b", b"c", b"d"]
     assert r.hget(Q.job("mine"), "payload") == b"c"
     assert client.enqueue_many("q", []) == []
@@ -456,13 +459,13 @@ def test_client_enqueue_many_payloads_and_pairs(client: echomq.Client, r: redis.
         client.enqueue_many("q", [("fresh", b""), ("mine", b"again")])
     assert not r.exists(Q.job("fresh"))
     later = client.enqueue_many("q", [b"l1", b"l2"], delay_ms=60_000)
-    assert all(r.zscore(Q.pending, i) > now_ms(r) + 50_000 for i in later)  # type: ignore[operator]
+    assert all(r.zscore(Q.delayed, i) > now_ms(r) + 50_000 for i in later)  # type: ignore[operator]
 
 
 def test_client_enqueue_many_sends_chunks_of_10000(client: echomq.Client, r: redis.Redis) -> None:
     r.config_resetstat()
     ids = client.enqueue_many("q", [b""] * 10_001)
-    assert len(set(ids)) == 10_001 and r.zcard(Q.pending) == 10_001
+    assert len(set(ids)) == 10_001 and queued(r, Q) == 10_001
     assert r.info("commandstats")["cmdstat_emq.enqueuemany"]["calls"] == 2
 
 
@@ -471,7 +474,7 @@ def test_client_fail_with_delay(client: echomq.Client, r: redis.Redis) -> None:
     job = client.claim("q", 60_000)
     assert job is not None
     assert client.fail("q", "j", job.token, "boom", max_attempts=3, delay_ms=60_000) == "pending"
-    assert r.zscore(Q.pending, "j") > now_ms(r) + 50_000  # type: ignore[operator]
+    assert r.zscore(Q.delayed, "j") > now_ms(r) + 50_000  # type: ignore[operator]
     with pytest.raises(ValueError, match="delay_ms"):
         client.fail("q", "j", job.token, "boom", delay_ms=-5)
 
@@ -682,7 +685,7 @@ def test_enqueue_many_halves_its_calls_below_the_servers_max_limit(server_factor
     client = echomq.Client(r)
     r.config_resetstat()
     ids = client.enqueue_many("q", [(f"j{i}", b"") for i in range(10)], delay_ms=0)
-    assert ids == [f"j{i}" for i in range(10)] and r.zcard(Q.pending) == 10
+    assert ids == [f"j{i}" for i in range(10)] and queued(r, Q) == 10
     # 10 refused -> 5 refused -> 2 + 3, then 5 refused -> 2 + 3: seven calls, three refused
     assert r.info("commandstats")["cmdstat_emq.enqueuemany"]["calls"] == 7
     import asyncio
@@ -693,6 +696,6 @@ def test_enqueue_many_halves_its_calls_below_the_servers_max_limit(server_factor
         await c.aclose()
 
     asyncio.run(main())
-    assert r.zcard(queue_keys("q2").pending) == 7
+    assert r.llen(queue_keys("q2").pending) == 7
     r.close()
     srv.stop()

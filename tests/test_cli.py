@@ -16,6 +16,8 @@ from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .helpers import queued
+
 Q = "ops"
 K = queue_keys(Q)
 
@@ -83,7 +85,7 @@ def test_reap_command_runs_for_a_duration(
         server, capsys, "reap", Q, "--interval", "0.05", "--duration", "0.3", "--max-stalled", "5"
     )
     assert code == 0 and "total recovered 5 (j0 j1 j2 j3 j4)  dead 0  cancelled 0  expired 0  errors 0" in out
-    assert r.zcard(K.pending) == 5
+    assert queued(r, K) == 5
 
 
 def test_cancel_command(
@@ -102,6 +104,44 @@ def test_enqueue_command(r: redis.Redis, server: EmbeddedServer, capsys: pytest.
     assert r.hget(K.job("x1"), "payload") == b'{"n": 1}'
     code, _, err = run(server, capsys, "enqueue", Q, "again", "--id", "x1")
     assert code == 1 and "already exists" in err
+
+
+def test_enqueue_with_a_priority_and_inspect_by_level(
+    client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for job_id, level in (("u", "-5"), ("v", "-5"), ("w", "0"), ("x", "12")):
+        code, out, _ = run(server, capsys, "enqueue", Q, "p", "--id", job_id, "--priority", level)
+        assert code == 0 and out.strip() == job_id
+    assert [p.priority for p in client.pending(Q)] == [-5, -5, 0, 12]
+    with pytest.raises(SystemExit):  # argparse refuses it, with the range in the message
+        run(server, capsys, "enqueue", Q, "p", "--priority", "1001")
+    assert "expected an integer from -1000 to 1000" in capsys.readouterr().err
+    client.enqueue(Q, job_id="gone")
+    client.cancel(Q, "gone")
+    code, out, _ = run(server, capsys, "inspect", Q)
+    assert code == 0 and "pending 4" in out
+    assert "pending by priority   -5: 2   0: 1   +12: 1" in out
+    assert "tombstones 1" in out
+
+
+def test_job_shows_the_level_progress_result_and_traceback(
+    client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client.enqueue(Q, "x" * 200, job_id="j", priority=4)
+    job = client.claim(Q, 60_000)
+    assert job is not None
+    client.checkpoint(Q, "j", job.token, 60_000, progress="3/4")
+    client.fail(Q, "j", job.token, "ValueError: no", traceback="Traceback (most recent call last):\n  boom\n")
+    job = client.claim(Q, 60_000)
+    assert job is not None
+    client.complete(Q, "j", job.token, result="r" * 70 + "\n")
+    code, out, _ = run(server, capsys, "job", Q, "j", "--payload")
+    assert code == 0
+    lines = out.splitlines()
+    assert "  priority         4" in lines and "  progress         3/4" in lines
+    assert f"  result           71 bytes: {'r' * 60}..." in lines
+    assert "    Traceback (most recent call last):" in lines and "      boom" in lines
+    assert "  payload          200 bytes" in lines and "x" * 200 in lines
 
 
 def test_url_from_environment(

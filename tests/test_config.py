@@ -1,6 +1,7 @@
 """The operator's ceilings as module configs (Redis 7.0+, Valkey).
 
-`emq.max-limit` and `emq.max-state-bytes` are `CONFIG GET/SET`-able,
+`emq.max-limit`, `emq.max-state-bytes`, `emq.max-payload-bytes` and
+`emq.max-result-bytes` are `CONFIG GET/SET`-able,
 `CONFIG REWRITE` writes them back, and they can be given in the config file,
 on the command line or with `MODULE LOADEX ... CONFIG`; a load argument is
 the value at load where none of those gives one.  SWEEP reads
@@ -29,7 +30,12 @@ from .helpers import digest, emq_configs, now_ms, put_active, sweep_args
 
 pytestmark = needs("module_configs", "the settings are load arguments only (tests/test_load.py)")
 
-DEFAULTS = {"emq.max-limit": "10000", "emq.max-state-bytes": "65536"}
+DEFAULTS = {
+    "emq.max-limit": "10000",
+    "emq.max-state-bytes": "65536",
+    "emq.max-payload-bytes": "1048576",
+    "emq.max-result-bytes": "1048576",
+}
 
 
 def lapsed(r: redis.Redis, n: int) -> None:
@@ -75,7 +81,9 @@ def test_the_default_ceiling_refuses_the_issues_sweep(r: redis.Redis) -> None:
      # above the ceilings the verbs are tested at (issue 28: a max-limit of 2^62 + 1 let ENQUEUEMANY
      # overflow its count and crash the server)
      ("emq.max-limit", "100001"), ("emq.max-limit", "4611686018427387905"),
-     ("emq.max-limit", "9223372036854775807"), ("emq.max-state-bytes", "16777217")],
+     ("emq.max-limit", "9223372036854775807"), ("emq.max-state-bytes", "16777217"),
+     ("emq.max-payload-bytes", "-1"), ("emq.max-payload-bytes", "16777217"), ("emq.max-result-bytes", "17mb"),
+     ("emq.max-result-bytes", "x")],
 )  # fmt: skip
 def test_bad_values_are_refused(r: redis.Redis, name: str, value: str) -> None:
     with pytest.raises(redis.ResponseError):
@@ -87,15 +95,22 @@ def test_the_ceilings_are_named_in_the_refusal(r: redis.Redis) -> None:
     """The server's own words: which config, and the range it takes."""
     with pytest.raises(redis.ResponseError, match=r"emq\.max-limit.*between 1 and 100000 inclusive"):
         r.config_set("emq.max-limit", 100_001)
-    with pytest.raises(redis.ResponseError, match=r"emq\.max-state-bytes.*between 0 and 16777216 inclusive"):
-        r.config_set("emq.max-state-bytes", "17mb")
+    for name in ("emq.max-state-bytes", "emq.max-payload-bytes", "emq.max-result-bytes"):
+        with pytest.raises(redis.ResponseError, match=rf"{name}.*between 0 and 16777216 inclusive"):
+            r.config_set(name, "17mb")
     try:
         r.config_set("emq.max-limit", 100_000)
-        r.config_set("emq.max-state-bytes", "16mb")
-        assert emq_configs(r) == {"emq.max-limit": "100000", "emq.max-state-bytes": "16777216"}
+        for name in ("emq.max-state-bytes", "emq.max-payload-bytes", "emq.max-result-bytes"):
+            r.config_set(name, "16mb")
+        assert emq_configs(r) == {
+            "emq.max-limit": "100000",
+            "emq.max-state-bytes": "16777216",
+            "emq.max-payload-bytes": "16777216",
+            "emq.max-result-bytes": "16777216",
+        }
     finally:
-        r.config_set("emq.max-limit", 10_000)
-        r.config_set("emq.max-state-bytes", 65536)
+        for name, value in DEFAULTS.items():
+            r.config_set(name, value)
 
 
 def test_state_bytes_take_memory_units(r: redis.Redis) -> None:
@@ -139,16 +154,31 @@ def server_from_file(conf: Path, where: Path) -> Iterator[redis.Redis]:
 def test_config_file_values_and_rewrite_round_trip(tmp_path: Path, module_so: Path) -> None:
     conf = tmp_path / "emq.conf"
     # A load argument is the value at load; the file's line overrides it.
-    conf.write_text(f"loadmodule {module_so} max-limit 77 max-state-bytes 1000\nemq.max-limit 123\n")
+    conf.write_text(
+        f"loadmodule {module_so} max-limit 77 max-state-bytes 1000 max-payload-bytes 5000\n"
+        "emq.max-limit 123\nemq.max-result-bytes 7\n"
+    )
     with server_from_file(conf, tmp_path) as c:
-        assert emq_configs(c) == {"emq.max-limit": "123", "emq.max-state-bytes": "1000"}
+        assert emq_configs(c) == {
+            "emq.max-limit": "123",
+            "emq.max-state-bytes": "1000",
+            "emq.max-payload-bytes": "5000",
+            "emq.max-result-bytes": "7",
+        }
         c.config_set("emq.max-limit", 456)
         c.config_set("emq.max-state-bytes", "2mb")
+        c.config_set("emq.max-payload-bytes", "1mb")
         c.config_rewrite()
     text = conf.read_text()
     assert "emq.max-limit 456" in text and "emq.max-state-bytes 2mb" in text
+    assert "emq.max-payload-bytes 1mb" in text and "emq.max-result-bytes 7" in text
     with server_from_file(conf, tmp_path) as c:
-        assert emq_configs(c) == {"emq.max-limit": "456", "emq.max-state-bytes": "2097152"}
+        assert emq_configs(c) == {
+            "emq.max-limit": "456",
+            "emq.max-state-bytes": "2097152",
+            "emq.max-payload-bytes": "1048576",
+            "emq.max-result-bytes": "7",
+        }
 
 
 def test_command_line_and_loadex(server_factory: ServerFactory, module_so: Path) -> None:

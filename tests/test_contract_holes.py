@@ -28,7 +28,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
-from .helpers import digest, now_ms, put_active
+from .helpers import digest, now_ms, put_active, queued
 
 Q = queue_keys("q")
 NOT_ITS_ROW = "ERR <job> must be <base>job:<id>, where <active> is <base>active"
@@ -83,12 +83,12 @@ def test_claim_takes_a_job_with_a_cancel_request_instead_of_dropping_it(r: redis
     # The reproduction: 20 pending ids carrying cancel_requested ahead of 'good'.
     for i in range(20):
         r.hset(Q.job(f"c{i:02}"), mapping={"state": "pending", "attempts": 0, "cancel_requested": "x"})
-        r.zadd(Q.pending, {f"c{i:02}": i})
+        r.rpush(Q.pending, f"c{i:02}")
     r.hset(Q.job("good"), mapping={"state": "pending", "attempts": 0})
-    r.zadd(Q.pending, {"good": 100})
+    r.rpush(Q.pending, "good")
     claimed = r.execute_command("EMQ.CLAIM", Q.pending, Q.active, Q.base, 60_000)
     assert claimed is not None and [job[0] for job in claimed] == [b"c00"]
-    assert r.zcard(Q.pending) == 20  # exactly one left, none dropped
+    assert queued(r, Q) == 20  # exactly one left, none dropped
     # The holder hears of the request at its first checkpoint.
     token = claimed[0][1]
     assert r.execute_command("EMQ.CHECKPOINT", Q.active, Q.job("c00"), "c00", token, 1000) == [1, b"x"]
@@ -98,7 +98,7 @@ def test_claim_takes_a_job_with_a_cancel_request_instead_of_dropping_it(r: redis
 def test_a_null_claim_wrote_nothing(r: redis.Redis, why: str) -> None:
     if why == "delayed":
         r.hset(Q.job("later"), mapping={"state": "pending", "attempts": 0})
-        r.zadd(Q.pending, {"later": now_ms(r) + 600_000})
+        r.zadd(Q.delayed, {"later": now_ms(r) + 600_000})
     if why == "paused":
         r.hset(Q.meta, "paused", 1)
         r.execute_command("EMQ.ENQUEUE", Q.pending, Q.base, "j", "p")
@@ -257,7 +257,7 @@ def test_a_real_change_still_breaks_watch_and_invalidates(
 
 # -- 4. derived keys' ACL before they are read -------------------------------------
 
-SETS_ONLY = ["~emq:{q}:active", "~emq:{q}:pending", "~emq:{q}:dead"]
+SETS_ONLY = ["~emq:{q}:active", "~emq:{q}:pending", "~emq:{q}:dead", "~emq:{q}:priority", "~emq:{q}:delayed"]
 
 
 @pytest.fixture
@@ -283,7 +283,7 @@ def test_a_refused_user_learns_nothing_about_the_row(
     admin, user = sets_only
     if row == "pending":
         admin.hset(Q.job("j"), mapping={"state": "pending", "attempts": 0})
-        admin.zadd(Q.pending, {"j": 1})
+        admin.rpush(Q.pending, "j")
     elif row.startswith("active"):
         put_active(admin, "q", "j", attempts=1, deadline=now_ms(admin) + 60_000)
     elif row == "not-a-hash":
@@ -307,7 +307,7 @@ def test_claim_refuses_a_row_it_may_not_touch_before_reading_it(
 ) -> None:
     admin, user = sets_only
     admin.set(Q.job("j"), "not a hash")
-    admin.zadd(Q.pending, {"j": 1})
+    admin.rpush(Q.pending, "j")
     before = digest(admin)
     with pytest.raises(redis.exceptions.NoPermissionError):
         user.execute_command("EMQ.CLAIM", Q.pending, Q.active, Q.base, 1000)
@@ -321,7 +321,7 @@ def test_fail_reads_a_negative_budget_as_an_integer(r: redis.Redis) -> None:
     put_active(r, "q", "j", attempts=1, deadline=now_ms(r) + 60_000, tries=-1)
     assert r.execute_command("EMQ.FAIL", Q.active, Q.pending, Q.dead, Q.base, "j", "1", 1, "e") == b"pending"
     r.hset(Q.job("k"), mapping={"state": "pending", "attempts": -1, "tries": -5})
-    r.zadd(Q.pending, {"k": 0})
+    r.lpush(Q.pending, "k")  # at the head, before j
     claimed = r.execute_command("EMQ.CLAIM", Q.pending, Q.active, Q.base, 1000)
     assert [job[0] for job in claimed] == [b"k"]
     assert r.hmget(Q.job("k"), "attempts", "tries") == [b"0", b"-4"]

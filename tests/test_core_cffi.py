@@ -456,7 +456,7 @@ def test_references_catch_a_wrong_core() -> None:
 @example(attempts=1, random8=b"\x00" * 8)
 @example(attempts=LLONG_MIN, random8=b"\xff" * 8)
 def test_format_token(core: Core, attempts: int, random8: bytes) -> None:
-    """"<attempts>-<16 lowercase hex>": the claim's number, then the 8 random bytes."""
+    """ "<attempts>-<16 lowercase hex>": the claim's number, then the 8 random bytes."""
     out = core.ffi.new("char[]", 64)
     n = core.lib.emq_format_token(attempts, core.ffi.new("unsigned char[]", random8), out)
     token = core.ffi.string(out).decode()

@@ -101,6 +101,23 @@ def test_payloads_are_hidden_unless_asked(start: Start, client: echomq.Client) -
     assert http.get("/api/job", params={"queue": Q, "id": "nope"}).status_code == 404
 
 
+def test_a_jobs_result_is_hidden_as_its_payload_and_its_progress_shown(
+    start: Start, client: echomq.Client
+) -> None:
+    client.enqueue(Q, b"p" * 100, job_id="r", priority=-3)
+    job = client.claim(Q, 60_000)
+    assert job is not None
+    client.checkpoint(Q, "r", job.token, 60_000, progress="7/10")
+    client.complete(Q, "r", job.token, result=b"secret result \xff" + b"x" * 100)
+    http, _ = session(start())
+    info = http.get("/api/job", params={"queue": Q, "id": "r"}).json()
+    assert (info["priority"], info["progress"], info["result_size"]) == (-3, "7/10", 115)
+    assert info["payload_size"] == 100 and "result" not in info and "secret" not in str(info)
+    http, _ = session(start(show_payloads=True))
+    info = http.get("/api/job", params={"queue": Q, "id": "r"}).json()
+    assert info["result"].startswith("secret result \\xff") and not info["result_truncated"]
+
+
 def test_actions_need_the_csrf_token_of_the_page(start: Start, client: echomq.Client) -> None:
     web = start()
     http, token = session(web)

@@ -35,7 +35,7 @@ def test_demo_tells_the_whole_story() -> None:
     steps = story.steps("export")
     first = [step for who, step in steps if who == holders[0]]
     second = [step for who, step in steps if who == holders[1]]
-    assert first[: last] == list(range(1, last + 1))  # (it may have run a step past its last checkpoint)
+    assert first[:last] == list(range(1, last + 1))  # (it may have run a step past its last checkpoint)
     assert second == list(range(last + 1, 41))  # resumed at the next step, none done twice since it
     assert story.states["export"] == "done"
 

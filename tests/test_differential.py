@@ -28,6 +28,11 @@ asserted on its own instead of being ignored:
 - **A dead row gains `finished_at`** (the time of death).  It is dropped from
   the native row after checking it equals the id's dead score: both are the
   same server-now.
+- **`<pending>` is a list** (the v3 keyspace): a sweep's recovered jobs are
+  its entries, where the seed scores them 0 in a sorted set.  The native
+  list's entries are compared as the seed's members, each scored 0, after
+  checking that no id is in it twice; the scenario's hand-made claim takes a
+  job out of both (ZREM, LREM).
 
 Everything else -- the replies of EXTEND, the members and remaining scores of
 all three sets, every other row field, the failed metric -- must be equal.
@@ -69,6 +74,11 @@ def outcome(call: Any) -> tuple[str, Any]:
 def snapshot(r: redis.Redis, keys: QueueKeys) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for name in ("active", "pending", "dead"):
+        if name == "pending" and r.type(keys.pending) == b"list":  # the native queue's lane
+            entries = r.lrange(keys.pending, 0, -1)
+            assert len(set(entries)) == len(entries), entries
+            state[name] = sorted((m, 0.0) for m in entries)
+            continue
         state[name] = r.zrange(getattr(keys, name), 0, -1, withscores=True)
     state["metrics"] = r.hgetall(keys.metrics_failed)
     for job in IDS:
@@ -137,7 +147,10 @@ class Scenario:
                 r.hset(keys.job(job), "state", "active")
                 if keys is NATIVE:  # v2 fences on `token`: this claim's is the new attempts
                     r.hset(keys.job(job), "token", attempts)
-                r.zrem(keys.pending, job)
+                if keys is NATIVE:
+                    r.lrem(keys.pending, 0, job)
+                else:
+                    r.zrem(keys.pending, job)
                 r.zadd(keys.active, {job: deadline})
         elif kind == "lapse":  # the holder died a while ago: its deadline is in the past
             deadline = now - rng.randint(1_000, 100_000)

@@ -148,11 +148,15 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
     def look() -> None:
         seen.update(k.decode() for k in r.hkeys(row))
 
-    client.enqueue("q", b"x", job_id="j")  # a fresh REQ: the row's `request`
+    client.enqueue("q", b"x", job_id="j", priority=3)
     look()
     job = client.claim("q", lease_ms=60_000)
     assert job is not None
-    client.checkpoint("q", job.id, job.token, lease_ms=60_000, state=b"s")
+    client.checkpoint("q", job.id, job.token, lease_ms=60_000, state=b"s", progress="1/2")
+    client.fail("q", job.id, job.token, "E: boom", traceback="Traceback: boom")
+    look()
+    job = client.claim("q", lease_ms=60_000)
+    assert job is not None
     client.cancel("q", "j", reason="why")
     look()
     assert client.fail("q", job.id, job.token, "boom") == "cancelled"
@@ -162,9 +166,15 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
     assert job is not None
     r.zadd(keys.active, {"j": 0})  # its lease lapsed
     assert client.sweep("q", max_stalled=5).recovered == ["j"]
+    job = client.claim("q", lease_ms=60_000)
+    assert job is not None
+    client.complete("q", "j", job.token, result="done")
     look()
+    # pieces are named after their field (`payload:1`, ...): the page says so in its own section
     assert seen == documented_fields("The job row"), "docs/reference/keyspace.md, The job row"
 
+    client.enqueue("q", b"", job_id="t")
+    client.cancel("q", "t")  # a tombstone: `stale`
     client.pause("q")
     client.retention("q", done_ms=1, cancelled_ms=2, dead_ms=3)
     meta = {k.decode() for k in r.hkeys(keys.base + "meta")}

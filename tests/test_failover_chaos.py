@@ -69,6 +69,7 @@ from echomq.keyspace import queue_keys
 
 from .conftest import ServerFactory
 from .faults import pythonpath, wait_until
+from .helpers import queued
 from .sentinels import MASTER, Failover, start_failover
 
 pytestmark = pytest.mark.slow
@@ -277,7 +278,7 @@ def drain(admin: redis.Redis, stuck_s: float = 20.0, budget_s: float = 180.0) ->
     deadline = time.monotonic() + budget_s
     best, since = None, time.monotonic()
     while time.monotonic() < deadline:
-        left = int(admin.zcard(K.pending)) + int(admin.zcard(K.active))
+        left = int(queued(admin, K)) + int(admin.zcard(K.active))
         if left == 0:
             return True
         if best is None or left < best:
@@ -365,7 +366,7 @@ def test_workers_follow_a_killed_master_and_no_lost_claim_finishes(
         f"the Sentinels failed over other than after the {KILLS} kills (a master that answered no "
         f"PING for down-after under load): {switches}"
     )
-    assert drained, f"the queue did not drain: {left}; after the workers stopped: {r.zcard(K.pending)}"
+    assert drained, f"the queue did not drain: {left}; after the workers stopped: {queued(r, K)}"
     assert [p.returncode for p in procs] == [0] * len(WORKERS), [err[-3000:] for _, err in outputs]
 
     events = read_history(histories)

@@ -133,9 +133,7 @@ class FuzzServer:
     def connect(self) -> Resp:
         if self.conn is None:
             if self.server is None:
-                self.server = EmbeddedServer(
-                    debug_args(), module=self.module, wrapper=self.wrapper
-                ).start()
+                self.server = EmbeddedServer(debug_args(), module=self.module, wrapper=self.wrapper).start()
             self.conn = Resp(self.server.port)
             for command in self.configure:
                 self.conn.call(*command)
@@ -191,6 +189,8 @@ ERRORS = [
     (rb"ERR a swept job row has a 'stalled' field that is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
     (rb"ERR increment or decrement would overflow", None),
+    # a recovered (or due) job whose row's level is corrupt: it cannot be put back in its lane
+    (rb"ERR the job row's 'priority' field is not an integer from -1000 to 1000", None),
     (
         rb"NOPERM this user has no permissions to access the job rows or metrics derived from <base>",
         "-NOPERM",
@@ -265,13 +265,18 @@ def keyspace(draw: st.DrawFn, base: bytes) -> list[list[bytes]]:
             cmds.append([b"ZADD", base + b"active", draw(st.sampled_from(SCORES)), job])
     elif active_kind != "missing":
         cmds += put(active_kind, base + b"active")
-    for name in (b"pending", b"dead"):
+    # <pending> a list; <base>priority and <base>delayed (the v3 lanes) sorted sets: any of them of
+    # another type, or holding ids whose rows are anything (a SWEEP moves the due delayed ones)
+    for name in (b"pending", b"dead", b"priority", b"delayed"):
         kind = draw(st.sampled_from(["missing"] * 4 + TYPES))
         if kind != "missing":
             cmds += put(kind, base + name, draw(st.sampled_from(IDS)) or b"m")
-        if kind == "zset" and name == b"dead":  # dead jobs, some past a dead retention
+        if kind == "zset" and name in (b"dead", b"delayed"):  # dead jobs past a retention, due jobs
             for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):
-                cmds.append([b"ZADD", base + b"dead", draw(st.sampled_from(SCORES[:4])), job])
+                cmds.append([b"ZADD", base + name, draw(st.sampled_from(SCORES[:4])), job])
+        if kind == "list" and name == b"pending":  # entries, live or tombstones
+            for job in draw(st.lists(st.sampled_from(IDS), max_size=3)):
+                cmds.append([b"RPUSH", base + b"pending", job])
     for job in ids:
         row = base + b"job:" + job
         kind = draw(st.sampled_from(["hash"] * 6 + ["missing", "string", "list", "set", "zset"]))
@@ -287,10 +292,16 @@ def keyspace(draw: st.DrawFn, base: bytes) -> list[list[bytes]]:
             fields += [b"token", draw(st.sampled_from([*TOKENS, *FIELD_VALUES[:4]]))]
         if draw(st.integers(0, 4)) == 0:
             fields += [b"cancel_requested", draw(st.sampled_from([b"", b"stop"]))]
+        if draw(st.integers(0, 4)) == 0:  # a level, right or corrupt (a recovered job goes to its lane)
+            fields += [b"priority", draw(st.sampled_from([b"-5", b"0", b"1000", b"1001", *FIELD_VALUES[:4]]))]
         cmds.append([b"HSET", row, *fields])
     meta = draw(st.sampled_from(["missing"] * 4 + ["hash", "hash", "string", "list", "set", "zset"]))
     if meta == "hash":
-        setting = draw(st.sampled_from([b"dead_ttl_ms", b"done_ttl_ms", b"cancelled_ttl_ms", b"paused"]))
+        setting = draw(
+            st.sampled_from(
+                [b"dead_ttl_ms", b"done_ttl_ms", b"cancelled_ttl_ms", b"paused", b"stale", b"seq"]
+            )
+        )
         cmds.append([b"HSET", base + b"meta", setting, draw(st.sampled_from(META_VALUES))])
     elif meta != "missing":
         cmds += put(meta, base + b"meta")
@@ -389,6 +400,8 @@ def run_case(
     sweep = name == b"emq.sweep" and len(command) == 7
     active_before = members(conn, command[1]) if sweep else {}
     dead_before = members(conn, command[3]) if sweep else {}
+    # a sweep first moves the due delayed jobs to their lanes (<base>delayed scored by due time)
+    due_before = members(conn, command[4] + b"delayed") if sweep and len(command) > 4 else {}
     try:
         reply: Any = conn.call(*command)
         error: bytes | None = None
@@ -434,7 +447,9 @@ def run_case(
     OUTCOMES[b"sweep cancelled"] += bool(cancelled)
     OUTCOMES[b"sweep expired"] += bool(expired)
     OUTCOMES[b"sweep nothing"] += not moved and not expired
-    if not moved and not expired:
+    promoted = set(due_before) - set(members(conn, command[4] + b"delayed"))
+    OUTCOMES[b"sweep promoted"] += bool(promoted)
+    if not moved and not expired and not promoted:
         assert conn.call(b"DEBUG", b"DIGEST") == before, "a sweep that took nothing changed the data"
     assert len(set(moved)) == len(moved) and set(moved) <= set(active_before), (reply, active_before)
     active_after = members(conn, command[1])
@@ -627,7 +642,7 @@ def test_vanished_row_is_recreated_and_recovered(fuzz: FuzzServer) -> None:
         0,
     ]
     assert conn.call(b"HGETALL", b + b"job:ghost") == [b"stalled", b"1", b"state", b"pending"]
-    assert conn.call(b"ZSCORE", b + b"pending", b"ghost") == b"0"
+    assert conn.call(b"LRANGE", b + b"pending", b"0", b"-1") == [b"ghost"]
 
 
 def test_derived_keys_outside_the_callers_acl_refuse_the_sweep(fuzz: FuzzServer) -> None:
@@ -649,6 +664,8 @@ def test_derived_keys_outside_the_callers_acl_refuse_the_sweep(fuzz: FuzzServer)
                 b"~" + b + b"active",
                 b"~" + b + b"pending",
                 b"~" + b + b"dead",
+                b"~" + b + b"delayed",  # SWEEP moves the due delayed jobs to their lanes
+                b"~" + b + b"priority",
                 b"%R~" + b + b"meta",  # SWEEP reads the queue's settings on every call
             ],
             [b"ACL", b"SETUSER", b"wide", b"reset", b"on", b"nopass", b"+@all", b"~emq:*"],

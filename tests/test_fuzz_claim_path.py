@@ -146,7 +146,11 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
         setup.append([b"HSET", base + b"job:" + job, b"attempts", b"1", b"token", b"1", b"state", b"active"])
         setup.append([b"ZADD", base + b"active", b"9007199254740000", job])
     for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):  # waiting, some delayed
-        setup.append([b"ZADD", base + b"pending", draw(st.sampled_from([b"0", b"5", b"9000000000000"])), job])
+        due = draw(st.sampled_from([b"now", b"now", b"5", b"9000000000000"]))
+        if due == b"now":  # in <pending> (the list); else in <base>delayed, due long ago or far ahead
+            setup.append([b"RPUSH", base + b"pending", job])
+        else:
+            setup.append([b"ZADD", base + b"delayed", due, job])
         if draw(st.booleans()):
             setup.append([b"HSET", base + b"job:" + job, b"request", b"r1", b"state", b"pending"])
     if draw(st.integers(0, 5)) == 0:
@@ -315,9 +319,11 @@ WAKERS: list[list[list[bytes]]] = [
     [[b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x"]],
     [[b"EMQ.ENQUEUEMANY", b"{p}", b"{b}", b"2", b"w1", b"x", b"w2", b"y"]],
     [[b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x", b"DELAY", b"30"]],
-    [[b"ZADD", b"{p}", b"0", b"{id}"], [b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x"]],
-    [[b"HSET", b"{b}job:{id}", b"attempts", b"x"], [b"ZADD", b"{p}", b"0", b"{id}"],
+    [[b"RPUSH", b"{p}", b"{id}"], [b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x"]],
+    [[b"HSET", b"{b}job:{id}", b"attempts", b"x"], [b"LPUSH", b"{p}", b"{id}"],
      [b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x"]],
+    [[b"ZADD", b"{b}delayed", b"1", b"{id}"],  # a due job (moved to its lane by the woken claim)
+     [b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x", b"PRIORITY", b"3"]],
     [[b"HSET", b"{b}meta", b"paused", b"1"], [b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x"]],
     [[b"SET", b"{p}", b"x"]],
     [[b"DEL", b"{p}"], [b"EMQ.ENQUEUE", b"{p}", b"{b}", b"w", b"x"]],
@@ -355,7 +361,7 @@ def wait_case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes], list[lis
         else:
             setup.append([b"HSET", b + b"job:" + job, *shape])
     for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):  # delayed jobs only
-        setup.append([b"ZADD", b + b"pending", b"9000000000000", job])
+        setup.append([b"ZADD", b + b"delayed", b"9000000000000", job])
     for job in draw(st.lists(st.sampled_from(IDS), max_size=2, unique=True)):
         setup.append([b"ZADD", b + b"active", b"9000000000000", job])
     if draw(st.integers(0, 4)) == 0:
@@ -478,7 +484,7 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
     held = [[b"HSET", b + b"job:h", b"attempts", b"1", b"token", b"1", b"state", b"active"],
             [b"ZADD", b + b"active", b"9007199254740000", b"h"]]  # fmt: skip
     waiting = [[b"HSET", b + b"job:w", b"attempts", b"0", b"state", b"pending"],
-               [b"ZADD", b + b"pending", b"5", b"w"]]  # fmt: skip
+               [b"RPUSH", b + b"pending", b"w"]]  # fmt: skip
     return [
         ([], [b"EMQ.ENQUEUE", b + b"pending", b, b"new", b"p", b"DELAY", b"100"]),
         ([], [b"EMQ.ENQUEUE", b + b"pending", b, b"new", b"p", b"AT", b"5", b"REQ", b"r"]),
@@ -500,6 +506,7 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
             ],
         ),
         (waiting, [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000", b"BLOCK", b"0"]),
+        (waiting, [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000"]),
         ([], [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000", b"BLOCK", b"0"]),
         ([], [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000", b"BLOCK", b"5"]),
     ]

@@ -54,7 +54,14 @@ PROVOKED: Counter[bytes] = Counter()  # how often each documented error was answ
 # The arguments before the options; ENQUEUE and CLAIM take options after them.
 ARITY = {b"emq.enqueue": 4, b"emq.claim": 4, b"emq.complete": 4, b"emq.fail": 8, b"emq.cancel": 4,
          b"emq.checkpoint": 5, b"emq.completeclaim": 6}  # fmt: skip
-WITH_OPTIONS = (b"emq.enqueue", b"emq.claim", b"emq.checkpoint", b"emq.fail", b"emq.completeclaim")
+WITH_OPTIONS = (
+    b"emq.enqueue",
+    b"emq.claim",
+    b"emq.checkpoint",
+    b"emq.fail",
+    b"emq.completeclaim",
+    b"emq.complete",
+)
 # Every error the verbs may answer here, with the words the reference's tables (docs/reference/)
 # document it by (None: "-" and the error itself).
 ERRORS: list[tuple[bytes, str | None]] = [
@@ -85,6 +92,14 @@ ERRORS: list[tuple[bytes, str | None]] = [
     (rb"EMQSTALE fail token mismatch", None),
     (rb"EMQSTALE job is no longer active", None),
     (rb"EMQEXISTS a job with this id already exists", "-EMQEXISTS ..."),
+    # the v3 keyspace's (PRIORITY, the row's level, the ceilings on what a row holds)
+    (rb"ERR PRIORITY must be an integer from -1000 to 1000", None),
+    (rb"ERR the job row's 'priority' field is not an integer from -1000 to 1000", None),
+    (rb"ERR DELAY must be an integer >= 0", None),
+    (rb"ERR DELAY is too large: the due time would not be an exact score", None),
+    (rb"ERR the TRACE is larger than 65536 bytes", None),
+    (rb"ERR the progress is larger than emq.max-state-bytes", None),
+    (rb"ERR the checkpoint state is larger than emq.max-state-bytes", None),
 ]  # fmt: skip
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
@@ -102,15 +117,37 @@ def test_every_expected_error_is_documented() -> None:
         assert words in REFERENCE, f"docs/reference/ does not document {words!r}"
 
 
+# Each verb's options and their values: mostly good, some not.  DEAD is a flag (no value).
+OPTION_NAMES = {
+    b"emq.enqueue": [b"REQ", b"req", b"PRIORITY", b"priority", b"DELAY"],
+    b"emq.claim": [b"COUNT", b"REQ", b"count", b"Req"],
+    b"emq.completeclaim": [b"COUNT", b"REQ", b"RESULT"],
+    b"emq.complete": [b"RESULT", b"result"],
+    b"emq.fail": [b"DELAY", b"TRACE", b"trace", b"DEAD", b"dead"],
+    b"emq.checkpoint": [b"STATE", b"PROGRESS", b"progress"],
+}
+PRIORITIES = [b"0", b"-1", b"5", b"-1000", b"1000", b"1001", b"-1001", *MALFORMED[:6]]
+PIECED = [b"", b"p", b"x" * 64, b"y" * 65, b"z" * 1024, b"w" * 1025, bytes(range(256))]
+
+
 @st.composite
 def options(draw: st.DrawFn, verb: bytes) -> list[bytes]:
-    """ENQUEUE's (REQ) or CLAIM's (COUNT, REQ) options: mostly good, some not."""
-    names = [b"REQ", b"req"] if verb == b"emq.enqueue" else [b"COUNT", b"REQ", b"count", b"Req"]
+    """A verb's options: mostly good, some not."""
+    names = OPTION_NAMES[verb]
     out: list[bytes] = []
     for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
         name = draw(st.sampled_from([*names, *names, *names, b"LIMIT", b""]))
+        if name.upper() == b"DEAD":
+            out.append(name)
+            continue
         if name.upper() == b"COUNT":
             value = draw(st.sampled_from([b"1", b"2", b"5", b"1001", *MALFORMED[:12]]))
+        elif name.upper() == b"PRIORITY":
+            value = draw(st.sampled_from(PRIORITIES))
+        elif name.upper() == b"DELAY":
+            value = draw(st.sampled_from([b"0", b"1", b"600000", *MALFORMED[:6]]))
+        elif name.upper() in (b"RESULT", b"TRACE", b"PROGRESS", b"STATE"):
+            value = draw(st.sampled_from(PIECED))
         else:
             value = draw(st.sampled_from(REQS))
         out += [name, value]
@@ -131,13 +168,15 @@ def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
                          *draw(options(b"emq.enqueue"))],
         b"emq.claim": [b"EMQ.CLAIM", base + b"pending", base + b"active", base, draw(number),
                        *draw(options(b"emq.claim"))],
-        b"emq.complete": [b"EMQ.COMPLETE", base + b"active", row, job, token],
+        b"emq.complete": [b"EMQ.COMPLETE", base + b"active", row, job, token,
+                          *draw(options(b"emq.complete"))],
         b"emq.completeclaim": [b"EMQ.COMPLETECLAIM", base + b"active", row, base + b"pending", job, token,
-                               draw(number), *draw(options(b"emq.claim"))],
+                               draw(number), *draw(options(b"emq.completeclaim"))],
         b"emq.fail": [b"EMQ.FAIL", base + b"active", base + b"pending", base + b"dead", base, job, token,
-                      draw(number), draw(st.binary(max_size=8))],
+                      draw(number), draw(st.binary(max_size=8)), *draw(options(b"emq.fail"))],
         b"emq.cancel": [b"EMQ.CANCEL", base + b"pending", base, job, draw(st.binary(max_size=8))],
-        b"emq.checkpoint": [b"EMQ.CHECKPOINT", base + b"active", row, job, token, draw(number)],
+        b"emq.checkpoint": [b"EMQ.CHECKPOINT", base + b"active", row, job, token, draw(number),
+                            *draw(options(b"emq.checkpoint"))],
     }[verb]  # fmt: skip
 
 
@@ -163,7 +202,27 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
                       b"state", state])  # fmt: skip
         setup.append([b"ZREM", base + b"active", job])
     for job in draw(st.lists(st.sampled_from(IDS), max_size=3, unique=True)):
-        setup.append([b"ZADD", base + b"pending", draw(st.sampled_from([b"0", b"5", b"-inf", b"+inf"])), job])
+        # waiting in a lane (<pending>, or <base>priority at a level), or delayed (due or not)
+        lane = draw(st.sampled_from(["pending", "pending", "priority", "delayed"]))
+        if lane == "pending":
+            setup.append([b"RPUSH", base + b"pending", job])
+        elif lane == "priority":
+            level = draw(st.sampled_from([-3, 2]))
+            setup.append([b"ZADD", base + b"priority", str((level + 1024) * 2**42 + 1).encode(), job])
+            setup.append([b"HSET", base + b"job:" + job, b"priority", str(level).encode()])
+        else:
+            setup.append([b"ZADD", base + b"delayed", draw(st.sampled_from([b"0", b"5", b"+inf"])), job])
+        if draw(st.integers(0, 3)):  # a row that says pending (else a tombstone, or a row of another job)
+            setup.append(
+                [
+                    b"HSET",
+                    base + b"job:" + job,
+                    b"state",
+                    b"pending",
+                    b"payload",
+                    draw(st.sampled_from(PIECED)),
+                ]
+            )
         if draw(st.booleans()):
             setup.append([b"HSET", base + b"job:" + job, b"cancel_requested", b"r"])
         if draw(st.integers(0, 3)) == 0:
@@ -248,6 +307,19 @@ def probe(conn: Any, *command: bytes) -> Any:
         return None
 
 
+def lanes_move(conn: Any, base: bytes) -> bool:
+    """Whether a claim on `base` would write even when it takes nothing: the queue runs, and
+    <pending> has entries (tombstones are dropped) or <base>delayed due members (moved to their
+    lanes)."""
+    if probe(conn, b"HEXISTS", base + b"meta", b"paused") == 1:
+        return False
+    entries = probe(conn, b"LLEN", base + b"pending") or 0
+    seconds, micros = conn.call(b"TIME")
+    now = int(seconds) * 1000 + int(micros) // 1000 + 1000  # a member due within the call counts
+    due = probe(conn, b"ZCOUNT", base + b"delayed", b"-inf", str(now).encode()) or 0
+    return bool(entries or due)
+
+
 def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
     """Before the command: the reply kinds that, on this data, must write nothing.
 
@@ -259,7 +331,8 @@ def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
     name, n = command[0].lower(), len(command)
     quiet = {"error", "gone"}
     if name == b"emq.claim":
-        quiet.add("empty")
+        if n >= 4 and not lanes_move(conn, command[3]):
+            quiet.add("empty")  # a claim that takes nothing may still drop tombstones, move due jobs
         opts = command[5:]
         if n >= 5 and n % 2 == 1:
             reqs = [opts[i + 1] for i in range(0, len(opts), 2) if opts[i].upper() == b"REQ"]
@@ -275,8 +348,10 @@ def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
         if probe(conn, b"ZSCORE", command[1], job_id) is None:
             quiet.update(("ok", "pending", "dead", "cancelled"))
     elif name == b"emq.completeclaim" and n >= 7:
-        if probe(conn, b"ZSCORE", command[1], command[4]) is None:  # nothing to complete, nothing claimed
-            quiet.add("completed")
+        quiet.discard("gone")  # the complete half is gone, and the claim half may move the lanes
+        # nothing to complete, and the claim half found nothing to move
+        if probe(conn, b"ZSCORE", command[1], command[4]) is None and not lanes_move(conn, command[1][:-6]):
+            quiet.update(("completed", "gone"))
     elif name == b"emq.cancel" and n >= 4:
         quiet.add("finished")
         if probe(conn, b"HEXISTS", command[2] + b"job:" + command[3], b"cancel_requested"):
@@ -359,11 +434,21 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
     b = b"emq:{q}:"
     held = [[b"HSET", b + b"job:h", b"attempts", b"1", b"tries", b"1", b"token", b"1", b"state", b"active"],
             [b"ZADD", b + b"active", b"9007199254740000", b"h"]]  # fmt: skip
+    # rows as an older version wrote them (attempts=0, request) and as v3 writes them
     waiting = [
         [b"HSET", b + b"job:w", b"attempts", b"0", b"tries", b"0", b"state", b"pending", b"request", b"r1"],
-        [b"ZADD", b + b"pending", b"5", b"w"],
-        [b"HSET", b + b"job:x", b"attempts", b"0", b"state", b"pending"],
-        [b"ZADD", b + b"pending", b"6", b"x"],
+        [b"RPUSH", b + b"pending", b"w"],
+        [b"HSET", b + b"job:x", b"state", b"pending", b"payload", b"y" * 65, b"payload:1", b"y"],
+        [b"RPUSH", b + b"pending", b"x"],
+    ]
+    ranked = [  # a job at level -3 and one at level 2, and a tombstone in <pending>
+        [b"HSET", b + b"job:u", b"state", b"pending", b"priority", b"-3"],
+        [b"ZADD", b + b"priority", str(1021 * 2**42 + 1).encode(), b"u"],
+        [b"HSET", b + b"job:v", b"state", b"pending", b"priority", b"2"],
+        [b"ZADD", b + b"priority", str(1026 * 2**42 + 2).encode(), b"v"],
+        [b"HSET", b + b"job:t", b"state", b"cancelled"],
+        [b"RPUSH", b + b"pending", b"t"],
+        [b"HSET", b + b"meta", b"stale", b"1", b"seq", b"2"],
     ]
 
     def ended(closed_by: bytes, state: bytes) -> list[list[bytes]]:
@@ -402,7 +487,19 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
          [*claim, b"COUNT", b"2", b"REQ", b"r1"]),
         ([[b"SET", b + b"req:r1", b"1:h1:1"], *waiting], [*claim, b"REQ", b"r1"]),
         ([*waiting, [b"HSET", b + b"meta", b"paused", b"1"]], claim),
-        ([[b"ZADD", b + b"pending", b"+inf", b"later"]], claim),
+        ([[b"ZADD", b + b"delayed", b"+inf", b"later"], [b"HSET", b + b"job:later", b"state", b"pending"]],
+         claim),
+        (ranked, [*claim, b"COUNT", b"3"]),  # u, then the tombstone dropped, then v
+        ([*ranked, *waiting], [*claim, b"COUNT", b"5"]),
+        ([*ranked, [b"ZADD", b + b"delayed", b"1", b"u"], [b"ZREM", b + b"priority", b"u"]], claim),
+        ([], [*enqueue, b"PRIORITY", b"-7", b"DELAY", b"0"]),
+        ([], [*enqueue, b"priority", b"1000", b"DELAY", b"60000"]),
+        ([], [enqueue[0], *enqueue[1:4], b"q" * 1025]),
+        (held, [*complete, b"RESULT", b"r" * 1024]),
+        (held, [*fail, b"TRACE", b"Traceback\n", b"DEAD"]),
+        ([*held, [b"HSET", b + b"job:h", b"priority", b"-9"]], [*fail, b"DELAY", b"0"]),
+        ([*held, [b"HSET", b + b"job:h", b"traceback", b"old"]], [*fail[:7], b"1", b"e", b"dead"]),
+        (held, [*checkpoint, b"PROGRESS", b"50%", b"STATE", b"s" * 65]),
         (ended(b"complete", b"done"), complete),
         (ended(b"fail:dead", b"dead"), fail),
         (ended(b"fail:pending", b"pending"), fail),
@@ -442,6 +539,14 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         (held, [*complete[:4], b"2"]),
         (held, [*fail[:6], b"1-0123456789abcdef", *fail[7:]]),
         ([[b"HSET", b + b"job:h", b"attempts", b"1", b"token", b"1"]], complete),
+        ([], [*enqueue, b"PRIORITY", b"1001"]),
+        ([], [*enqueue, b"PRIORITY", b"x"]),
+        ([], [*enqueue, b"DELAY", b"-1"]),
+        ([], [*enqueue, b"DELAY", b"9007199254740992"]),
+        ([*held, [b"HSET", b + b"job:h", b"priority", b"high"]], fail),
+        (held, [*fail, b"TRACE", b"t" * 65537]),
+        (held, [*checkpoint, b"PROGRESS", b"p" * 65537]),
+        (held, [*checkpoint, b"STATE", b"s" * 65537]),
         (waiting, [*enqueue[:3], b"w", b"p"]),
     ]  # fmt: skip
 

@@ -50,5 +50,9 @@ def test_the_entry_point_is_module_emq_c() -> None:
     entry = (ROOT / "module" / "emq.c").read_text()
     assert "RedisModule_OnLoad" in entry and "static const EmqCommand commands[]" in entry
     others = [p.name for p in (ROOT / "module").glob("*.c") if p.name != "emq.c"]
-    assert not [name for name in others if "RedisModule_OnLoad(" in (ROOT / "module" / name).read_text()
-                and name not in ("memcheck_canary.c", "meta_probe.c")]
+    assert not [
+        name
+        for name in others
+        if "RedisModule_OnLoad(" in (ROOT / "module" / name).read_text()
+        and name not in ("memcheck_canary.c", "meta_probe.c")
+    ]

@@ -190,10 +190,10 @@ LATER = 10**13  # a PEXPIREAT in the future: the core command fires `expire`
 
 
 def enqueued(req: list[str]) -> Callable[[QueueKeys], list[list[object]]]:
-    """ENQUEUE's core commands: one HSET of the whole row, then the ZADD; with REQ, the record."""
-    row = ["state", "pending", "attempts", 0, "tries", 0, "payload", "p", "enqueued_at", 1234]
+    """ENQUEUE's core commands: one HSET of the whole row, then the RPUSH; with REQ, the record."""
+    row = ["state", "pending", "payload", "p", "enqueued_at", 1234]
     record = lambda k: [["SET", k.base + "req:" + req[1], 1], ["PEXPIREAT", k.base + "req:" + req[1], LATER]]  # noqa: E731
-    return lambda k: [["HSET", k.job("j"), *row], ["ZADD", k.pending, 1234, "j"], *(record(k) if req else [])]
+    return lambda k: [["HSET", k.job("j"), *row], ["RPUSH", k.pending, "j"], *(record(k) if req else [])]
 
 
 @pytest.mark.parametrize("req", [[], ["REQ", "r1"]])
@@ -202,7 +202,7 @@ def test_notifications_enqueue(nr: redis.Redis, req: list[str]) -> None:
     record = ["new req:r1", "set req:r1", "expire req:r1"] if req else []
     same_events(
         nr, lambda k: None, ["EMQ.ENQUEUE", n.pending, n.base, "j", "p", *req], enqueued(req),
-        ["new job:j", "hset job:j", "new pending", "zadd pending", *record],
+        ["new job:j", "hset job:j", "new pending", "rpush pending", *record],
     )  # fmt: skip
 
 
@@ -210,12 +210,20 @@ def pending_job(nr: redis.Redis, k: QueueKeys, closed_by: bool = False, more: bo
     nr.hset(k.job("j"), mapping={"attempts": 1, "tries": 1, "token": "1", "state": "pending"})
     if closed_by:
         nr.hset(k.job("j"), "closed_by", "fail:pending")
-    nr.zadd(k.pending, {"j": 5, **({"k": 6} if more else {})})
+    nr.rpush(k.pending, "j")
+    if more:
+        nr.hset(k.job("k"), "state", "pending")
+        nr.rpush(k.pending, "k")
+
+
+def popped(k: QueueKeys, n: int) -> list[list[object]]:
+    """A claim's lane first: the entries it took, one LPOP."""
+    return [["LPOP", k.pending, n]]
 
 
 def claimed(k: QueueKeys, job: str, attempts: int) -> list[list[object]]:
     """The core commands of one job's claim, without the HDEL of closed_by."""
-    return [["ZREM", k.pending, job], ["HINCRBY", k.job(job), "attempts", 1],
+    return [["HINCRBY", k.job(job), "attempts", 1],
             ["HSET", k.job(job), "tries", attempts, "token", f"{attempts}-0000000000000000",
              "state", "active", "claimed_at", 1], ["ZADD", k.active, 99, job]]  # fmt: skip
 
@@ -224,8 +232,8 @@ def test_notifications_claim_empties_pending(nr: redis.Redis) -> None:
     n = queue_keys("n")
     same_events(
         nr, lambda k: pending_job(nr, k), ["EMQ.CLAIM", n.pending, n.active, n.base, 1000],
-        lambda k: claimed(k, "j", 2),
-        ["zrem pending", "del pending", "hincrby job:j", "hset job:j", "new active", "zadd active"],
+        lambda k: [*popped(k, 1), *claimed(k, "j", 2)],
+        ["lpop pending", "del pending", "hincrby job:j", "hset job:j", "new active", "zadd active"],
     )  # fmt: skip
 
 
@@ -234,8 +242,9 @@ def test_notifications_claim_clears_closed_by(nr: redis.Redis) -> None:
     same_events(
         nr, lambda k: pending_job(nr, k, closed_by=True, more=True),
         ["EMQ.CLAIM", n.pending, n.active, n.base, 1000],
-        lambda k: [*claimed(k, "j", 2)[:3], ["HDEL", k.job("j"), "closed_by"], claimed(k, "j", 2)[3]],
-        ["zrem pending", "hincrby job:j", "hset job:j", "hdel job:j", "new active", "zadd active"],
+        lambda k: [*popped(k, 1), *claimed(k, "j", 2)[:2], ["HDEL", k.job("j"), "closed_by"],
+                   claimed(k, "j", 2)[2]],
+        ["lpop pending", "hincrby job:j", "hset job:j", "hdel job:j", "new active", "zadd active"],
     )  # fmt: skip
 
 
@@ -244,10 +253,10 @@ def test_notifications_claim_count_and_req(nr: redis.Redis) -> None:
     same_events(
         nr, lambda k: pending_job(nr, k, more=True),
         ["EMQ.CLAIM", n.pending, n.active, n.base, 1000, "COUNT", 5, "REQ", "r"],
-        lambda k: [*claimed(k, "j", 2), *claimed(k, "k", 1),
+        lambda k: [*popped(k, 2), *claimed(k, "j", 2), *claimed(k, "k", 1),
                    ["SET", k.base + "req:r", "record"], ["PEXPIREAT", k.base + "req:r", LATER]],
-        ["zrem pending", "hincrby job:j", "hset job:j", "new active", "zadd active",
-         "zrem pending", "del pending", "new job:k", "hincrby job:k", "hset job:k", "zadd active",
+        ["lpop pending", "del pending", "hincrby job:j", "hset job:j", "new active", "zadd active",
+         "hincrby job:k", "hset job:k", "zadd active",
          "new req:r", "set req:r", "expire req:r"],
     )  # fmt: skip
 
@@ -307,8 +316,8 @@ def test_notifications_fail_to_pending_and_to_cancelled(nr: redis.Redis) -> None
         nr, lambda k: held(k, nr), ["EMQ.FAIL", n.active, n.pending, n.dead, n.base, "j", "1", 5, "e"],
         lambda k: [["ZREM", k.active, "j"],
                    ["HSET", k.job("j"), "state", "pending", "last_error", "e", "closed_by", "fail:pending"],
-                   ["ZADD", k.pending, 1, "j"]],
-        ["zrem active", "hset job:j", "new pending", "zadd pending"],
+                   ["RPUSH", k.pending, "j"]],
+        ["zrem active", "hset job:j", "new pending", "rpush pending"],
     )  # fmt: skip
     nr.flushall()
     same_events(
@@ -325,15 +334,15 @@ def test_notifications_fail_to_pending_and_to_cancelled(nr: redis.Redis) -> None
 def test_notifications_cancel_pending_and_checkpoint(nr: redis.Redis) -> None:
     def setup(k: QueueKeys) -> None:
         nr.hset(k.job("j"), mapping={"attempts": 0, "state": "pending"})
-        nr.zadd(k.pending, {"j": 5})
+        nr.rpush(k.pending, "j")
 
     n = queue_keys("n")
-    same_events(
+    same_events(  # its entry stays, a tombstone counted in meta's `stale`
         nr, setup, ["EMQ.CANCEL", n.pending, n.base, "j", "r"],
-        lambda k: [["ZREM", k.pending, "j"],
+        lambda k: [["HSET", k.meta, "stale", 1],
                    ["HSET", k.job("j"), "state", "cancelled", "finished_at", 1, "cancel_requested", "r"],
                    ["PEXPIREAT", k.job("j"), LATER]],
-        ["zrem pending", "del pending", "hset job:j", "expire job:j"],
+        ["new meta", "hset meta", "hset job:j", "expire job:j"],
     )  # fmt: skip
     nr.flushall()
     same_events(
@@ -351,6 +360,7 @@ def test_notifications_cancel_pending_and_checkpoint(nr: redis.Redis) -> None:
 
 def test_notifications_sweep_cancelled_and_expired(nr: redis.Redis) -> None:
     """SWEEP's two paths the seed's Lua does not have (test_notifications.py compares the rest with it)."""
+
     def lapsed_with_cancel(k: QueueKeys) -> None:
         held(k, nr, cancel=True)
         nr.zadd(k.active, {"j": 0, "other": 2**52})

@@ -92,7 +92,11 @@ STATE_RANGE = "the load argument max-state-bytes needs an integer from 0 to 1677
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["bogus", "1"], "unknown load argument 'bogus' (emq.so takes: max-limit <n>, max-state-bytes <n>)"),
+        (
+            ["bogus", "1"],
+            "unknown load argument 'bogus' (emq.so takes: max-limit <n>, max-state-bytes <n>, "
+            "max-payload-bytes <n>, max-result-bytes <n>)",
+        ),
         (["MAX-LIMIT", "5"], "unknown load argument 'MAX-LIMIT'"),
         (["emq.max-limit", "5"], "unknown load argument 'emq.max-limit'"),
         (["max-limit"], "the load argument max-limit needs an integer from 1 to 100000, got ''"),
@@ -103,6 +107,11 @@ STATE_RANGE = "the load argument max-state-bytes needs an integer from 0 to 1677
         (["max-limit", "4611686018427387905"], f"{MAX_LIMIT_RANGE}, got '4611686018427387905'"),
         (["max-state-bytes", "-1"], STATE_RANGE),
         (["max-state-bytes", "16777217"], STATE_RANGE),
+        (
+            ["max-payload-bytes", "16777217"],
+            "the load argument max-payload-bytes needs an integer from 0 to 16777216",
+        ),
+        (["max-result-bytes", "x"], "the load argument max-result-bytes needs an integer from 0 to 16777216"),
         (["max-limit", "5", "max-limit", "6"], "the load argument max-limit is given twice"),
     ],
 )
@@ -125,10 +134,23 @@ def test_a_bad_load_argument_stops_a_server_at_start(module_so: Path) -> None:
 
 def test_load_arguments_set_the_ceilings(bare: EmbeddedServer, conn: redis.Redis, module_so: Path) -> None:
     mark = log_mark(bare)
-    conn.execute_command("MODULE", "LOAD", str(module_so), "max-limit", "3", "max-state-bytes", "100")
-    assert "<emq> settings: max-limit 3, max-state-bytes 100" in log_since(bare, mark)
+    conn.execute_command(
+        "MODULE", "LOAD", str(module_so), "max-limit", "3", "max-state-bytes", "100",
+        "max-payload-bytes", "4", "max-result-bytes", "5",
+    )  # fmt: skip
+    assert (
+        "<emq> settings: max-limit 3, max-state-bytes 100, max-payload-bytes 4, max-result-bytes 5"
+        in log_since(bare, mark)
+    )
     if supports("module_configs"):
-        assert emq_configs(conn) == {"emq.max-limit": "3", "emq.max-state-bytes": "100"}
+        assert emq_configs(conn) == {
+            "emq.max-limit": "3",
+            "emq.max-state-bytes": "100",
+            "emq.max-payload-bytes": "4",
+            "emq.max-result-bytes": "5",
+        }
+    with pytest.raises(redis.ResponseError, match=r"^the payload is larger than emq\.max-payload-bytes$"):
+        conn.execute_command("EMQ.ENQUEUE", "emq:{q}:pending", "emq:{q}:", "big", "12345")
     keys = put_lapsed(conn, 5)
     with pytest.raises(redis.ResponseError, match=f"^{LIMIT_ERROR}$"):
         conn.execute_command(*sweep_args(keys, 1, 4))

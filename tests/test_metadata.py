@@ -87,7 +87,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     "emq.checkpoint": (
         {"write", "fast"},
         [("active", RW_UPDATE), ("job", RW_ACCESS_UPDATE), ("id", "string"), ("token", "string"),
-         ("lease-ms", "integer"), ("state", Optional("STATE", "string"))],
+         ("lease-ms", "integer"), ("state", Optional("STATE", "string")),
+         ("progress", Optional("PROGRESS", "string"))],
         [Q + "active", Q + "job:j", "j", "1", "1000"],
     ),
     "emq.sweep": (
@@ -99,13 +100,13 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     "emq.enqueue": (
         {"write", "denyoom", "fast"},
         [("pending", RW_INSERT), BASE, ("id", "string"), ("payload", "string"), WHEN,
-         ("request-id", Optional("REQ", "string"))],
+         ("priority", Optional("PRIORITY", "integer")), ("request-id", Optional("REQ", "string"))],
         [Q + "pending", Q, "j", "x"],
     ),
     "emq.enqueuemany": (
         {"write", "denyoom"},
         [("pending", RW_INSERT), BASE, ("count", "integer"), ("job", Repeated(("string", "string"))), WHEN,
-         ("request-id", Optional("REQ", "string"))],
+         ("priority", Optional("PRIORITY", "integer")), ("request-id", Optional("REQ", "string"))],
         [Q + "pending", Q, "1", "j", "x"],
     ),
     "emq.claim": (
@@ -117,21 +118,23 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.complete": (
         {"write", "fast"},
-        [("active", RW_DELETE), ("job", RW_ACCESS_UPDATE), ("id", "string"), ("token", "string")],
+        [("active", RW_DELETE), ("job", RW_ACCESS_UPDATE), ("id", "string"), ("token", "string"),
+         ("result", Optional("RESULT", "string"))],
         [Q + "active", Q + "job:j", "j", "1"],
     ),
     "emq.completeclaim": (
         {"write", "denyoom", "fast"},
         [("active", RW_UPDATE), ("job", RW_ACCESS_UPDATE), ("pending", RW_ACCESS_DELETE), ("id", "string"),
          ("token", "string"), ("lease-ms", "integer"), ("count", Optional("COUNT", "integer")),
-         ("request-id", Optional("REQ", "string"))],
+         ("request-id", Optional("REQ", "string")), ("result", Optional("RESULT", "string"))],
         [Q + "active", Q + "job:j", Q + "pending", "j", "1", "1000"],
     ),
     "emq.fail": (
         {"write", "denyoom", "fast"},
         [("active", RW_DELETE), ("pending", RW_INSERT), ("dead", RW_INSERT), BASE, ("id", "string"),
          ("token", "string"), ("max-attempts", "integer"), ("error", "string"),
-         ("ms", Optional("DELAY", "integer"))],
+         ("ms", Optional("DELAY", "integer")), ("traceback", Optional("TRACE", "string")),
+         ("DEAD", Optional("DEAD", "pure-token"))],
         [Q + "active", Q + "pending", Q + "dead", Q, "j", "1", "3", "boom"],
     ),
     "emq.release": (
@@ -141,7 +144,7 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.cancel": (
         {"write", "denyoom", "fast"},
-        [("pending", RW_DELETE), BASE, ("id", "string"), ("reason", "string")],
+        [("pending", ["RO"]), BASE, ("id", "string"), ("reason", "string")],
         [Q + "pending", Q, "j", "why"],
     ),
     "emq.retry": (
@@ -440,13 +443,14 @@ def test_a_write_only_key_user_may_enqueue_like_it_may_zadd(
         assert writer.zadd("k", {"m": 1}) == 1
         assert writer.execute_command("EMQ.ENQUEUE", Q + "pending", Q, "j1", "x") == 1
         assert admin.hget(Q + "job:j1", "state") == "pending"
-        assert admin.zscore(Q + "pending", "j1") is not None
+        assert admin.lrange(Q + "pending", 0, -1) == ["j1"]
         # CLAIM reads <pending> (which job is first, and hands out its id): the server refuses.
         before = digest(admin)
         with pytest.raises(redis.exceptions.NoPermissionError) as refused:
             writer.execute_command("EMQ.CLAIM", Q + "pending", Q + "active", Q, "1000")
         assert "derived" not in str(refused.value)
-        # CANCEL's declared key is written blind, but it reads the job row: the module refuses.
+        # CANCEL does not even read its declared key (RO, no access: a waiting job's entry stays,
+        # a tombstone), but it reads the job row: the module refuses.
         with pytest.raises(redis.exceptions.NoPermissionError, match="derived from <base>"):
             writer.execute_command("EMQ.CANCEL", Q + "pending", Q, "j1", "why")
         assert digest(admin) == before

@@ -137,7 +137,8 @@ def test_the_exporter_serves_the_queue_as_the_server_holds_it(
     held = client.claim(Q, lease_ms=60_000)
     assert held is not None
     client.enqueue(Q, b"p", job_id="doomed")
-    r.zadd(f"emq:{{{Q}}}:pending", {"doomed": 0})  # to the head, then dead
+    r.lrem(f"emq:{{{Q}}}:pending", 1, "doomed")  # to the head, then dead
+    r.lpush(f"emq:{{{Q}}}:pending", "doomed")
     doomed = client.claim(Q, lease_ms=60_000)
     assert doomed is not None and doomed.id == "doomed"
     client.fail(Q, doomed.id, doomed.token, "boom", max_attempts=1)

@@ -6,7 +6,9 @@ same data: its core commands (ZREM, HINCRBY, HSET, ZADD) fire the events a
 keyspace-notification consumer was built against.  We compare the exact
 sequence of (event, key) pairs, `new` and `del` included, not just the set:
 the module applies each job's writes in the Lua's order, so there is no
-reason for a consumer to see anything different.
+reason for a consumer to see anything different -- but for the one change of
+the v3 keyspace: ``<pending>`` is a list, and a sweep's recovered jobs enter
+it in one LPUSH after the jobs' own writes, where the seed had a ZADD per job.
 """
 
 from __future__ import annotations
@@ -72,24 +74,26 @@ def captured(r: redis.Redis, action: Callable[[], object]) -> list[Event]:
 
 
 def seed_sweep_data(r: redis.Redis) -> QueueKeys:
-    """Lapsed jobs of every kind: recovered, dead, a vanished row, an id
-    already pending at score 0, plus a live one that stays.  Absolute
-    deadlines, far in the past or the future, so two runs hold equal data."""
+    """Lapsed jobs of every kind: recovered, dead, a vanished row, plus a live
+    one that stays.  Absolute deadlines, far in the past or the future, so two
+    runs hold equal data."""
     keys = put_active(r, "ev", "fresh", attempts=1, deadline=1000, stalled=0)
     put_active(r, "ev", "poison", attempts=2, deadline=2000, stalled=2)
     put_active(r, "ev", "requeued", attempts=1, deadline=3000)
-    r.zadd(keys.pending, {"requeued": 0})  # ZADD of an unchanged member fires nothing
     r.zadd(keys.active, {"orphan": 4000})  # its row is gone: HINCRBY re-creates it
     put_active(r, "ev", "live", attempts=1, deadline=2**52)
     return keys
 
 
 def queue_state(r: redis.Redis, keys: QueueKeys) -> dict[str, Any]:
-    """Every key of the queue: sets with scores, hashes with fields."""
+    """Every key of the queue: sets with scores, lists as their members with score 0, hashes with fields."""
     state: dict[str, Any] = {}
     for key in sorted(r.keys(keys.base + "*")):
-        if r.type(key) == b"zset":
+        kind = r.type(key)
+        if kind == b"zset":
             state[key.decode()] = r.zrange(key, 0, -1, withscores=True)
+        elif kind == b"list":  # the v3 <pending>: its head as the seed's score-0 members, in id order
+            state[key.decode()] = sorted((m, 0.0) for m in r.lrange(key, 0, -1))
         else:
             state[key.decode()] = r.hgetall(key)
     return state
@@ -105,11 +109,18 @@ def test_sweep_fires_exactly_the_seed_lua_events(nr: redis.Redis) -> None:
     native = captured(nr, lambda: nr.execute_command(*sweep_args(keys, 3, 100)))
     end = now_ms(nr)
 
-    assert native == lua
+    # The seed's, but for <pending>: one LPUSH (a list, created by it) after the jobs' writes,
+    # in place of a ZADD per recovered job.
+    into_pending = [("zadd", keys.pending), ("new", keys.pending)]
+    assert native == [e for e in lua if e not in into_pending] + [
+        ("new", keys.pending),
+        ("lpush", keys.pending),
+    ]
     # Every kind of event is in there, so the comparison means something.
-    assert {e for e, _ in native} == {"zrem", "hincrby", "hset", "zadd", "new"}
+    assert {e for e, _ in native} == {"zrem", "hincrby", "hset", "zadd", "new", "lpush"}
     assert ("hset", keys.job("orphan")) in native
-    assert native.count(("zadd", keys.pending)) == 2  # fresh, orphan; not requeued
+    assert lua.count(("zadd", keys.pending)) == 3  # fresh, requeued, orphan
+    assert nr.lrange(keys.pending, 0, -1) == [b"fresh", b"requeued", b"orphan"]  # deadline order
     # The data is the Lua's but for the two documented differences: the dead
     # set is scored with the time of death (the seed's is 0), and the dead row
     # records it in finished_at.

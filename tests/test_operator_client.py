@@ -70,7 +70,7 @@ def test_job_reads_every_state(client: echomq.Client, r: redis.Redis) -> None:
         info is not None and info.state == "dead" and info.dead_at is not None and info.last_error == "kaput"
     )
 
-    r.zadd(Q.pending, {"later": now_ms(r) + 60_000})  # a delayed job
+    r.zadd(Q.delayed, {"later": now_ms(r) + 60_000})  # a delayed job
     r.hset(Q.job("later"), mapping={"state": "pending", "attempts": "x"})  # tolerant of odd fields
     info = client.job("q", "later")
     assert (
@@ -80,13 +80,13 @@ def test_job_reads_every_state(client: echomq.Client, r: redis.Redis) -> None:
 
 def test_counts(client: echomq.Client, r: redis.Redis) -> None:
     empty = client.counts("q")
-    assert empty == echomq.QueueCounts(0, 0, 0, 0, 0, False, 0, empty.server_time)
+    assert empty == echomq.QueueCounts(0, 0, 0, 0, 0, False, 0, empty.server_time, {}, 0)
     make_dead(client, "d")
     for i in range(3):
         client.enqueue("q", b"x", job_id=f"w{i}")
     held = client.claim("q", lease_ms=60_000)
     assert held is not None
-    r.zadd(Q.pending, {"later": now_ms(r) + 60_000})
+    r.zadd(Q.delayed, {"later": now_ms(r) + 60_000})
     r.hset(Q.job("later"), "state", "pending")
     r.zadd(Q.active, {"lapsed": 1})
     r.hset(Q.job("lapsed"), "state", "active")
@@ -94,6 +94,7 @@ def test_counts(client: echomq.Client, r: redis.Redis) -> None:
     counts = client.counts("q")
     assert (counts.pending, counts.delayed, counts.active, counts.lapsed, counts.dead) == (2, 1, 2, 1, 1)
     assert counts.paused and counts.failed == 1
+    assert counts.by_priority == {0: 2} and counts.stale == 0
 
 
 def test_dead_pages_oldest_first_with_errors(client: echomq.Client, r: redis.Redis) -> None:
@@ -199,7 +200,7 @@ def test_cli_pause_resume_retention_and_inspect(
     client: echomq.Client, r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client.enqueue("q", b"x", job_id="w")
-    r.zadd(Q.pending, {"later": now_ms(r) + 60_000})
+    client.enqueue("q", b"x", job_id="later", delay_ms=60_000)
     code, out, _ = run(server, capsys, "pause", "q")
     assert code == 0 and out.startswith("paused")
     code, out, _ = run(server, capsys, "pause", "q")

@@ -163,7 +163,7 @@ def test_a_derived_key_absent_during_a_migration_answers_tryagain(
     make_dead(client, "d")
     client.enqueue("q", b"x", job_id="w")
     a.zadd(Q.dead, {"moved": 0})  # its row is gone from A: perhaps on B already
-    a.zadd(Q.pending, {"moved-too": 0})
+    a.rpush(Q.pending, "moved-too")
     a.zadd(Q.active, {"held": 2**50})
     a.hset(Q.job("held"), "state", "active")
     a.execute_command("CLUSTER", "SETSLOT", key_slot(Q.base.encode()), "MIGRATING", nodes[2])

@@ -97,7 +97,7 @@ def seed(r: redis.Redis) -> None:
         r.hset(Q.job(f"j{i}"), mapping=fields)  # type: ignore[arg-type]
     r.zadd(Q.dead, {"j0": 100, "j1": 200, "orphan": 300})
     r.pexpireat(Q.job("j2"), 2**45)
-    r.zadd(Q.pending, {"j3": 50})
+    r.rpush(Q.pending, "j3")
     r.pexpireat(Q.job("j4"), 2**45)
     r.hset(Q.meta, "done_ttl_ms", 1000)
     r.hset(Q.metrics_failed, "count", 2)
@@ -115,29 +115,27 @@ def same_events(
     after = digest(r)
     r.flushall()
     seed(r)
-    written = r.zscore(Q.pending, verb[-1]) if verb[0] == "EMQ.RETRY" else None
-    score = int(written) if written is not None else at
 
     def run_core() -> None:
         pipe = r.pipeline(transaction=True)
-        for command in reference(score):
+        for command in reference(at):
             pipe.execute_command(*command)
         pipe.execute()
 
     core = captured(r, run_core)
     assert native == core, (verb, native, core)
-    assert after == digest(r) or verb[0] == "EMQ.RETRY"  # RETRY's pending score is the server time
+    assert after == digest(r)  # RETRY puts the job at its lane's tail: no server time in the data
     return native
 
 
 def retry_commands(job: str, now: int, retries: int = 1, fields: tuple[str, ...] = ()) -> list[list[object]]:
+    """A retry's row; the job enters its lane's tail after them (one RPUSH for a whole batch)."""
     return [
         ["ZREM", Q.dead, job],
         ["HSET", Q.job(job), "state", "pending", "tries", 0, "stalled", 0],
         ["HINCRBY", Q.job(job), "retries", retries],
         *(["HDEL", Q.job(job), f] for f in fields),
         ["PERSIST", Q.job(job)],
-        ["ZADD", Q.pending, now, job],
     ]
 
 
@@ -145,13 +143,20 @@ def test_events_of_retry(nr: redis.Redis) -> None:
     events = same_events(
         nr,
         ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "j0"],
-        lambda now: retry_commands("j0", now, fields=("closed_by", "finished_at")),
+        lambda now: [
+            *retry_commands("j0", now, fields=("closed_by", "finished_at")),
+            ["RPUSH", Q.pending, "j0"],
+        ],
     )
-    assert {e for e, _ in events} == {"zrem", "hset", "hincrby", "hdel", "zadd"}
+    assert {e for e, _ in events} == {"zrem", "hset", "hincrby", "hdel", "rpush"}
+    nr.flushall()
     same_events(
         nr,
         ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "j2"],
-        lambda now: retry_commands("j2", now, fields=("cancel_requested", "finished_at")),
+        lambda now: [
+            *retry_commands("j2", now, fields=("cancel_requested", "finished_at")),
+            ["RPUSH", Q.pending, "j2"],
+        ],
     )
 
 
@@ -161,18 +166,18 @@ def test_events_of_the_bulk_verbs(nr: redis.Redis) -> None:
             *retry_commands("j0", now, fields=("closed_by", "finished_at")),
             *retry_commands("j1", now, fields=("closed_by", "finished_at")),
             ["ZREM", Q.dead, "orphan"],
+            ["RPUSH", Q.pending, "j0", "j1"],
         ]
 
     nr.execute_command("CONFIG", "SET", "notify-keyspace-events", "KEA")
     seed(nr)
     native = captured(nr, lambda: nr.execute_command("EMQ.RETRYDEAD", Q.dead, Q.pending, Q.base, 10))
-    scores = {m.decode(): int(s) for m, s in nr.zrange(Q.pending, 0, -1, withscores=True)}
     nr.flushall()
     seed(nr)
 
     def core() -> None:
         pipe = nr.pipeline(transaction=True)
-        for command in retrydead(scores["j0"]):
+        for command in retrydead(0):
             pipe.execute_command(*command)
         pipe.execute()
 
@@ -200,7 +205,7 @@ def test_events_of_the_bulk_verbs(nr: redis.Redis) -> None:
         nr,
         ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 2],
         lambda now: [
-            ["ZREM", Q.pending, "j3"], ["DEL", Q.job("j3")],
+            ["LPOP", Q.pending, 1], ["DEL", Q.job("j3")],
             ["ZREM", Q.dead, "j0"], ["DEL", Q.job("j0")],
             ["HSET", Q.meta, "paused", 1],
         ],
@@ -210,7 +215,7 @@ def test_events_of_the_bulk_verbs(nr: redis.Redis) -> None:
         nr,
         ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 10],
         lambda now: [
-            ["ZREM", Q.pending, "j3"], ["DEL", Q.job("j3")],
+            ["LPOP", Q.pending, 1], ["DEL", Q.job("j3")],
             ["ZREM", Q.dead, "j0"], ["DEL", Q.job("j0")],
             ["ZREM", Q.dead, "j1"], ["DEL", Q.job("j1")],
             ["ZREM", Q.dead, "orphan"],
@@ -422,7 +427,7 @@ def test_replica_and_aof_have_the_masters_digest_with_the_operator_verbs(
 
 # -- ACL -----------------------------------------------------------------------------
 
-SETS_ONLY = ["~emq:{q}:active", "~emq:{q}:pending", "~emq:{q}:dead"]
+SETS_ONLY = ["~emq:{q}:active", "~emq:{q}:pending", "~emq:{q}:dead", "~emq:{q}:priority", "~emq:{q}:delayed"]
 NOPERM = "this user has no permissions to access the job rows or metrics derived from <base>"
 
 
@@ -453,7 +458,7 @@ def test_derived_keys_are_refused_before_they_are_read(
         admin.zadd(Q.dead, {"j": 1})
     elif row == "pending":
         admin.hset(Q.job("j"), mapping={"state": "pending", "attempts": 0})
-        admin.zadd(Q.pending, {"j": 1})
+        admin.rpush(Q.pending, "j")
     elif row == "not-a-hash":
         admin.set(Q.job("j"), "x")
         admin.zadd(Q.dead, {"j": 1})

@@ -18,7 +18,7 @@ import echomq
 from echomq.keyspace import queue_keys
 from echomq.testing import queue_problems
 
-from .helpers import digest, now_ms
+from .helpers import digest, entries, now_ms, queued
 
 Q = queue_keys("q")
 
@@ -80,7 +80,7 @@ def test_retry_gives_a_dead_job_a_fresh_budget_and_keeps_its_token_counting(
     assert row[b"last_error"] == b"twice"  # history is kept
     assert b"closed_by" not in row and b"finished_at" not in row and b"cancel_requested" not in row
     assert r.zscore(Q.dead, "j") is None and not r.exists(Q.dead)
-    assert before <= r.zscore(Q.pending, "j") <= now_ms(r)  # behind the work already waiting
+    assert entries(r, Q)[-1:] == [b"j"] and before <= now_ms(r)  # at the tail: behind the work waiting
     assert r.pttl(Q.job("j")) == -1
 
     # The full budget again: two more claims before it dies; the token keeps counting.
@@ -147,7 +147,7 @@ def test_retry_refuses_jobs_that_are_not_dead_or_cancelled(client: echomq.Client
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "held"], NO_STATE.format("active"))
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "waiting"], NO_STATE.format("pending"))
     r.hset(Q.job("finished"), "state", "done")
-    r.zrem(Q.pending, "finished")
+    r.lrem(Q.pending, 0, "finished")
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "finished"], NO_STATE.format("done"))
     unknown = "EMQSTATE the job has no known state: only a dead or cancelled job can be retried"
     refused(r, ["EMQ.RETRY", Q.dead, Q.pending, Q.base, "odd"], unknown)
@@ -209,7 +209,7 @@ def test_retrydead_takes_the_oldest_dead_in_bounded_batches(client: echomq.Clien
     first_death = int(r.zscore(Q.dead, "d0") or 0)
     assert retrydead(r, 2, "UNTIL", first_death - 1) == [0, 0]
     assert retrydead(r, 2) == [2, 0]
-    assert sorted(r.zrange(Q.pending, 0, -1)) == [b"d0", b"d1"]
+    assert sorted(entries(r, Q)) == [b"d0", b"d1"]
     assert r.hget(Q.job("d0"), "retries") == b"1"
     assert retrydead(r, 10, "until", int(r.zscore(Q.dead, "d2") or 0)) == [1, 0]
     assert retrydead(r, 10) == [2, 0]
@@ -280,7 +280,7 @@ def test_client_bulk_loops_end_even_while_jobs_keep_dying(client: echomq.Client,
         make_dead(client, f"d{i}")
     result = client.retry_dead("q", limit=3)
     assert result == echomq.RetryDeadResult(retried=7, dropped=0)
-    assert r.zcard(Q.pending) == 7
+    assert queued(r, Q) == 7
     for _ in range(7):  # they die again, with later death times
         job = client.claim("q", lease_ms=60_000)
         assert job is not None
@@ -489,12 +489,13 @@ def test_obliterate_never_leaves_half_a_job_enqueued_meanwhile(client: echomq.Cl
     r.delete(Q.job("done"))
     client.enqueue("q", b"again", job_id="done")
     assert r.execute_command("EMQ.FORGET", Q.pending, Q.base, "done", "cancelled", "held", "nope") == 2
-    assert r.hget(Q.job("done"), "state") == b"pending" and r.zscore(Q.pending, "done") is not None
+    assert r.hget(Q.job("done"), "state") == b"pending" and b"done" in entries(r, Q)
     assert queue_problems(r, "q") == []
 
 
 def test_obliterate_errors(r: redis.Redis) -> None:
-    r.zadd(Q.pending, {"x": 1})
+    r.rpush(Q.pending, "x")
+    r.hset(Q.job("x"), "state", "pending")
     refused(
         r,
         ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base],
@@ -513,7 +514,8 @@ def test_obliterate_errors(r: redis.Redis) -> None:
     r.set(Q.dead, "x")
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 5], WRONGTYPE)
     r.delete(Q.dead)
-    r.zadd(Q.pending, {"y": 2})
+    r.rpush(Q.pending, "y")
+    r.hset(Q.job("y"), "state", "pending")
     r.set(Q.meta, "x")  # it cannot be paused while members remain
     refused(r, ["EMQ.OBLITERATE", Q.active, Q.pending, Q.dead, Q.base, 1], WRONGTYPE)
     assert obliterate(r, 2) == [2, 0]  # but the last step deletes it whatever it is

@@ -48,16 +48,24 @@ def test_pending_is_in_claim_order_with_the_head_waiting_longest(
     client.enqueue(Q, b"p", job_id="second")
     (now_s, now_us) = r.time()
     now = int(now_s) * 1000 + int(now_us) // 1000
-    r.zadd(K.pending, {"first": now - 5_000, "later": now + 60_000})  # enqueued 5 s ago; a delayed job
-    r.hset(K.job("later"), mapping={"state": "pending", "enqueued_at": now})
+    r.hset(K.job("first"), "enqueued_at", now - 5_000)  # enqueued 5 s ago
+    client.enqueue(Q, b"p", job_id="later", delay_ms=60_000)
+    client.enqueue(Q, b"p", job_id="urgent", priority=-3)
+    client.enqueue(Q, b"p", job_id="lazy", priority=4)
+    client.enqueue(Q, b"p", job_id="gone")
+    client.cancel(Q, "gone")  # its entry stays, a tombstone: not a waiting job
     jobs = client.pending(Q)
-    assert [j.id for j in jobs] == ["first", "second", "later"]
-    assert 5_000 <= jobs[0].waiting_ms < 10_000 and not jobs[0].delayed
-    assert jobs[2].delayed and jobs[2].waiting_ms == 0 and jobs[2].due_at == now + 60_000
-    # A job put back at the head (score 0) waits since its last claim.
-    r.zadd(K.pending, {"back": 0})
-    r.hset(K.job("back"), mapping={"claimed_at": now - 2_000, "attempts": 3, "tries": 1})
-    head = client.pending(Q, count=1)[0]
+    assert [(j.id, j.priority) for j in jobs] == [
+        ("urgent", -3), ("first", 0), ("second", 0), ("lazy", 4), ("later", 0)
+    ]  # fmt: skip
+    assert 5_000 <= jobs[1].waiting_ms < 10_000 and not jobs[1].delayed and jobs[1].due_at == 0
+    assert jobs[4].delayed and jobs[4].waiting_ms == 0 and jobs[4].due_at >= now + 60_000
+    # A page counts the tombstones it passes (they are not shown): 3 from 2 is second, (gone), lazy.
+    assert [j.id for j in client.pending(Q, offset=2, count=3)] == ["second", "lazy"]
+    # A job given back (at the head of its lane) waits since its last claim.
+    r.lpush(K.pending, "back")
+    r.hset(K.job("back"), mapping={"state": "pending", "claimed_at": now - 2_000, "attempts": 3, "tries": 1})
+    head = client.pending(Q, count=2)[1]
     assert head.id == "back" and head.due_at == 0 and 2_000 <= head.waiting_ms < 7_000
     assert (head.attempts, head.tries) == (3, 1)
 
@@ -87,9 +95,11 @@ def test_queues_finds_every_queue_with_a_set_and_nothing_else(client: echomq.Cli
     client.claim("thumbs", lease_ms=60_000)
     r.zadd("emq:{graveyard}:dead", {"x": 1})
     r.zadd("emq:{odd}:other", {"x": 1})  # not a queue's set
-    r.set("emq:{strings}:pending", "not a zset")  # TYPE zset leaves it out
+    r.set("emq:{strings}:pending", "not a list")  # TYPE list leaves it out
+    r.zadd("emq:{lanes}:priority", {"x": 1})  # a queue whose jobs all have a priority
+    r.zadd("emq:{later}:delayed", {"x": 1})  # ... or are all delayed
     r.zadd("unrelated", {"x": 1})
-    assert client.queues() == ["graveyard", "mail", "thumbs"]
+    assert client.queues() == ["graveyard", "lanes", "later", "mail", "thumbs"]
     assert client.queues(limit=1) == ["graveyard"]
 
 
@@ -111,7 +121,8 @@ def test_queues_scan_is_bounded(client: echomq.Client, r: redis.Redis) -> None:
         client.queues(scan_budget=1000)
     finally:
         r.execute_command = original  # type: ignore[method-assign]
-    assert calls == ["SCAN"]  # one step of 1000: the budget, whatever the keyspace holds
+    # one step of 1000 per pass (the sets, then the lists): the budget, whatever the keyspace holds
+    assert calls == ["SCAN", "SCAN"]
     with pytest.raises(ValueError):
         client.queues(scan_budget=0)
 

@@ -41,7 +41,7 @@ from echomq.keyspace import queue_keys
 
 from .conftest import ServerFactory
 from .faults import AOF, Proxy, frozen, pythonpath, restart, stall, wait_until
-from .helpers import check_resumes
+from .helpers import check_resumes, queued
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).with_name("outage_worker.py")
@@ -254,7 +254,7 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
         faults["restart (SIGTERM, down 0.5 s)"] += 1
         producer.join()
         drained = wait_until(
-            lambda: r.zcard(K.pending) == 0 and r.zcard(K.active) == 0,
+            lambda: queued(r, K) == 0 and r.zcard(K.active) == 0,
             timeout=BUDGET_S - (time.monotonic() - started),
         )
     finally:
@@ -303,7 +303,7 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
         f"exit statuses {workers.codes}"
     )
 
-    assert drained, f"the queue did not drain: pending {r.zcard(K.pending)}, active {r.zcard(K.active)}"
+    assert drained, f"the queue did not drain: pending {queued(r, K)}, active {r.zcard(K.active)}"
     assert not producer.errors, producer.errors
     assert workers.held_by_nobody == [], "jobs a SIGTERMed worker was handed and neither ran nor gave back"
     assert workers.codes == [0] * len(workers.codes), [err[-2000:] for _, err in outputs]

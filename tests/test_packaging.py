@@ -50,7 +50,7 @@ r.zadd(keys.active, {"7": 0})  # the worker vanished: its lease lapsed long ago
 result = client.sweep("pkg", max_stalled=2)
 out["recovered"], out["dead"] = result.recovered, result.dead
 out["state"] = r.hget(keys.job("7"), "state").decode()
-out["pending"] = [m.decode() for m in r.zrange(keys.pending, 0, -1)]
+out["pending"] = [m.decode() for m in r.lrange(keys.pending, 0, -1)]
 print(json.dumps(out))
 """
 

@@ -8,7 +8,7 @@ import redis
 import echomq
 from echomq.keyspace import queue_keys
 
-from .helpers import digest
+from .helpers import digest, entries
 
 Q = queue_keys("q")
 
@@ -24,7 +24,7 @@ def test_release_gives_the_job_back_without_using_an_attempt(client: echomq.Clie
     assert first is not None and first.attempt == 1
     assert client.release("q", first.id, first.token) == "pending"
     assert r.hmget(Q.job("j"), "state", "tries", "attempts", "stalled") == [b"pending", b"0", b"1", None]
-    assert r.zscore(Q.pending, "j") == 0  # at the head again, before 'later'
+    assert entries(r, Q) == [b"j", b"later"]  # at the head again, before 'later'
     again = client.claim("q", lease_ms=60_000)
     assert again is not None and again.id == "j" and again.attempt == 1  # the same budget
     assert again.token != first.token  # and a fresh token

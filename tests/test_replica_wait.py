@@ -79,7 +79,7 @@ def test_a_claim_the_replicas_do_not_confirm_is_given_back_unused(pair: Pair) ->
     row = pair.row(pair.m, "j1")
     assert row["state"] == "pending" and row["closed_by"] == "release:pending", row
     assert row["tries"] == "0" and row["attempts"] == "1", row  # the budget as before; the counter kept
-    assert pair.m.zcard(K.active) == 0 and pair.m.zrange(K.pending, 0, 0) == [b"j1"]
+    assert pair.m.zcard(K.active) == 0 and pair.m.lrange(K.pending, 0, 0) == [b"j1"]
     again = client.claim(Q, 60_000)  # without the wait: the same job, its first try, a fresh token
     assert again is not None and again.id == "j1" and again.attempt == 1
     assert again.token.startswith("2-")

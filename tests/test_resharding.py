@@ -32,6 +32,7 @@ from echomq.testing import EmbeddedServer
 
 from .clusters import cluster_cli, node_id, owner, queue_in_slot, start_cluster
 from .conftest import ServerFactory
+from .helpers import queued
 
 pytestmark = pytest.mark.slow
 
@@ -262,7 +263,7 @@ def test_resharding_a_queues_slot_under_load(nodes: list[EmbeddedServer]) -> Non
         check_clean(cli, a)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            counts = [rc.zcard(keys.pending), rc.zcard(keys.active)]
+            counts = [queued(rc, keys), rc.zcard(keys.active)]
             if counts == [0, 0]:
                 break
             time.sleep(0.2)

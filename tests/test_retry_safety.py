@@ -23,7 +23,7 @@ from echomq import Client
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from .helpers import digest
+from .helpers import digest, queued
 
 Q = queue_keys("q")
 
@@ -58,7 +58,7 @@ def test_a_retried_claim_gets_the_same_jobs_and_claims_no_others(r: redis.Redis)
     before = digest(r)
     assert claim(r, "COUNT", 2, "REQ", "c1") == first  # the retry: same ids, same tokens
     assert digest(r) == before
-    assert r.zcard(Q.pending) == 3
+    assert queued(r, Q) == 3
     assert r.pttl(Q.base + "req:c1") > 0  # remembered for the lease, not for ever
     # A new request claims new jobs.
     assert [job[0] for job in claim(r, "REQ", "c2")] == [b"j2"]
@@ -140,7 +140,7 @@ def test_redis_py_retrying_a_claim_after_a_timeout_does_not_orphan_a_job(server:
     stall.join()
     assert job is not None and job.id == "A"
     assert admin.zrange(Q.active, 0, -1) == [b"A"], "a second job was claimed by the retry"
-    assert admin.zcard(Q.pending) == 2
+    assert queued(admin, Q) == 2
     slow.complete("q", job.id, job.token)
     assert admin.hget(Q.job("A"), "state") == b"done"
     slow.redis.close()

@@ -54,7 +54,8 @@ def given_back(r: redis.Redis, ids: list[str]) -> int:
 
 
 def rows(r: redis.Redis, ids: list[str]) -> list[str]:
-    return [(r.hget(K.job(i), "state") or b"").decode() + "/" + (r.hget(K.job(i), "tries") or b"").decode()
+    """Each job's "state/tries" (a row never claimed has no tries: 0)."""
+    return [(r.hget(K.job(i), "state") or b"").decode() + "/" + (r.hget(K.job(i), "tries") or b"0").decode()
             for i in ids]  # fmt: skip
 
 

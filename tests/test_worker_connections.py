@@ -36,6 +36,7 @@ from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .faults import Proxy, no_echomq_threads, pythonpath, wait_until
+from .helpers import queued
 
 pytestmark = pytest.mark.backends
 
@@ -57,7 +58,7 @@ def checkout(pool: redis.ConnectionPool) -> redis.connection.AbstractConnection:
 
 
 def drained(r: redis.Redis, timeout: float) -> bool:
-    return wait_until(lambda: r.zcard(K.pending) == 0 and r.zcard(K.active) == 0, timeout)
+    return wait_until(lambda: queued(r, K) == 0 and r.zcard(K.active) == 0, timeout)
 
 
 def test_idle_slots_do_not_starve_the_running_jobs(server_factory: ServerFactory) -> None:

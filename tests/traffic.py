@@ -1,9 +1,12 @@
-"""Mixed EXTEND/SWEEP traffic for the tests that compare two servers' data.
+"""Mixed traffic for the tests that compare two servers' data.
 
 Lapsed and live leases, stale and gone holders, dead-lettering, re-claims,
 and the same commands sent plainly, inside MULTI/EXEC and from Lua
-(`redis.call('EMQ.EXTEND', ...)`).  Bounded in count; every random choice
-comes from the caller's seeded generator.
+(`redis.call('EMQ.EXTEND', ...)`); and the v3 keyspace's keys: jobs enqueued
+at priorities and with delays (``priority``, ``delayed``, ``meta``'s
+``seq``), cancelled while waiting (tombstones, ``stale``), ended with results,
+tracebacks and progress in pieces, claimed across the lanes.  Bounded in
+count; every random choice comes from the caller's seeded generator.
 """
 
 from __future__ import annotations
@@ -40,17 +43,64 @@ def seed_queues(r: redis.Redis, rng: random.Random, queues: list[str], jobs: int
 
 
 def _claim(r: redis.Redis, q: str, rng: random.Random) -> None:
-    """A worker claims the oldest pending job: attempts + 1, token = the new
+    """A worker claims the next job by hand: attempts + 1, token = the new
     attempts (as ``put_active`` writes it, so the traffic can name tokens), a
-    fresh lease (sometimes one that has already lapsed, so a later sweep takes it)."""
+    fresh lease (sometimes one that has already lapsed, so a later sweep takes it).
+    Half the time EMQ.CLAIM itself takes one instead, across the lanes, and
+    its random token is replaced by the counter the traffic names."""
     keys = queue_keys(q)
-    popped = r.zpopmin(keys.pending)
-    if not popped:
+    if rng.random() < 0.5:
+        reply = r.execute_command("EMQ.CLAIM", keys.pending, keys.active, keys.base, rng.randint(1, 60_000))
+        if reply:
+            job_id = reply[0][0]
+            r.hset(keys.job(job_id), "token", r.hget(keys.job(job_id), "attempts") or b"1")
         return
-    job_id = popped[0][0]
+    job_id = r.lpop(keys.pending)
+    if job_id is None or r.hget(keys.job(job_id), "state") != b"pending":
+        return  # a tombstone: the hand-made claim drops it (and leaves `stale` behind, as a crash would)
     attempts = r.hincrby(keys.job(job_id), "attempts", 1)
     r.hset(keys.job(job_id), mapping={"state": "active", "token": attempts})
     r.zadd(keys.active, {job_id: now_ms(r) + rng.choice((-1, 1)) * rng.randint(1, 60_000)})
+
+
+def _lanes(r: redis.Redis, q: str, rng: random.Random, i: int, seen: Counter[str]) -> None:
+    """The v3 keyspace's writes: an enqueue at a priority or with a delay, a cancel of a waiting
+    job, an end with a result or a traceback, a progress (values in 64-byte pieces)."""
+    keys = queue_keys(q)
+    kind = rng.random()
+    payload = rng.choice([b"p", b"x" * 64, b"y" * 65, bytes(range(256)) * 4, b"z" * 1025])
+    if kind < 0.4:
+        options: list[object] = []
+        if rng.random() < 0.5:
+            options += ["PRIORITY", rng.choice([-1000, -3, 0, 2, 1000])]
+        if rng.random() < 0.3:
+            options += ["DELAY", rng.choice([0, 1, 600_000])]
+        r.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, f"new-{i}", payload, *options)
+        seen["enqueued"] += 1
+        if rng.random() < 0.4:  # cancelled while it waits: a tombstone, or out of its lane
+            seen[
+                f"cancel-{r.execute_command('EMQ.CANCEL', keys.pending, keys.base, f'new-{i}', 'no')!r}"
+            ] += 1
+        return
+    job_id = f"new-{rng.randrange(max(i, 1))}" if rng.random() < 0.5 else f"job-{rng.randrange(40)}"
+    token = r.hget(keys.job(job_id), "token") or b"1"
+    if kind < 0.55:
+        seen[f"cancel-{r.execute_command('EMQ.CANCEL', keys.pending, keys.base, job_id, 'why')!r}"] += 1
+        return
+    try:
+        if kind < 0.7:
+            r.execute_command("EMQ.COMPLETE", keys.active, keys.job(job_id), job_id, token, "RESULT", payload)
+        elif kind < 0.85:
+            fail = ["EMQ.FAIL", keys.active, keys.pending, keys.dead, keys.base, job_id, token, 3, "E: x"]
+            r.execute_command(*fail, "TRACE", payload, *(["DEAD"] if rng.random() < 0.3 else []))
+        else:
+            r.execute_command(
+                "EMQ.CHECKPOINT", keys.active, keys.job(job_id), job_id, token, 30_000, "PROGRESS", payload
+            )
+        seen["ended-or-checkpointed"] += 1
+    except redis.ResponseError as exc:
+        assert "EMQSTALE" in str(exc), exc
+        seen["lanes-stale"] += 1
 
 
 def run_traffic(
@@ -60,7 +110,7 @@ def run_traffic(
     seed_queues(r, rng, queues, jobs)
     client = Client(r)
     seen: Counter[str] = Counter()
-    for _ in range(ops):
+    for step in range(ops):
         q = rng.choice(queues)
         keys = queue_keys(q)
         job_id = f"job-{rng.randrange(jobs)}" if rng.random() < 0.95 else "never-claimed"
@@ -71,31 +121,31 @@ def run_traffic(
         token = str(attempts)  # the rows here carry token = attempts
         lease = rng.randint(1_000, 90_000)
         kind = rng.random()
-        if kind < 0.45:
+        if kind < 0.35:
             try:
                 client.extend(q, job_id, token=token, lease_ms=lease)
                 seen["extended"] += 1
             except LeaseLost as exc:
                 seen[type(exc).__name__] += 1
-        elif kind < 0.6:
+        elif kind < 0.45:
             try:
                 reply = r.eval(EXTEND_FROM_LUA, 2, keys.active, keys.job(job_id), job_id, token, lease)
                 seen["lua-extended" if reply == 1 else "lua-gone"] += 1
             except redis.ResponseError as exc:
                 assert "EMQSTALE" in str(exc), exc
                 seen["lua-stale"] += 1
-        elif kind < 0.7:
+        elif kind < 0.53:
             result = client.sweep(q, max_stalled=rng.randint(1, 3), limit=rng.randint(1, 20))
             seen["recovered"] += len(result.recovered)
             seen["dead"] += len(result.dead)
-        elif kind < 0.8:
+        elif kind < 0.6:
             recovered, dead, cancelled, expired = r.eval(
                 SWEEP_FROM_LUA, 3, keys.active, keys.pending, keys.dead, keys.base, 2, 5
             )
             assert (cancelled, expired) == ([], 0)
             seen["lua-recovered"] += len(recovered)
             seen["lua-dead"] += len(dead)
-        elif kind < 0.9:
+        elif kind < 0.68:
             pipe = r.pipeline(transaction=True)
             pipe.execute_command("EMQ.EXTEND", keys.active, keys.job(job_id), job_id, token, lease)
             pipe.execute_command("EMQ.SWEEP", keys.active, keys.pending, keys.dead, keys.base, 2, 3)
@@ -103,9 +153,11 @@ def run_traffic(
             extended, (recovered, dead, _, _), _ = pipe.execute(raise_on_error=False)
             seen["multi-extended" if extended == 1 else "multi-refused"] += 1
             seen["multi-swept"] += len(recovered) + len(dead)
-        else:
+        elif kind < 0.78:
             _claim(r, q, rng)
             seen["claimed"] += 1
+        else:
+            _lanes(r, q, rng, step, seen)
     for q in queues:
         result = client.sweep(q, max_stalled=2, limit=10_000)
         seen["recovered"] += len(result.recovered)
@@ -127,3 +179,5 @@ def assert_covers_everything(seen: Counter[str]) -> None:
         assert seen[outcome] > 0, (outcome, seen)
     assert seen["lua-recovered"] + seen["lua-dead"] > 0, seen
     assert seen["multi-swept"] > 0, seen
+    assert seen["enqueued"] > 0 and seen["ended-or-checkpointed"] > 0, seen
+    assert seen["cancel-b'cancelled'"] > 0, seen  # a tombstone in <pending>, or a lane left

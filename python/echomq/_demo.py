@@ -305,11 +305,12 @@ class Director:
         self.poll()
         for job in JOBS:
             self.story.states[job] = self.state(job)
+        counts = self.client.counts(QUEUE)
         self.story.counts = {
-            "pending": int(self.r.zcard(self.keys.pending)),
-            "active": int(self.r.zcard(self.keys.active)),
-            "dead": int(self.r.zcard(self.keys.dead)),
-            "failed": int(self.r.hget(self.keys.metrics_failed, "count") or 0),
+            "pending": counts.pending + counts.delayed,
+            "active": counts.active,
+            "dead": counts.dead,
+            "failed": counts.failed,
             "done": sum(s == "done" for s in self.story.states.values()),
             "cancelled": sum(s == "cancelled" for s in self.story.states.values()),
         }

@@ -55,8 +55,12 @@ BACKENDS: tuple[BackendChoice, ...] = ("auto", "module", "scripts")
 # EMQ_MAX_STATE_BYTES_CEILING).
 DEFAULT_MAX_LIMIT = 10_000
 DEFAULT_MAX_STATE_BYTES = 65_536
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 MAX_LIMIT_CEILING = 100_000
 MAX_STATE_BYTES_CEILING = 16 * 1024 * 1024
+MAX_PAYLOAD_BYTES_CEILING = 16 * 1024 * 1024
+MAX_RESULT_BYTES_CEILING = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -65,28 +69,35 @@ class ScriptLimits:
 
     With the module, ``emq.max-limit`` (the most jobs one command takes:
     SWEEP's, RETRYDEAD's, PURGE's and OBLITERATE's ``limit``, ENQUEUEMANY's
-    ``count``, FORGET's ids, CLAIM's ``COUNT`` below 1,000) and
-    ``emq.max-state-bytes`` (the largest checkpoint state) are the
-    operator's, on the server; the scripts take them from here instead.  Keep
-    them equal to the server's if a module is also in use; the defaults are
-    the module's defaults, and the ranges the module's (``max_limit`` from 1
-    to 100,000; ``max_state_bytes`` from 0 to 16 MiB).
+    ``count``, FORGET's ids, CLAIM's ``COUNT`` below 1,000),
+    ``emq.max-state-bytes`` (the largest checkpoint state or progress),
+    ``emq.max-payload-bytes`` (the largest payload) and
+    ``emq.max-result-bytes`` (the largest result) are the operator's, on the
+    server; the scripts take them from here instead.  Keep them equal to the
+    server's if a module is also in use; the defaults are the module's
+    defaults, and the ranges the module's (``max_limit`` from 1 to 100,000;
+    the sizes from 0 to 16 MiB).
     """
 
     max_limit: int = DEFAULT_MAX_LIMIT
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_limit", "max_state_bytes"):
+        for name in ("max_limit", "max_state_bytes", "max_payload_bytes", "max_result_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         if not 1 <= self.max_limit <= MAX_LIMIT_CEILING:
             raise ValueError(f"max_limit must be from 1 to {MAX_LIMIT_CEILING}, got {self.max_limit}")
-        if not 0 <= self.max_state_bytes <= MAX_STATE_BYTES_CEILING:
-            raise ValueError(
-                f"max_state_bytes must be from 0 to {MAX_STATE_BYTES_CEILING}, got {self.max_state_bytes}"
-            )
+        for name, ceiling in (
+            ("max_state_bytes", MAX_STATE_BYTES_CEILING),
+            ("max_payload_bytes", MAX_PAYLOAD_BYTES_CEILING),
+            ("max_result_bytes", MAX_RESULT_BYTES_CEILING),
+        ):
+            if not 0 <= getattr(self, name) <= ceiling:
+                raise ValueError(f"{name} must be from 0 to {ceiling}, got {getattr(self, name)}")
 
 
 def check_backend(backend: object) -> BackendChoice:
@@ -339,17 +350,23 @@ def new_nonce() -> str:
 
 
 # The verbs that take a count or a list, bounded by emq.max-limit.
-LIMITED = ("EMQ.SWEEP", "EMQ.ENQUEUEMANY", "EMQ.RETRYDEAD", "EMQ.PURGE", "EMQ.OBLITERATE", "EMQ.FORGET")
+LIMITED = ("EMQ.SWEEP", "EMQ.RETRYDEAD", "EMQ.PURGE", "EMQ.OBLITERATE", "EMQ.FORGET")
 
 
 def setting(verb: str, limits: ScriptLimits) -> Any:
     """The one value the script of ``verb`` needs from the client (ARGV[1])."""
-    if verb in ("EMQ.CLAIM", "EMQ.COMPLETECLAIM"):
+    if verb == "EMQ.CLAIM":
         return f"{new_nonce()} {limits.max_limit}"
+    if verb == "EMQ.COMPLETECLAIM":
+        return f"{new_nonce()} {limits.max_limit} {limits.max_result_bytes}"
+    if verb in ("EMQ.ENQUEUE", "EMQ.ENQUEUEMANY"):
+        return f"{limits.max_limit} {limits.max_payload_bytes}"
     if verb in LIMITED:
         return limits.max_limit
     if verb == "EMQ.CHECKPOINT":
         return limits.max_state_bytes
+    if verb == "EMQ.COMPLETE":
+        return limits.max_result_bytes
     return ""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import threading
 import time
@@ -631,16 +632,26 @@ class Client:
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
     def checkpoint(
-        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        lease_ms: int,
+        *,
+        state: bytes | None = None,
+        progress: bytes | str | None = None,
     ) -> Cancellation | None:
         """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
 
         Same lease effect and the same ``JobGone``/``StaleToken`` as ``extend``.
         With ``state``, the bytes are stored on the job in the same atomic
         step (fenced like the lease): the next claim of the job, after a
-        crash, hands them back as ``Job.resume_state``.
+        crash, hands them back as ``Job.resume_state``.  With ``progress``
+        (bytes, or a str as UTF-8), they are stored the same way for anyone
+        to read (``JobInfo.progress``).  Each at most the server's
+        ``emq.max-state-bytes``.
         """
-        return self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
+        return self._run(proto.checkpoint(queue, job_id, token, lease_ms, state, progress))
 
     def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover the jobs whose lease lapsed, dead-lettering those at ``max_stalled`` stalls.
@@ -657,21 +668,31 @@ class Client:
         *,
         delay_ms: int | None = None,
         run_at_ms: int | None = None,
+        priority: int | None = None,
     ) -> str:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
-        The row and the pending entry are written by one EMQ.ENQUEUE, atomically.
+        The row and the lane entry are written by one EMQ.ENQUEUE, atomically.
         The job is claimable at once, or ``delay_ms`` after now, or from
         ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
-        the server's clock.  Raises ``JobExists`` if a job with that id already
-        exists.  A fresh REQ per call: after a lost reply the call is sent again,
-        within 30 s of its first send, and the server answers the resend from
-        the call's record (docs/reference/python.md, "Retries").
+        the server's clock.  ``priority`` (from -1000 to 1000, default 0):
+        smaller runs first, first in first out within a level; a delayed job
+        takes its place in its level when it comes due.  The payload is at
+        most the server's ``emq.max-payload-bytes`` (1 MiB by default).
+        Raises ``JobExists`` if a job with that id already exists.  A fresh
+        REQ per call: after a lost reply the call is sent again, within 30 s
+        of its first send, and the server answers the resend from the call's
+        record (docs/reference/python.md, "Retries").
         """
-        return self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+        return self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms, priority))
 
     def enqueue_many(
-        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+        self,
+        queue: str,
+        items: Iterable[EnqueueItem],
+        *,
+        delay_ms: int | None = None,
+        priority: int | None = None,
     ) -> list[str]:
         """Add many jobs in few round trips; returns their ids, in order.
 
@@ -680,10 +701,11 @@ class Client:
         server's ``emq.max-limit`` is lower: a refused call is halved), each
         all or nothing: ``JobExists`` when an id of that chunk exists (the
         chunks before it were added).  Ids must be distinct (``ValueError``
-        before anything is sent).  ``delay_ms`` delays every job alike.
+        before anything is sent).  ``delay_ms`` and ``priority`` apply to
+        every job alike; the jobs enter their lane in the order given.
         """
         ids: list[str] = []
-        calls = proto.enqueue_many(queue, items, delay_ms)
+        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority)
         while calls:
             call = calls.pop(0)
             try:
@@ -741,8 +763,9 @@ class Client:
     ) -> Job | None:
         """Take the next pending job and lease it for ``lease_ms``; None when none is claimable.
 
-        Recovered jobs come first, then by due time, first in, first out.  The
-        Job carries its payload: one round trip.  With ``block_ms``, waits up to
+        The most urgent job: smaller priorities first, first in, first out
+        within a level (a job given back or recovered at the head of its
+        level).  The Job carries its payload: one round trip.  With ``block_ms``, waits up to
         that long (0: no limit) for a job, on the server (EMQ.CLAIM ... BLOCK):
         waiting claims are served first come, first served, and cost no
         commands while they wait.  A wait is cut into commands that each end
@@ -789,7 +812,7 @@ class Client:
         replicas_timeout_ms: int = 1000,
         replicas_aof: bool = False,
     ) -> list[Job]:
-        """Take up to ``count`` jobs in one round trip (oldest first); [] when none is claimable.
+        """Take up to ``count`` jobs in one round trip (in claim order); [] when none is claimable.
 
         ``block_ms`` waits as in ``claim``, and returns as soon as at least
         one job is claimable.  ``replicas`` and its companions as in
@@ -864,9 +887,16 @@ class Client:
             wait.replicas,
         ) from cause
 
-    def complete(self, queue: str, job_id: JobId, token: str) -> None:
-        """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise)."""
-        self._run(proto.complete(queue, job_id, token))
+    def complete(self, queue: str, job_id: JobId, token: str, *, result: bytes | str | None = None) -> None:
+        """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise).
+
+        With ``result`` (bytes, or a str as UTF-8; at most the server's
+        ``emq.max-result-bytes``), it is stored with the job in the same
+        atomic step and kept for the done retention (``JobInfo.result``).
+        The job's end is announced on ``<base>done:<id>``
+        (``echomq._protocol.done_channel``).
+        """
+        self._run(proto.complete(queue, job_id, token, result))
 
     def fail(
         self,
@@ -877,17 +907,22 @@ class Client:
         max_attempts: int = 3,
         *,
         delay_ms: int | None = None,
+        traceback: str | None = None,
+        dead: bool = False,
     ) -> FailOutcome:
         """Report the handler's failure; returns where the job went.
 
-        Below ``max_attempts`` attempts it goes back to pending (behind waiting
+        Below ``max_attempts`` attempts it goes back to its lane (behind waiting
         work), claimable again ``delay_ms`` after now when given (the retry's
         backoff, e.g. ``RetryPolicy.delay_ms(job.attempt)``); else it is
-        dead-lettered; a job with a cancel request ends ``"cancelled"`` (not
-        retried, not counted as failed).  ``error`` is kept in the row's
-        ``last_error``.  Same fencing as ``complete``.
+        dead-lettered -- at once with ``dead=True``, whatever its tries (the
+        handler knows a retry cannot help); a job with a cancel request ends
+        ``"cancelled"`` (not retried, not counted as failed).  ``error`` is
+        kept in the row's ``last_error`` (one line: ``"Type: message"``),
+        ``traceback`` in ``traceback`` (its newest 8 KiB).  Same fencing as
+        ``complete``.
         """
-        return self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
+        return self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms, traceback, dead))
 
     def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
         """Give a held job back without using an attempt: ``"pending"``, or ``"cancelled"``.
@@ -955,8 +990,21 @@ class Client:
         return self._read(proto.job_info(queue, job_id, payload))
 
     def counts(self, queue: str) -> QueueCounts:
-        """Pending (claimable now), delayed, active (and lapsed), dead, paused, and the failed metric."""
-        return self._read(proto.counts(queue))
+        """Pending (claimable now, and by priority level), delayed, active (and lapsed), dead, paused,
+        and the failed metric.
+
+        ``by_priority`` costs one more round trip per level other than 0 that
+        has jobs (at most ``MAX_LEVELS_SHOWN``).
+        """
+        counts = self._read(proto.counts(queue))
+        levels = dict(counts.by_priority)
+        n, level = self._read(proto.priority_levels(queue, None))
+        while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:
+            n, following = self._read(proto.priority_levels(queue, level))
+            if n:
+                levels[level] = n
+            level = following
+        return dataclasses.replace(counts, by_priority=dict(sorted(levels.items())))
 
     def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
         """A page of the dead set, oldest death first: ``count`` jobs from position ``offset``.
@@ -977,12 +1025,16 @@ class Client:
         return self._read(proto.active_rows(queue, page)) if page else []
 
     def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
-        """A page of the pending set, in claim order (delayed jobs last): ``count`` jobs from ``offset``.
+        """A page of the waiting jobs, in claim order (delayed jobs last): ``count`` jobs from ``offset``.
 
-        The first one's ``waiting_ms`` is the age of the oldest claimable job.
-        A job claimed or cancelled while the page is read is left out.
+        Priority order first (smaller levels first, first in first out
+        within a level), each with its ``priority``; the first one's
+        ``waiting_ms`` is the age of the next job a claim takes.  A job
+        claimed or cancelled while the page is read is left out (a cancelled
+        job's tombstone too: a page may hold fewer than ``count``).
         """
-        page = self._read(proto.pending_page(queue, offset, count))
+        layout = self._read(proto.pending_layout(queue))
+        page = self._read(proto.pending_page(queue, offset, count, layout))
         return self._read(proto.pending_rows(queue, page)) if page else []
 
     def counters(self, queue: str) -> QueueCounters:
@@ -994,9 +1046,9 @@ class Client:
         return self._read(proto.counters(queue))
 
     def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
-        """The names of the queues that have jobs (a pending, active or dead set), sorted.
+        """The names of the queues that have jobs (waiting, delayed, active or dead), sorted.
 
-        A bounded SCAN (``TYPE zset``, on every primary of a cluster): it
+        A bounded SCAN (of the keys named like a queue's, on every primary of a cluster): it
         stops after about ``scan_budget`` keys examined or ``limit`` queues
         found, so a huge keyspace costs a bounded number of round trips; a
         queue beyond the bound is missed (name it instead).
@@ -1007,16 +1059,23 @@ class Client:
         step = min(1000, scan_budget)
         nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
         for node in nodes:
-            target = {} if node is None else {"target_nodes": node}
-            cursor, examined = 0, 0
-            while True:
-                reply = self.redis.execute_command(*proto.scan_queues(cursor, step), **target)  # type: ignore[no-untyped-call]
-                cursor, keys = proto.scan_reply(reply)
-                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
-                examined += step
-                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
-                    break
+            for scan in range(len(proto.QUEUE_SCANS)):
+                target = {} if node is None else {"target_nodes": node}
+                found |= self._scan_queues(scan, step, scan_budget, limit - len(found), target)
         return sorted(found)[:limit]
+
+    def _scan_queues(self, scan: int, step: int, budget: int, limit: int, target: dict[str, Any]) -> set[str]:
+        """One pass of ``queues`` on one node: at most ``budget`` keys examined, ``limit`` queues found."""
+        found: set[str] = set()
+        cursor, examined = 0, 0
+        while limit > 0:
+            reply = self.redis.execute_command(*proto.scan_queues(cursor, step, scan), **target)  # type: ignore[no-untyped-call]
+            cursor, keys = proto.scan_reply(reply)
+            found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+            examined += step
+            if cursor == 0 or examined >= budget or len(found) >= limit:
+                break
+        return found
 
     def retry(self, queue: str, job_id: JobId) -> None:
         """Send a dead or cancelled job back to pending with a fresh budget of attempts.

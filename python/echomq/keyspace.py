@@ -21,12 +21,17 @@ class QueueKeys:
     base: str
     active: str
     pending: str
+    """The default lane: a list of the ids of claimable priority-0 jobs (with tombstones)."""
     dead: str
     metrics_failed: str
     meta: str
     """The queue's settings: ``paused``, and the retention of finished rows."""
     cancel_channel: str
     """Where EMQ.CANCEL announces a request for a held job (its id)."""
+    priority: str = ""
+    """The other lanes: claimable jobs of a priority other than 0, a sorted set."""
+    delayed: str = ""
+    """Jobs not due yet, a sorted set scored with their due time."""
 
     @overload
     def job(self, job_id: str) -> str: ...
@@ -61,4 +66,6 @@ def queue_keys(queue: str) -> QueueKeys:
         metrics_failed=base + "metrics:failed",
         meta=base + "meta",
         cancel_channel=base + "cancel",
+        priority=base + "priority",
+        delayed=base + "delayed",
     )

@@ -268,51 +268,86 @@ def _server_says(log: str, needle: str = "") -> str:
 def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
     """Where ``queue`` breaks the invariants every EMQ.* verb keeps; [] when it holds.
 
-    - every member of ``pending``, ``active`` and ``dead`` has its row, and
-      that row's ``state`` names the set (so no id is in two sets);
-    - every row whose state is ``pending``, ``active`` or ``dead`` is in
-      that set; a ``done`` or ``cancelled`` row is in none.
+    - every member of ``priority`` and ``delayed`` has a row that says
+      pending, every member of ``active`` and ``dead`` one that says active
+      and dead (so no id is in two of them); a member of ``priority`` is at
+      its row's level;
+    - every row that says pending waits somewhere: in ``delayed``, in
+      ``priority`` (a row with a level), else in the list ``pending`` (its
+      lane); one that says active or dead is in that set; a ``done`` or
+      ``cancelled`` row is in none;
+    - ``meta``'s ``stale`` counts the list's tombstones exactly: the list's
+      length less the pending jobs that wait in it.
 
-    Reads every member and every row (SCAN, ZSCAN, pipelined in ``batch``es):
-    a tool for tests and benchmarks, not for a busy production queue.
+    Reads every member and every row (SCAN, ZSCAN, LRANGE, pipelined in
+    ``batch``es): a tool for tests and benchmarks, not for a busy production
+    queue.
     """
     keys = queue_keys(queue)
-    sets = {"pending": keys.pending, "active": keys.active, "dead": keys.dead}
+    sets = {"priority": keys.priority, "delayed": keys.delayed, "active": keys.active, "dead": keys.dead}
+    states = {"priority": "pending", "delayed": "pending", "active": "active", "dead": "dead"}
     where: dict[bytes, list[str]] = {}
+    levels: dict[bytes, int] = {}
     for name, key in sets.items():
-        for member, _ in r.zscan_iter(key, count=batch):
+        for member, score in r.zscan_iter(key, count=batch):
             where.setdefault(member, []).append(name)
+            if name == "priority":
+                levels[member] = int(score) // 2**42 - 1024
+    listed = r.lrange(keys.pending, 0, -1) if r.type(keys.pending) == b"list" else []
+    entries = [e if isinstance(e, bytes) else e.encode() for e in listed]
+    in_list = set(entries)
     problems: list[str] = []
     members = list(where)
     for i in range(0, len(members), batch):
         chunk = members[i : i + batch]
         pipe = r.pipeline(transaction=False)
         for member in chunk:
-            pipe.hget(keys.job(member), "state")
-        for member, state in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            pipe.hmget(keys.job(member), "state", "priority")
+        for member, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
             names = where[member]
             if len(names) > 1:
                 problems.append(f"{member!r} is in {' and '.join(names)}")
-            if isinstance(state, Exception):
+            if isinstance(got, Exception):
                 problems.append(f"{member!r} is in {names[0]} but its row is not a hash")
-            elif state is None:
+                continue
+            state, level = got
+            if state is None:
                 problems.append(f"{member!r} is in {names[0]} without its row (or the row has no state)")
-            elif state.decode() not in names:
+            elif state.decode() != states[names[0]]:
                 problems.append(f"{member!r} is in {names[0]} but its row says {state.decode()}")
+            if names[0] == "priority" and int(level or 0) != levels[member]:
+                problems.append(f"{member!r} is at level {levels[member]} but its row says {level!r}")
     pattern = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base) + "job:*"
     rows = list(r.scan_iter(match=pattern, count=batch))
     prefix = len(keys.base.encode()) + 4
+    resident = 0
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
         pipe = r.pipeline(transaction=False)
         for row in chunk:
-            pipe.hget(row, "state")
-        for row, state in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(state, Exception):
+            pipe.hmget(row, "state", "priority")
+        for row, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(got, Exception):
                 continue  # not a row: nothing claims a state
-            member, text_state = row[prefix:], (state or b"").decode()
-            if text_state in sets and text_state not in where.get(member, []):
+            member, text_state, level = row[prefix:], (got[0] or b"").decode(), got[1]
+            held = where.get(member, [])
+            if text_state in ("active", "dead") and text_state not in held:
                 problems.append(f"row {row!r} says {text_state} but {text_state} does not hold it")
-            if text_state in ("done", "cancelled") and member in where:
-                problems.append(f"row {row!r} says {text_state} but {where[member][0]} holds it")
+            if text_state == "pending":
+                lane = "delayed" if "delayed" in held else "priority" if level is not None else "pending"
+                if lane == "pending":
+                    resident += 1
+                    if member not in in_list:
+                        problems.append(f"row {row!r} says pending but waits nowhere (not in the list)")
+                elif lane not in held:
+                    problems.append(
+                        f"row {row!r} says pending at level {level!r} but {lane} does not hold it"
+                    )
+            if text_state in ("done", "cancelled") and held:
+                problems.append(f"row {row!r} says {text_state} but {held[0]} holds it")
+    stale = r.hget(keys.meta, "stale") if r.type(keys.meta) == b"hash" else None
+    if int(stale or 0) != len(entries) - resident:
+        problems.append(
+            f"meta stale is {int(stale or 0)}: the list has {len(entries)} entries, {resident} waiting jobs"
+        )
     return problems

@@ -8,6 +8,7 @@ as in the thread driver's client.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import sys
 import time
@@ -380,10 +381,17 @@ class Client:
         return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
 
     async def checkpoint(
-        self, queue: str, job_id: JobId, token: str, lease_ms: int, *, state: bytes | None = None
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        lease_ms: int,
+        *,
+        state: bytes | None = None,
+        progress: bytes | str | None = None,
     ) -> Cancellation | None:
-        """Extend, store ``state``, and learn of a remote cancel (see ``echomq.Client.checkpoint``)."""
-        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms, state))
+        """Extend, store ``state`` and ``progress``, hear of a cancel (see ``echomq.Client.checkpoint``)."""
+        return await self._run(proto.checkpoint(queue, job_id, token, lease_ms, state, progress))
 
     async def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
         """Recover lapsed jobs (see ``echomq.Client.sweep``)."""
@@ -397,16 +405,22 @@ class Client:
         *,
         delay_ms: int | None = None,
         run_at_ms: int | None = None,
+        priority: int | None = None,
     ) -> str:
-        """Add a job, now or delayed; returns its id (see ``echomq.Client.enqueue``)."""
-        return await self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms))
+        """Add a job, now or delayed, at a priority; returns its id (see ``echomq.Client.enqueue``)."""
+        return await self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms, priority))
 
     async def enqueue_many(
-        self, queue: str, items: Iterable[EnqueueItem], *, delay_ms: int | None = None
+        self,
+        queue: str,
+        items: Iterable[EnqueueItem],
+        *,
+        delay_ms: int | None = None,
+        priority: int | None = None,
     ) -> list[str]:
         """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
         ids: list[str] = []
-        calls = proto.enqueue_many(queue, items, delay_ms)
+        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority)
         while calls:
             call = calls.pop(0)
             try:
@@ -546,9 +560,11 @@ class Client:
             wait.replicas,
         ) from cause
 
-    async def complete(self, queue: str, job_id: JobId, token: str) -> None:
-        """Mark the job done (see ``echomq.Client.complete``)."""
-        await self._run(proto.complete(queue, job_id, token))
+    async def complete(
+        self, queue: str, job_id: JobId, token: str, *, result: bytes | str | None = None
+    ) -> None:
+        """Mark the job done, keeping its ``result`` (see ``echomq.Client.complete``)."""
+        await self._run(proto.complete(queue, job_id, token, result))
 
     async def fail(
         self,
@@ -559,9 +575,13 @@ class Client:
         max_attempts: int = 3,
         *,
         delay_ms: int | None = None,
+        traceback: str | None = None,
+        dead: bool = False,
     ) -> FailOutcome:
-        """Report a failure, with an optional retry delay (see ``echomq.Client.fail``)."""
-        return await self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms))
+        """Report a failure: a retry delay, its traceback, dead at once (see ``echomq.Client.fail``)."""
+        return await self._run(
+            proto.fail(queue, job_id, token, error, max_attempts, delay_ms, traceback, dead)
+        )
 
     async def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
         """Give a held job back without using an attempt (see ``echomq.Client.release``)."""
@@ -604,8 +624,16 @@ class Client:
         return await self._read(proto.job_info(queue, job_id, payload))
 
     async def counts(self, queue: str) -> QueueCounts:
-        """The queue's numbers (see ``echomq.Client.counts``)."""
-        return await self._read(proto.counts(queue))
+        """The queue's numbers, pending by priority level too (see ``echomq.Client.counts``)."""
+        counts = await self._read(proto.counts(queue))
+        levels = dict(counts.by_priority)
+        n, level = await self._read(proto.priority_levels(queue, None))
+        while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:
+            n, following = await self._read(proto.priority_levels(queue, level))
+            if n:
+                levels[level] = n
+            level = following
+        return dataclasses.replace(counts, by_priority=dict(sorted(levels.items())))
 
     async def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
         """A page of the dead set, oldest first (see ``echomq.Client.dead``)."""
@@ -618,8 +646,9 @@ class Client:
         return await self._read(proto.active_rows(queue, page)) if page else []
 
     async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
-        """A page of the pending set, in claim order (see ``echomq.Client.pending``)."""
-        page = await self._read(proto.pending_page(queue, offset, count))
+        """A page of the waiting jobs, in claim order (see ``echomq.Client.pending``)."""
+        layout = await self._read(proto.pending_layout(queue))
+        page = await self._read(proto.pending_page(queue, offset, count, layout))
         return await self._read(proto.pending_rows(queue, page)) if page else []
 
     async def counters(self, queue: str) -> QueueCounters:
@@ -634,16 +663,25 @@ class Client:
         step = min(1000, scan_budget)
         nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
         for node in nodes:
-            target = {} if node is None else {"target_nodes": node}
-            cursor, examined = 0, 0
-            while True:
-                reply = await self.redis.execute_command(*proto.scan_queues(cursor, step), **target)
-                cursor, keys = proto.scan_reply(reply)
-                found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
-                examined += step
-                if cursor == 0 or examined >= scan_budget or len(found) >= limit:
-                    break
+            for scan in range(len(proto.QUEUE_SCANS)):
+                target = {} if node is None else {"target_nodes": node}
+                found |= await self._scan_queues(scan, step, scan_budget, limit - len(found), target)
         return sorted(found)[:limit]
+
+    async def _scan_queues(
+        self, scan: int, step: int, budget: int, limit: int, target: dict[str, Any]
+    ) -> set[str]:
+        """One pass of ``queues`` on one node: at most ``budget`` keys examined, ``limit`` queues found."""
+        found: set[str] = set()
+        cursor, examined = 0, 0
+        while limit > 0:
+            reply = await self.redis.execute_command(*proto.scan_queues(cursor, step, scan), **target)
+            cursor, keys = proto.scan_reply(reply)
+            found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+            examined += step
+            if cursor == 0 or examined >= budget or len(found) >= limit:
+                break
+        return found
 
     async def retry(self, queue: str, job_id: JobId) -> None:
         """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""

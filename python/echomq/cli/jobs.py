@@ -8,6 +8,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from .._protocol.calls import PRIORITY_MAX, PRIORITY_MIN
 from ..errors import JobGone, NotRetryable
 from ._common import CliError, Command, ago, connect, positive, table, when
 
@@ -15,7 +16,7 @@ from ._common import CliError, Command, ago, connect, positive, table, when
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = read_payload(args.payload)
     job_id = connect(args).enqueue(
-        args.queue, payload, job_id=args.id, delay_ms=args.delay, run_at_ms=args.at
+        args.queue, payload, job_id=args.id, delay_ms=args.delay, run_at_ms=args.at, priority=args.priority
     )
     print(job_id)
     return 0
@@ -69,6 +70,19 @@ def at_ms(value: str) -> int:
     return round(moment.astimezone().timestamp() * 1000)  # a naive time is local
 
 
+def priority(value: str) -> int:
+    """``--priority``: an integer from -1000 to 1000 (smaller runs first)."""
+    try:
+        level = int(value)
+    except ValueError:
+        level = PRIORITY_MAX + 1
+    if not PRIORITY_MIN <= level <= PRIORITY_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from {PRIORITY_MIN} to {PRIORITY_MAX} (smaller runs first), got {value!r}"
+        )
+    return level
+
+
 def cmd_job(args: argparse.Namespace) -> int:
     info = connect(args).job(args.queue, args.job_id, payload=args.payload)
     if info is None:
@@ -76,6 +90,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     now = info.server_time
     rows: list[tuple[str, object]] = [
         ("state", info.state or "(none)"),
+        ("priority", info.priority),
         ("attempts", f"{info.attempts} claims in all; {info.tries} since enqueue or the last retry"),
         ("retries", info.retries),
         ("stalled", info.stalled),
@@ -95,13 +110,31 @@ def cmd_job(args: argparse.Namespace) -> int:
         extra = f", attempt {info.checkpoint_attempt}" if info.checkpoint_attempt is not None else ""
         saved = f", at {when(now, info.checkpoint_at)}" if info.checkpoint_at is not None else ""
         rows.append(("checkpoint", f"{info.checkpoint_size} bytes{extra}{saved}"))
+    if info.progress is not None:
+        rows.append(("progress", shown(info.progress)))
+    if info.result is not None:
+        rows.append(("result", f"{len(info.result)} bytes: {shown(info.result)}"))
     rows.append(("payload", f"{info.payload_size} bytes"))
     print(f"job {info.id} of queue {args.queue}")
     for name, value in rows:
         print(f"  {name:<17}{value}".rstrip())
+    if info.traceback is not None:
+        print("  traceback")
+        for line in info.traceback.rstrip("\n").splitlines():
+            print(f"    {line}")
     if info.payload is not None:
         print(info.payload.decode("utf-8", "backslashreplace"))
     return 0
+
+
+SHOWN = 60
+
+
+def shown(value: bytes) -> str:
+    """A stored value on one line: its first SHOWN characters, control characters escaped."""
+    line = value.decode("utf-8", "backslashreplace")
+    line = line.encode("unicode_escape").decode("ascii") if not line.isprintable() else line
+    return line if len(line) <= SHOWN else line[:SHOWN] + "..."
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -183,6 +216,13 @@ def register(command: Command) -> None:
     p.add_argument("queue")
     p.add_argument("payload", help="the payload; - reads it from stdin, @PATH from a file (any size)")
     p.add_argument("--id", default=None, help="the job id (default: a new one)")
+    p.add_argument(
+        "--priority",
+        type=priority,
+        default=None,
+        metavar="N",
+        help="its level, -1000 to 1000: smaller runs first (default 0)",
+    )
     when_group = p.add_mutually_exclusive_group()
     when_group.add_argument(
         "--delay",

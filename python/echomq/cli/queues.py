@@ -79,6 +79,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out.write(
         f"  delayed {counts.delayed}   lapsed {counts.lapsed}   paused {'yes' if counts.paused else 'no'}\n"
     )
+    if set(counts.by_priority) - {0}:  # pending by level, smaller first (0 is the default)
+        by_level = counts.by_priority.items()
+        levels = "   ".join(f"{level:+d}: {n}" if level else f"0: {n}" for level, n in by_level)
+        out.write(f"  pending by priority   {levels}\n")
+    if counts.stale:
+        out.write(f"  tombstones {counts.stale} (cancelled jobs' entries; claims drop them)\n")
     leases = cast("list[tuple[bytes, float]]", r.zrange(keys.active, 0, args.limit - 1, withscores=True))
     if not leases:
         return 0

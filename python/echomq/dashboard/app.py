@@ -400,10 +400,17 @@ class Dashboard:
         if info is None:
             return JSONResponse({"error": f"no job {job_id!r} in queue {queue!r}"}, 404)
         out = asdict(info)
-        payload = out.pop("payload")
+        payload, result, progress = out.pop("payload"), out.pop("result"), out.pop("progress")
         if self.show_payloads and payload is not None:
             out["payload"] = payload[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace")
             out["payload_truncated"] = len(payload) > PAYLOAD_LIMIT
+        # A result is the job's output: shown as the payload is (its size always); a progress is
+        # meant for anyone to read.
+        out["result_size"] = len(result) if result is not None else None
+        if self.show_payloads and result is not None:
+            out["result"] = result[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace")
+            out["result_truncated"] = len(result) > PAYLOAD_LIMIT
+        out["progress"] = progress[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace") if progress else progress
         return JSONResponse(out)
 
     async def _action(self, request: Request) -> Response:

@@ -53,10 +53,12 @@ local function record_pairs(key)
 end
 
 -- [id, token, payload, attempt, state]: the attempt is `tries` (this claim's number within
--- the job's retry budget), the state its last checkpoint's (false: a null reply).
+-- the job's retry budget), the state its last checkpoint's (false: a null reply).  The payload's
+-- pieces joined (emq.row_value).
 local function job_reply(row, id, token, tries)
-    local fields = redis.call('HMGET', row, 'payload', 'checkpoint')
-    return { id, token, fields[1] or '', tonumber(tries), fields[2] }
+    local rtype = emq.type(row)
+    local state = rtype == 'hash' and redis.call('HGET', row, 'checkpoint') or false
+    return { id, token, emq.row_value(row, rtype, 'payload') or '', tonumber(tries), state }
 end
 
 -- A retry of a request whose claim went through: the jobs it took that this request still
@@ -80,18 +82,19 @@ local function reanswer(active, base, record, done)
     return #jobs > 0 and jobs or false
 end
 
--- A claim's <setting>: "<nonce> <max-limit>", the random part of its tokens and the server's
--- emq.max-limit as the client knows it (python/echomq/_scripts.py, setting).
+-- A claim's <setting>: "<nonce> <max-limit> [<max-result-bytes>]", the random part of its tokens
+-- and the server's emq.max-limit (and emq.max-result-bytes, for COMPLETECLAIM's RESULT) as the
+-- client knows them (python/echomq/_scripts.py, setting).
 function emq.claim_setting(setting)
-    local nonce, limit = (setting or ''):match('^(%S*) ?(.*)$')
-    return nonce, emq.max_limit(limit)
+    local nonce, limit, result = (setting or ''):match('^(%S*) ?(%S*) ?(.*)$')
+    return nonce, emq.max_limit(limit), emq.max_bytes(result)
 end
 
--- The options from argv[first] on (BLOCK only where `block`), in the order the errors are
--- answered: count, req.  COUNT above the ceiling claims this many: 1000, or the server's
--- emq.max-limit when that is lower.
-function emq.claim_options(argv, argc, first, block, now, max_limit)
-    local count, req, seen_count, seen_block = 1, nil, false, false
+-- The options from argv[first] on (BLOCK only where `block`, RESULT where `max_result`: COMPLETECLAIM),
+-- in the order the errors are answered: count, req, result.  COUNT above the ceiling claims this
+-- many: 1000, or the server's emq.max-limit when that is lower.
+function emq.claim_options(argv, argc, first, block, now, max_limit, max_result)
+    local count, req, result, seen_count, seen_block = 1, nil, nil, false, false
     for i = first, argc - 1, 2 do
         if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
         local opt, val = argv[i], argv[i + 1]
@@ -107,19 +110,93 @@ function emq.claim_options(argv, argc, first, block, now, max_limit)
             -- client waits by polling (python/echomq/_scripts.py, ClaimPoll)
             seen_block = true
             emq.parse_block(now, val)
+        elseif max_result and emq.option_is(opt, 'RESULT') and not result then
+            if #val > max_result then emq.refuse(emq.E.RESULT_TOO_LARGE) end
+            result = val
         else
             emq.refuse(emq.E.SYNTAX)
         end
     end
     count = math.min(count, MAX_CLAIM_COUNT, max_limit)
-    return count, req
+    return count, req, result
 end
 
--- Open, type-check, read and decide, writing nothing: { answer = <reply> } (a retry's jobs,
--- or false: nothing claimable) or { jobs = <to apply>, record = <name or nil> }.  `done`: the
--- job COMPLETECLAIM completes in the same call (nil for CLAIM).
+-- The counters of a job taken: its row opened for writing, the claim's number and the try's.
+local function count_claim(claim, id, row, rtype)
+    if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+    -- a row that vanished while its id waited in <base>priority starts at attempt 1
+    local attempts = emq.incr(emq.hget(row, rtype, 'attempts'), '1', emq.E.ATTEMPTS_NOT_INTEGER)
+    local tries = emq.incr(emq.hget(row, rtype, 'tries'), '1', emq.E.TRIES_NOT_INTEGER)
+    local i = #claim.jobs + 1
+    local token = attempts .. '-' .. redis.sha1hex(claim.nonce .. ':' .. i):sub(1, 16)
+    claim.jobs[i] = { id = id, row = row, tries = tries, token = token }
+    claim.taken[id] = true
+end
+
+-- Take a job of <base>priority, or one a promotion moved.
+local function take(claim, id)
+    if claim.taken[id] then return end
+    local row = claim.base .. 'job:' .. id
+    count_claim(claim, id, row, emq.open_derived(row, emq.READ_WRITE))
+end
+
+-- An entry of <pending>: taken when live (emq_entry_live), else a tombstone (false).
+local function take_if_live(claim, id)
+    if claim.taken[id] then return false end
+    local row = claim.base .. 'job:' .. id
+    local rtype = emq.open_derived(row, emq.READ_WRITE)
+    if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+    local live = rtype == 'hash' and emq.hget(row, rtype, 'state') == 'pending'
+        and not emq.hexists(row, rtype, 'priority') and not claim.lanes:is_delayed(id)
+    if live then count_claim(claim, id, row, rtype) end
+    return live
+end
+
+-- <base>priority as it will be once the promotion is applied: its members (read a window at a
+-- time, by rank) merged with the promoted ones, by score.
+local function priority_stream(lanes)
+    local promoted = lanes.promoted_priority
+    table.sort(promoted, function(a, b) return a.score < b.score end)
+    local window, first, rank, next_promoted = {}, 0, 0, 1
+    local function head()
+        if lanes.types.priority ~= 'zset' then return nil end
+        if rank < first or rank >= first + #window / 2 then
+            first = rank
+            window = redis.call('ZRANGE', lanes.priority, rank, rank + 63, 'WITHSCORES')
+        end
+        local at = (rank - first) * 2 + 1
+        if window[at] == nil then return nil end
+        return window[at], tonumber(window[at + 1])
+    end
+    local stream = {}
+    -- the level of the next job (nil: none)
+    function stream.level()
+        local id, score = head()
+        local p = promoted[next_promoted]
+        if p and (id == nil or p.score < score) then return emq.priority_level(p.score) end
+        if id == nil then return nil end
+        return emq.priority_level(score)
+    end
+    -- the next job, which leaves <base>priority at apply
+    function stream.take()
+        local id, score = head()
+        local p = promoted[next_promoted]
+        if p and (id == nil or p.score < score) then
+            id, next_promoted = p.id, next_promoted + 1
+        else
+            rank = rank + 1
+        end
+        lanes.leave_priority[#lanes.leave_priority + 1] = { id = id }
+        return id
+    end
+    return stream
+end
+
+-- Open, type-check, read and decide, writing nothing: { answer = <reply> } (a retry's jobs) or
+-- { jobs = <to apply, maybe none>, lanes = ..., record = <name or nil>, due = <when to look
+-- again> }.  `done`: the job COMPLETECLAIM completes in the same call (nil for CLAIM).
 function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
-    if not emq.type_ok(emq.type(pending), 'zset') or not emq.type_ok(emq.type(active), 'zset') then
+    if not emq.type_ok(emq.type(pending), 'list') or not emq.type_ok(emq.type(active), 'zset') then
         emq.refuse(emq.E.WRONGTYPE)
     end
     local record, rectype
@@ -133,29 +210,70 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     end
     local meta = emq.read_meta(base)
     if meta.paused then return { answer = false } end
-    -- collect up to `count` claimable heads and check every row before anything is
-    -- written: the claim takes all of them or none
-    local ids = emq.zset_head(pending, emq.int(now), count)
-    local jobs = {}
-    for i, id in ipairs(ids) do
-        local row = base .. 'job:' .. id
-        local rtype = emq.open_derived(row, emq.READ_WRITE)
-        if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
-        -- a row that vanished while its id waited starts at attempt 1
-        local attempts = emq.incr(emq.hget(row, rtype, 'attempts'), '1', emq.E.ATTEMPTS_NOT_INTEGER)
-        local tries = emq.incr(emq.hget(row, rtype, 'tries'), '1', emq.E.TRIES_NOT_INTEGER)
-        local token = attempts .. '-' .. redis.sha1hex(nonce .. ':' .. i):sub(1, 16)
-        jobs[i] = { id = id, row = row, tries = tries, token = token }
+    -- promote what is due, then take up to `count` jobs, each from the lane the priorities and
+    -- the tombstones say (emq_priority_goes_first, emq_entry_live), every row checked before
+    -- anything is written: the claim takes all of them or none
+    local lanes = emq.lanes(base, pending)
+    lanes:open(true, true, true)
+    lanes:promote(now)
+    local claim = { base = base, nonce = nonce, jobs = {}, taken = {}, lanes = lanes }
+    if done then claim.taken[done] = true end
+    local stream, entry = priority_stream(lanes), lanes:entries()
+    local index, next_promoted, drops, bound_hit = 0, 1, 0, false
+    while #claim.jobs < count do
+        local level = stream.level()
+        if level ~= nil and level < 0 then
+            take(claim, stream.take())
+        else
+            local live = false
+            while not live do
+                if drops >= emq.DROP_MAX then
+                    bound_hit = true
+                    break
+                end
+                local id = entry(index)
+                if id == nil then break end
+                index = index + 1
+                live = take_if_live(claim, id)
+                if not live then drops = drops + 1 end
+            end
+            if bound_hit then break end
+            if not live then
+                local p = lanes.promoted_tails[next_promoted]
+                if p then
+                    next_promoted = next_promoted + 1
+                    take(claim, p.id)
+                elseif level ~= nil then
+                    take(claim, stream.take())
+                else
+                    break
+                end
+            end
+        end
     end
-    if #jobs == 0 then return { answer = false } end
-    return { jobs = jobs, record = record }
+    -- <pending> loses what was read of it, the promoted entries taken included
+    lanes.pops = index + next_promoted - 1
+    -- never below 0 (a hand-deleted row dropped more than `stale` counted), written only when it changes
+    local d = emq.int(drops)
+    local stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
+    if stale ~= lanes.stale then
+        lanes.stale = stale
+        lanes.stale_changed = true
+    end
+    local due = -1
+    if #claim.jobs == 0 then
+        local left, next_due = lanes:due_left(now)
+        due = (bound_hit or left) and now + 1 or next_due
+    end
+    return { jobs = claim.jobs, lanes = lanes, record = record, due = due }
 end
 
--- The writes, job by job, in the module's order (and so of keyspace events); the reply.
+-- The writes: the lanes (the promotion, the entries taken and dropped), then job by job in the
+-- module's order (and so of keyspace events); the reply (false: nothing claimed).
 function emq.claim_apply(pending, active, prepared, now, deadline)
+    prepared.lanes:apply()
     local reply, rec = {}, {}
     for i, j in ipairs(prepared.jobs) do
-        redis.call('ZREM', pending, j.id)
         redis.call('HINCRBY', j.row, 'attempts', 1)
         redis.call('HSET', j.row, 'tries', j.tries, 'token', j.token, 'state', 'active', 'claimed_at', emq.int(now))
         redis.call('HDEL', j.row, 'closed_by') -- fires "hdel" only when it was there, as the module's
@@ -164,6 +282,7 @@ function emq.claim_apply(pending, active, prepared, now, deadline)
         record_put(rec, j.id)
         record_put(rec, j.token)
     end
+    if #reply == 0 then return false end
     if prepared.record then
         -- remembered as long as the lease: a retry after that finds the jobs lapsed anyway
         redis.call('SET', prepared.record, table.concat(rec))

@@ -1,15 +1,15 @@
 -- _dead.lua -- what RETRY, RETRYDEAD and PURGE share (module/emq_dead.c).
 --
 -- A dead job waits in <dead>, scored with the time it died, with its row.  RETRY sends it
--- (or a cancelled job) back to <pending> with a fresh budget; PURGE deletes it.  The
+-- (or a cancelled job) back to the tail of its lane with a fresh budget; PURGE deletes it.  The
 -- fencing token is not touched: `attempts` keeps counting every claim, and the retry
 -- deletes `closed_by`, so a holder from before the retry stays stale for good.
 
 -- The retry itself, in the order of the core commands it stands for: ZREM <dead>; HSET state
 -- pending tries 0 stalled 0; HINCRBY retries; HDEL cancel_requested, closed_by, finished_at
--- (one "hdel" per field that was there); PERSIST (a cancelled row was expiring); ZADD
--- <pending> now.
-local function retry_apply(dead, pending, row, id, now)
+-- (one "hdel" per field that was there); PERSIST (a cancelled row was expiring).  The job
+-- enters its lane's tail with the caller's lanes:apply() (one RPUSH or ZADD for a batch).
+local function retry_apply(dead, row, id)
     redis.call('ZREM', dead, id)
     redis.call('HSET', row, 'state', 'pending', 'tries', '0', 'stalled', '0')
     redis.call('HINCRBY', row, 'retries', 1)
@@ -17,7 +17,6 @@ local function retry_apply(dead, pending, row, id, now)
     redis.call('HDEL', row, 'closed_by')
     redis.call('HDEL', row, 'finished_at')
     redis.call('PERSIST', row)
-    redis.call('ZADD', pending, emq.int(now), id)
 end
 
 -- [UNTIL <ms>] from argv[first] on: the score bound to pass to ZRANGE ('+inf' without it).

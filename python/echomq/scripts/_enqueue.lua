@@ -1,10 +1,10 @@
 -- _enqueue.lua -- what ENQUEUE and ENQUEUEMANY share (module/emq_enqueue.c): the options,
 -- the new row, and the request record.
 
--- [DELAY <ms> | AT <unix-ms>] [REQ <request-id>], from argv[from]: the request id (or nil)
--- and the due time (now when neither DELAY nor AT).
+-- [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>], from argv[from]: the request id
+-- (or nil), the due time (now when neither DELAY nor AT) and the level (0 without PRIORITY).
 local function parse_options(argv, from, argc, now)
-    local seen_when, req, due = nil, nil, now
+    local seen_when, req, due, level, seen_priority = nil, nil, now, 0, false
     for i = from, argc - 1, 2 do
         if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
         local opt, val = argv[i], argv[i + 1]
@@ -12,6 +12,9 @@ local function parse_options(argv, from, argc, now)
         if emq.option_is(opt, 'REQ') and not req then
             if #val == 0 then emq.refuse(emq.E.REQ_EMPTY) end
             req = val
+        elseif emq.option_is(opt, 'PRIORITY') and not seen_priority then
+            seen_priority = true
+            level = emq.parse_priority(val)
         elseif delay or at then
             local which = delay and 'DELAY' or 'AT'
             if seen_when then emq.refuse(seen_when == which and emq.E.SYNTAX or emq.E.DELAY_AND_AT) end
@@ -21,13 +24,32 @@ local function parse_options(argv, from, argc, now)
             emq.refuse(emq.E.SYNTAX)
         end
     end
-    return req, due
+    return req, due, level
 end
 
--- The new row: one HSET, as the core command would be.
-local function write_row(row, payload, now)
-    redis.call('HSET', row, 'state', 'pending', 'attempts', '0', 'tries', '0', 'payload', payload,
-        'enqueued_at', emq.int(now))
+-- <setting>: "<max-limit> <max-payload-bytes>" (ENQUEUE has no count: its max-limit is unused).
+local function enqueue_setting(setting)
+    local limit, payload = (setting or ''):match('^(%S*) ?(.*)$')
+    return emq.max_limit(limit), emq.max_bytes(payload)
+end
+
+-- The payload's ceiling (emq.max-payload-bytes).
+local function check_payload(payload, max_payload)
+    if #payload > max_payload then emq.refuse(emq.E.PAYLOAD_TOO_LARGE) end
+end
+
+-- The new row: one HSET, as the core command would be: state, the payload and its pieces,
+-- enqueued_at, and the level when it is not 0.  No counters: absent is 0 claims.
+local function write_row(row, payload, now, level)
+    local fields = { 'state', 'pending' }
+    emq.pieces(fields, 'payload', payload)
+    fields[#fields + 1] = 'enqueued_at'
+    fields[#fields + 1] = emq.int(now)
+    if level ~= 0 then
+        fields[#fields + 1] = 'priority'
+        fields[#fields + 1] = emq.int(level)
+    end
+    redis.call('HSET', row, unpack(fields))
 end
 
 -- The request record, <base>req:<request-id> (nil without REQ), opened as the module opens it:

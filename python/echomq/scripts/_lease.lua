@@ -4,29 +4,21 @@
 -- The lease IS the active set's score, so extending it is one ZADD XX of the deadline,
 -- guarded by the fence (the row's token and the id's membership in <active>).
 
--- Past maxmemory?  The module asks its context (REDISMODULE_CTX_FLAGS_OOM); a script reads
--- what that flag is made of: the memory in use, less what eviction does not count, above
--- maxmemory.  Asked only for a checkpoint that stores state.
-local function past_maxmemory()
-    local info = redis.call('INFO', 'memory')
-    local function field(name)
-        return tonumber(info:match('\n' .. name .. ':(%d+)') or '0')
-    end
-    local max = field('maxmemory')
-    if max == 0 then return false end
-    return field('used_memory') - field('mem_not_counted_for_evict') > max
-end
-
 -- EMQ.EXTEND <active> <job> <id> <token> <lease-ms>
--- EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms> [STATE <bytes>]
+-- EMQ.CHECKPOINT <active> <job> <id> <token> <lease-ms> [STATE <bytes>] [PROGRESS <bytes>]
 local function extend_lease(with_cancel, name)
     -- parse
     local argv, argc, max_state_bytes = emq.args()
     if (with_cancel and argc < 6) or (not with_cancel and argc ~= 6) then emq.wrong_arity(name) end
-    local state = nil
+    local state, progress = nil, nil
     for i = 6, argc - 1, 2 do
-        if i + 1 >= argc or state or not emq.option_is(argv[i], 'STATE') then emq.refuse(emq.E.SYNTAX) end
-        state = argv[i + 1]
+        if i + 1 < argc and not state and emq.option_is(argv[i], 'STATE') then
+            state = argv[i + 1]
+        elseif i + 1 < argc and not progress and emq.option_is(argv[i], 'PROGRESS') then
+            progress = argv[i + 1]
+        else
+            emq.refuse(emq.E.SYNTAX)
+        end
     end
     local active, row, id, token = argv[1], argv[2], argv[3], argv[4]
     if active == row then emq.refuse(emq.E.SAME_KEY) end
@@ -34,11 +26,11 @@ local function extend_lease(with_cancel, name)
     if not emq.job_key_matches(active, row, id) then emq.refuse(emq.E.JOB_KEY) end
     local now = emq.now_ms()
     local deadline = emq.lease_deadline(now, argv[5])
-    if state then
-        -- the server's emq.max-state-bytes, as the client was told it (a script cannot read it)
-        if #state > emq.max_state_bytes(max_state_bytes) then emq.refuse(emq.E.STATE_TOO_LARGE) end
-        if past_maxmemory() then emq.refuse(emq.E.OOM) end
-    end
+    -- the server's emq.max-state-bytes, as the client was told it (a script cannot read it)
+    local max_state = emq.max_state_bytes(max_state_bytes)
+    if state and #state > max_state then emq.refuse(emq.E.STATE_TOO_LARGE) end
+    if progress and #progress > max_state then emq.refuse(emq.E.PROGRESS_TOO_LARGE) end
+    if (state or progress) and emq.past_maxmemory() then emq.refuse(emq.E.OOM) end
 
     -- open and type-check
     local rtype = emq.type(row)
@@ -55,10 +47,17 @@ local function extend_lease(with_cancel, name)
 
     -- apply: a deadline equal to the current score changes nothing (no event, no effect)
     redis.call('ZADD', active, 'XX', emq.int(deadline), id)
+    -- one HSET of the state's fields and the progress, as the module's
+    local fields = {}
     if state then
         local attempts = redis.call('HGET', row, 'attempts') or '0'
-        redis.call('HSET', row, 'checkpoint', state, 'checkpoint_at', emq.int(now), 'checkpoint_attempt', attempts)
+        fields = { 'checkpoint', state, 'checkpoint_at', emq.int(now), 'checkpoint_attempt', attempts }
     end
+    if progress then
+        fields[#fields + 1] = 'progress'
+        fields[#fields + 1] = progress
+    end
+    if #fields > 0 then redis.call('HSET', row, unpack(fields)) end
 
     -- reply
     if not with_cancel then return 1 end

@@ -1,7 +1,8 @@
 #!lua
 -- EMQ.CANCEL <pending> <base> <id> <reason>                            (module/emq_cancel.c)
 --
--- +cancelled  the job was pending: it left <pending>, state=cancelled
+-- +cancelled  the job was waiting (state pending): it left its lane (its <pending> entry
+--             stays, a tombstone claims drop), state=cancelled, announced on <base>done:<id>
 -- +requested  the job is held (or otherwise not pending): the request is on the row for the
 --             holder's next EMQ.CHECKPOINT, and <id> is published on <base>cancel
 -- +finished   the job is done, dead or cancelled already: nothing written
@@ -17,17 +18,17 @@ return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     local now = emq.now_ms()
 
     -- open and type-check: the derived row's ACL before it is read
-    if not emq.type_ok(emq.type(pending), 'zset') then emq.refuse(emq.E.WRONGTYPE) end
+    if not emq.type_ok(emq.type(pending), 'list') then emq.refuse(emq.E.WRONGTYPE) end
     local row = base .. 'job:' .. id
     local rtype = emq.open_derived(row, emq.READ_WRITE)
     if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
 
-    -- read and decide (emq_cancel_decide)
+    -- read and decide (emq_cancel_decide): a row that says pending is a waiting job
     if rtype == 'none' then return -1 end
-    local in_pending = redis.call('ZSCORE', pending, id) ~= false
+    local state = emq.hget(row, rtype, 'state')
     local first = not emq.hexists(row, rtype, 'cancel_requested')
-    if not in_pending then
-        if emq.state_is_finished(emq.hget(row, rtype, 'state')) then return redis.status_reply('finished') end
+    if state ~= 'pending' then
+        if emq.state_is_finished(state) then return redis.status_reply('finished') end
         -- held: store the request (only the first time) and tell the holder now; workers
         -- listen on <base>cancel and checkpoint at once, which delivers the reason
         if first then
@@ -41,15 +42,19 @@ return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
         return redis.status_reply('requested')
     end
     local meta = emq.read_meta(base)
+    local lanes = emq.lanes(base, pending)
+    lanes:remove(id, emq.row_level(row, rtype))
+    emq.ended_prepare(base, id, 'cancelled', false)
 
     -- apply: a waiting job is cancelled on the spot
     local at = emq.int(now)
-    redis.call('ZREM', pending, id)
+    lanes:apply()
     if first then
         redis.call('HSET', row, 'state', 'cancelled', 'finished_at', at, 'cancel_requested', reason)
     else
         redis.call('HSET', row, 'state', 'cancelled', 'finished_at', at)
     end
+    emq.ended_apply(base, id, 'cancelled', false)
     emq.retain(row, now, meta.cancelled_ttl)
     return redis.status_reply('cancelled')
 end)

@@ -3,9 +3,11 @@
 --                                                                      (module/emq_claim.c)
 --
 -- Reply: an array of up to <n> (default 1, at most 1000 or emq.max-limit) jobs, each [id, token, payload,
--- attempt, state], oldest first; null when nothing is claimable (the queue is empty, every
--- waiting job is delayed, or the queue is paused): nothing was written then.  With REQ, a
--- retry of the same request answers the jobs that request claimed and still holds.
+-- attempt, state], in priority order (smaller first, first in first out within a level); null
+-- when nothing is claimable (the queue is empty, every waiting job is delayed, or the queue is
+-- paused).  First the due members of <base>delayed move to their lanes, and tombstones met are
+-- dropped (both also when nothing is claimed).  With REQ, a retry of the same request answers
+-- the jobs that request claimed and still holds.
 --
 -- The token is "<attempts>-<16 hex>", as the module makes it.  The module draws 8 random
 -- bytes per job; a script cannot: math.random is one fixed sequence, started from the same
@@ -19,7 +21,7 @@
 -- nonce; the jobs of one call differ by i), also from a claim a failover made the server
 -- forget, whose counter repeats; and it cannot be guessed without the nonce.
 -- include: _claim.lua
-return emq.verb({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, setting = emq.args()
     local nonce, max_limit = emq.claim_setting(setting)

@@ -1,32 +1,34 @@
 #!lua
 -- EMQ.COMPLETECLAIM <active> <job> <pending> <id> <token> <lease-ms> [COUNT <n>] [REQ <rid>]
---                                                                      (module/emq_claim.c)
+--                   [RESULT <bytes>]                                   (module/emq_claim.c)
 --
 -- EMQ.COMPLETE, then EMQ.CLAIM (<base> from <active>), in one call: a worker finishes a job
 -- and takes the next in one round trip.  Everything both check comes first: an error
 -- answers as its verb would, and then nothing was written.  Reply: [COMPLETE's reply,
 -- CLAIM's reply (jobs, or null)].  No BLOCK.  The claim's tokens as claim.lua makes them.
+-- <setting> is "<nonce> <max-limit> <max-result-bytes>".
 -- include: _complete.lua
 -- include: _claim.lua
-return emq.verb({ 'ZREM', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'DEL', 'PEXPIREAT' },
+    function()
     -- parse
     local argv, argc, setting = emq.args()
-    local nonce, max_limit = emq.claim_setting(setting)
+    local nonce, max_limit, max_result = emq.claim_setting(setting)
     if argc < 7 then emq.wrong_arity('emq.completeclaim') end
     local active, row, pending, id, token = argv[1], argv[2], argv[3], argv[4], argv[5]
     emq.complete_check(active, row, id)
     local now = emq.now_ms()
-    local count, req = emq.claim_options(argv, argc, 7, false, now, max_limit)
+    local count, req, result = emq.claim_options(argv, argc, 7, false, now, max_limit, max_result)
     local base = active:sub(1, #active - #'active')
     emq.check_queue({ pending, active }, 1, { 'pending', 'active' }, base, emq.E.PENDING_ACTIVE_KEYS)
     local deadline = emq.lease_deadline(now, argv[6])
 
     -- open, type-check, read and decide: the complete's, then the claim's
-    local done = emq.complete_prepare(active, row, id, token)
+    local done = emq.complete_prepare(active, row, id, token, result)
     local claimed = emq.claim_prepare(pending, active, base, count, req, now, nonce, done.write and id or nil)
 
     -- apply
     emq.complete_apply(active, row, id, done, now)
     if claimed.answer ~= nil then return { done.reply, claimed.answer } end
     return { done.reply, emq.claim_apply(pending, active, claimed, now, deadline) }
-end)
+    end)

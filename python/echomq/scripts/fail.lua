@@ -1,15 +1,46 @@
 #!lua
--- EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error> [DELAY <ms>]
---                                                                     (module/emq_finish.c)
+-- EMQ.FAIL <active> <pending> <dead> <base> <id> <token> <max-attempts> <error>
+--          [DELAY <ms>] [TRACE <text>] [DEAD]                          (module/emq_finish.c)
 --
 -- The holder's handler failed.  Below <max-attempts> tries (claims since the job was
--- enqueued or last retried) the job goes back to <pending> at server-now (+ DELAY ms: the
--- worker's backoff; it is claimable again only then); at it, the job is
+-- enqueued or last retried) the job goes back to the tail of its lane (or, with DELAY ms, the
+-- worker's backoff, to <base>delayed until then); at it, or at once with DEAD, the job is
 -- dead-lettered (into <dead>, scored with the time it died) and counted in
--- <base>metrics:failed.  The row keeps the error text in last_error either way.  A job with
--- a cancel request ends as state=cancelled instead.  Reply: +pending, +dead or +cancelled;
--- :-1 gone; -EMQSTALE as COMPLETE; a retry answers where the first call sent the job.
-return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, function()
+-- <base>metrics:failed.  The row keeps the error text in last_error, and the traceback in
+-- `traceback` with TRACE (a FAIL without TRACE deletes an earlier one).  A job with a cancel
+-- request ends as state=cancelled instead.  A job that ends is announced on <base>done:<id>.
+-- Reply: +pending, +dead or +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers where
+-- the first call sent the job.
+local MAX_TRACE_BYTES = 65536
+
+-- [DELAY <ms>] [TRACE <text>] [DEAD] from argv[9] on, each once, in any order.
+local function fail_options(argv, argc, now)
+    local due, trace, dead, seen_delay = now, nil, false, false
+    local i = 9
+    while i < argc do
+        local opt = argv[i]
+        if emq.option_is(opt, 'DEAD') and not dead then
+            dead = true
+            i = i + 1
+        else
+            if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
+            local val = argv[i + 1]
+            if emq.option_is(opt, 'DELAY') and not seen_delay then
+                seen_delay = true
+                due = emq.due_after_delay(now, val)
+            elseif emq.option_is(opt, 'TRACE') and not trace then
+                if #val > MAX_TRACE_BYTES then emq.refuse(emq.E.TRACE_TOO_LARGE) end
+                trace = val
+            else
+                emq.refuse(emq.E.SYNTAX)
+            end
+            i = i + 2
+        end
+    end
+    return due, trace, dead
+end
+
+return emq.verb({ 'ZREM', 'HSET', 'HDEL', 'ZADD', 'RPUSH', 'HINCRBY', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 9 then emq.wrong_arity('emq.fail') end
@@ -18,14 +49,10 @@ return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, funct
     emq.parse_count(argv[7], emq.E.MAX_ATTEMPTS)
     local id, token, error_text = argv[5], argv[6], argv[8]
     local now = emq.now_ms()
-    local due = now
-    if argc > 9 then -- [DELAY <ms>]: the worker's backoff
-        if argc ~= 11 or not emq.option_is(argv[9], 'DELAY') then emq.refuse(emq.E.SYNTAX) end
-        due = emq.due_after_delay(now, argv[10])
-    end
+    local due, trace, dead_now = fail_options(argv, argc, now)
 
     -- open and type-check: the derived row's ACL before it is read
-    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'zset')
+    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'list')
         or not emq.type_ok(emq.type(dead), 'zset') then
         emq.refuse(emq.E.WRONGTYPE)
     end
@@ -48,7 +75,7 @@ return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, funct
     end
     if emq.hexists(row, rtype, 'cancel_requested') then
         route = emq.TO_CANCELLED
-    elseif emq.dec_cmp(tries, emq.canonical(argv[7])) >= 0 then
+    elseif dead_now or emq.dec_cmp(tries, emq.canonical(argv[7])) >= 0 then
         route = emq.TO_DEAD
     else
         route = emq.TO_PENDING
@@ -60,21 +87,36 @@ return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'HINCRBY', 'DEL', 'PEXPIREAT' }, funct
         if not emq.type_ok(mtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
         emq.incr(emq.hget(metrics, mtype, 'count'), '1', emq.E.FAILED_NOT_INTEGER)
     end
+    local lanes = emq.lanes(base, pending)
+    if route == emq.TO_PENDING then lanes:enter(id, emq.row_level(row, rtype), due, now) end
+    emq.left_active_prepare(base, id)
+    if route ~= emq.TO_PENDING then emq.ended_prepare(base, id, route, false) end
 
     -- apply
     local at = emq.int(now)
     redis.call('ZREM', active, id)
+    emq.left_active_apply(base, id)
+    if trace == nil then redis.call('HDEL', row, 'traceback') end
+    local fields = { 'state', route, 'last_error', error_text }
+    if trace then
+        fields[#fields + 1] = 'traceback'
+        fields[#fields + 1] = trace
+    end
+    if route ~= emq.TO_PENDING then
+        fields[#fields + 1] = 'finished_at'
+        fields[#fields + 1] = at
+    end
+    fields[#fields + 1] = 'closed_by'
+    fields[#fields + 1] = 'fail:' .. route
+    redis.call('HSET', row, unpack(fields))
     if route == emq.TO_PENDING then
-        redis.call('HSET', row, 'state', 'pending', 'last_error', error_text, 'closed_by', 'fail:pending')
-        redis.call('ZADD', pending, emq.int(due), id)
+        lanes:apply()
     elseif route == emq.TO_DEAD then
-        redis.call('HSET', row, 'state', 'dead', 'last_error', error_text, 'finished_at', at,
-            'closed_by', 'fail:dead')
         redis.call('ZADD', dead, at, id)
         redis.call('HINCRBY', metrics, 'count', 1)
+        emq.ended_apply(base, id, route, false)
     else
-        redis.call('HSET', row, 'state', 'cancelled', 'last_error', error_text, 'finished_at', at,
-            'closed_by', 'fail:cancelled')
+        emq.ended_apply(base, id, route, false)
         emq.retain(row, now, meta.cancelled_ttl)
     end
     return redis.status_reply(route)

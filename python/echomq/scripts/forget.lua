@@ -24,10 +24,18 @@ return emq.verb({ 'DEL' }, function()
         forget[#rows] = state == 'done' or state == 'cancelled'
     end
 
+    -- the rows deleted are of jobs that ended: the `ended` hook's deletion steps run
+    for i = 1, #rows do
+        if forget[i] then emq.ended_prepare(base, argv[2 + i], 'deleted', true) end
+    end
+
     -- apply
     local deleted = 0
     for i, row in ipairs(rows) do
-        if forget[i] then deleted = deleted + redis.call('DEL', row) end
+        if forget[i] then
+            deleted = deleted + redis.call('DEL', row)
+            emq.ended_apply(base, argv[2 + i], 'deleted', true)
+        end
     end
     return deleted
 end)

@@ -1,13 +1,15 @@
 #!lua flags=allow-oom
 -- EMQ.OBLITERATE <active> <pending> <dead> <base> <limit> [FORCE]     (module/emq_admin.c)
 --
--- One bounded step of deleting a queue: up to <limit> members of <pending>, then <dead>,
--- then <active> (with FORCE), each with its row.  While members remain after the step the
--- queue is paused (meta `paused`); the step that leaves the three sets empty also deletes
--- <base>meta and <base>metrics:failed.  Reply [removed, remaining].  -EMQBUSY when <active>
--- is not empty and FORCE is not given: nothing written.  Not deny-oom (allow-oom): it frees
--- memory.
-return emq.verb({ 'ZREM', 'DEL', 'HSET' }, function()
+-- One bounded step of deleting a queue: up to <limit> entries of <pending>, then members of
+-- <base>priority, <base>delayed, <dead>, then <active> (with FORCE), each with its row (a
+-- tombstone of <pending> has none: it only leaves, counted off `stale`).  While members remain
+-- after the step the queue is paused (meta `paused`); the step that leaves them all empty also
+-- deletes <base>meta and <base>metrics:failed.  Reply [removed, remaining]: the jobs removed
+-- (tombstones not counted), the entries and members left (tombstones counted).  -EMQBUSY when
+-- <active> is not empty and FORCE is not given: nothing written.  A job deleted before it ended
+-- is announced on <base>done:<id>.  Not deny-oom (allow-oom): it frees memory.
+return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc ~= 6 and argc ~= 7 then emq.wrong_arity('emq.obliterate') end
@@ -21,42 +23,77 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET' }, function()
     local limit = emq.parse_limit(argv[5], emq.max_limit(max_limit))
 
     -- open and type-check
-    for _, set in ipairs({ active, pending, dead }) do
-        if not emq.type_ok(emq.type(set), 'zset') then emq.refuse(emq.E.WRONGTYPE) end
+    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'list')
+        or not emq.type_ok(emq.type(dead), 'zset') then
+        emq.refuse(emq.E.WRONGTYPE)
     end
     if not force and redis.call('EXISTS', active) == 1 then emq.refuse(emq.E.BUSY) end
+    local lanes = emq.lanes(base, pending)
+    lanes:open(true, true, false)
 
-    -- read: the members this step takes, pending first, the held last
-    local members = {}
-    for _, set in ipairs({ pending, dead, active }) do
-        for _, id in ipairs(emq.zset_head(set, '+inf', math.min(limit, 2147483647) - #members)) do
-            members[#members + 1] = { id = id, set = set, row = base .. 'job:' .. id }
+    -- read: the entries and members this step takes, <pending> first, the held last; every row
+    -- it reads or deletes is checked first
+    local members, entries, tombstones, deleting = {}, 0, 0, {}
+    local entry = lanes:entries()
+    while #members < limit do
+        local id = entry(entries)
+        if id == nil then break end
+        entries = entries + 1
+        local row = base .. 'job:' .. id
+        local rtype = emq.open_derived(row, emq.READ_DELETE)
+        if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+        local live = rtype == 'hash' and emq.hget(row, rtype, 'state') == 'pending'
+            and not emq.hexists(row, rtype, 'priority') and not lanes:is_delayed(id) and not deleting[id]
+        if live then deleting[id] = true else tombstones = tombstones + 1 end
+        members[#members + 1] = { id = id, row = row, deletes = live, ended = false }
+    end
+    for _, set in ipairs({ lanes.priority, lanes.delayed, dead, active }) do
+        for _, id in ipairs(emq.zset_head(set, '+inf', limit - #members)) do
+            members[#members + 1] = { id = id, set = set, row = base .. 'job:' .. id, deletes = true, ended = set == dead }
         end
     end
-    local remaining = redis.call('ZCARD', active) + redis.call('ZCARD', pending) + redis.call('ZCARD', dead)
-        - #members
+    local remaining = redis.call('LLEN', pending) + redis.call('ZCARD', lanes.priority)
+        + redis.call('ZCARD', lanes.delayed) + redis.call('ZCARD', dead) + redis.call('ZCARD', active) - #members
 
     -- decide: every key this step deletes or writes is checked first
     for _, m in ipairs(members) do
-        emq.open_derived(m.row, emq.DELETE)
+        if m.set then emq.open_derived(m.row, emq.DELETE) end
+    end
+    for _, m in ipairs(members) do
+        if m.deletes then emq.ended_prepare(base, m.id, 'deleted', m.ended) end
     end
     local metrics, meta = base .. 'metrics:failed', base .. 'meta'
-    if remaining == 0 then emq.open_derived(metrics, emq.DELETE) end
-    -- the step that empties the sets deletes <base>meta (whatever it holds: a meta of the wrong
-    -- type cannot be paused, but it can be deleted); the others pause the queue in it
-    local mtype = emq.open_derived(meta, remaining == 0 and emq.DELETE or emq.READ_WRITE)
-    if not emq.type_ok(mtype, 'hash') and remaining ~= 0 then emq.refuse(emq.E.WRONGTYPE) end
+    if remaining == 0 then
+        emq.open_derived(metrics, emq.DELETE)
+        -- the step that empties the sets deletes <base>meta (whatever it holds: a meta of the
+        -- wrong type cannot be paused, but it can be deleted)
+        emq.open_derived(meta, emq.DELETE)
+    else
+        -- the others pause the queue in it, and count off the tombstones
+        lanes:open(false, false, true)
+        local d = emq.int(tombstones)
+        local stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
+        if stale ~= lanes.stale then
+            lanes.stale = stale
+            lanes.stale_changed = true
+        end
+    end
 
-    -- apply
+    -- apply: the entries of <pending> in one LPOP, then member by member
+    if entries > 0 then redis.call('LPOP', pending, entries) end
     for _, m in ipairs(members) do
-        redis.call('ZREM', m.set, m.id)
-        redis.call('DEL', m.row)
+        if m.set then redis.call('ZREM', m.set, m.id) end
+        if m.deletes then
+            redis.call('DEL', m.row)
+            emq.ended_apply(base, m.id, 'deleted', m.ended)
+        end
     end
     if remaining == 0 then
         redis.call('DEL', meta)
         redis.call('DEL', metrics)
-    elseif not emq.hexists(meta, mtype, 'paused') then
-        redis.call('HSET', meta, 'paused', '1')
+    else
+        if not emq.hexists(meta, lanes.types.meta, 'paused') then redis.call('HSET', meta, 'paused', '1') end
+        lanes:apply()
     end
-    return { #members, remaining }
+    return { #members - tombstones, remaining } -- the jobs removed (a tombstone is none), the entries left
 end)

@@ -24,11 +24,18 @@ return emq.verb({ 'ZREM', 'DEL' }, function()
     for _, d in ipairs(batch) do
         d.act = d.rtype == 'none' or emq.hget(d.row, d.rtype, 'state') == 'dead'
     end
+    -- the rows deleted are of jobs that ended: the `ended` hook's deletion steps run
+    for _, d in ipairs(batch) do
+        if d.act then emq.ended_prepare(base, d.id, 'deleted', true) end
+    end
 
     -- apply: ZREM, then DEL, member by member
     for _, d in ipairs(batch) do
         redis.call('ZREM', dead, d.id)
-        if d.act then redis.call('DEL', d.row) end
+        if d.act then
+            redis.call('DEL', d.row)
+            emq.ended_apply(base, d.id, 'deleted', true)
+        end
     end
     return #batch
 end)

@@ -3,10 +3,11 @@
 --
 -- The holder gives the job back without using an attempt: it leaves <active>, its row's
 -- `tries` goes back down by one (never below 0), no stall is counted, and it waits at the
--- head of <pending> (score 0).  A job whose cancel was requested ends cancelled.  Reply:
--- +pending or +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers as the first
--- call did.  Not deny-oom (allow-oom): a shutdown must give jobs back under memory pressure.
-return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
+-- head of its lane (<pending>'s head, or seq 0 of its level in <base>priority).  A job whose
+-- cancel was requested ends cancelled (announced on <base>done:<id>).  Reply: +pending or
+-- +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers as the first call did.  Not
+-- deny-oom (allow-oom): a shutdown must give jobs back under memory pressure.
+return emq.verb({ 'ZREM', 'HSET', 'LPUSH', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc ~= 6 then emq.wrong_arity('emq.release') end
@@ -16,7 +17,7 @@ return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
     local now = emq.now_ms()
 
     -- open and type-check: the derived row's ACL before it is read
-    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'zset') then
+    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'list') then
         emq.refuse(emq.E.WRONGTYPE)
     end
     local row = base .. 'job:' .. id
@@ -34,17 +35,26 @@ return emq.verb({ 'ZREM', 'HSET', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
     if refusal then emq.refuse(refusal) end
     local tries = emq.incr(emq.hget(row, rtype, 'tries'), '0', emq.E.TRIES_NOT_INTEGER)
     local meta
-    if cancelled then meta = emq.read_meta(base) end
+    local lanes = emq.lanes(base, pending)
+    if cancelled then
+        meta = emq.read_meta(base)
+    else
+        lanes:place(id, emq.row_level(row, rtype), true)
+    end
+    emq.left_active_prepare(base, id)
+    if cancelled then emq.ended_prepare(base, id, 'cancelled', false) end
 
     -- apply
     redis.call('ZREM', active, id)
+    emq.left_active_apply(base, id)
     if cancelled then
         redis.call('HSET', row, 'state', 'cancelled', 'finished_at', emq.int(now), 'closed_by', 'release:cancelled')
+        emq.ended_apply(base, id, 'cancelled', false)
         emq.retain(row, now, meta.cancelled_ttl)
         return redis.status_reply('cancelled')
     end
     local back = emq.dec_cmp(tries, '0') > 0 and emq.dec_add(tries, '-1') or '0'
     redis.call('HSET', row, 'tries', back, 'state', 'pending', 'closed_by', 'release:pending')
-    redis.call('ZADD', pending, 0, id)
+    lanes:apply()
     return redis.status_reply('pending')
 end)

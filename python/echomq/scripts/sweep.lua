@@ -2,10 +2,12 @@
 -- EMQ.SWEEP <active> <pending> <dead> <base> <max-stalled> <limit>      (module/emq_sweep.c)
 --
 -- Reply: [recovered ids, dead ids, cancelled ids, dead rows expired], the lists in
--- processing order.  Takes the members of <active> whose lease lapsed (score <= server-now),
--- oldest first, at most <limit>: each counts a stall and goes back to <pending> (score 0) or,
--- at <max-stalled> stalls, to <dead> (scored with the time it died, counted in the metric);
--- one whose cancel was requested ends cancelled.  With a dead retention (<base>meta
+-- processing order.  First the due members of <base>delayed move to their lanes (as a claim's
+-- do).  Takes the members of <active> whose lease lapsed (score <= server-now), oldest first,
+-- at most <limit>: each counts a stall and goes back to the head of its lane (in deadline
+-- order) or, at <max-stalled> stalls, to <dead> (scored with the time it died, counted in the
+-- metric); one whose cancel was requested ends cancelled.  A job that ends is announced on
+-- <base>done:<id>.  With a dead retention (<base>meta
 -- dead_ttl_ms >= 0), dead jobs that died that long ago leave <dead> with their rows, as many
 -- as <limit> leaves room for after the lapsed ones.  Every row and the metric are read and
 -- checked before the first write.
@@ -14,7 +16,7 @@
 -- client's max_limit (<setting>) stands in for it.
 local RECOVERED, DEAD, CANCELLED, EXPIRED = 1, 2, 3, 4
 
-return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'RPUSH', 'LPUSH', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc ~= 7 then emq.wrong_arity('emq.sweep') end
@@ -26,13 +28,15 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
     local now = emq.now_ms()
 
     -- open and type-check
-    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'zset')
+    if not emq.type_ok(emq.type(active), 'zset') or not emq.type_ok(emq.type(pending), 'list')
         or not emq.type_ok(emq.type(dead), 'zset') then
         emq.refuse(emq.E.WRONGTYPE)
     end
 
-    -- read: the settings, the lapsed jobs, and the dead past their retention
+    -- read: the settings, the due delayed jobs, the lapsed jobs, and the dead past their retention
     local meta = emq.read_meta(base)
+    local lanes = emq.lanes(base, pending)
+    lanes:promote(now)
     local jobs = {}
     for _, id in ipairs(emq.zset_head(active, emq.int(now), limit)) do
         jobs[#jobs + 1] = { id = id, row = base .. 'job:' .. id, fate = RECOVERED }
@@ -58,9 +62,13 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
     for _, j in ipairs(jobs) do
         local rtype = emq.open_derived(j.row, access(j))
         if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
-        if j.fate ~= EXPIRED then
+        if j.fate == EXPIRED then
+            emq.ended_prepare(base, j.id, 'deleted', true)
+        else
+            emq.left_active_prepare(base, j.id)
             if emq.hexists(j.row, rtype, 'cancel_requested') then
                 j.fate = CANCELLED
+                emq.ended_prepare(base, j.id, 'cancelled', false)
             else
                 -- a row that vanished while its id stayed active is re-created by the stall
                 -- count, as HINCRBY would: the id is not silently dropped
@@ -68,6 +76,10 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
                 if emq.dec_cmp(stalled, emq.canonical(argv[5])) >= 0 then
                     j.fate = DEAD
                     deaths = deaths + 1
+                    emq.ended_prepare(base, j.id, 'dead', false)
+                else
+                    -- back to the head of its lane, in deadline order
+                    lanes:place(j.id, emq.row_level(j.row, rtype), true)
                 end
             end
         end
@@ -86,10 +98,13 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
         if j.fate == EXPIRED then
             redis.call('ZREM', dead, j.id)
             redis.call('DEL', j.row)
+            emq.ended_apply(base, j.id, 'deleted', true)
         else
             redis.call('ZREM', active, j.id)
+            emq.left_active_apply(base, j.id)
             if j.fate == CANCELLED then
                 redis.call('HSET', j.row, 'state', 'cancelled', 'finished_at', at)
+                emq.ended_apply(base, j.id, 'cancelled', false)
                 emq.retain(j.row, now, meta.cancelled_ttl)
             else
                 redis.call('HINCRBY', j.row, 'stalled', 1)
@@ -98,8 +113,8 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
                     redis.call('HSET', j.row, 'last_error', 'stalled', 'finished_at', at)
                     redis.call('ZADD', dead, at, j.id)
                     redis.call('HINCRBY', metrics, 'count', 1)
+                    emq.ended_apply(base, j.id, 'dead', false)
                 else
-                    redis.call('ZADD', pending, 0, j.id)
                     redis.call('HSET', j.row, 'state', 'pending')
                 end
             end
@@ -107,5 +122,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'PEXPIREAT' }, funct
             list[#list + 1] = j.id
         end
     end
+    -- the lanes last: the promotion, and the recovered at their heads
+    lanes:apply()
     return { lists[RECOVERED], lists[DEAD], lists[CANCELLED], #jobs - lapsed }
 end)

@@ -225,9 +225,10 @@
 
   function drawPending(queue, jobs, total) {
     heading("pending-count", jobs.length, total, lastState.selected.pending_page_size);
-    if (!changed("pending", [queue, jobs.map((j) => [j.id, j.delayed, Math.round(j.waiting_ms / 1000)])])) return;
+    if (!changed("pending", [queue, jobs.map((j) => [j.id, j.priority, j.delayed, Math.round(j.waiting_ms / 1000)])])) return;
     document.querySelector("#pending tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
+      el("td", { class: "num" }, j.priority),
       el("td", { class: "when", title: j.delayed ? localTime(j.due_at) : "" },
         j.delayed ? `due in ${duration(j.due_at - lastState.server_time)}` : duration(j.waiting_ms)),
       el("td", { class: "num" }, `${j.tries}/${j.attempts}`),

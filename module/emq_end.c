@@ -1,0 +1,50 @@
+/* emq_end.c -- see emq_end.h.  One section per step, in each function. */
+#include "emq_end.h"
+
+#include "emq.h"
+
+void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base) {
+    e->ctx = ctx;
+    e->base = base;
+}
+
+void emq_end_close(EmqEnd *e) {
+    (void)e;
+}
+
+int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id) {
+    (void)e;
+    (void)id;
+    /* No step yet: group counters (a job of a group leaves its slot) will be the first. */
+    return EMQ_OK;
+}
+
+void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id) {
+    (void)e;
+    (void)fx;
+    (void)id;
+}
+
+int emq_ended_prepare(EmqEnd *e, RedisModuleString *id, int how, int already) {
+    (void)e;
+    (void)id;
+    (void)how;
+    (void)already;
+    /* The announcement needs nothing read or checked: a message nobody
+     * hears is harmless, and a waiter reads the row before it waits. */
+    return EMQ_OK;
+}
+
+/* Step: the announcement on <base>done:<id>, for the job's waiters. */
+static void announce(EmqEnd *e, RedisModuleString *id) {
+    RedisModuleString *channel = emq_derived_key(e->ctx, e->base, "done:", id);
+    if (RedisModule_PublishMessageShard) RedisModule_PublishMessageShard(e->ctx, channel, id);
+    else RedisModule_PublishMessage(e->ctx, channel, id);
+    RedisModule_FreeString(e->ctx, channel);
+}
+
+void emq_ended_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id, int how, int already) {
+    (void)fx;
+    (void)how;
+    if (!already) announce(e, id);
+}

@@ -1,0 +1,298 @@
+/* emq_lanes.c -- see emq_lanes.h. */
+#include "emq_lanes.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emq.h"
+
+void emq_ids_add(EmqIds *a, RedisModuleString *id, long long score) {
+    if (a->n == a->cap) {
+        a->cap = a->cap ? a->cap * 2 : 8;
+        a->ids = RedisModule_Realloc(a->ids, (size_t)a->cap * sizeof *a->ids);
+        a->scores = RedisModule_Realloc(a->scores, (size_t)a->cap * sizeof *a->scores);
+    }
+    RedisModule_RetainString(NULL, id);
+    a->ids[a->n] = id;
+    a->scores[a->n++] = score;
+}
+
+void emq_ids_free(EmqIds *a) {
+    for (long i = 0; i < a->n; i++) RedisModule_FreeString(NULL, a->ids[i]);
+    RedisModule_Free(a->ids);
+    RedisModule_Free(a->scores);
+    memset(a, 0, sizeof *a);
+}
+
+/* By score; the scores of a promotion are all different (each its own seq). */
+static int by_score(const void *a, const void *b) {
+    long long x = ((const long long *)a)[0], y = ((const long long *)b)[0];
+    return (x > y) - (x < y);
+}
+
+void emq_sort_scored(EmqIds *a) {
+    if (a->n < 2) return;
+    long long *pairs = RedisModule_Alloc((size_t)a->n * 2 * sizeof *pairs);
+    for (long i = 0; i < a->n; i++) pairs[2 * i] = a->scores[i], pairs[2 * i + 1] = i;
+    qsort(pairs, (size_t)a->n, 2 * sizeof *pairs, by_score);
+    RedisModuleString **ids = RedisModule_Alloc((size_t)a->n * sizeof *ids);
+    for (long i = 0; i < a->n; i++) {
+        ids[i] = a->ids[pairs[2 * i + 1]];
+        a->scores[i] = pairs[2 * i];
+    }
+    memcpy(a->ids, ids, (size_t)a->n * sizeof *ids);
+    RedisModule_Free(ids);
+    RedisModule_Free(pairs);
+}
+
+void emq_lanes_init(EmqLanes *l, RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base,
+                    EmqKey *pending) {
+    memset(l, 0, sizeof *l);
+    l->ctx = ctx;
+    l->user = user;
+    l->base = base;
+    l->pending = pending;
+}
+
+static void drop_window(EmqLanes *l) {
+    for (long i = 0; i < l->window_n; i++) RedisModule_FreeString(NULL, l->window[i]);
+    RedisModule_Free(l->window);
+    l->window = NULL;
+    l->window_n = 0;
+}
+
+void emq_lanes_close(EmqLanes *l) {
+    drop_window(l);
+    EmqIds *all[] = {&l->leave_delayed, &l->tails, &l->heads, &l->priority_add, &l->delayed_add,
+                     &l->leave_priority, &l->promoted_tails, &l->promoted_priority};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) emq_ids_free(all[i]);
+    if (l->opened & EMQ_LANE_META) emq_key_close(&l->meta);
+    if (l->opened & EMQ_LANE_DELAYED) emq_key_close(&l->delayed);
+    if (l->opened & EMQ_LANE_PRIORITY) emq_key_close(&l->priority);
+    if (l->meta_name) RedisModule_FreeString(l->ctx, l->meta_name);
+    if (l->delayed_name) RedisModule_FreeString(l->ctx, l->delayed_name);
+    if (l->priority_name) RedisModule_FreeString(l->ctx, l->priority_name);
+    l->opened = 0;
+}
+
+static int read_counter(EmqKey *meta, RedisModuleString *field, long long *out) {
+    RedisModuleString *v = emq_hget(meta, field);
+    size_t len = 0;
+    const char *p = v ? RedisModule_StringPtrLen(v, &len) : NULL;
+    int err = emq_parse_meta_counter(p, len, v != NULL, out);
+    if (v) RedisModule_FreeString(NULL, v);
+    return err;
+}
+
+static int open_set(EmqLanes *l, EmqKey *k, RedisModuleString **name, const char *suffix, int bit) {
+    *name = emq_derived_key(l->ctx, l->base, suffix, NULL);
+    l->opened |= bit;
+    int err = emq_open_derived(l->ctx, l->user, k, *name, EMQ_DERIVED_LANE);
+    if (!err && !emq_type_ok(k, REDISMODULE_KEYTYPE_ZSET)) err = EMQ_ERR_WRONGTYPE;
+    return err;
+}
+
+int emq_lanes_open(EmqLanes *l, int which) {
+    int err = EMQ_OK;
+    if (!err && (which & EMQ_LANE_PRIORITY) && !(l->opened & EMQ_LANE_PRIORITY)) {
+        err = open_set(l, &l->priority, &l->priority_name, "priority", EMQ_LANE_PRIORITY);
+        if (!err && !emq_key_empty(&l->priority)) l->priority_card = (long)RedisModule_ValueLength(l->priority.key);
+    }
+    if (!err && (which & EMQ_LANE_DELAYED) && !(l->opened & EMQ_LANE_DELAYED))
+        err = open_set(l, &l->delayed, &l->delayed_name, "delayed", EMQ_LANE_DELAYED);
+    if (!err && (which & EMQ_LANE_META) && !(l->opened & EMQ_LANE_META)) {
+        l->meta_name = emq_derived_key(l->ctx, l->base, "meta", NULL);
+        l->opened |= EMQ_LANE_META;
+        err = emq_open_derived(l->ctx, l->user, &l->meta, l->meta_name, EMQ_DERIVED_READ_WRITE);
+        if (!err && !emq_type_ok(&l->meta, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+        if (!err) err = read_counter(&l->meta, emq_str.stale, &l->stale);
+        if (!err) err = read_counter(&l->meta, emq_str.seq, &l->seq);
+    }
+    return err;
+}
+
+int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end) {
+    if (level == 0) {
+        emq_ids_add(end == EMQ_AT_HEAD ? &l->heads : &l->tails, id, 0);
+        return EMQ_OK;
+    }
+    int err = emq_lanes_open(l, end == EMQ_AT_HEAD ? EMQ_LANE_PRIORITY : EMQ_LANE_PRIORITY | EMQ_LANE_META);
+    if (err) return err;
+    long long seq = 0;
+    if (end == EMQ_AT_TAIL) {
+        /* The counter restarts where no job waits in the lane to be overtaken. */
+        l->seq = emq_next_seq(l->seq, l->priority_card == 0 && l->priority_add.n == 0);
+        l->seq_changed = 1;
+        seq = l->seq;
+    }
+    emq_ids_add(&l->priority_add, id, emq_priority_score(level, seq));
+    return EMQ_OK;
+}
+
+int emq_lanes_delay(EmqLanes *l, RedisModuleString *id, long long due) {
+    int err = emq_lanes_open(l, EMQ_LANE_DELAYED);
+    if (!err) emq_ids_add(&l->delayed_add, id, due);
+    return err;
+}
+
+int emq_lanes_enter(EmqLanes *l, RedisModuleString *id, long long level, long long due, long long now) {
+    return due > now ? emq_lanes_delay(l, id, due) : emq_lanes_place(l, id, level, EMQ_AT_TAIL);
+}
+
+int emq_lanes_is_delayed(EmqLanes *l, RedisModuleString *id) {
+    double score;
+    return (l->opened & EMQ_LANE_DELAYED) && !emq_key_empty(&l->delayed) &&
+           RedisModule_ZsetScore(l->delayed.key, id, &score) == REDISMODULE_OK;
+}
+
+int emq_lanes_remove(EmqLanes *l, RedisModuleString *id, long long level) {
+    int err = emq_lanes_open(l, EMQ_LANE_DELAYED);
+    if (err) return err;
+    if (emq_lanes_is_delayed(l, id)) {
+        emq_ids_add(&l->leave_delayed, id, 0);
+        return EMQ_OK;
+    }
+    if (level != 0) {
+        err = emq_lanes_open(l, EMQ_LANE_PRIORITY);
+        double score;
+        if (!err && !emq_key_empty(&l->priority) &&
+            RedisModule_ZsetScore(l->priority.key, id, &score) == REDISMODULE_OK)
+            emq_ids_add(&l->leave_priority, id, 0);
+        return err;
+    }
+    /* Its <pending> entry stays, a tombstone the claims drop (O(1) here,
+     * where LREM would walk the list). */
+    err = emq_lanes_open(l, EMQ_LANE_META);
+    if (err) return err;
+    if (l->stale == LLONG_MAX) return EMQ_ERR_OVERFLOW; /* HINCRBY's refusal */
+    l->stale++;
+    l->stale_changed = 1;
+    return EMQ_OK;
+}
+
+/* A due member's row: is it a pending job, and at which level?  The row is
+ * read, never written here: the caller's right to read it is asked first. */
+static int promoted_level(EmqLanes *l, RedisModuleString *id, int *pending, long long *level) {
+    RedisModuleString *name = emq_derived_key(l->ctx, l->base, "job:", id);
+    EmqKey row;
+    int err = emq_open_derived(l->ctx, l->user, &row, name, EMQ_DERIVED_READ);
+    if (!err && !emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    *pending = 0;
+    if (!err) {
+        RedisModuleString *state = emq_hget(&row, emq_str.state);
+        *pending = state && emq_str_equal(state, emq_str.pending);
+        if (state) RedisModule_FreeString(NULL, state);
+        if (*pending) err = emq_row_level(&row, level);
+    }
+    emq_key_close(&row);
+    RedisModule_FreeString(l->ctx, name);
+    return err;
+}
+
+int emq_lanes_promote(EmqLanes *l, long long now) {
+    int err = emq_lanes_open(l, EMQ_LANE_DELAYED);
+    if (err || emq_key_empty(&l->delayed)) return err;
+    RedisModuleString **ids;
+    size_t n = emq_zset_head(&l->delayed, (double)now, EMQ_PROMOTE_MAX, &ids);
+    for (size_t i = 0; i < n; i++) {
+        int pending = 0;
+        long long level = 0;
+        if (!err) err = promoted_level(l, ids[i], &pending, &level);
+        if (!err) {
+            emq_ids_add(&l->leave_delayed, ids[i], 0);
+            if (!pending) {
+                l->dropped++;
+            } else {
+                l->promoted++;
+                err = emq_lanes_place(l, ids[i], level, EMQ_AT_TAIL);
+                if (!err && level == 0) emq_ids_add(&l->promoted_tails, ids[i], 0);
+                if (!err && level != 0)
+                    emq_ids_add(&l->promoted_priority, ids[i], l->priority_add.scores[l->priority_add.n - 1]);
+            }
+        }
+        RedisModule_FreeString(NULL, ids[i]);
+    }
+    if (ids) RedisModule_Free(ids);
+    return err;
+}
+
+int emq_lanes_due_left(EmqLanes *l, long long now, long long *next) {
+    *next = -1;
+    if (!(l->opened & EMQ_LANE_DELAYED) || emq_key_empty(&l->delayed)) return 0;
+    /* The members this call moves are the first ones; the one after them
+     * is the earliest that stays. */
+    long skip = l->promoted + l->dropped;
+    int due = 0;
+    RedisModule_ZsetFirstInScoreRange(l->delayed.key, -HUGE_VAL, HUGE_VAL, 0, 0);
+    while (!RedisModule_ZsetRangeEndReached(l->delayed.key)) {
+        if (skip-- > 0) {
+            RedisModule_ZsetRangeNext(l->delayed.key);
+            continue;
+        }
+        double score;
+        RedisModuleString *id = RedisModule_ZsetRangeCurrentElement(l->delayed.key, &score);
+        RedisModule_FreeString(NULL, id);
+        long long at = (long long)score;
+        if ((double)at < score) at++; /* a fractional score written by hand: the next whole ms */
+        if (at <= now) due = 1;
+        else *next = at;
+        break;
+    }
+    RedisModule_ZsetRangeStop(l->delayed.key);
+    return due;
+}
+
+/* Without ListGet (Redis 6.2), <pending> is read a window at a time. */
+#define WINDOW 64
+
+static void read_window(EmqLanes *l, long from) {
+    drop_window(l);
+    l->window_from = from;
+    RedisModuleCallReply *reply = RedisModule_Call(l->ctx, "LRANGE", "sll", l->pending->name, (long long)from,
+                                                   (long long)(from + WINDOW - 1));
+    if (reply == NULL) return;
+    size_t n = RedisModule_CallReplyLength(reply);
+    l->window = RedisModule_Alloc((n ? n : 1) * sizeof *l->window);
+    for (size_t i = 0; i < n; i++)
+        l->window[i] = RedisModule_CreateStringFromCallReply(RedisModule_CallReplyArrayElement(reply, i));
+    l->window_n = (long)n;
+    RedisModule_FreeCallReply(reply);
+}
+
+RedisModuleString *emq_lanes_entry(EmqLanes *l, long index) {
+    if (RedisModule_KeyType(l->pending->key) != REDISMODULE_KEYTYPE_LIST) return NULL;
+    if (index >= (long)RedisModule_ValueLength(l->pending->key)) return NULL;
+    if (RedisModule_ListGet) return RedisModule_ListGet(l->pending->key, index);
+    if (l->window == NULL || index < l->window_from || index >= l->window_from + l->window_n) read_window(l, index);
+    if (index < l->window_from || index >= l->window_from + l->window_n) return NULL;
+    RedisModuleString *s = l->window[index - l->window_from];
+    RedisModule_RetainString(NULL, s);
+    return s;
+}
+
+void emq_lanes_apply(EmqLanes *l, EmqFx *fx) {
+    if (l->leave_delayed.n) emq_fx_zrem_many(fx, &l->delayed, l->leave_delayed.ids, l->leave_delayed.n);
+    if (l->tails.n) emq_fx_push(fx, l->pending, 0, l->tails.ids, l->tails.n);
+    if (l->heads.n) {
+        /* LPUSH a b c leaves c first: the first job given back is pushed last. */
+        RedisModuleString **rev = RedisModule_Alloc((size_t)l->heads.n * sizeof *rev);
+        for (long i = 0; i < l->heads.n; i++) rev[i] = l->heads.ids[l->heads.n - 1 - i];
+        emq_fx_push(fx, l->pending, 1, rev, l->heads.n);
+        RedisModule_Free(rev);
+    }
+    if (l->priority_add.n)
+        emq_fx_zadd_pairs(fx, &l->priority, l->priority_add.scores, l->priority_add.ids, l->priority_add.n);
+    if (l->delayed_add.n)
+        emq_fx_zadd_pairs(fx, &l->delayed, l->delayed_add.scores, l->delayed_add.ids, l->delayed_add.n);
+    if (l->pops) emq_fx_lpop(fx, l->pending, l->pops);
+    if (l->leave_priority.n) emq_fx_zrem_many(fx, &l->priority, l->leave_priority.ids, l->leave_priority.n);
+    if (l->seq_changed && l->stale_changed)
+        emq_fx_hset(fx, &l->meta, "hset", 2, emq_str.seq, emq_fx_number(fx, l->seq), emq_str.stale,
+                    emq_fx_number(fx, l->stale));
+    else if (l->seq_changed)
+        emq_fx_hset(fx, &l->meta, "hset", 1, emq_str.seq, emq_fx_number(fx, l->seq));
+    else if (l->stale_changed)
+        emq_fx_hset(fx, &l->meta, "hset", 1, emq_str.stale, emq_fx_number(fx, l->stale));
+}

@@ -1,0 +1,128 @@
+/* emq_lanes.h -- where a job waits until a claim takes it.
+ *
+ * A claimable job waits in a lane: priority 0 (the default) in <pending>, a
+ * list; any other level in <base>priority, a sorted set scored
+ * (level + 1024) * 2^42 + seq.  A job that is not due yet waits in
+ * <base>delayed, scored with its due time, and enters its lane's tail when
+ * it comes due (promotion: CLAIM, COMPLETECLAIM and SWEEP move up to
+ * EMQ_PROMOTE_MAX due members per call).  A list entry costs the id and two
+ * bytes, a sorted-set member ~137 bytes on Redis 7.0: the common case --
+ * no priority, no delay -- pays for a list only.
+ *
+ * A job enters a lane at its tail (a new turn: ENQUEUE, FAIL, RETRY, a
+ * promotion; the next `seq` of <base>meta in <base>priority) or at its head
+ * (given back: RELEASE, SWEEP's recoveries; seq 0).
+ *
+ * Tombstones.  Removing an id from the middle of a list is O(n), so CANCEL
+ * of a job waiting in <pending> leaves its entry and counts it in
+ * <base>meta's `stale`; a claim drops such entries as it meets them (at most
+ * EMQ_DROP_MAX per call) and counts them off.  An entry is live when its
+ * row exists, says pending, has no priority and is not delayed
+ * (emq_entry_live); `stale` = LLEN(<pending>) - the pending jobs that wait
+ * in it, under every verb.
+ *
+ * A verb decides first (emq_lanes_place, _delay, _remove, _promote: the
+ * keys opened and checked, the rows read, nothing written) and writes last,
+ * in one order every verb and the Lua twin share (emq_lanes_apply):
+ *   ZREM <base>delayed, RPUSH <pending>, LPUSH <pending>, ZADD <base>priority,
+ *   ZADD <base>delayed, LPOP <pending>, ZREM <base>priority, HSET <base>meta
+ * each one command, skipped when it has nothing to do. */
+#ifndef EMQ_LANES_H
+#define EMQ_LANES_H
+
+#include "emq_effects.h"
+#include "emq_rm.h"
+
+/* A growing array of ids, each retained. */
+typedef struct {
+    RedisModuleString **ids;
+    long long *scores;
+    long n, cap;
+} EmqIds;
+
+void emq_ids_add(EmqIds *a, RedisModuleString *id, long long score);
+void emq_ids_free(EmqIds *a);
+
+/* Order the ids by their scores (all different). */
+void emq_sort_scored(EmqIds *a);
+
+/* Which derived keys a verb opens (emq_lanes_open). */
+#define EMQ_LANE_PRIORITY 1
+#define EMQ_LANE_DELAYED 2
+#define EMQ_LANE_META 4
+#define EMQ_LANE_ALL (EMQ_LANE_PRIORITY | EMQ_LANE_DELAYED | EMQ_LANE_META)
+
+/* Where emq_lanes_place puts a job. */
+enum { EMQ_AT_TAIL, EMQ_AT_HEAD };
+
+typedef struct {
+    RedisModuleCtx *ctx;
+    RedisModuleUser *user;   /* borrowed; NULL: nothing to check */
+    RedisModuleString *base; /* borrowed */
+    EmqKey *pending;         /* borrowed: the verb's <pending>, open for writing */
+    EmqKey priority, delayed, meta;
+    RedisModuleString *priority_name, *delayed_name, *meta_name;
+    int opened;                /* EMQ_LANE_* bits */
+    long long seq, stale;      /* <base>meta's counters as this call leaves them */
+    int seq_changed, stale_changed;
+    long priority_card;        /* ZCARD <base>priority when opened */
+    /* the writes, in emq_lanes_apply's order */
+    EmqIds leave_delayed, tails, heads, priority_add, delayed_add, leave_priority;
+    long pops;
+    /* what a promotion moved, for a claim that takes from it in the same call */
+    EmqIds promoted_tails, promoted_priority;
+    long promoted, dropped;
+    /* reading <pending> without ListGet (Redis 6.2): a window of LRANGE */
+    RedisModuleString **window;
+    long window_from, window_n;
+} EmqLanes;
+
+void emq_lanes_init(EmqLanes *l, RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base,
+                    EmqKey *pending);
+void emq_lanes_close(EmqLanes *l);
+
+/* Open the derived keys `which` names that are not open yet: the caller's
+ * ACL on each first, then its type (a sorted set, <base>meta a hash), and
+ * <base>meta's counters read.  EMQ_OK or the error. */
+int emq_lanes_open(EmqLanes *l, int which);
+
+/* A job enters its lane: at the tail (a new turn) or the head (given
+ * back).  Level 0 is <pending>; any other <base>priority, at the next seq
+ * (tail) or seq 0 (head). */
+int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end);
+
+/* A job waits in <base>delayed until `due`. */
+int emq_lanes_delay(EmqLanes *l, RedisModuleString *id, long long due);
+
+/* A job becomes claimable at `due` (now or later): delayed until then, or
+ * at its lane's tail now. */
+int emq_lanes_enter(EmqLanes *l, RedisModuleString *id, long long level, long long due, long long now);
+
+/* A waiting job leaves (CANCEL): out of <base>delayed when it is there,
+ * else out of <base>priority (level != 0), else its <pending> entry becomes
+ * a tombstone (`stale` + 1). */
+int emq_lanes_remove(EmqLanes *l, RedisModuleString *id, long long level);
+
+/* Move the due members of <base>delayed (score <= now, at most
+ * EMQ_PROMOTE_MAX, in due order) to their lanes' tails.  Each row is read
+ * (the caller's ACL for reading it first): a pending job goes to the lane
+ * of its priority; a member whose row is gone or not pending only leaves
+ * <base>delayed.  Opens what it needs.  EMQ_OK or the error. */
+int emq_lanes_promote(EmqLanes *l, long long now);
+
+/* 1 when <base>delayed still holds a member due at or before `now` (the
+ * promotion bound left it), else 0; *next is then the earliest future due
+ * time, or -1. */
+int emq_lanes_due_left(EmqLanes *l, long long now, long long *next);
+
+/* The entry at `index` of <pending> as it stands (nothing written yet), a
+ * new string the caller frees, or NULL past its end. */
+RedisModuleString *emq_lanes_entry(EmqLanes *l, long index);
+
+/* 1 when `id` is a member of <base>delayed. */
+int emq_lanes_is_delayed(EmqLanes *l, RedisModuleString *id);
+
+/* Write what was decided, in the one order (above). */
+void emq_lanes_apply(EmqLanes *l, EmqFx *fx);
+
+#endif
