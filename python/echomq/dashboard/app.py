@@ -410,7 +410,10 @@ class Dashboard:
         if self.show_payloads and result is not None:
             out["result"] = result[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace")
             out["result_truncated"] = len(result) > PAYLOAD_LIMIT
-        out["progress"] = progress[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace") if progress else progress
+        if progress:
+            out["progress"] = progress[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace")
+        else:
+            out["progress"] = progress
         return JSONResponse(out)
 
     async def _action(self, request: Request) -> Response:
