@@ -290,8 +290,9 @@ def enqueue_rates(sizes: Sizes) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 runs[name]()
                 elapsed = time.perf_counter() - t0
-                if r.zcard(keys.pending) != n:
-                    raise RuntimeError(f"{name}: {r.zcard(keys.pending)} jobs pending, expected {n}")
+                pending = client.counts("enq").pending
+                if pending != n:
+                    raise RuntimeError(f"{name}: {pending} jobs pending, expected {n}")
                 rates[name].append(n / elapsed)
         med = {name: statistics.median(v) for name, v in rates.items()}
         return {

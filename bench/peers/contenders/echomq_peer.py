@@ -39,7 +39,7 @@ def verify(url: str, queue: str, ids: list[str]) -> dict[str, Any]:
         for job_id, state in zip(ids, states, strict=True)
         if state != "done"
     ][:3]
-    out["pending_left"] = r.zcard(keys.pending)
+    out["pending_left"] = echomq.Client(r).counts(queue).pending
     out["active_left"] = r.zcard(keys.active)
     return out
 
