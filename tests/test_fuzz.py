@@ -548,6 +548,10 @@ def grid() -> Iterator[tuple[str, list[list[bytes]], list[bytes]]]:
             yield f"{field!r}={value!r}", rows, [*sweep[:5], b"1", b"10"]
             yield f"{field!r}={value!r}", rows, [*sweep[:5], b"5", b"10"]
             yield f"{field!r}={value!r}", rows, [*extend[:4], value, b"1000"]
+    # A recovered job goes to its level's lane: its row's level, right or corrupt, is read.
+    for value in [b"-5", b"1000", b"1001", b"-1001", *FIELD_VALUES]:
+        rows = [*state, [b"HSET", b + b"job:a", b"priority", value]]
+        yield f"priority={value!r}", rows, [*sweep[:5], b"5", b"10"]
     for value in FIELD_VALUES:
         metric = [*state, [b"HSET", b + b"metrics:failed", b"count", value]]
         for max_stalled in (b"1", b"2"):  # a job dies (the metric is read), or none does
