@@ -234,9 +234,10 @@ def test_a_job_given_back_at_the_grace_end_counts_no_lost_lease(
     # handler checkpoints: its RELEASE's stale answer was logged as "lease
     # lost: stale token" and counted in leases_lost.
     client.enqueue(Q, b"", job_id="J")
-    given_back, ended = threading.Event(), threading.Event()
+    started, given_back, ended = threading.Event(), threading.Event(), threading.Event()
 
     def stubborn(ctx: echomq.JobContext) -> None:
+        started.set()
         ctx.cancel.sleep(30)  # "shutdown" at the grace's end: ignored
         given_back.wait(10)
         ctx._keeper.checkpoint()  # stale now: its own worker's RELEASE
@@ -245,7 +246,8 @@ def test_a_job_given_back_at_the_grace_end_counts_no_lost_lease(
     worker = echomq.Worker(client, Q, stubborn, lease_ms=3000, grace=0.2)
     with caplog.at_level(logging.WARNING, logger="echomq"):
         worker.start()
-        assert wait_until(lambda: r.zscore(K.active, "J") is not None)
+        # The handler runs (a job active may still wait for its thread: a stop gives it back unrun).
+        assert started.wait(10)
         worker.stop()
         assert r.hget(K.job("J"), "state") == b"pending"
         given_back.set()
