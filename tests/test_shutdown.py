@@ -173,6 +173,8 @@ def test_a_handler_that_ignores_the_shutdown_does_not_hold_the_process(
             proc.kill()
     report(f"SIGTERM {handler} grace {grace}", took, code, given_back(r, ["j0"]))
     assert code == 0, err
-    assert took <= grace + 1.0, err
+    # The grace, the force's half second and the process's exit: far from the handler's 30 s
+    # (a loaded machine took 2.03 s for grace 1; the bound is not a speed measurement).
+    assert took <= grace + 5.0, err
     assert rows(r, ["j0"]) == ["pending/0"]  # given back by the worker itself
     assert "did not stop in time" in err or "giving" in err
