@@ -1,8 +1,9 @@
 """Process isolation: a thread worker's handlers run in child processes, which can be stopped for real.
 
 ``Worker(..., isolation="process")`` runs each thread's handler in a child
-process of its own (one per slot, started with multiprocessing's "spawn"
-method: a fresh interpreter, safe beside the worker's threads).  The worker
+process of its own (one per slot: a fresh interpreter started with
+``subprocess``, safe beside the worker's threads, that never re-runs the
+worker's ``__main__``).  The worker
 itself is unchanged: its thread claims the job, keeps the lease, sends the
 end; only the handler's call crosses to the child.  What that buys:
 
@@ -38,16 +39,17 @@ worker dies (its pipe closes) exits at once.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ._protocol import Job
@@ -61,6 +63,8 @@ ISOLATIONS = ("thread", "process")
 POLL_S = 0.05
 # How long a child told to exit (recycled, or the worker stopping) gets before it is killed.
 EXIT_GRACE_S = 2.0
+# What a child runs: it imports the package, never the worker's __main__.
+CHILD_PROGRAM = "from echomq.isolation import _child_entry; _child_entry"
 # How long a new child may take to import the package and the handler's module.
 START_TIMEOUT_S = 60.0
 
@@ -75,6 +79,12 @@ class ChildError(EchoMQError):
 
 def check_isolated_handler(handler: object) -> None:
     """``isolation="process"`` needs a handler the child can import: TypeError naming why not."""
+    where = getattr(handler, "__module__", None) or type(handler).__module__
+    if where == "__main__":
+        raise TypeError(
+            f"isolation='process' needs a handler the children can import: {handler!r} is defined in "
+            f"__main__; put it in a module of its own (the children do not run your script)"
+        )
     try:
         pickle.dumps(handler)
     except Exception as exc:
@@ -152,10 +162,24 @@ class _ChildLink:
         return bool(stored)
 
 
-def _child_main(conn: Connection, handler: Callable[..., object]) -> None:
-    """A child's life: run the jobs the worker sends, one at a time, until told to exit."""
+def _child_entry(fd: int) -> None:
+    """A child's program (``python -c``): its pipe is ``fd``; the worker sends its setup first."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    conn = Connection(fd)
+    try:
+        _, path, handler_bytes = conn.recv()
+        sys.path[:] = path  # the worker's: the handler's module is found as it was there
+        handler = pickle.loads(handler_bytes)
+    except BaseException as exc:  # said to the worker, which refuses to start (or fails the job)
+        with contextlib.suppress(OSError):
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        os._exit(1)
+    _child_main(conn, handler)
+
+
+def _child_main(conn: Connection, handler: Callable[..., object]) -> None:
+    """A child's life: run the jobs the worker sends, one at a time, until told to exit."""
     from .context import JobContext  # the child's own import of the package
 
     link = _ChildLink(conn)
@@ -198,15 +222,38 @@ def _portable(exc: BaseException) -> tuple[bytes, str]:
 # -- the worker's side ----------------------------------------------------------------------------
 
 
+class _Process:
+    """A child's process: ``subprocess.Popen`` seen as the pool uses it."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None  # poll() reaps an ended child
+
+    def join(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout)
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.popen.kill()
+
+
 class _Child:
     """One child process and the worker's end of its pipe."""
 
-    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+    def __init__(self, process: _Process, conn: Connection) -> None:
         self.process = process
         self.conn = conn
         self.jobs = 0
         self.ready = False  # it said so: imported, listening
         self.busy = False  # a handler runs in it now
+        self.failure = ""  # what it said when it could not start
 
     def await_ready(self, timeout: float) -> None:
         """Wait for the child's "ready"; ChildCrashed if it dies or stays silent."""
@@ -216,25 +263,25 @@ class _Child:
             if left <= 0:
                 self.kill()
                 raise ChildCrashed(f"the handler's process did not start within {timeout:.0f} s")
-            ready = wait([self.conn, self.process.sentinel], left)
-            if self.conn in ready:
-                try:
-                    message = self.conn.recv()
-                except (EOFError, OSError):
-                    break
-                self.ready = message[0] == "ready"
-            elif ready:
+            if not wait([self.conn], left):
+                continue
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
                 break
+            if message[0] == "failed":
+                self.failure = message[1]
+                break
+            self.ready = message[0] == "ready"
         if not self.ready:
             self.process.join(1.0)
+            why = f": {self.failure}" if self.failure else ""
             raise ChildCrashed(
-                f"the handler's process died as it started ({_how(self.process.exitcode)}): can it import "
-                f"the handler's module?"
+                f"the handler's process could not start ({_how(self.process.exitcode)}){why}"
             )
 
     def kill(self) -> None:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            self.process.kill()
+        self.process.kill()
 
 
 def _how(code: int | None) -> str:
@@ -262,7 +309,7 @@ class ProcessPool:
         check_isolated_handler(handler)
         self.handler = handler
         self.max_jobs_per_child = max_jobs_per_child
-        self._context = multiprocessing.get_context("spawn")
+        self._handler_bytes = pickle.dumps(handler)
         self._idle: list[_Child] = []
         self._busy: dict[threading.Thread, _Child] = {}
         self._retired: list[_Child] = []  # told to exit: joined at close
@@ -271,13 +318,19 @@ class ProcessPool:
         self.started = 0  # children started, ever (replacements included)
 
     def _start_child(self) -> _Child:
-        ours, theirs = self._context.Pipe(duplex=True)
-        process = self._context.Process(target=_child_main, args=(theirs, self.handler), daemon=True)
-        process.start()
-        theirs.close()
+        ours, theirs = socket.socketpair()
+        with theirs:
+            popen = subprocess.Popen(
+                [sys.executable, "-c", f"{CHILD_PROGRAM}({theirs.fileno()})"],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        conn = Connection(ours.detach())
+        with contextlib.suppress(OSError):  # a child that died at once says so in await_ready
+            conn.send(("setup", list(sys.path), self._handler_bytes))
         with self._lock:
             self.started += 1
-        return _Child(process, ours)
+        return _Child(_Process(popen), conn)
 
     def prestart(self, n: int, timeout: float = START_TIMEOUT_S) -> None:
         """Start ``n`` children and wait until each is ready; ChildCrashed if one cannot start."""
@@ -371,8 +424,7 @@ class ProcessPool:
                 forwarded = True
                 with contextlib.suppress(OSError, ValueError):
                     child.conn.send(("cancel", reason.reason))
-            ready = wait([child.conn, child.process.sentinel], POLL_S)
-            if child.conn in ready:
+            if wait([child.conn], POLL_S):  # a message, or the end of the pipe: the child died
                 try:
                     message = child.conn.recv()
                 except (EOFError, OSError):
@@ -385,8 +437,6 @@ class ProcessPool:
                     raise Cancelled(message[1])
                 if message[0] == "checkpoint":
                     self._checkpoint(child, keeper, message[1])
-            elif ready:  # the sentinel alone: the child is gone, its pipe read to the end
-                raise self._crashed(child)
 
     def _checkpoint(self, child: _Child, keeper: Any, state: bytes | None) -> None:
         error: BaseException | None = None
