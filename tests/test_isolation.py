@@ -214,3 +214,29 @@ def test_the_asyncio_worker_refuses_process_isolation(r: redis.Redis) -> None:
 
     with pytest.raises(ValueError, match="isolation='process' is for echomq.Worker"):
         emq.Worker(emq.Client(redis.asyncio.Redis()), Q, handler, isolation="process")
+
+
+def test_a_script_without_a_main_guard_starts_its_children_once(tmp_path: Path) -> None:
+    # multiprocessing's spawn re-runs the parent's __main__ in every child: an unguarded
+    # script would start its worker again in each. The children run the package only.
+    (tmp_path / "tasks_mod.py").write_text("def handler(ctx):\n    print('ran', ctx.id, flush=True)\n")
+    (tmp_path / "script.py").write_text(
+        "import echomq\n"
+        "from echomq.testing import EmbeddedServer\n"
+        "from tasks_mod import handler\n"
+        "print('script started', flush=True)\n"
+        "with EmbeddedServer() as server:\n"
+        "    client = echomq.Client(server.client())\n"
+        "    client.enqueue('s', b'', job_id='one')\n"
+        "    with echomq.Worker(client, 's', handler, isolation='process', concurrency=2) as w:\n"
+        "        while w.stats.completed < 1:\n"
+        "            pass\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["script started", "ran one"]
