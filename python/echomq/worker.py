@@ -58,6 +58,7 @@ from .cancel import CancelToken
 from .client import Client, Cutter, Job
 from .context import JobContext
 from .errors import NotReplicated
+from .isolation import ProcessPool, check_isolated_handler
 from .lease import LeaseKeeper, SharedKeeper
 
 __all__ = ["Handler", "JobContext", "Worker", "WorkerStats", "error_text"]
@@ -132,6 +133,10 @@ class Worker(Turns[Handler]):
     _client_type = Client
     _push_cancels = True  # subscribe to <base>cancel (tests switch it off: then only checkpoints deliver)
 
+    def _check_isolation(self, isolation: str, handler: object) -> None:
+        if isolation == "process":
+            check_isolated_handler(handler)
+
     def _check_handler(self, handler: object) -> None:
         call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
         if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
@@ -156,6 +161,8 @@ class Worker(Turns[Handler]):
         self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
         self._sweeper: Sweeper | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
+        self._pool: ProcessPool | None = None  # isolation="process": the handlers' children
+        self._pool_lock = threading.Lock()
         self._init_turns()
 
     # -- control ---------------------------------------------------------------
@@ -267,6 +274,13 @@ class Worker(Turns[Handler]):
         return True
 
     def _spawn_loops(self) -> None:
+        if self.isolation == "process":  # the children start (and import) before anything is claimed
+            pool = self._process_pool()
+            try:
+                pool.prestart(self.concurrency)
+            except BaseException:
+                self._close_pool()
+                raise
         WATCH.retain()  # one deadline-watch thread for all this worker's jobs
         self._reserved = self.concurrency + OWN_LOOPS
         self.client._reserve(self._reserved)
@@ -337,6 +351,7 @@ class Worker(Turns[Handler]):
             if self._sweeper is not None:
                 self._sweeper.stop()
             self._join_threads()
+            self._close_pool()
             self._settle()
             self._keepers.close()
             if self._listener is not None:
@@ -418,7 +433,13 @@ class Worker(Turns[Handler]):
                 self._turns.notify_all()
 
     def _abandon_handler(self, thread: threading.Thread) -> None:
-        """Leave a handler's thread to itself and start another in its place (the worker keeps its slots)."""
+        """Leave a handler's thread to itself and start another in its place (the worker keeps its slots).
+
+        With ``isolation="process"`` the handler's child is killed: the
+        handler stops for real, and its thread, told so, ends at once.
+        """
+        if self._pool is not None:
+            self._pool.kill(thread)
         if self._stop_requested:
             return
         replacement = threading.Thread(target=self._loop, name=f"{thread.name}-after-timeout", daemon=True)
@@ -454,6 +475,8 @@ class Worker(Turns[Handler]):
                 finish = self._execute(keeper)
                 if finish is not None:
                     self._finish(finish)
+        if not self._threads:  # work_one() on its own: its child (isolation="process") goes with it
+            self._close_pool()
         return bool(jobs)
 
     def _claim(
@@ -571,10 +594,8 @@ class Worker(Turns[Handler]):
                 return None
             if self.metrics is not None:
                 self.metrics.claimed_with_wait(self.client, job)
-            with keeper._lock:
-                timeout_at = self._time_handler(held, time.monotonic())
-            if timeout_at < math.inf:
-                WATCH.earlier(timeout_at)
+            if self.isolation != "process":  # a child's wait for its start is not the handler's time
+                self._time(keeper)
             error, interrupted = self._call_handler(job, held.cancel, keeper)
             with self._lock:
                 self._let_go(held)
@@ -589,6 +610,13 @@ class Worker(Turns[Handler]):
         finally:
             CURRENT_JOB.reset(context)
 
+    def _time(self, keeper: LeaseKeeper) -> None:
+        """The handler starts now: its timeout (``timeout_ms``) runs from here."""
+        with keeper._lock:
+            timeout_at = self._time_handler(keeper._held, time.monotonic())
+        if timeout_at < math.inf:
+            WATCH.earlier(timeout_at)
+
     def _call_handler(
         self, job: Job, cancel: CancelToken, keeper: LeaseKeeper
     ) -> tuple[BaseException | None, bool]:
@@ -599,7 +627,12 @@ class Worker(Turns[Handler]):
         error: BaseException | None = None
         interrupted = False
         try:
-            if self._context_style:
+            if self.isolation == "process":
+                pool = self._process_pool()
+                child = pool.take()
+                self._time(keeper)
+                pool.run(child, job, cancel, keeper, self._context_style)
+            elif self._context_style:
                 cast("Callable[[JobContext], object]", self.handler)(JobContext(job, cancel, keeper))
             else:
                 cast("Callable[[Job, CancelToken], object]", self.handler)(job, cancel)
@@ -612,6 +645,20 @@ class Worker(Turns[Handler]):
                 self._handling.pop(me, None)
             keeper.stop()
         return error, interrupted
+
+    def _process_pool(self) -> ProcessPool:
+        """The handlers' children (``isolation="process"``), made when the first job runs."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ProcessPool(self.handler, max_jobs_per_child=self.max_jobs_per_child)
+            return self._pool
+
+    def _close_pool(self) -> None:
+        """Stop the children: idle ones exit, one still running a given-back job's handler is killed."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def _confirm(self, keeper: LeaseKeeper) -> bool:
         """A claim answered late: confirm its lease before the handler runs; True when confirmed.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from .. import _protocol as proto
 from .._protocol import MAX_MS, Call, Job, keys_of
 from ..errors import NotReplicated
+from ..isolation import ISOLATIONS
 from ..retry import RetryPolicy
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .finish import Finishing
@@ -62,6 +63,8 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT
         max_stalled: int = 3,
         timeout_ms: int | None = None,
         timeout_grace: float = 5.0,
+        isolation: str = "thread",
+        max_jobs_per_child: int | None = None,
     ) -> None:
         check_client("client", client, self._client_type)
         keys_of(queue)
@@ -87,6 +90,14 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT
         if timeout_ms is not None:
             check_int("timeout_ms", timeout_ms, 1, MAX_MS)
         check_seconds("timeout_grace", timeout_grace, zero_ok=True)
+        if isolation not in ISOLATIONS:
+            choices = ", ".join(map(repr, ISOLATIONS))
+            raise ValueError(f"isolation must be one of {choices}, got {isolation!r}")
+        if max_jobs_per_child is not None:
+            check_int("max_jobs_per_child", max_jobs_per_child)
+            if isolation != "process":
+                raise ValueError("max_jobs_per_child needs isolation='process' (threads are not recycled)")
+        self._check_isolation(isolation, handler)
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
@@ -115,6 +126,9 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT
         self.reap, self.reap_interval, self.max_stalled = reap, reap_interval, max_stalled
         # timeout_ms: a handler's token is cancelled with "timeout" then; timeout_grace later it is abandoned.
         self.timeout_ms, self.timeout_grace = timeout_ms, timeout_grace
+        # isolation="process": handlers run in child processes (echomq.isolation), recycled after
+        # max_jobs_per_child jobs; a timeout's abandon kills the child.
+        self.isolation, self.max_jobs_per_child = isolation, max_jobs_per_child
         self.retry = retry
         self.stats = WorkerStats()
         self._held = Leases()
@@ -134,6 +148,9 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT
 
     def _check_handler(self, handler: object) -> None:
         """The driver refuses a handler of the other kind (a coroutine function in threads, say)."""
+
+    def _check_isolation(self, isolation: str, handler: object) -> None:
+        """The driver refuses an isolation it cannot give (the asyncio Worker: processes)."""
 
     def _init_driver(self) -> None:
         """Make the driver's own thread or task primitives."""

@@ -72,6 +72,13 @@ class Worker(Finisher[AsyncHandler]):
     _client_type = Client
     _push_cancels = True  # subscribe to <base>cancel (tests switch it off: then only checkpoints deliver)
 
+    def _check_isolation(self, isolation: str, handler: object) -> None:
+        if isolation == "process":
+            raise ValueError(
+                "isolation='process' is for echomq.Worker (a sync handler in a child process); an asyncio "
+                "handler is stopped by cancelling its task (timeout_ms)"
+            )
+
     def _check_handler(self, handler: object) -> None:
         call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
         if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):

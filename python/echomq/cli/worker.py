@@ -166,6 +166,25 @@ WORKER_SETTINGS = (
         metavar="SECONDS",
     ),
     Setting(
+        "--isolation",
+        str,
+        "thread",
+        "where a sync handler runs: in the worker's threads, or each thread's in a child process that a "
+        "timeout can kill and a crash cannot take down (the handler must be importable by name)",
+        to="isolation",
+        choices=("thread", "process"),
+        metavar="{thread,process}",
+    ),
+    Setting(
+        "--max-jobs-per-child",
+        positive,
+        None,
+        "with --isolation process: a child runs this many jobs, then is replaced",
+        to="max_jobs_per_child",
+        shown="no limit",
+        metavar="N",
+    ),
+    Setting(
         "--reap",
         boolean,
         True,

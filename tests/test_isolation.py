@@ -1,0 +1,242 @@
+"""isolation="process" (issue 30): handlers in child processes, which a timeout kills and a crash cannot take down.
+
+Real child processes (multiprocessing's spawn), real signals: each test reads
+what the handlers wrote (their process ids) and what the server holds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+
+import echomq
+import echomq.asyncio as emq
+from echomq.isolation import ChildCrashed, ProcessPool
+from echomq.keyspace import queue_keys
+
+from . import isolation_handlers as h
+from .faults import wait_until
+
+Q = "isolated"
+K = queue_keys(Q)
+
+
+def row(r: redis.Redis, job_id: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in r.hgetall(K.job(job_id)).items()}
+
+
+def lines(path: Path) -> list[list[str]]:
+    return [line.split(" ", 2) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (killed, not yet reaped by its parent) counts as gone.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"
+
+
+@pytest.mark.backends
+def test_a_handler_that_ignores_its_token_is_killed_at_the_timeouts_end(
+    r: redis.Redis, client: echomq.Client, tmp_path: Path
+) -> None:
+    # A thread cannot be stopped (tests/test_worker_timeouts.py); a child can: past the timeout
+    # and its grace the child is killed, the job failed with the timeout's error, and the
+    # worker's one slot runs the next job in a fresh child.
+    out = tmp_path / "out"
+    client.enqueue(Q, str(out).encode(), job_id="deaf")
+    worker = echomq.Worker(
+        client, Q, h.deaf_once, isolation="process", timeout_ms=300, timeout_grace=0.3, max_attempts=1, reap=False
+    )
+    with worker:
+        assert wait_until(lambda: row(r, "deaf").get("state") == "dead", timeout=30)
+        ((_, pid, _),) = lines(out)
+        assert wait_until(lambda: not alive(int(pid)), timeout=10), "the child was not killed"
+        client.enqueue(Q, str(out).encode(), job_id="next")
+        assert wait_until(lambda: row(r, "next").get("state") == "done", timeout=30)
+    assert row(r, "deaf")["last_error"] == "TimeoutError: the handler ran longer than its timeout (300 ms)"
+    assert worker.stats.abandoned == 1 and worker.stats.completed == 1
+    (_, next_pid, _) = lines(out)[1]
+    assert next_pid != pid and next_pid != str(os.getpid())
+    assert r.zcard(K.active) == 0
+
+
+@pytest.mark.backends
+def test_a_child_that_dies_fails_its_job_a_try_used_and_the_worker_goes_on(
+    r: redis.Redis, client: echomq.Client, tmp_path: Path
+) -> None:
+    # os._exit in a handler (a segfault, the OOM killer alike) would end a thread worker's
+    # process; here it is the job's failure, and after its tries the job is dead, not looping.
+    out = tmp_path / "out"
+    client.enqueue(Q, str(out).encode(), job_id="crash")
+    worker = echomq.Worker(client, Q, h.crash, isolation="process", max_attempts=2, reap=False)
+    with worker:
+        assert wait_until(lambda: row(r, "crash").get("state") == "dead", timeout=30)
+    info = row(r, "crash")
+    assert info["last_error"] == (
+        "ChildCrashed: the handler's process died before it returned (exited with status 3)"
+    )
+    assert len(lines(out)) == 2 and worker.stats.failed == 2
+    assert len({pid for _, pid, _ in lines(out)}) == 2  # each attempt in a new child
+
+
+def test_handler_exceptions_cross_back_as_they_were(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue(Q, b"", job_id="plain")
+    with echomq.Worker(client, Q, h.fails, isolation="process", max_attempts=1, reap=False):
+        assert wait_until(lambda: row(r, "plain").get("state") == "dead", timeout=30)
+    assert row(r, "plain")["last_error"] == "ValueError: bad row in plain"
+    # An exception that will not unpickle is named, not lost.
+    client.enqueue(Q, b"", job_id="odd")
+    with echomq.Worker(client, Q, h.fails_oddly, isolation="process", max_attempts=1, reap=False):
+        assert wait_until(lambda: row(r, "odd").get("state") == "dead", timeout=30)
+    assert row(r, "odd")["last_error"] == "ChildError: Unpicklable: code 7"
+
+
+def test_checkpoints_from_the_child_are_stored_and_fenced_by_the_worker(
+    r: redis.Redis, client: echomq.Client, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    client.enqueue(Q, str(out).encode(), job_id="resume")
+    retry = echomq.RetryPolicy.fixed(10, max_attempts=2)
+    with echomq.Worker(client, Q, h.resumes, isolation="process", retry=retry, reap=False):
+        assert wait_until(lambda: row(r, "resume").get("state") == "done", timeout=30)
+    assert [line[2] for line in lines(out)] == ["resume=None", "resume=b'half-way'"]
+    # A state over the ceiling is refused in the handler (BadArgument, a ValueError), as in a thread.
+    client.enqueue(Q, str(out).encode(), job_id="big")
+    with echomq.Worker(client, Q, h.big_state, isolation="process", reap=False):
+        assert wait_until(lambda: row(r, "big").get("state") == "done", timeout=30)
+    assert lines(out)[-1][2] == "refused BadArgument"
+
+
+def test_a_remote_cancel_and_the_shutdown_reach_the_childs_token(
+    r: redis.Redis, client: echomq.Client, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    client.enqueue(Q, str(out).encode(), job_id="c")
+    with echomq.Worker(client, Q, h.until_cancelled, isolation="process", reap=False):
+        assert wait_until(lambda: len(lines(out)) == 1, timeout=30)
+        client.cancel(Q, "c")
+        assert wait_until(lambda: row(r, "c").get("state") == "cancelled", timeout=10)
+    # The shutdown's grace ends: "shutdown" reaches the child, the job is given back, no try used.
+    client.enqueue(Q, str(out).encode(), job_id="s")
+    worker = echomq.Worker(client, Q, h.until_cancelled, isolation="process", grace=0.2, reap=False)
+    worker.start()
+    assert wait_until(lambda: len(lines(out)) == 2, timeout=30)
+    worker.stop()
+    info = row(r, "s")
+    assert info["state"] == "pending" and info.get("tries", "0") == "0", info
+    assert worker.stats.released == 1
+    pids = {int(pid) for _, pid, _ in lines(out)}
+    assert wait_until(lambda: not any(alive(p) for p in pids), timeout=10)  # the pool closed
+
+
+def test_children_are_recycled_after_max_jobs_per_child(
+    r: redis.Redis, client: echomq.Client, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    client.enqueue_many(Q, [str(out).encode()] * 5)
+    with echomq.Worker(client, Q, h.quick, isolation="process", max_jobs_per_child=2, reap=False):
+        assert wait_until(lambda: len(lines(out)) == 5, timeout=60)
+    pids = [pid for _, pid, _ in lines(out)]
+    assert [pids.count(p) for p in dict.fromkeys(pids)] == [2, 2, 1]
+
+
+def test_a_sigterm_to_the_process_group_leaves_the_child_to_the_worker(tmp_path: Path) -> None:
+    # Ctrl-C or a process group's SIGTERM reaches the children too: they ignore it, the
+    # worker's stop tells them through their tokens.
+    pool = ProcessPool(h.until_cancelled)
+    out = tmp_path / "out"
+    token = echomq.CancelToken()
+    job = echomq.Job(Q, "g", "1-aa", str(out).encode())
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pool.call(job, token, None, True)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert wait_until(lambda: len(lines(out)) == 1, timeout=30)
+        pid = int(lines(out)[0][1])
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+        t.join(0.5)
+        assert t.is_alive() and alive(pid)
+        token.cancel("shutdown")
+        t.join(10)
+        assert [type(e).__name__ for e in errors] == ["Cancelled"] and str(errors[0]) == "cancelled: shutdown"
+        # A child killed under a running handler is ChildCrashed, naming the signal.
+        errors.clear()
+        token2 = echomq.CancelToken()
+        t = threading.Thread(target=lambda: errors.append(_call(pool, job, token2)))
+        t.start()
+        assert wait_until(lambda: len(lines(out)) == 2, timeout=30)
+        os.kill(int(lines(out)[1][1]), signal.SIGKILL)
+        t.join(10)
+        assert isinstance(errors[0], ChildCrashed) and "killed by SIGKILL" in str(errors[0])
+    finally:
+        pool.close()
+
+
+def _call(pool: ProcessPool, job: echomq.Job, token: echomq.CancelToken) -> BaseException | None:
+    try:
+        pool.call(job, token, None, True)
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def test_isolation_settings_are_checked(client: echomq.Client) -> None:
+    with pytest.raises(TypeError, match="importable by name"):
+        echomq.Worker(client, Q, lambda ctx: None, isolation="process")
+    with pytest.raises(ValueError, match="isolation must be one of 'thread', 'process', got 'fork'"):
+        echomq.Worker(client, Q, h.quick, isolation="fork")
+    with pytest.raises(ValueError, match="max_jobs_per_child needs isolation='process'"):
+        echomq.Worker(client, Q, h.quick, max_jobs_per_child=5)
+    with pytest.raises(ValueError, match="max_jobs_per_child must be between 1"):
+        echomq.Worker(client, Q, h.quick, isolation="process", max_jobs_per_child=0)
+
+
+def test_the_asyncio_worker_refuses_process_isolation(r: redis.Redis) -> None:
+    async def handler(ctx: emq.JobContext) -> None: ...
+
+    with pytest.raises(ValueError, match="isolation='process' is for echomq.Worker"):
+        emq.Worker(emq.Client(redis.asyncio.Redis()), Q, handler, isolation="process")
+
+
+def test_a_script_without_a_main_guard_starts_its_children_once(tmp_path: Path) -> None:
+    # multiprocessing's spawn re-runs the parent's __main__ in every child: an unguarded
+    # script would start its worker again in each. The children run the package only.
+    (tmp_path / "tasks_mod.py").write_text("def handler(ctx):\n    print('ran', ctx.id, flush=True)\n")
+    (tmp_path / "script.py").write_text(
+        "import echomq\n"
+        "from echomq.testing import EmbeddedServer\n"
+        "from tasks_mod import handler\n"
+        "print('script started', flush=True)\n"
+        "with EmbeddedServer() as server:\n"
+        "    client = echomq.Client(server.client())\n"
+        "    client.enqueue('s', b'', job_id='one')\n"
+        "    with echomq.Worker(client, 's', handler, isolation='process', concurrency=2) as w:\n"
+        "        while w.stats.completed < 1:\n"
+        "            pass\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["script started", "ran one"]
