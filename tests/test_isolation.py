@@ -1,4 +1,4 @@
-"""isolation="process" (issue 30): handlers in child processes, which a timeout kills and a crash cannot take down.
+"""isolation="process" (issue 30): handlers in child processes that a timeout kills and a crash spares.
 
 Real child processes (multiprocessing's spawn), real signals: each test reads
 what the handlers wrote (their process ids) and what the server holds.
@@ -53,8 +53,9 @@ def test_a_handler_that_ignores_its_token_is_killed_at_the_timeouts_end(
     out = tmp_path / "out"
     client.enqueue(Q, str(out).encode(), job_id="deaf")
     worker = echomq.Worker(
-        client, Q, h.deaf_once, isolation="process", timeout_ms=300, timeout_grace=0.3, max_attempts=1, reap=False
-    )
+        client, Q, h.deaf_once, isolation="process", timeout_ms=300, timeout_grace=0.3, max_attempts=1,
+        reap=False,
+    )  # fmt: skip
     with worker:
         assert wait_until(lambda: row(r, "deaf").get("state") == "dead", timeout=30)
         ((_, pid, _),) = lines(out)
@@ -212,7 +213,7 @@ def test_isolation_settings_are_checked(client: echomq.Client) -> None:
 def test_the_asyncio_worker_refuses_process_isolation(r: redis.Redis) -> None:
     async def handler(ctx: emq.JobContext) -> None: ...
 
-    with pytest.raises(ValueError, match="isolation='process' is for echomq.Worker"):
+    with pytest.raises(ValueError, match=r"isolation='process' is for echomq\.Worker"):
         emq.Worker(emq.Client(redis.asyncio.Redis()), Q, handler, isolation="process")
 
 
