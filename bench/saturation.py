@@ -15,22 +15,25 @@ Then all k are told to go at once and drain the one queue: echomq's sync Worker
 ``--until-stop``: no single process can tell when the shared queue is done, so
 this harness watches the server and says stop.
 
-Per run, from the server's view: the wall clock from the go to the first poll
-(every 10 ms, one pipelined read) that finds every job finished (echomq: no job
-pending or active; BullMQ: N in its completed and failed sets), so jobs/s =
-N / that span; the server's CPU (INFO cpu used_cpu_sys + used_cpu_user) over
-the same span, per job in microseconds and as a utilisation (CPU seconds per
-wall second: the server runs commands on one thread, so it is saturated as
-that nears 1.0); the worker processes' own CPU per job (/proc) and the
-machine's busy cores (/proc/stat).  Then each process reports how many jobs
-its handler ran and the first one asks its library's status API what became
-of every job (as bench/peers/harness.py verifies): every job done, and the
-handler runs summed over the k processes equal to N, is "exactly once".
+Per run, from the server's view: the wall clock from the first claim to the
+last completion, as this harness's reads of the server find them (one pipelined
+read every 2 ms after the go until a job is claimed, then every 10 ms until
+every job has finished: echomq, no job pending or active; BullMQ, N in its
+completed and failed sets), so jobs/s = N / that span; the server's CPU (INFO
+cpu used_cpu_sys + used_cpu_user) over the same span, per job in microseconds
+and as a utilisation (CPU seconds per wall second: the server runs commands on
+one thread, so it is saturated as that nears 1.0); the worker processes' own
+CPU per job (/proc) and the machine's busy cores (/proc/stat).  Then each
+process reports how many jobs its handler ran and the first one asks its
+library's status API what became of every job (as bench/peers/harness.py
+verifies): every job done, and the handler runs summed over the k processes
+equal to N, is "exactly once".
 
 On a 2-core machine the k worker processes compete with the server for the
 cores, so the ceiling measured here is the machine's, not the server's; the
 server's CPU per job at saturation is the figure that carries to a bigger
-machine (jobs/s one server core can carry = 1e6 / that figure).
+machine (one server core carries about 1e6 / that figure jobs/s, a bound from
+below: a busier server spends less per job).
 """
 
 from __future__ import annotations
@@ -395,14 +398,17 @@ def markdown(res: dict[str, Any]) -> str:
         )
     out += [
         "",
-        "jobs/s: N / the span from the go to every process until the server's first read (a poll every "
-        f"{POLL_S * 1000:.0f} ms) that finds every job finished.  server CPU: INFO used_cpu_sys + "
-        "used_cpu_user over that span, per job and per wall second (utilisation: the server runs "
-        "commands on one thread, so it saturates as this nears 1.0).  workers CPU: the k processes' "
-        "utime + stime (/proc).  machine busy cores: /proc/stat over the span.  On this machine the k "
-        "worker processes compete with the server for its cores, so the ceiling measured is the "
-        "machine's; the server's CPU per job at saturation is the figure that carries to a bigger one "
-        "(one server core carries 1e6 / it jobs/s).",
+        "jobs/s, from the server's view: N / the span from the first claim (the first of this "
+        f"harness's reads, every {CLAIM_POLL_S * 1000:.0f} ms after the go, that finds a job claimed) "
+        f"to the last completion (the first read, every {POLL_S * 1000:.0f} ms, that finds every job "
+        "finished).  server CPU: INFO used_cpu_sys + used_cpu_user over that span, per job and per "
+        "wall second (utilisation: the server runs commands on one thread, so it saturates as this "
+        "nears 1.0).  workers CPU: the k processes' utime + stime (/proc).  machine busy cores: "
+        "/proc/stat over the span.  done once: the first process's status API says every job done and "
+        "the k handlers ran N times in all.  On this machine the k worker processes compete with the "
+        "server for its cores, so the ceiling measured is the machine's; the server's CPU per job at "
+        "saturation is the figure that carries to a bigger one: one server core carries about 1e6 / it "
+        "jobs/s (a bound from below: a busier server spends less per job).",
     ]
     return "\n".join(out) + "\n"
 
