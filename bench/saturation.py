@@ -7,7 +7,8 @@
 
 For each contender and each number k of worker processes, one fresh redis-server
 (echomq.testing.EmbeddedServer; the module loaded for echomq).  The first process
-enqueues N no-op jobs with its library's own API; the other k - 1 enqueue none.
+enqueues N no-op jobs with its library's own batch call (echomq's enqueue_many,
+BullMQ's addBulk; not measured here); the other k - 1 enqueue none.
 Then all k are told to go at once and drain the one queue: echomq's sync Worker
 (10 threads each), its asyncio Worker (10 tasks each), BullMQ's Worker
 (concurrency 10 each, k node processes).  The contenders are bench/peers' own
@@ -76,7 +77,7 @@ class Sizes:
     procs: tuple[int, ...]
 
 
-FULL = Sizes(n=20_000, rounds=3, procs=(1, 2, 4, 8))
+FULL = Sizes(n=40_000, rounds=3, procs=(1, 2, 4, 8))
 QUICK = Sizes(n=2_000, rounds=1, procs=(1, 2, 4, 8))
 
 
