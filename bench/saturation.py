@@ -358,7 +358,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['server']}; {m['python']}; echomq {vers.get('echomq', '?')}; {peer_line or 'BullMQ absent'})",
         "",
         f"{sz['n']:,} no-op jobs enqueued first, then k worker processes started together drain them; "
-        f"a fresh redis-server per run; medians of {sz['rounds']} interleaved round(s); "
+        f"a fresh server per run; medians of {sz['rounds']} interleaved round(s); "
         "x BullMQ is the median of the per-round ratios to BullMQ at the same k.",
         "",
         "| contender | k | jobs/s | x BullMQ | server CPU us/job | x BullMQ | server CPU util | "

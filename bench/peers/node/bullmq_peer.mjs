@@ -64,7 +64,8 @@ async function main() {
   const end = a['until-stop'] ? expect('stop') : done;
   await Promise.race([end, new Promise((resolve) => { timer = setTimeout(resolve, timeoutMs); })]);
   clearTimeout(timer);
-  emit('drained', { elapsed_s: (performance.now() - t0) / 1000, processed: finished, timed_out: finished < n });
+  const timedOut = !a['until-stop'] && finished < n;
+  emit('drained', { elapsed_s: (performance.now() - t0) / 1000, processed: finished, timed_out: timedOut });
   await expect('verify');
   await worker.close();
   const kinds = ['completed', 'failed', 'active', 'waiting', 'delayed', 'prioritized', 'waiting-children', 'paused'];
