@@ -33,7 +33,11 @@ machine's drift:
    waiting and per done job before (main's module) and after, the cost of each part of
    a row, CLAIM's server usec per claim with no priority, one level and 100 levels.
    `--only memory` runs only it.
-7. Peers (bench/peers/harness.py, after the server above has stopped): the
+7. Many workers, one server (bench/saturation.py, servers of their own): 1, 2, 4
+   and 8 worker processes of echomq's sync and asyncio Workers and of BullMQ
+   drain one queue; jobs/s, the server's CPU per job and its utilisation, where
+   each saturates.  `--only saturation` runs only it.
+8. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
    `--no-peers` skips it; `--only peers` runs only it.
@@ -64,7 +68,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, idle_workers, memory  # noqa: E402
+from bench import backends, claim_path, idle_workers, memory, saturation  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -597,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "peers"],
+        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers"],
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
@@ -626,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         return backends.main_section(args.quick, command)
     if args.only == "memory":
         return memory.main_section(args.quick, command)
+    if args.only == "saturation":
+        return saturation.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -666,9 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     idle_workers.main_section(args.quick, command, args.baseline)
     backends.main_section(args.quick, command)
     memory.main_section(args.quick, command)
+    saturated = saturation.main_section(args.quick, command)
     if args.no_peers:
-        return 0
-    return run_peers(args.quick, command, args.baseline)
+        return saturated
+    return run_peers(args.quick, command, args.baseline) | saturated
 
 
 def run_peers(quick: bool, command: str, baseline: str | None = None) -> int:

@@ -44,10 +44,22 @@ def verify(url: str, queue: str, ids: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_sync(url: str, n: int, queue: str, concurrency: int, timeout: float, prefetch: int = 0) -> None:
+def run_sync(
+    url: str,
+    n: int,
+    queue: str,
+    concurrency: int,
+    timeout: float,
+    prefetch: int = 0,
+    enqueue: int | None = None,
+    until_stop: bool = False,
+) -> None:
     client = echomq.Client(redis.Redis.from_url(url))
     t = time.perf_counter()
-    ids = [client.enqueue(queue, b"") for _ in range(n)]
+    if enqueue is None:
+        ids = [client.enqueue(queue, b"") for _ in range(n)]
+    else:  # several processes (bench/saturation.py): the enqueue is not what is measured there
+        ids = client.enqueue_many(queue, [b""] * enqueue)
     emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
     expect("go")
     clock = Clock()
@@ -60,23 +72,36 @@ def run_sync(url: str, n: int, queue: str, concurrency: int, timeout: float, pre
         **settings,
     )
     worker.start()
-    while finished(worker.stats) < n and clock.elapsed() < timeout:
+    if until_stop:
+        expect("stop")  # the worker's threads drain the shared queue meanwhile
+    while not until_stop and finished(worker.stats) < n and clock.elapsed() < timeout:
         time.sleep(POLL_S)
     emit(
         "drained",
         elapsed_s=clock.elapsed(),
         processed=finished(worker.stats),
-        timed_out=finished(worker.stats) < n,
+        timed_out=not until_stop and finished(worker.stats) < n,
     )
     expect("verify")
     worker.stop(grace=0)  # drained: nothing runs; 0 keeps the old stop-at-once
     emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
 
 
-async def run_async(url: str, n: int, queue: str, concurrency: int, timeout: float) -> None:
+async def run_async(
+    url: str,
+    n: int,
+    queue: str,
+    concurrency: int,
+    timeout: float,
+    enqueue: int | None = None,
+    until_stop: bool = False,
+) -> None:
     client = emq_async.Client(aioredis.Redis.from_url(url))
     t = time.perf_counter()
-    ids = [await client.enqueue(queue, b"") for _ in range(n)]
+    if enqueue is None:
+        ids = [await client.enqueue(queue, b"") for _ in range(n)]
+    else:  # several processes (bench/saturation.py): the enqueue is not what is measured there
+        ids = await client.enqueue_many(queue, [b""] * enqueue)
     await client.aclose()
     emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
     expect("go")  # blocks the loop on purpose: nothing else runs yet
@@ -88,13 +113,15 @@ async def run_async(url: str, n: int, queue: str, concurrency: int, timeout: flo
     wclient = emq_async.Client(aioredis.Redis.from_url(url))
     worker = emq_async.Worker(wclient, queue, handler, concurrency=concurrency)
     task = asyncio.create_task(worker.run())
-    while finished(worker.stats) < n and clock.elapsed() < timeout:
+    if until_stop:
+        await asyncio.to_thread(expect, "stop")  # the loop runs the worker meanwhile
+    while not until_stop and finished(worker.stats) < n and clock.elapsed() < timeout:
         await asyncio.sleep(POLL_S)
     emit(
         "drained",
         elapsed_s=clock.elapsed(),
         processed=finished(worker.stats),
-        timed_out=finished(worker.stats) < n,
+        timed_out=not until_stop and finished(worker.stats) < n,
     )
     expect("verify")  # blocking: the worker's tasks wait until the harness has read INFO
     worker.stop()
@@ -110,9 +137,9 @@ def main() -> None:
     a = p.parse_args()
     try:
         if a.kind == "sync":
-            run_sync(a.url, a.n, a.queue, a.concurrency, a.timeout, a.prefetch)
+            run_sync(a.url, a.n, a.queue, a.concurrency, a.timeout, a.prefetch, a.enqueue, a.until_stop)
         else:
-            asyncio.run(run_async(a.url, a.n, a.queue, a.concurrency, a.timeout))
+            asyncio.run(run_async(a.url, a.n, a.queue, a.concurrency, a.timeout, a.enqueue, a.until_stop))
     except Exception as exc:
         emit("error", message=f"{type(exc).__name__}: {exc}")
         raise

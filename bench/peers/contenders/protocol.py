@@ -25,6 +25,12 @@ on stdin:
 
 "verified" carries {"done": n, "failed": n, "missing": n, "other": {status: n}}.
 Any failure is reported as {"event": "error", "message": ...} before exit.
+
+Several processes on one queue (bench/saturation.py; the echomq and BullMQ
+contenders): `--enqueue M` enqueues M jobs instead of N (the first process
+enqueues them all, the others none), and `--until-stop` drains until the
+harness says `stop` (it watches the server's counts; no process can tell
+alone when the shared queue is done) instead of until N finished here.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--timeout", type=float, default=300.0, help="give up draining after this many seconds")
     p.add_argument("--queue", default="bench")
+    p.add_argument("--enqueue", type=int, help="jobs to enqueue (default: N); N stays the queue's total")
+    p.add_argument("--until-stop", action="store_true", help="drain until the harness says stop")
     return p
 
 

@@ -21,9 +21,14 @@ const { values: a } = parseArgs({
     concurrency: { type: 'string', default: '10' },
     timeout: { type: 'string', default: '300' },
     queue: { type: 'string', default: 'bench' },
+    enqueue: { type: 'string' },
+    'until-stop': { type: 'boolean', default: false },
   },
 });
 const n = Number(a.n);
+// Several processes on one queue (bench/saturation.py): this one enqueues `enqueue` jobs
+// (the first all N, the others none) and drains until the harness says stop.
+const enqueue = a.enqueue === undefined ? n : Number(a.enqueue);
 const concurrency = Number(a.concurrency);
 const timeoutMs = Number(a.timeout) * 1000;
 const url = new URL(a.url);
@@ -39,9 +44,9 @@ async function expect(word) {
 async function main() {
   const queue = new Queue(a.queue, { connection });
   const t = performance.now();
-  for (let k = 0; k < n; k += 1000) {
+  for (let k = 0; k < enqueue; k += 1000) {
     const jobs = [];
-    for (let i = k; i < Math.min(n, k + 1000); i++) jobs.push({ name: 'noop', data: {}, opts: { jobId: `j${i}` } });
+    for (let i = k; i < Math.min(enqueue, k + 1000); i++) jobs.push({ name: 'noop', data: {}, opts: { jobId: `j${i}` } });
     await queue.addBulk(jobs);
   }
   emit('ready', { enqueued: await queue.count(), enqueue_s: (performance.now() - t) / 1000 });
@@ -56,9 +61,11 @@ async function main() {
   worker.on('failed', onFinished);
   worker.on('error', (err) => process.stderr.write(`bullmq worker error: ${err}\n`));
   let timer;
-  await Promise.race([done, new Promise((resolve) => { timer = setTimeout(resolve, timeoutMs); })]);
+  const end = a['until-stop'] ? expect('stop') : done;
+  await Promise.race([end, new Promise((resolve) => { timer = setTimeout(resolve, timeoutMs); })]);
   clearTimeout(timer);
-  emit('drained', { elapsed_s: (performance.now() - t0) / 1000, processed: finished, timed_out: finished < n });
+  const timedOut = !a['until-stop'] && finished < n;
+  emit('drained', { elapsed_s: (performance.now() - t0) / 1000, processed: finished, timed_out: timedOut });
   await expect('verify');
   await worker.close();
   const kinds = ['completed', 'failed', 'active', 'waiting', 'delayed', 'prioritized', 'waiting-children', 'paused'];
@@ -67,7 +74,9 @@ async function main() {
   const known = kinds.reduce((s, k) => s + (counts[k] || 0), 0);
   const other = {};
   for (const k of kinds.slice(2)) if (counts[k]) other[k] = counts[k];
-  emit('verified', { done: completed, failed: counts.failed, missing: Math.max(0, n - known), other, counts });
+  emit('verified', {
+    done: completed, failed: counts.failed, missing: Math.max(0, n - known), other, counts, processed: finished,
+  });
   await queue.close();
 }
 
