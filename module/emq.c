@@ -155,7 +155,8 @@ static const EmqCommand commands[] = {
                 "holds it",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
-                      EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING))},
+                      EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING),
+                      EMQ_OPTION("BACKOFF", "ms", EMQ_INTEGER))},
     {"emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast",
      .summary = "Cancels a job: at once when it is waiting, else at its holder's next EMQ.CHECKPOINT",
      .complexity = "O(1) for priority 0 (its entry stays, a tombstone), else O(log N) where N is the number of "

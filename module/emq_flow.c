@@ -67,6 +67,18 @@ void emq_flow_claim_apply(EmqFlow *f, EmqFx *fx, long n) {
                 emq_fx_number(fx, f->used + n));
 }
 
+int emq_flow_backoff_prepare(EmqFlow *f, RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base,
+                             long long now, long long ms) {
+    int err = open_limit(f, ctx, user, base, EMQ_DERIVED_READ_WRITE);
+    if (!err && ms > 0 && now + ms > f->rate.until) f->set_until = now + ms;
+    return err;
+}
+
+void emq_flow_backoff_apply(EmqFlow *f, EmqFx *fx) {
+    if (f->set_until > 0)
+        emq_fx_hset(fx, &f->key, "hset", 1, emq_str.backoff_until, emq_fx_number(fx, f->set_until));
+}
+
 void emq_flow_close(EmqFlow *f) {
     emq_key_close(&f->key);
     if (f->name) RedisModule_FreeString(f->ctx, f->name);

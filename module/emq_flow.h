@@ -26,6 +26,7 @@ typedef struct {
     EmqKey key;
     EmqRate rate;
     long long start, used; /* the current window's start and its use before this call */
+    long long set_until;   /* a back-off to write (RELEASE ... BACKOFF), or 0 */
 } EmqFlow;
 
 /* Open and read <base>limit (`user`: the caller's ACL, or NULL).  EMQ_OK
@@ -38,6 +39,14 @@ int emq_flow_claim_prepare(EmqFlow *f, RedisModuleCtx *ctx, RedisModuleUser *use
 /* The claim took `n` jobs: the window's use goes up (HSET window used,
  * absolute), when a rate is set and n > 0. */
 void emq_flow_claim_apply(EmqFlow *f, EmqFx *fx, long n);
+
+/* RELEASE ... BACKOFF <ms> (a handler's 429): open and read <base>limit
+ * and decide the back-off's end, server-now + ms, written only when later
+ * than the one stored (ms 0: nothing).  EMQ_OK or the error, nothing
+ * written. */
+int emq_flow_backoff_prepare(EmqFlow *f, RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base,
+                             long long now, long long ms);
+void emq_flow_backoff_apply(EmqFlow *f, EmqFx *fx);
 
 /* Always after prepare (also on an error); harmless on a zeroed EmqFlow. */
 void emq_flow_close(EmqFlow *f);

@@ -55,7 +55,9 @@ def test_a_refused_claim_writes_nothing(r: redis.Redis, client: echomq.Client) -
     assert digest(r) == before
 
 
-def test_no_window_ever_holds_more_than_max_under_eight_claimers(r: redis.Redis, client: echomq.Client) -> None:
+def test_no_window_ever_holds_more_than_max_under_eight_claimers(
+    r: redis.Redis, client: echomq.Client
+) -> None:
     """8 threads claim as fast as they can for ~1.2 s under 20 per 100 ms: grouped by the
     server's window, no window holds more than 20 claims."""
     client.enqueue_many("rl", [(f"j{i}", b"") for i in range(2000)])
@@ -131,7 +133,9 @@ ERRORS = [
 
 
 @pytest.mark.parametrize(("args", "text"), ERRORS)
-def test_limit_errors_change_nothing(r: redis.Redis, client: echomq.Client, args: tuple[str, ...], text: str) -> None:
+def test_limit_errors_change_nothing(
+    r: redis.Redis, client: echomq.Client, args: tuple[str, ...], text: str
+) -> None:
     client.set_rate_limit("rl", 2, 1000)
     before = digest(r)
     k = queue_keys("rl")

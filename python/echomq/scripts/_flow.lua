@@ -64,3 +64,18 @@ function emq.flow_claim_apply(flow, n)
     if flow == nil or flow.rate.max == 0 or n <= 0 then return end
     redis.call('HSET', flow.name, 'window', emq.int(flow.start), 'used', emq.int(flow.used + n))
 end
+
+-- emq_flow_backoff_prepare: RELEASE ... BACKOFF <ms>: the back-off's end, written only when
+-- later than the one stored.
+function emq.flow_backoff_prepare(base, now, ms)
+    local name = base .. 'limit'
+    local ltype = emq.open_derived(name, emq.READ_WRITE)
+    if not emq.type_ok(ltype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+    local r = emq.read_rate(name, ltype)
+    return { name = name, set_until = (now + ms > r['until']) and now + ms or 0 }
+end
+
+function emq.flow_backoff_apply(flow)
+    if flow == nil or flow.set_until == 0 then return end
+    redis.call('HSET', flow.name, 'backoff_until', emq.int(flow.set_until))
+end
