@@ -139,7 +139,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.release": (
         {"write", "fast"},
-        [("active", RW_DELETE), ("pending", RW_INSERT), BASE, ("id", "string"), ("token", "string")],
+        [("active", RW_DELETE), ("pending", RW_INSERT), BASE, ("id", "string"), ("token", "string"),
+         ("ms", Optional("BACKOFF", "integer"))],
         [Q + "active", Q + "pending", Q, "j", "1"],
     ),
     "emq.cancel": (
