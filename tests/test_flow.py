@@ -9,6 +9,7 @@ callers; a refused claim writes nothing.  Claim times are read from the rows' ``
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -17,7 +18,9 @@ import pytest
 import redis
 
 import echomq
+from echomq.cli import main
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .helpers import digest, now_ms
 
@@ -203,3 +206,25 @@ def test_removing_the_limit_wakes_a_waiting_claim(r: redis.Redis, client: echomq
     client.back_off("rl", 0)
     t.join(15)
     assert got and got[0] is not None
+
+
+def test_the_cli_sets_shows_and_removes_a_limit(
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def cli(*argv: str) -> tuple[int, str, str]:
+        code = main(["--url", server.url, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = cli("limit", "rl", "--rate", "50", "--per", "1000")
+    assert code == 0 and out.startswith("rate limit 50 per 1000 ms: 0 claimed in this window")
+    client.enqueue_many("rl", [(f"j{i}", b"") for i in range(3)])
+    client.claim_many("rl", 60_000, 3)
+    code, out, _ = cli("inspect", "rl")
+    assert code == 0 and re.search(r"rate limit 50 per 1000 ms: [03] claimed in this window", out), out
+    code, out, _ = cli("limit", "rl", "--backoff", "60000")
+    assert "backed off: no claims for" in out
+    code, out, _ = cli("limit", "rl", "--off", "--backoff", "0")
+    assert code == 0 and out == "no rate limit, no back-off\n"
+    code, _, err = cli("limit", "rl", "--rate", "5")
+    assert code == 1 and "--rate and --per go together" in err
