@@ -228,3 +228,21 @@ def test_the_cli_sets_shows_and_removes_a_limit(
     assert code == 0 and out == "no rate limit, no back-off\n"
     code, _, err = cli("limit", "rl", "--rate", "5")
     assert code == 1 and "--rate and --per go together" in err
+
+
+def test_completeclaim_takes_only_what_the_window_has_left(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("rl", [(f"j{i}", b"") for i in range(10)])
+    client.set_rate_limit("rl", 3, 86_400_000)
+    first = client.claim_many("rl", 60_000, 2)
+    assert len(first) == 2
+    k = queue_keys("rl")
+    job = first[0]
+    gone, jobs = client._send(
+        ("EMQ.COMPLETECLAIM", k.active, k.job(job.id), k.pending, job.id, job.token, 60_000, "COUNT", 5)
+    )
+    assert gone == 1 and len(jobs) == 1  # the complete went through; the claim took the one left
+    gone, jobs = client._send(
+        ("EMQ.COMPLETECLAIM", k.active, k.job(first[1].id), k.pending, first[1].id, first[1].token, 60_000)
+    )
+    assert gone == 1 and jobs is None  # the window is spent: the complete still lands
+    assert client.rate_limit("rl").used == 3
