@@ -591,20 +591,21 @@ void emq_rate_window(long long now, long long per, long long *start) {
     *start = now - now % per;
 }
 
-long long emq_rate_allowance(const EmqRate *r, long long now, long long *used, long long *reopen) {
-    *used = 0;
+long long emq_rate_allowance(long long max, long long per, long long window, long long used, long long until,
+                             long long now, long long *used_now, long long *reopen) {
+    *used_now = 0;
     *reopen = -1;
-    if (r->until > now) {
-        *reopen = r->until;
+    if (until > now) {
+        *reopen = until;
         return 0;
     }
-    if (r->max == 0) return -1;
+    if (max == 0) return -1;
     long long start;
-    emq_rate_window(now, r->per, &start);
-    *used = r->window == start ? r->used : 0;
-    if (*used >= r->max) {
-        *reopen = start + r->per;
+    emq_rate_window(now, per, &start);
+    *used_now = window == start ? used : 0;
+    if (*used_now >= max) {
+        *reopen = start + per;
         return 0;
     }
-    return r->max - *used;
+    return max - *used_now;
 }

@@ -466,22 +466,18 @@ EMQ_EXPORT int emq_parse_backoff(const char *s, size_t len, long long *out);
 EMQ_EXPORT int emq_parse_limit_field(const char *s, size_t len, int present, long long min, long long max,
                                      long long *out);
 
-/* What <base>limit holds (0 where a field is absent). */
-typedef struct {
-    long long max, per;    /* the rate: both 0 (none) or both set */
-    long long window;      /* the start of the window `used` counts */
-    long long used;        /* claims handed out in that window */
-    long long until;       /* the backoff: no claim before this server time */
-} EmqRate;
-
 /* The fixed window `now` falls in: [*start, *start + per), aligned to the
  * server clock (start a multiple of per). */
 EMQ_EXPORT void emq_rate_window(long long now, long long per, long long *start);
 
-/* How many jobs a claim at `now` may take: -1 (no limit applies), 0 (none:
- * *reopen is when the claim may look again -- the backoff's end, or the next
- * window's start) or the jobs left in the window.  *used is the window's use
- * before this claim (0 for a new window). */
-EMQ_EXPORT long long emq_rate_allowance(const EmqRate *r, long long now, long long *used, long long *reopen);
+/* How many jobs a claim at `now` may take, from what <base>limit holds (0
+ * where a field is absent): the rate `max` per `per` ms (both 0: none), the
+ * window `window` whose use is `used`, the back-off's end `until`.  -1 (no
+ * limit applies), 0 (none: *reopen is when the claim may look again -- the
+ * back-off's end, or the next window's start) or the jobs left in the
+ * window.  *used_now is the window's use before this claim (0 for a new
+ * window). */
+EMQ_EXPORT long long emq_rate_allowance(long long max, long long per, long long window, long long used,
+                                        long long until, long long now, long long *used_now, long long *reopen);
 
 #endif

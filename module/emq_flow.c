@@ -56,7 +56,8 @@ int emq_flow_claim_prepare(EmqFlow *f, RedisModuleCtx *ctx, RedisModuleUser *use
                            long long now, long long *allowance, long long *reopen) {
     int err = open_limit(f, ctx, user, base, EMQ_DERIVED_READ_WRITE);
     if (err) return err;
-    *allowance = emq_rate_allowance(&f->rate, now, &f->used, reopen);
+    EmqRate *r = &f->rate;
+    *allowance = emq_rate_allowance(r->max, r->per, r->window, r->used, r->until, now, &f->used, reopen);
     if (f->rate.max) emq_rate_window(now, f->rate.per, &f->start);
     return EMQ_OK;
 }

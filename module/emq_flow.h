@@ -20,6 +20,14 @@
 #include "emq_effects.h"
 #include "emq_rm.h"
 
+/* What <base>limit holds (0 where a field is absent). */
+typedef struct {
+    long long max, per; /* the rate: both 0 (none) or both set */
+    long long window;   /* the start of the window `used` counts */
+    long long used;     /* claims handed out in that window */
+    long long until;    /* the back-off: no claim before this server time */
+} EmqRate;
+
 typedef struct {
     RedisModuleCtx *ctx;
     RedisModuleString *name; /* <base>limit */
