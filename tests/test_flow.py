@@ -16,6 +16,8 @@ from collections import Counter
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import echomq
 from echomq.cli import main
@@ -23,6 +25,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from .helpers import digest, now_ms
+from .test_core_cffi import Core, core  # noqa: F401  (the session fixture, used by name)
 
 pytestmark = pytest.mark.backends
 
@@ -246,3 +249,40 @@ def test_completeclaim_takes_only_what_the_window_has_left(r: redis.Redis, clien
     )
     assert gone == 1 and jobs is None  # the window is spent: the complete still lands
     assert client.rate_limit("rl").used == 3
+
+
+@given(
+    mx=st.integers(0, 50),
+    per=st.integers(1, 5000),
+    window_back=st.integers(0, 3),
+    used=st.integers(0, 60),
+    until_delta=st.integers(-5000, 5000),
+    now=st.integers(0, 2**45),
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_rate_decision_against_a_reference(
+    core: Core,  # noqa: F811
+    mx: int,
+    per: int,
+    window_back: int,
+    used: int,
+    until_delta: int,
+    now: int,
+) -> None:
+    """emq_rate_allowance (module/emq_core.c), called in-process, against the documented rule."""
+    start = now - now % per
+    window = max(start - window_back * per, 0)
+    until = max(now + until_delta, 0)
+    out_used, reopen = core.ffi.new("long long *"), core.ffi.new("long long *")
+    got = core.lib.emq_rate_allowance(mx, per if mx else 0, window, used, until, now, out_used, reopen)
+    if until > now:
+        assert (got, reopen[0]) == (0, until)
+    elif mx == 0:
+        assert got == -1
+    else:
+        in_window = used if window == start else 0
+        assert out_used[0] == in_window
+        if in_window >= mx:
+            assert (got, reopen[0]) == (0, start + per)  # the next window opens
+        else:
+            assert got == mx - in_window and reopen[0] == -1
