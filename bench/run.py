@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, idle_workers, memory, saturation  # noqa: E402
+from bench import backends, claim_path, flow, idle_workers, memory, saturation  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -601,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers"],
+        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow"],
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
@@ -632,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         return memory.main_section(args.quick, command)
     if args.only == "saturation":
         return saturation.main_section(args.quick, command)
+    if args.only == "flow":
+        return flow.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -672,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     idle_workers.main_section(args.quick, command, args.baseline)
     backends.main_section(args.quick, command)
     memory.main_section(args.quick, command)
+    flow.main_section(args.quick, command)
     saturated = saturation.main_section(args.quick, command)
     if args.no_peers:
         return saturated

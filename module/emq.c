@@ -43,7 +43,7 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  *     know (it would refuse to create the command).
  *   - The operator verbs (emq_dead.c, emq_admin.c): RETRY and RETRYDEAD
  *     put work back (deny-oom); RETENTION writes a setting (deny-oom);
- *     PAUSE and RESUME are not deny-oom (an incident may be memory pressure,
+ *     PAUSE, RESUME and LIMIT are not deny-oom (an incident may be memory pressure,
  *     and pausing must still work then); PURGE, OBLITERATE and FORGET free
  *     memory and are not deny-oom.  RETRYDEAD, PURGE, OBLITERATE (up to
  *     <limit> each) and FORGET (one row per id) are not `fast`.
@@ -155,7 +155,8 @@ static const EmqCommand commands[] = {
                 "holds it",
      .complexity = LOG_ACTIVE, .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("active", EMQ_RW | EMQ_DELETE), EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT),
-                      EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING))},
+                      EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING), EMQ_ARG("token", EMQ_STRING),
+                      EMQ_OPTION("BACKOFF", "ms", EMQ_INTEGER))},
     {"emq.cancel", EmqCancel_RedisCommand, "write deny-oom fast",
      .summary = "Cancels a job: at once when it is waiting, else at its holder's next EMQ.CHECKPOINT",
      .complexity = "O(1) for priority 0 (its entry stays, a tombstone), else O(log N) where N is the number of "
@@ -192,6 +193,13 @@ static const EmqCommand commands[] = {
     {"emq.resume", EmqResume_RedisCommand, "write fast",
      .summary = "Resumes a paused queue: claims hand out jobs again",
      .complexity = "O(1)", .since = EMQ_SINCE, .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE)},
+    {"emq.limit", EmqLimit_RedisCommand, "write fast",
+     .summary = "Sets, removes or reads the queue's rate limit (at most max jobs claimed per window of ms) "
+                "and its back-off",
+     .complexity = "O(1)", .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE, EMQ_OPTION("RATE", "max", EMQ_INTEGER),
+                      EMQ_OPTION("PER", "ms", EMQ_INTEGER), EMQ_FLAG("OFF"),
+                      EMQ_OPTION("BACKOFF", "ms", EMQ_INTEGER))},
     {"emq.obliterate", EmqObliterate_RedisCommand, "write",
      .summary = "Deletes a queue in bounded steps: up to limit jobs and their rows per call, then its keys",
      .complexity = "O(log N + M) where N is the number of jobs in the queue's sets and M at most limit",

@@ -42,6 +42,7 @@
 #include "emq_core.h"
 #include "emq_effects.h"
 #include "emq_end.h"
+#include "emq_flow.h"
 #include "emq_keys.h"
 #include "emq_lanes.h"
 #include "emq_rm.h"
@@ -82,6 +83,11 @@
     X(priority, "priority")                   \
     X(stale, "stale")                         \
     X(seq, "seq")                             \
+    X(rate_max, "max")                        \
+    X(rate_per_ms, "per_ms")                  \
+    X(rate_window, "window")                  \
+    X(rate_used, "used")                      \
+    X(backoff_until, "backoff_until")         \
     X(enqueued_at, "enqueued_at")             \
     X(cancel_requested, "cancel_requested")   \
     X(count, "count")                         \

@@ -41,6 +41,7 @@ typedef struct {
     RedisModuleString *record_name;
     RedisModuleString *done; /* the job COMPLETECLAIM completes in this call, or NULL */
     EmqLanes lanes;
+    EmqFlow flow; /* the queue's rate limit and back-off (emq_flow.h) */
 } Claim;
 
 static void claim_release(Claim *c) {
@@ -51,6 +52,7 @@ static void claim_release(Claim *c) {
     }
     RedisModule_Free(c->jobs);
     emq_lanes_close(&c->lanes);
+    emq_flow_close(&c->flow);
     emq_key_close(&c->record);
     if (c->record_name) RedisModule_FreeString(c->ctx, c->record_name);
     if (c->active == &c->own_active) emq_key_close(&c->own_active);
@@ -355,6 +357,7 @@ static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
         RedisModule_StringPtrLen(j->id, &idlen);
         reclen += emq_record_item_size(idlen) + emq_record_item_size((size_t)j->tokenlen);
     }
+    emq_flow_claim_apply(&c->flow, fx, c->n);
     if (c->record_name == NULL || c->n == 0) return;
     /* Remembered as long as the lease: a retry after that finds the jobs
      * lapsed anyway. */
@@ -502,7 +505,17 @@ static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *
         *outcome = CLAIM_NOTHING; /* RESUME wakes the waiting claims */
         return EMQ_OK;
     }
-    if (!err) err = collect(c, now, (long)a->count);
+    /* The rate limit and back-off (emq_flow.h): refused, a claim writes
+     * nothing and looks again when the window opens or the back-off ends. */
+    long long allowance = -1, reopen = -1, count = a->count;
+    if (!err) err = emq_flow_claim_prepare(&c->flow, c->ctx, c->user, c->base, now, &allowance, &reopen);
+    if (!err && allowance == 0) {
+        *outcome = CLAIM_NOTHING;
+        *due = reopen;
+        return EMQ_OK;
+    }
+    if (allowance > 0 && allowance < count) count = allowance;
+    if (!err) err = collect(c, now, (long)count);
     if (err == EMQ_ERR_WRONGTYPE && waiting && !(emq_type_ok(&c->lanes.priority, REDISMODULE_KEYTYPE_ZSET) &&
                                                  emq_type_ok(&c->lanes.delayed, REDISMODULE_KEYTYPE_ZSET))) {
         *outcome = CLAIM_NOTHING; /* as BZPOPMIN keeps waiting on a key of another type */

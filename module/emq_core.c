@@ -67,6 +67,10 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
         "EMQSTATE the job has no known state: only a dead or cancelled job can be retried",
     [EMQ_ERR_BUSY] = "EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too",
     [EMQ_ERR_PRIORITY] = "ERR PRIORITY must be an integer from -1000 to 1000",
+    [EMQ_ERR_RATE_MAX] = "ERR RATE must be an integer from 1 to 1000000000",
+    [EMQ_ERR_RATE_PER] = "ERR PER must be an integer from 1 to 86400000 (ms)",
+    [EMQ_ERR_BACKOFF] = "ERR BACKOFF must be an integer from 0 to 86400000 (ms)",
+    [EMQ_ERR_LIMIT_FIELD] = "ERR the queue's limit hash holds a field that is not a valid integer",
     [EMQ_ERR_PRIORITY_FIELD] = "ERR the job row's 'priority' field is not an integer from -1000 to 1000",
     [EMQ_ERR_PAYLOAD_TOO_LARGE] = "ERR the payload is larger than emq.max-payload-bytes",
     [EMQ_ERR_RESULT_TOO_LARGE] = "ERR the result is larger than emq.max-result-bytes",
@@ -551,4 +555,57 @@ int emq_purge_deletes_row(int row_exists, const char *state, size_t len) {
 
 int emq_forget_deletes_row(const char *state, size_t len) {
     return state != NULL && (is(state, len, "done") || is(state, len, "cancelled"));
+}
+
+/* -- flow control ------------------------------------------------------- */
+
+static int parse_range(const char *s, size_t len, long long min, long long max, int refusal, long long *out) {
+    long long v;
+    if (emq_parse_ll(s, len, &v) != 0 || v < min || v > max) return refusal;
+    *out = v;
+    return EMQ_OK;
+}
+
+int emq_parse_rate_max(const char *s, size_t len, long long *out) {
+    return parse_range(s, len, 1, EMQ_RATE_MAX_MAX, EMQ_ERR_RATE_MAX, out);
+}
+
+int emq_parse_rate_per(const char *s, size_t len, long long *out) {
+    return parse_range(s, len, 1, EMQ_RATE_PER_MAX, EMQ_ERR_RATE_PER, out);
+}
+
+int emq_parse_backoff(const char *s, size_t len, long long *out) {
+    return parse_range(s, len, 0, EMQ_RATE_PER_MAX, EMQ_ERR_BACKOFF, out);
+}
+
+int emq_parse_limit_field(const char *s, size_t len, int present, long long min, long long max, long long *out) {
+    if (!present) {
+        *out = 0;
+        return EMQ_OK;
+    }
+    return parse_range(s, len, min, max, EMQ_ERR_LIMIT_FIELD, out);
+}
+
+void emq_rate_window(long long now, long long per, long long *start) {
+    /* The server clock is never before 1970: now >= 0, so % is the floor. */
+    *start = now - now % per;
+}
+
+long long emq_rate_allowance(long long max, long long per, long long window, long long used, long long until,
+                             long long now, long long *used_now, long long *reopen) {
+    *used_now = 0;
+    *reopen = -1;
+    if (until > now) {
+        *reopen = until;
+        return 0;
+    }
+    if (max == 0) return -1;
+    long long start;
+    emq_rate_window(now, per, &start);
+    *used_now = window == start ? used : 0;
+    if (*used_now >= max) {
+        *reopen = start + per;
+        return 0;
+    }
+    return max - *used_now;
 }

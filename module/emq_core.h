@@ -131,6 +131,11 @@ typedef enum {
     EMQ_ERR_RESULT_TOO_LARGE,
     EMQ_ERR_TRACE_TOO_LARGE,
     EMQ_ERR_PROGRESS_TOO_LARGE,
+    /* flow control (issue 32, emq_flow.c) */
+    EMQ_ERR_RATE_MAX,
+    EMQ_ERR_RATE_PER,
+    EMQ_ERR_BACKOFF,
+    EMQ_ERR_LIMIT_FIELD,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -443,5 +448,36 @@ EMQ_EXPORT int emq_purge_deletes_row(int row_exists, const char *state, size_t l
 /* FORGET deletes a row only when it is finished and in no set: done or
  * cancelled (a dead row belongs to <dead>, which PURGE empties). */
 EMQ_EXPORT int emq_forget_deletes_row(const char *state, size_t len);
+
+/* -- flow control (emq_flow.c) ------------------------------------------ */
+
+#define EMQ_RATE_MAX_MAX 1000000000LL /* RATE <max>: at most a billion a window */
+#define EMQ_RATE_PER_MAX 86400000LL   /* PER <ms> and BACKOFF <ms>: at most a day */
+
+/* EMQ.LIMIT's numbers: RATE <max> in [1, EMQ_RATE_MAX_MAX] (EMQ_ERR_RATE_MAX),
+ * PER <ms> in [1, EMQ_RATE_PER_MAX] (EMQ_ERR_RATE_PER), BACKOFF <ms> in
+ * [0, EMQ_RATE_PER_MAX] (EMQ_ERR_BACKOFF). */
+EMQ_EXPORT int emq_parse_rate_max(const char *s, size_t len, long long *out);
+EMQ_EXPORT int emq_parse_rate_per(const char *s, size_t len, long long *out);
+EMQ_EXPORT int emq_parse_backoff(const char *s, size_t len, long long *out);
+
+/* A field of <base>limit as stored: absent is 0; else a canonical integer
+ * from `min` to `max`, or EMQ_ERR_LIMIT_FIELD. */
+EMQ_EXPORT int emq_parse_limit_field(const char *s, size_t len, int present, long long min, long long max,
+                                     long long *out);
+
+/* The fixed window `now` falls in: [*start, *start + per), aligned to the
+ * server clock (start a multiple of per). */
+EMQ_EXPORT void emq_rate_window(long long now, long long per, long long *start);
+
+/* How many jobs a claim at `now` may take, from what <base>limit holds (0
+ * where a field is absent): the rate `max` per `per` ms (both 0: none), the
+ * window `window` whose use is `used`, the back-off's end `until`.  -1 (no
+ * limit applies), 0 (none: *reopen is when the claim may look again -- the
+ * back-off's end, or the next window's start) or the jobs left in the
+ * window.  *used_now is the window's use before this claim (0 for a new
+ * window). */
+EMQ_EXPORT long long emq_rate_allowance(long long max, long long per, long long window, long long used,
+                                        long long until, long long now, long long *used_now, long long *reopen);
 
 #endif

@@ -336,7 +336,7 @@ reply:
 }
 
 /* ------------------------------------------------------------------------
- * EMQ.RELEASE <active> <pending> <base> <id> <token>
+ * EMQ.RELEASE <active> <pending> <base> <id> <token> [BACKOFF <ms>]
  *
  * The holder gives the job back without using an attempt (a graceful
  * shutdown, a handler that cannot run it now): it leaves <active>, its row's
@@ -345,12 +345,24 @@ reply:
  * level in <base>priority), before the jobs that waited there.  A job whose
  * cancel was requested is not handed out again: it ends cancelled (and is
  * announced on <base>done:<id>).
+ * With BACKOFF (a handler's 429, emq_flow.h), the same call also stops
+ * every claim of the queue until server-now + <ms>, so the job given back
+ * is not handed out again at once.
  * Reply: +pending or +cancelled; :-1 gone; -EMQSTALE as COMPLETE.
  * ------------------------------------------------------------------------ */
 int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
-    if (argc != 6) return RedisModule_WrongArity(ctx);
-    int err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_ORDER);
+    if (argc < 6) return RedisModule_WrongArity(ctx);
+    long long backoff = 0;
+    int err = EMQ_OK;
+    if (argc != 6) {
+        size_t len, vlen;
+        const char *opt = RedisModule_StringPtrLen(argv[6], &len);
+        if (argc != 8 || !emq_option_is(opt, len, "BACKOFF")) err = EMQ_ERR_SYNTAX;
+        const char *v = argc == 8 ? RedisModule_StringPtrLen(argv[7], &vlen) : NULL;
+        if (!err) err = emq_parse_backoff(v, vlen, &backoff);
+    }
+    if (!err) err = emq_check_queue(ctx, &argv[1], ACTIVE_PENDING_DEAD, 2, argv[3], EMQ_ERR_PENDING_ACTIVE_ORDER);
     if (err) return emq_reply_error(ctx, err);
     RedisModuleString *id = argv[4], *token = argv[5];
     long long now = RedisModule_Milliseconds();
@@ -368,6 +380,7 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_lanes_init(&lanes, ctx, NULL, argv[3], &pending);
     EmqEnd end;
     emq_end_init(&end, ctx, argv[3]);
+    EmqFlow flow = {0};
     int reply_gone = 0, cancelled = 0;
     if (!emq_type_ok(&active, REDISMODULE_KEYTYPE_ZSET) || !emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST))
         err = EMQ_ERR_WRONGTYPE;
@@ -393,6 +406,7 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     }
     if (!err) err = emq_left_active_prepare(&end, id);
     if (!err && cancelled) err = emq_ended_prepare(&end, id, EMQ_END_CANCELLED, 0);
+    if (!err && backoff) err = emq_flow_backoff_prepare(&flow, ctx, user, argv[3], now, backoff);
     if (err) goto reply;
 
     /* apply */
@@ -408,6 +422,7 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
                     emq_str.state, emq_str.pending, emq_str.closed_by, emq_str.release_pending);
         emq_lanes_apply(&lanes, &fx);
     }
+    emq_flow_backoff_apply(&flow, &fx);
 
 reply:
     if (err) emq_reply_error(ctx, err);
@@ -417,6 +432,7 @@ reply:
     int requeued = pending.modified || lanes.priority.modified;
     emq_lanes_close(&lanes);
     emq_end_close(&end);
+    emq_flow_close(&flow);
     emq_key_close(&row);
     RedisModule_FreeString(ctx, row_name);
     emq_key_close(&pending);

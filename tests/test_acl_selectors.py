@@ -40,6 +40,7 @@ DECLARED = [
     f"~{K.priority}",
     f"~{K.delayed}",
     f"~{K.meta}",
+    f"~{K.base}limit",
     f"~{K.base}req:*",
 ]
 USERS = {

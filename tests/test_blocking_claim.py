@@ -323,6 +323,7 @@ def test_the_blocked_reply_path_checks_the_acl(server_factory: ServerFactory) ->
         "~emq:{q}:delayed",
         "~emq:{q}:active",
         "~emq:{q}:meta",
+        "~emq:{q}:limit",
     )  # the queue's lanes, sets and settings, not its rows: it may wait, not claim
     w = Waiting(srv, *claim_args("BLOCK", 5000), username="sets", password="pw")
     wait_blocked(admin, 1)

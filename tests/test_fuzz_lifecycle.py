@@ -85,6 +85,7 @@ ERRORS: list[tuple[bytes, str | None]] = [
     (rb"ERR the job row's 'tries' field is not an integer", None),
     (rb"ERR the metrics:failed 'count' field is not an integer", None),
     (rb"ERR the queue's meta hash holds a setting that is not an integer", None),
+    (rb"ERR the queue's limit hash holds a field that is not a valid integer", None),
     (rb"ERR increment or decrement would overflow", None),
     (rb"WRONGTYPE Operation against a key holding the wrong kind of value", "-WRONGTYPE ..."),
     (rb"EMQSTALE extend token mismatch", None),
@@ -237,6 +238,21 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
         setup.append([b"SET", base + b"req:r1", forged])
     elif record == "hash":
         setup.append([b"HSET", base + b"req:r1", b"f", b"v"])
+    # the rate limit every claim reads (issue 32): a rate, a spent window, a back-off, corrupt
+    # fields, or another type
+    limit = draw(st.sampled_from(["missing"] * 6 + ["rate", "spent", "backoff", "bad", "string"]))
+    if limit == "rate":
+        setup.append([b"HSET", base + b"limit", b"max", b"2", b"per_ms", b"60000"])
+    elif limit == "spent":  # a window reaching far into the future, used up
+        setup.append([b"HSET", base + b"limit", b"max", b"1", b"per_ms", b"86400000", b"used", b"1",
+                      b"window", b"9007199254740992"])  # fmt: skip
+    elif limit == "backoff":
+        setup.append([b"HSET", base + b"limit", b"backoff_until", b"9007199254740992"])
+    elif limit == "bad":
+        field = draw(st.sampled_from([b"max", b"per_ms", b"window", b"used", b"backoff_until"]))
+        setup.append([b"HSET", base + b"limit", field, draw(st.sampled_from([b"x", b"-1", b"0", b"1.5"]))])
+    elif limit == "string":
+        setup.append([b"SET", base + b"limit", b"x"])
     pool = [base, base + b"active", base + b"pending", base + b"dead", *(base + b"job:" + i for i in IDS[:3]),
             *IDS[:4], *MALFORMED[:8], *GOOD_NUMBERS[:3]]  # fmt: skip
     arg = st.sampled_from(pool) | st.binary(max_size=16)
@@ -508,6 +524,13 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         ([], [b"EMQ.COMPLETE", b + b"active"]),
         ([], [b"EMQ.ENQUEUE", b"emq:{r}:pending", b, b"new", b"p"]),
         ([], [b"EMQ.CLAIM", b + b"pending", b"emq:{r}:active", b, b"1000"]),
+        # the rate limit (issue 32): corrupt, a back-off in force, a window spent
+        ([*waiting, [b"HSET", b + b"limit", b"max", b"x", b"per_ms", b"10"]],
+         [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000"]),
+        ([*waiting, [b"HSET", b + b"limit", b"backoff_until", b"9007199254740992"]],
+         [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000", b"COUNT", b"5"]),
+        ([*waiting, [b"HSET", b + b"limit", b"max", b"1", b"per_ms", b"10"]],
+         [b"EMQ.CLAIM", b + b"pending", b + b"active", b, b"1000", b"COUNT", b"5"]),
         (held, [*fail[:3], b"emq:{r}:dead", *fail[4:]]),
         (held, [complete[0], complete[1], complete[1], *complete[3:]]),
         (held, [complete[0], complete[1], b + b"job:w", *complete[3:]]),

@@ -1,7 +1,7 @@
 """Bad input never hurts the server: the operator's verbs (issue 13).
 
 The harness and rules of test_fuzz.py and test_fuzz_lifecycle.py, for
-RETRY, RETRYDEAD, PURGE, RETENTION, PAUSE, RESUME, OBLITERATE and FORGET:
+RETRY, RETRYDEAD, PURGE, RETENTION, PAUSE, RESUME, OBLITERATE, FORGET and LIMIT:
 random keyspaces (dead members with rows in every state, a meta hash with
 good and corrupt settings, wrong key types) and command lines of every
 arity, malformed numbers and options.  After each: PING answers; the reply
@@ -44,7 +44,17 @@ BUDGET_S = float(os.environ.get("ECHOMQ_FUZZ_SECONDS", "60"))
 STATS: Counter[str] = Counter()
 OUTCOMES: Counter[str] = Counter()
 
-VERBS = [b"retry", b"retrydead", b"purge", b"retention", b"pause", b"resume", b"obliterate", b"forget"]
+VERBS = [
+    b"retry",
+    b"retrydead",
+    b"purge",
+    b"retention",
+    b"pause",
+    b"resume",
+    b"obliterate",
+    b"forget",
+    b"limit",
+]
 
 
 def arity_ok(name: bytes, n: int) -> bool:
@@ -58,6 +68,7 @@ def arity_ok(name: bytes, n: int) -> bool:
         b"resume": n == 2,
         b"obliterate": n in (5, 6),
         b"forget": n >= 3,
+        b"limit": n >= 2,
     }[name]
 
 
@@ -89,6 +100,12 @@ ERRORS = [
      "-EMQSTATE the job is"),
     (rb"EMQSTATE the job has no known state: only a dead or cancelled job can be retried", None),
     (rb"EMQBUSY the queue has active jobs: obliterate it with FORCE to delete them too", None),
+    (rb"ERR RATE must be an integer from 1 to 1000000000", None),
+    (rb"ERR PER must be an integer from 1 to 86400000 \(ms\)",
+     "-ERR PER must be an integer from 1 to 86400000 (ms)"),
+    (rb"ERR BACKOFF must be an integer from 0 to 86400000 \(ms\)",
+     "-ERR BACKOFF must be an integer from 0 to 86400000 (ms)"),
+    (rb"ERR the queue's limit hash holds a field that is not a valid integer", None),
 ]  # fmt: skip
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 
@@ -104,6 +121,7 @@ RETENTIONS = [b"-1", b"0", b"1000", b"9007199254740992", *MALFORMED[:6], b"-2"]
 # Limits beyond emq.max-limit (10,000 by default) too, up to 2^63 - 1 (issue 28).
 NUMBERS = [b"1", b"2", b"10", *GOOD_NUMBERS[:3], *MALFORMED, b"10001", b"100001", b"4611686018427387905",
            b"9223372036854775807"]  # fmt: skip
+LIMIT_VALUES = [b"1", b"5", b"1000", b"0", b"86400000", b"86400001", b"1000000001", *MALFORMED[:6]]
 TOO_MANY_IDS = [b"i%d" % i for i in range(10_001)]  # one more id than emq.max-limit
 
 
@@ -131,8 +149,15 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
             setup.append([b"HSET", base + b"meta", f, draw(st.sampled_from(RETENTIONS))])
     elif draw(st.integers(0, 9)) == 0:
         setup.append([b"SET", base + b"meta", b"x"])
+    if draw(st.booleans()):  # the rate limit: good, corrupt, or a rate half there
+        fields = [b"max", b"per_ms", b"window", b"used", b"backoff_until"]
+        for f in draw(st.lists(st.sampled_from(fields), max_size=5, unique=True)):
+            setup.append([b"HSET", base + b"limit", f, draw(st.sampled_from(LIMIT_VALUES))])
+    elif draw(st.integers(0, 9)) == 0:
+        setup.append([b"SET", base + b"limit", b"x"])
     pool = [base, base + b"active", base + b"pending", base + b"dead", *IDS[:4], *MALFORMED[:8], b"UNTIL",
-            b"FORCE", b"DONE", b"CANCELLED", b"DEAD", b"-1", b"0", b"1000"]  # fmt: skip
+            b"FORCE", b"DONE", b"CANCELLED", b"DEAD", b"-1", b"0", b"1000", b"RATE", b"PER", b"OFF",
+            b"BACKOFF"]  # fmt: skip
     arg = st.sampled_from(pool) | st.binary(max_size=12)
     mode = draw(st.sampled_from(["well-formed", "well-formed", "mutated", "mutated", "random"]))
     verb = draw(st.sampled_from(VERBS))
@@ -144,6 +169,11 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
     options: list[bytes] = []
     if verb in (b"retrydead", b"purge") and draw(st.booleans()):
         options = [b"UNTIL", draw(st.sampled_from([b"0", b"5", b"9999999999999", b"-1", *MALFORMED[:4]]))]
+    if verb == b"limit":
+        for opt in draw(
+            st.lists(st.sampled_from([b"RATE", b"PER", b"OFF", b"BACKOFF", b"rate"]), max_size=4)
+        ):
+            options += [opt] if opt == b"OFF" else [opt, draw(st.sampled_from(LIMIT_VALUES))]
     if verb == b"retention":
         for opt in draw(st.lists(st.sampled_from([b"DONE", b"CANCELLED", b"DEAD", b"done"]), max_size=3)):
             options += [opt, draw(st.sampled_from(RETENTIONS))]
@@ -153,6 +183,7 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
         b"purge": [name, base + b"dead", base, n, *options],
         b"retention": [name, base + b"pending", base, *options],
         b"pause": [name, base + b"pending", base],
+        b"limit": [name, base + b"pending", base, *options],
         b"resume": [name, base + b"pending", base],
         b"obliterate": [name, base + b"active", base + b"pending", base + b"dead", base, n,
                         *([b"FORCE"] if draw(st.booleans()) else [])],
@@ -191,6 +222,10 @@ def check_value(name: bytes, reply: Any) -> tuple[str, bool]:
     if verb in (b"purge", b"forget"):
         assert isinstance(reply, int) and reply >= 0, reply
         return ("nothing" if reply == 0 else "deleted"), reply == 0
+    if verb == b"limit":
+        assert isinstance(reply, list) and len(reply) == 5 and all(v >= 0 for v in reply), reply
+        assert (reply[0] == 0) == (reply[1] == 0), reply
+        return "limit", False
     if verb == b"retention":
         assert isinstance(reply, list) and len(reply) == 3 and all(v >= -1 for v in reply), reply
         return "policy", False
@@ -273,6 +308,12 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         (dead + held, [b"EMQ.OBLITERATE", b + b"active", b + b"pending", b + b"dead", b, b"1", b"FORCE"]),
         (dead + held, [b"EMQ.OBLITERATE", b + b"active", b + b"pending", b + b"dead", b, b"10"]),
         (done, [b"EMQ.FORGET", b + b"pending", b, b"f", b"f", b"d"]),
+        ([], [b"EMQ.LIMIT", b + b"pending", b, b"RATE", b"5", b"PER", b"1000", b"BACKOFF", b"10"]),
+        (
+            [[b"HSET", b + b"limit", b"max", b"5", b"per_ms", b"10"]],
+            [b"EMQ.LIMIT", b + b"pending", b, b"OFF"],
+        ),
+        ([[b"HSET", b + b"limit", b"max", b"x"]], [b"EMQ.LIMIT", b + b"pending", b]),
         (held, [b"EMQ.RETRY", b + b"dead", b + b"pending", b, b"h"]),
         # beyond emq.max-limit: refused whole, nothing written
         (dead, [b"EMQ.RETRYDEAD", b + b"dead", b + b"pending", b, b"10001"]),
@@ -310,5 +351,6 @@ def test_operator_fuzz_totals() -> None:
         "emq.pause changed",
         "emq.resume changed",
         "emq.retention policy",
+        "emq.limit limit",
     ):
         assert OUTCOMES[value] > 0, (value, OUTCOMES)

@@ -139,7 +139,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.release": (
         {"write", "fast"},
-        [("active", RW_DELETE), ("pending", RW_INSERT), BASE, ("id", "string"), ("token", "string")],
+        [("active", RW_DELETE), ("pending", RW_INSERT), BASE, ("id", "string"), ("token", "string"),
+         ("ms", Optional("BACKOFF", "integer"))],
         [Q + "active", Q + "pending", Q, "j", "1"],
     ),
     "emq.cancel": (
@@ -172,6 +173,12 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     ),
     "emq.pause": ({"write", "fast"}, [("pending", ["RO"]), BASE], [Q + "pending", Q]),
     "emq.resume": ({"write", "fast"}, [("pending", ["RO"]), BASE], [Q + "pending", Q]),
+    "emq.limit": (
+        {"write", "fast"},
+        [("pending", ["RO"]), BASE, ("max", Optional("RATE", "integer")), ("ms", Optional("PER", "integer")),
+         ("OFF", Optional("OFF", "pure-token")), ("ms", Optional("BACKOFF", "integer"))],
+        [Q + "pending", Q],
+    ),
     "emq.obliterate": (
         {"write"},
         [("active", RW_ACCESS_DELETE), ("pending", RW_ACCESS_DELETE), ("dead", RW_ACCESS_DELETE), BASE,
@@ -420,7 +427,8 @@ def test_acl_dryrun_follows_the_key_flags(acl_server: EmbeddedServer, admin: red
         reader = acl_server.client(username="reader", password="pw")
         try:
             before = digest(admin)
-            writes = ["DONE", "1000"] if verb == "emq.retention" else []  # without options it only reads
+            # without options these only read
+            writes = {"emq.retention": ["DONE", "1000"], "emq.limit": ["BACKOFF", "1000"]}.get(verb, [])
             with pytest.raises(redis.exceptions.NoPermissionError, match="derived from <base>"):
                 reader.execute_command(verb, *SPEC[verb][2], *writes)
             assert digest(admin) == before

@@ -25,7 +25,7 @@ TWINS = ("Client", "JobContext", "LeaseKeeper", "Reaper", "Worker")
 # asyncio's names for the sync protocol methods.
 RENAMED = {"__enter__": "__aenter__", "__exit__": "__aexit__", "close": "aclose"}
 # Plain functions in both: they neither wait for nor send anything.
-PLAIN_IN_BOTH = {"__init__", "from_url", "start", "raise_if_cancelled", "check"}
+PLAIN_IN_BOTH = {"__init__", "from_url", "start", "raise_if_cancelled", "check", "rate_limited"}
 # Deliberate differences, each with its reason.
 DIFFERENT = {
     ("Worker", "stop"): "asyncio's stop() only signals: handlers and signal handlers call it and cannot "

@@ -63,6 +63,16 @@ def _claim(r: redis.Redis, q: str, rng: random.Random) -> None:
     r.zadd(keys.active, {job_id: now_ms(r) + rng.choice((-1, 1)) * rng.randint(1, 60_000)})
 
 
+def _limit(r: redis.Redis, q: str, rng: random.Random, seen: Counter[str]) -> None:
+    """The queue's rate limit changes (issue 32): a rate (its window and count written by the
+    claims it allows), removed, a back-off set or lifted -- absolute values for the replica."""
+    keys = queue_keys(q)
+    options = rng.choice([["RATE", rng.randint(1, 5), "PER", rng.choice([50, 1000, 86_400_000])], ["OFF"],
+                          ["BACKOFF", rng.choice([0, 0, 20])], []])  # fmt: skip
+    r.execute_command("EMQ.LIMIT", keys.pending, keys.base, *options)
+    seen["limit"] += 1
+
+
 def _lanes(r: redis.Redis, q: str, rng: random.Random, i: int, seen: Counter[str]) -> None:
     """The v3 keyspace's writes: an enqueue at a priority or with a delay, a cancel of a waiting
     job, an end with a result or a traceback, a progress (values in 64-byte pieces)."""
@@ -154,6 +164,8 @@ def run_traffic(
             seen["multi-extended" if extended == 1 else "multi-refused"] += 1
             seen["multi-swept"] += len(recovered) + len(dead)
         elif kind < 0.78:
+            if rng.random() < 0.25:
+                _limit(r, q, rng, seen)
             _claim(r, q, rng)
             seen["claimed"] += 1
         else:

@@ -32,6 +32,7 @@ from ._protocol import (
     PendingJob,
     QueueCounters,
     QueueCounts,
+    RateLimit,
     ReleaseOutcome,
     Retention,
     RetryDeadResult,
@@ -67,6 +68,7 @@ __all__ = [
     "PendingJob",
     "QueueCounters",
     "QueueCounts",
+    "RateLimit",
     "Retention",
     "RetryDeadResult",
     "ScriptLimits",
@@ -1137,6 +1139,33 @@ class Client:
     def resume(self, queue: str) -> bool:
         """Hand out jobs of ``queue`` again; False if it was not paused."""
         return self._run(proto.resume(queue))
+
+    def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
+        """Let claims of ``queue`` hand out at most ``max`` jobs per ``per_ms`` (server clock).
+
+        Windows are fixed and aligned to the server clock; every worker's
+        claims share them (CLAIM, COMPLETECLAIM and the blocking claim, which
+        waits on the server for the next window).  ``max`` None removes the
+        limit (as ``remove_rate_limit``).  Changing ``per_ms`` restarts the
+        count; changing only ``max`` keeps it.  Returns the limit after the call.
+        """
+        return self._run(proto.set_rate_limit(queue, max, per_ms))
+
+    def remove_rate_limit(self, queue: str) -> RateLimit:
+        """Remove the rate limit of ``queue`` (a back-off in force stays); waiting claims wake."""
+        return self._run(proto.set_rate_limit(queue, None))
+
+    def rate_limit(self, queue: str) -> RateLimit:
+        """The rate limit of ``queue``, the current window's use, and any back-off in force."""
+        return self._run(proto.limit(queue))
+
+    def back_off(self, queue: str, ms: int) -> RateLimit:
+        """Stop every claim of ``queue`` for ``ms`` on the server clock (0 lifts a back-off).
+
+        A back-off in force is never shortened by a shorter one.  Handlers
+        call it through ``ctx.rate_limited(ms)`` (or ``raise RateLimited(ms)``).
+        """
+        return self._run(proto.back_off(queue, ms))
 
     def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
         """Delete ``queue``: its jobs and rows, settings and metric, ``limit`` keys per command.

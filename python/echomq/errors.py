@@ -14,6 +14,7 @@ Catch at the level you care about::
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
+    ├── RateLimited        raised by a handler: give the job back, stop the queue's claims for ms
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
 The clients check argument types and ranges before sending anything and raise
@@ -128,3 +129,20 @@ class NotRetryable(EchoMQError):
 
 class QueueBusy(EchoMQError):
     """The queue has active jobs: obliterate refused (``force=True`` deletes them too)."""
+
+
+class RateLimited(EchoMQError):
+    """Raised by a handler whose downstream said "too many requests" (an HTTP 429).
+
+    The worker gives the job back without using a try (RELEASE) and stops
+    every worker's claims of the queue for ``ms`` on the server clock
+    (``EMQ.LIMIT ... BACKOFF``); ``ctx.rate_limited(ms)`` raises it.
+    """
+
+    def __init__(self, ms: int, message: str = "") -> None:
+        if isinstance(ms, bool) or not isinstance(ms, int):
+            raise TypeError(f"ms must be an int, not {type(ms).__name__}")
+        if not 0 <= ms <= 86_400_000:
+            raise ValueError(f"ms must be from 0 to 86400000, got {ms}")
+        super().__init__(message or f"rate limited: back off {ms} ms")
+        self.ms = ms

@@ -284,6 +284,9 @@ _BAD_ARGUMENT = (
     "count must be",  # not "count exceeds the server's emq.max-limit": enqueue_many halves those
     "the number of ids exceeds",
     "DELAY ",
+    "RATE ",
+    "PER ",
+    "BACKOFF ",
     "AT ",
     "BLOCK ",
     "UNTIL ",
@@ -309,6 +312,7 @@ _CORRUPT = (
     "the job row's ",
     "the metrics:failed ",
     "the queue's meta hash ",
+    "the queue's limit hash ",
     "increment or decrement would overflow",
 )
 

@@ -380,10 +380,13 @@ def _release_outcome(call: Call[ReleaseOutcome], reply: Any) -> ReleaseOutcome:
     return "cancelled" if text(reply) == "cancelled" else "pending"
 
 
-def release(queue: str, job_id: JobId, token: str) -> Call[ReleaseOutcome]:
+def release(queue: str, job_id: JobId, token: str, backoff_ms: int = 0) -> Call[ReleaseOutcome]:
+    """RELEASE; with ``backoff_ms`` > 0 the same command backs the queue off (a handler's 429)."""
     keys, wid = keys_of(queue), wire(job_id)
     tok = check_token(token)
-    args = ("EMQ.RELEASE", keys.active, keys.pending, keys.base, wid, tok)
+    args: tuple[Any, ...] = ("EMQ.RELEASE", keys.active, keys.pending, keys.base, wid, tok)
+    if backoff_ms:
+        args += ("BACKOFF", backoff_ms)
     return Call(args, _release_outcome, queue, wid)
 
 

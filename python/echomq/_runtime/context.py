@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from .._protocol import Job
 from ..cancel import Cancellation, CancelToken
+from ..errors import RateLimited
 from .args import check_int
 
 KeeperT = TypeVar("KeeperT")
@@ -124,6 +125,15 @@ class ContextCore(Generic[KeeperT]):
     def raise_if_cancelled(self) -> None:
         """A safe point: raise ``echomq.Cancelled(reason)`` if the job is cancelled."""
         self.cancel.raise_if_cancelled()
+
+    def rate_limited(self, ms: int) -> NoReturn:
+        """Give the job back and stop every worker's claims of the queue for ``ms`` (a 429).
+
+        Raises ``RateLimited(ms)``: the worker releases the job without using
+        a try and, in the same command, backs the queue off on the server
+        clock (``EMQ.RELEASE ... BACKOFF``).  Raising it yourself does the same.
+        """
+        raise RateLimited(ms)
 
     def __repr__(self) -> str:
         return f"<JobContext {self.job.queue}/{self.job.id} attempt {self.job.attempt} {self.cancel!r}>"

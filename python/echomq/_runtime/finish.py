@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .. import _protocol as proto
 from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
 from ..cancel import Cancellation
-from ..errors import Cancelled, LeaseLost
+from ..errors import Cancelled, LeaseLost, RateLimited
 from .lease import TIMEOUT, HeldJob
 from .logs import job_fields, worker_log
 from .shutdown import SHUTDOWN
@@ -51,6 +51,7 @@ class Finish:
     held: HeldJob
     action: Action
     error: str = ""  # FAIL's last_error
+    backoff_ms: int = 0  # RELEASE ... BACKOFF: the handler raised RateLimited
 
     @property
     def job(self) -> Job:
@@ -75,7 +76,8 @@ class Finishing:
         Nothing if the lease was lost, a forced shutdown gave the job back
         already or a timeout abandoned it; RELEASE if the handler's exception
         is a request to stop (``interrupted``) or came after "shutdown";
-        COMPLETE if it returned; else FAIL with the error's text (the
+        COMPLETE if it returned; RELEASE with a back-off if it raised
+        ``RateLimited``; else FAIL with the error's text (the
         timeout's, after "timeout").
         """
         if held.given_back or held.abandoned:  # given back, or failed, while its handler ran: nothing to send
@@ -94,6 +96,8 @@ class Finishing:
             return Finish(held, Action.COMPLETE)
         if cancellation == Cancellation(SHUTDOWN):
             return Finish(held, Action.RELEASE, error_text(error))
+        if isinstance(error, RateLimited):  # a 429: given back, no try used, the queue backs off
+            return Finish(held, Action.RELEASE, error_text(error), error.ms)
         return Finish(held, Action.FAIL, self._timed_out_error(held, error) or error_text(error))
 
     def _landed(self, finish: Finish, where: FailOutcome | ReleaseOutcome | None = None) -> None:
@@ -195,4 +199,4 @@ class Finishing:
             return proto.complete(job.queue, job.id, job.token)  # type: ignore[return-value]
         if finish.action is Action.FAIL:
             return self._fail_call(job, finish.error)  # type: ignore[return-value]
-        return proto.release(job.queue, job.id, job.token)  # type: ignore[return-value]
+        return proto.release(job.queue, job.id, job.token, finish.backoff_ms)  # type: ignore[return-value]

@@ -37,6 +37,7 @@ from .._protocol import (
     PendingJob,
     QueueCounters,
     QueueCounts,
+    RateLimit,
     ReleaseOutcome,
     Retention,
     RetryDeadResult,
@@ -726,6 +727,22 @@ class Client:
     async def resume(self, queue: str) -> bool:
         """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
         return await self._run(proto.resume(queue))
+
+    async def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
+        """Set or remove the queue's rate limit (see ``echomq.Client.set_rate_limit``)."""
+        return await self._run(proto.set_rate_limit(queue, max, per_ms))
+
+    async def remove_rate_limit(self, queue: str) -> RateLimit:
+        """Remove the queue's rate limit (see ``echomq.Client.remove_rate_limit``)."""
+        return await self._run(proto.set_rate_limit(queue, None))
+
+    async def rate_limit(self, queue: str) -> RateLimit:
+        """The queue's rate limit and back-off (see ``echomq.Client.rate_limit``)."""
+        return await self._run(proto.limit(queue))
+
+    async def back_off(self, queue: str, ms: int) -> RateLimit:
+        """Stop every claim of the queue for ``ms`` (see ``echomq.Client.back_off``)."""
+        return await self._run(proto.back_off(queue, ms))
 
     async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
         """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""

@@ -5,6 +5,7 @@
     echomq reap mail --interval 1       the reaper, until Ctrl-C
     echomq pause mail / resume mail     stop / restart handing out jobs
     echomq retention mail --done 60000  how long finished rows are kept (ms; -1 forever)
+    echomq limit mail --rate 50 --per 1000  at most 50 claims a second (--off; --backoff MS)
     echomq obliterate mail              delete the queue and all its jobs (asks first)
     echomq enqueue mail '{"to": "ada"}'
     echomq job mail job-42              one job's status
@@ -45,13 +46,12 @@ import redis
 from .. import __version__
 from .._log import configure_logging
 from ..errors import EchoMQError
-from . import jobs, queues, serve, worker
+from . import flow, jobs, queues, serve, worker
 from ._common import CliError, format_sweep, global_options, log
 
 __all__ = ["CliError", "build_parser", "format_sweep", "main"]
 
-# Each module registers its commands; --help lists them in this order.
-COMMANDS = (queues, jobs, worker, serve)
+COMMANDS = (queues, flow, jobs, worker, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,6 +27,7 @@ from ._common import (
     stop_on_sigterm,
     table,
 )
+from .flow import describe
 
 
 def backend_note(client: Client, queue: str) -> str:
@@ -85,6 +86,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         out.write(f"  pending by priority   {levels}\n")
     if counts.stale:
         out.write(f"  tombstones {counts.stale} (cancelled jobs' entries; claims drop them)\n")
+    for line in describe(client.rate_limit(args.queue), now):  # the window's use (issue 32)
+        out.write(f"  {line}\n")
     leases = cast("list[tuple[bytes, float]]", r.zrange(keys.active, 0, args.limit - 1, withscores=True))
     if not leases:
         return 0

@@ -210,6 +210,10 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     end
     local meta = emq.read_meta(base)
     if meta.paused then return { answer = false } end
+    -- the rate limit and back-off (_flow.lua): refused, a claim writes nothing
+    local flow, allowance, reopen = emq.flow_claim_prepare(base, now)
+    if allowance == 0 then return { answer = false, due = reopen } end
+    if allowance > 0 and allowance < count then count = allowance end
     -- promote what is due, then take up to `count` jobs, each from the lane the priorities and
     -- the tombstones say (emq_priority_goes_first, emq_entry_live), every row checked before
     -- anything is written: the claim takes all of them or none
@@ -265,7 +269,7 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
         local left, next_due = lanes:due_left(now)
         due = (bound_hit or left) and now + 1 or next_due
     end
-    return { jobs = claim.jobs, lanes = lanes, record = record, due = due }
+    return { jobs = claim.jobs, lanes = lanes, record = record, due = due, flow = flow }
 end
 
 -- The writes: the lanes (the promotion, the entries taken and dropped), then job by job in the
@@ -282,6 +286,7 @@ function emq.claim_apply(pending, active, prepared, now, deadline)
         record_put(rec, j.id)
         record_put(rec, j.token)
     end
+    emq.flow_claim_apply(prepared.flow, #reply)
     if #reply == 0 then return false end
     if prepared.record then
         -- remembered as long as the lease: a retry after that finds the jobs lapsed anyway

@@ -97,6 +97,10 @@ local E = {
     RESULT_TOO_LARGE = 'ERR the result is larger than emq.max-result-bytes',
     TRACE_TOO_LARGE = 'ERR the TRACE is larger than 65536 bytes',
     PROGRESS_TOO_LARGE = 'ERR the progress is larger than emq.max-state-bytes',
+    RATE_MAX = 'ERR RATE must be an integer from 1 to 1000000000',
+    RATE_PER = 'ERR PER must be an integer from 1 to 86400000 (ms)',
+    BACKOFF = 'ERR BACKOFF must be an integer from 0 to 86400000 (ms)',
+    LIMIT_FIELD = "ERR the queue's limit hash holds a field that is not a valid integer",
 }
 emq.E = E
 

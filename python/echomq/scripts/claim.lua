@@ -20,6 +20,7 @@
 -- random part differs from that of every other claim of the job (each call has its own
 -- nonce; the jobs of one call differ by i), also from a claim a failover made the server
 -- forget, whose counter repeats; and it cannot be guessed without the nonce.
+-- include: _flow.lua
 -- include: _claim.lua
 return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
     -- parse

@@ -8,6 +8,7 @@
 -- CLAIM's reply (jobs, or null)].  No BLOCK.  The claim's tokens as claim.lua makes them.
 -- <setting> is "<nonce> <max-limit> <max-result-bytes>".
 -- include: _complete.lua
+-- include: _flow.lua
 -- include: _claim.lua
 return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'DEL', 'PEXPIREAT' },
     function()
