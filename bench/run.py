@@ -601,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow"],
+        choices=[
+            "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow"
+        ],  # fmt: skip
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
