@@ -37,6 +37,7 @@ from .client import (
 from .context import JobContext, Progress
 from .errors import (
     BadArgument,
+    BadSchedule,
     Cancelled,
     CorruptQueue,
     EchoMQError,
@@ -52,6 +53,8 @@ from .errors import (
 )
 from .lease import LeaseKeeper
 from .reaper import Reaper
+from ._schedule_io import DriveResult
+from .schedules import Schedule, ScheduleInfo
 from .retry import RetryPolicy
 from .worker import Worker, WorkerStats
 
@@ -59,12 +62,14 @@ __all__ = [
     "KEEP_FOREVER",
     "ActiveJob",
     "BadArgument",
+    "BadSchedule",
     "CancelToken",
     "Cancellation",
     "Cancelled",
     "Client",
     "CorruptQueue",
     "DeadJob",
+    "DriveResult",
     "EchoMQError",
     "ExtendOutcome",
     "Job",
@@ -87,6 +92,8 @@ __all__ = [
     "Retention",
     "RetryDeadResult",
     "RetryPolicy",
+    "Schedule",
+    "ScheduleInfo",
     "ScriptLimits",
     "StaleToken",
     "SweepResult",

@@ -14,6 +14,7 @@ Catch at the level you care about::
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
+    ├── BadSchedule        a schedule's definition is refused (also a ValueError)
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
 The clients check argument types and ranges before sending anything and raise
@@ -128,3 +129,8 @@ class NotRetryable(EchoMQError):
 
 class QueueBusy(EchoMQError):
     """The queue has active jobs: obliterate refused (``force=True`` deletes them too)."""
+
+
+class BadSchedule(EchoMQError, ValueError):
+    """A schedule's definition is refused (a bad cron expression, an unknown time zone, ...),
+    before anything is written; the message says what."""
