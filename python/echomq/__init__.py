@@ -53,9 +53,8 @@ from .errors import (
 )
 from .lease import LeaseKeeper
 from .reaper import Reaper
-from ._schedule_io import DriveResult
-from .schedules import Schedule, ScheduleInfo
 from .retry import RetryPolicy
+from .schedules import DriveResult, Schedule, ScheduleInfo
 from .worker import Worker, WorkerStats
 
 __all__ = [

@@ -20,7 +20,6 @@ from redis.retry import Retry
 from . import _protocol as proto
 from . import _schedule_io
 from . import schedules as schedule_rules
-from ._schedule_io import DriveResult
 from ._attempt import NotSent, WorkerConnections
 from ._protocol import (
     ActiveJob,
@@ -55,7 +54,7 @@ from ._scripts import (
 )
 from .cancel import Cancellation
 from .errors import EchoMQError, LeaseLost, NotReplicated
-from .schedules import ScheduleInfo
+from .schedules import DriveResult, ScheduleInfo
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster

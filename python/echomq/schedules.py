@@ -28,23 +28,29 @@ with Debian cron's DST behaviour, iterating zoneinfo-aware datetimes).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import zoneinfo
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 from cronsim import CronSim, CronSimError
+from redis.exceptions import ResponseError
 
 from ._protocol import Call, enqueue, keys_of
+from ._scripts import missing_code
 from .errors import BadSchedule
+
+log = logging.getLogger("echomq.schedules")
 
 __all__ = [
     "MISSED_CEILING",
     "ON_TIME_MS",
+    "DriveResult",
     "Firing",
     "Missed",
     "Schedule",
@@ -103,7 +109,9 @@ def _opt_ms(what: str, value: object) -> int | None:
             raise BadSchedule(f"{what} must be an aware datetime (with a tzinfo) or epoch ms")
         return int(value.timestamp() * 1000)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
-        raise BadSchedule(f"{what} must be epoch ms (an int from 0 to 2**53) or an aware datetime, got {value!r}")
+        raise BadSchedule(
+            f"{what} must be epoch ms (an int from 0 to 2**53) or an aware datetime, got {value!r}"
+        )
     return value
 
 
@@ -334,17 +342,14 @@ def due_ticks(schedule: Schedule, last_ms: int, now_ms: int) -> tuple[list[int],
         newest = first[0] + (total - 1) * every
         return [newest - i * every for i in range(kept - 1, -1, -1)], total - kept
     latest: deque[int] = deque(maxlen=MISSED_CEILING)
-    seen = 0
-    for tick in schedule.iter_ticks(last_ms):
+    for seen, tick in enumerate(schedule.iter_ticks(last_ms)):
         if tick > now_ms:
             return list(latest), max(0, seen - MISSED_CEILING)
-        latest.append(tick)
-        seen += 1
         if seen >= MAX_SCAN:
-            break
-    # A long downtime of a fine-grained cron: the newest ones, found walking back from now.
-    newest = [t for t in schedule.latest_ticks(now_ms, MISSED_CEILING) if t > last_ms]
-    return newest, MAX_SCAN
+            # A long downtime of a fine-grained cron: the newest ones, found walking back from now.
+            return [t for t in schedule.latest_ticks(now_ms, MISSED_CEILING) if t > last_ms], MAX_SCAN
+        latest.append(tick)
+    return list(latest), 0  # no tick after end_at: the due ones are all there are (at most the ceiling)
 
 
 def plan(schedule: Schedule, last_ms: int, now_ms: int) -> Firing:
@@ -372,6 +377,58 @@ def plan(schedule: Schedule, last_ms: int, now_ms: int) -> Firing:
         fire = []
     dropped = older + len(due) - len(fire)
     return Firing(fire, latest, schedule.ticks_after(latest, STORED_TICKS), dropped)
+
+
+# -- what a driver reads and writes
+
+
+@dataclass
+class DriveResult:
+    """What one drive of a queue's schedules did."""
+
+    fired: list[str] = field(default_factory=list)
+    """The ids of the jobs enqueued, in tick order per schedule."""
+    dropped: int = 0
+    """Due ticks consumed without a job (missed, under ``skip`` or ``one``, or beyond the ceiling)."""
+
+
+def names_of(reply: Any) -> list[str]:
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in reply]
+
+
+def call_job(call: Call[str]) -> str:
+    job = call.args[3]
+    return job.decode() if isinstance(job, bytes) else str(job)
+
+
+def tell_failure(queue: str, call: Call[str], reply: BaseException) -> None:
+    log.warning("schedule of %r: the tick's job %s was not enqueued: %s", queue, call_job(call), reply)
+
+
+def decide_fire(
+    queue: str, name: str, row: dict[Any, Any], now_ms: int
+) -> tuple[Firing, list[Call[str]], list[tuple[Any, ...]]]:
+    """Read under WATCH: what the EXEC holds -- the ticks' ENQUEUEs, then the cursor's advance."""
+    schedule = from_row(name, row)
+    firing = plan(schedule, int(_text(row, "last") or 0), now_ms)
+    return firing, fire_calls(schedule, queue, firing), advance_commands(schedule, queue, firing)
+
+
+def take_replies(
+    queue: str, firing: Firing, calls: list[Call[str]], replies: list[Any], result: DriveResult
+) -> list[Call[str]]:
+    """Count an EXEC's ENQUEUE replies into ``result``; the calls to send again, outside it: those
+    the node could not run for want of the scripts (nothing of them ran)."""
+    result.dropped += firing.dropped
+    again: list[Call[str]] = []
+    for call, reply in zip(calls, replies, strict=False):
+        if isinstance(reply, ResponseError) and missing_code(reply):
+            again.append(call)
+        elif isinstance(reply, ResponseError) and "exists" not in str(reply):
+            tell_failure(queue, call, reply)
+        else:
+            result.fired.append(call_job(call))
+    return again
 
 
 # -- the commands a driver sends -----------------------------------------------------
@@ -442,4 +499,3 @@ def when_text(ms: int | None, tz: str = "UTC") -> str:
         return "-"
     moment = datetime.fromtimestamp(ms / 1000, _UTC).astimezone(zoneinfo.ZoneInfo(tz))
     return moment.isoformat(timespec="seconds")
-
