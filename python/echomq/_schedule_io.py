@@ -77,8 +77,10 @@ def listing(client: Client, queue: str) -> list[rules.ScheduleInfo]:
 def drive(client: Client, queue: str) -> rules.DriveResult:
     """Fire every due tick of ``queue``'s schedules (at most ``DRIVE_BATCH`` schedules)."""
     set_key = rules.schedules_key(queue)
-    now = client._server_time(set_key)
     result = rules.DriveResult()
+    if not client.redis.zrange(set_key, 0, 0):  # the common case, no schedule: one command a turn
+        return result
+    now = client._server_time(set_key)
     for name in rules.names_of(
         client.redis.zrangebyscore(set_key, "-inf", now, start=0, num=rules.DRIVE_BATCH)
     ):

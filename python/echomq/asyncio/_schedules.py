@@ -77,8 +77,10 @@ async def listing(client: Client, queue: str) -> list[rules.ScheduleInfo]:
 async def drive(client: Client, queue: str) -> rules.DriveResult:
     """Fire every due tick of ``queue``'s schedules (at most ``DRIVE_BATCH`` schedules)."""
     set_key = rules.schedules_key(queue)
-    now = await client._server_time(set_key)
     result = rules.DriveResult()
+    if not await client.redis.zrange(set_key, 0, 0):  # the common case, no schedule: one command a turn
+        return result
+    now = await client._server_time(set_key)
     for name in rules.names_of(
         await client.redis.zrangebyscore(set_key, "-inf", now, start=0, num=rules.DRIVE_BATCH)
     ):
