@@ -1,0 +1,357 @@
+"""Schedules (issue 31; docs/concepts/schedules.md): a job on every tick, once, whoever drives.
+
+A schedule is a row ``<base>schedule:<name>`` (definition, cursor ``last``) and a member of
+``<base>schedules`` scored with its next tick.  Workers' sweeps and reapers drive it: a
+WATCH on the row, then one MULTI/EXEC that enqueues the tick's job (id ``<name>@<ms>``) and
+advances the cursor.  ``ECHOMQ_SCHEDULE_TICKS`` (default 3) sets how many 1 s ticks the
+driven tests run (``make schedules-long`` runs 60).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import zoneinfo
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from cronsim import CronSim
+
+import echomq
+import echomq.asyncio as emq
+from echomq import schedules as rules
+from echomq.testing import EmbeddedServer
+
+from .faults import AOF, restart, wait_until
+from .helpers import digest
+
+pytestmark = pytest.mark.backends
+
+Q = "sched"
+TICKS = int(os.environ.get("ECHOMQ_SCHEDULE_TICKS", "3"))
+BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
+UTC = timezone.utc
+
+
+def ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def next_second(r: redis.Redis, ahead: int = 1) -> int:
+    """A whole second at least ``ahead`` seconds from the server's now (epoch ms)."""
+    return (server_ms(r) // 1000 + 1 + ahead) * 1000
+
+
+def sleep_until(r: redis.Redis, at_ms: int) -> None:
+    while (left := at_ms - server_ms(r)) > 0:
+        time.sleep(left / 1000)
+
+
+# -- the rules, without a server -------------------------------------------------------
+
+
+def library_ticks(expr: str, zone: zoneinfo.ZoneInfo, start: datetime, end: datetime) -> list[int]:
+    out = []
+    for moment in CronSim(expr, start.astimezone(zone)):
+        if moment > end:
+            return out
+        out.append(ms(moment))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "switch"),
+    [
+        (datetime(2026, 3, 26, tzinfo=UTC), datetime(2026, 4, 1, tzinfo=UTC), "spring"),
+        (datetime(2026, 10, 22, tzinfo=UTC), datetime(2026, 10, 29, tzinfo=UTC), "autumn"),
+    ],
+)
+def test_a_berlin_2am_cron_follows_the_library_across_both_dst_switches(
+    first: datetime, last: datetime, switch: str
+) -> None:
+    """2:00 does not exist on 29 March 2026 in Berlin (the tick comes at 3:00 CEST) and exists
+    twice on 25 October (it comes once, at the first, CEST); the ticks are cronsim's, one a day."""
+    schedule = rules.define("nightly", cron="0 2 * * *", tz="Europe/Berlin")
+    ticks = [t for t in schedule.ticks_after(ms(first), 10) if t <= ms(last)]
+    assert ticks == library_ticks("0 2 * * *", BERLIN, first, last)
+    walls = [datetime.fromtimestamp(t / 1000, BERLIN).isoformat() for t in ticks]
+    if switch == "spring":
+        assert "2026-03-29T03:00:00+02:00" in walls
+        assert "2026-03-28T02:00:00+01:00" in walls and "2026-03-30T02:00:00+02:00" in walls
+    else:
+        assert walls.count("2026-10-25T02:00:00+02:00") == 1
+        assert "2026-10-25T02:00:00+01:00" not in walls
+        assert "2026-10-26T02:00:00+01:00" in walls
+    assert len(ticks) == len({datetime.fromtimestamp(t / 1000, BERLIN).date() for t in ticks})
+
+
+def test_missed_ticks_after_a_downtime_skip_one_or_all() -> None:
+    """Every due tick is consumed; ``missed`` says which of them run."""
+    every = {name: rules.define("s", every_ms=1000, missed=name) for name in rules.MISSED_CHOICES}
+    # ten ticks due, the latest on time (500 ms late): skip and one run it, all runs the ten
+    assert rules.plan(every["skip"], 0, 10_500).fire == [10_000]
+    assert rules.plan(every["one"], 0, 10_500).fire == [10_000]
+    firing = rules.plan(every["all"], 0, 10_500)
+    assert firing.fire == list(range(1000, 10_001, 1000))
+    assert (firing.cursor, firing.upcoming[0], firing.dropped) == (10_000, 11_000, 0)
+    # the latest due tick 70 s late: skip runs none, one runs only it
+    ended = {name: rules.define("s", every_ms=1000, missed=name, end_at=10_000) for name in every}
+    skipped = rules.plan(ended["skip"], 0, 80_000)
+    assert (skipped.fire, skipped.cursor, skipped.dropped, skipped.upcoming) == ([], 10_000, 10, [])
+    assert rules.plan(ended["one"], 0, 80_000).fire == [10_000]
+    # all: at most the ceiling, the latest ones
+    many = rules.plan(every["all"], 0, 5000 * 1000)
+    assert len(many.fire) == rules.MISSED_CEILING and many.fire[-1] == 5_000_000
+    assert many.dropped == 5000 - rules.MISSED_CEILING
+    # nothing due: the cursor stays
+    assert rules.plan(every["all"], 10_000, 10_999) == rules.Firing([], 10_000, firing.upcoming)
+
+
+def test_a_cron_with_seconds_and_a_long_downtime_keeps_the_latest_ticks() -> None:
+    schedule = rules.define("s", cron="* * * * * *", missed="all")
+    firing = rules.plan(schedule, 0, 3_000_000_000)
+    assert firing.fire == list(range(3_000_000_000 - 999_000, 3_000_000_001, 1000))
+    assert firing.dropped >= rules.MAX_SCAN
+
+
+def test_start_and_end_bound_the_ticks() -> None:
+    schedule = rules.define("s", every_ms=300, start_at=1000, end_at=2000)
+    assert schedule.ticks_after(0, 10) == [1000, 1300, 1600, 1900]
+    cron = rules.define("c", cron="* * * * *", start_at=120_000, end_at=300_000)
+    assert cron.ticks_after(0, 10) == [120_000, 180_000, 240_000, 300_000]
+
+
+# -- on a server ---------------------------------------------------------------------------
+
+BAD: list[dict[str, Any]] = [
+    {"cron": "61 * * * *"},
+    {"cron": "every day"},
+    {"cron": "* * * * *", "tz": "Mars/Olympus_Mons"},
+    {"cron": "* * * * *", "tz": ""},
+    {"every_ms": 0},
+    {"every_ms": -5},
+    {"every_ms": 1.5},
+    {"cron": "* * * * *", "every_ms": 1000},
+    {},
+    {"every_ms": 1000, "missed": "some"},
+    {"every_ms": 1000, "start_at": 5000, "end_at": 4000},
+    {"every_ms": 1000, "start_at": datetime(2026, 1, 1)},  # naive: which zone?
+    {"every_ms": 1000, "payload": 42},
+]
+
+
+@pytest.mark.parametrize("bad", BAD, ids=[str(sorted(b.items())) for b in BAD])
+def test_bad_input_is_a_typed_error_that_changes_nothing(
+    r: redis.Redis, client: echomq.Client, bad: dict[str, Any]
+) -> None:
+    client.schedule(Q, "kept", every_ms=60_000)
+    before = digest(r)
+    with pytest.raises(echomq.BadSchedule) as info:
+        client.schedule(Q, "kept", **bad)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(echomq.BadSchedule):
+        client.schedule(Q, "new one", every_ms=1000)  # a space: not a name
+    assert digest(r) == before
+
+
+def test_add_list_replace_remove(r: redis.Redis, client: echomq.Client) -> None:
+    info = client.schedule(Q, "report", cron="*/5 * * * *", payload=b"weekly", tz="Europe/Berlin")
+    now = server_ms(r)
+    assert info.schedule.cron == "*/5 * * * *" and info.fired == 0
+    assert now - 5000 < info.last_ms <= now
+    assert info.next_ms is not None and info.next_ms % 300_000 == 0 and info.next_ms > info.last_ms
+    assert len(info.upcoming) == rules.STORED_TICKS
+    assert r.zscore(f"emq:{{{Q}}}:schedules", "report") == info.next_ms
+    r.hset(f"emq:{{{Q}}}:schedule:report", mapping={"last": 1000, "fired": 7})
+    replaced = client.schedule(Q, "report", every_ms=60_000, payload="daily")
+    assert (replaced.last_ms, replaced.fired, replaced.schedule.cron) == (1000, 7, None)  # the cursor kept
+    assert r.hget(f"emq:{{{Q}}}:schedule:report", "cron") is None
+    client.schedule(Q, "another", every_ms=1000)
+    assert [s.name for s in client.schedules(Q)] == ["another", "report"]
+    assert client.unschedule(Q, "report") is True
+    assert client.unschedule(Q, "report") is False
+    assert [s.name for s in client.schedules(Q)] == ["another"]
+    assert not r.exists(f"emq:{{{Q}}}:schedule:report")
+
+
+def test_a_nightly_berlin_schedule_fires_each_night_once_across_both_switches(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    """The cursor set back to 27 March 2026: one drive (missed="all") fires every night since,
+    exactly the library's ticks, with 3:00 CEST on 29 March and 2:00 CEST once on 25 October."""
+    now = server_ms(r)
+    if now < ms(datetime(2026, 10, 27, tzinfo=UTC)):
+        pytest.skip("the server's clock is before 27 October 2026: the autumn switch is not past yet")
+    client.schedule(Q, "nightly", cron="0 2 * * *", tz="Europe/Berlin", missed="all")
+    since = datetime(2026, 3, 27, tzinfo=UTC)
+    r.hset(f"emq:{{{Q}}}:schedule:nightly", "last", ms(since))  # as if added then, never driven
+    r.zadd(f"emq:{{{Q}}}:schedules", {"nightly": ms(since) + 1})
+    result = client.drive_schedules(Q)
+    expected = library_ticks("0 2 * * *", BERLIN, since, datetime.fromtimestamp(server_ms(r) / 1000, UTC))
+    if len(expected) > rules.MISSED_CEILING:
+        pytest.skip("more nights since March than one drive fires")
+    assert result.fired == [rules.job_id("nightly", t) for t in expected]
+    assert f"nightly@{ms(datetime(2026, 3, 29, 1, tzinfo=UTC))}" in result.fired  # 03:00 CEST
+    assert f"nightly@{ms(datetime(2026, 10, 25, 0, tzinfo=UTC))}" in result.fired  # 02:00 CEST
+    assert f"nightly@{ms(datetime(2026, 10, 25, 1, tzinfo=UTC))}" not in result.fired  # not again at CET
+    assert client.counts(Q).pending == len(expected)
+    assert client.drive_schedules(Q).fired == []
+
+
+def test_concurrent_drivers_of_one_tick_enqueue_one_job(server: EmbeddedServer, r: redis.Redis) -> None:
+    """Eight clients drive the same due tick at once: one job, one ``fired``, three rounds."""
+    clients = [echomq.Client(server.client()) for _ in range(8)]
+    for round_ in range(3):
+        name = f"once-{round_}"
+        at = next_second(r)
+        clients[0].schedule(Q, name, every_ms=1000, start_at=at, end_at=at, missed="all")
+        sleep_until(r, at + 10)
+        barrier = threading.Barrier(len(clients))
+        results: list[echomq.DriveResult] = []
+
+        def drive(c: echomq.Client) -> None:
+            barrier.wait()
+            results.append(c.drive_schedules(Q))
+
+        threads = [threading.Thread(target=drive, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        fired = [job for result in results for job in result.fired]
+        assert fired == [rules.job_id(name, at)]
+        assert clients[0].schedules(Q)[round_].fired == 1
+    assert clients[0].counts(Q).pending == 3
+
+
+def _expected(name: str, first: int, n: int) -> list[str]:
+    return [rules.job_id(name, first + i * 1000) for i in range(n)]
+
+
+def test_four_workers_and_a_reaper_run_each_tick_once(server: EmbeddedServer, r: redis.Redis) -> None:
+    """Two thread workers, two asyncio workers and a Reaper drive one schedule of 1 s ticks: every
+    tick's job runs exactly once, none missing (done rows are not kept: a tick fired twice would run
+    twice)."""
+    client = echomq.Client(server.client())
+    client.retention(Q, done_ms=0)
+    first = next_second(r)
+    client.schedule(Q, "beat", every_ms=1000, start_at=first, end_at=first + (TICKS - 1) * 1000, missed="all")
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def handler(ctx: echomq.JobContext) -> None:
+        with lock:
+            ran.append(str(ctx.id))
+
+    async def ahandler(ctx: emq.JobContext) -> None:
+        with lock:
+            ran.append(str(ctx.id))
+
+    stop = threading.Event()
+
+    def asyncio_workers() -> None:
+        async def main() -> None:
+            workers = [
+                emq.Worker(emq.Client(redis.asyncio.Redis(port=server.port)), Q, ahandler, reap_interval=0.3)
+                for _ in range(2)
+            ]
+            for w in workers:
+                await w.__aenter__()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            for w in workers:
+                await w.__aexit__(None, None, None)
+
+        asyncio.run(main())
+
+    aio = threading.Thread(target=asyncio_workers)
+    aio.start()
+    workers = [echomq.Worker(echomq.Client(server.client()), Q, handler, reap_interval=0.3) for _ in range(2)]
+    try:
+        with echomq.Reaper(echomq.Client(server.client()), Q, interval=0.5), workers[0], workers[1]:
+            assert wait_until(lambda: len(ran) >= TICKS, timeout=TICKS + 30)
+            time.sleep(1.0)  # a duplicate would come now
+    finally:
+        stop.set()
+        aio.join()
+    assert sorted(ran) == _expected("beat", first, TICKS)
+    assert client.schedules(Q)[0].fired == TICKS
+
+
+@pytest.fixture
+def aof_server(server_factory: Any, backend: str, tmp_path: Path) -> EmbeddedServer:
+    server: EmbeddedServer = server_factory(AOF, dir=tmp_path, load_module=backend == "module")
+    return server
+
+
+def test_ticks_across_a_restart_with_aof_fire_once_none_lost(aof_server: EmbeddedServer) -> None:
+    """Three drivers loop; the server is restarted (SIGTERM, AOF) after the first tick and stays down
+    over the next: every tick's job is enqueued once (missed="all"), none twice."""
+    r = aof_server.client()
+    n = max(TICKS, 4)
+    first = next_second(r)
+    control = echomq.Client(aof_server.client())
+    control.schedule(Q, "beat", every_ms=1000, start_at=first, end_at=first + (n - 1) * 1000, missed="all")
+    fired: list[str] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def driver() -> None:
+        c = echomq.Client.from_url(aof_server.url)
+        while not done.is_set():
+            try:
+                result = c.drive_schedules(Q)
+            except redis.ConnectionError:
+                time.sleep(0.05)
+                continue
+            with lock:
+                fired.extend(result.fired)
+            time.sleep(0.1)
+
+    threads = [threading.Thread(target=driver) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        sleep_until(r, first + 300)
+        restart(aof_server, down_for=1.5)
+        r = aof_server.client()
+        sleep_until(r, first + (n - 1) * 1000 + 700)
+        assert wait_until(lambda: len(fired) >= n, timeout=15)
+        time.sleep(0.5)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert sorted(fired) == _expected("beat", first, n)
+    assert control.counts(Q).pending == n
+    assert control.schedules(Q)[0].fired == n
+
+
+def test_asyncio_client_has_the_same_schedules(server: EmbeddedServer, r: redis.Redis) -> None:
+    async def main() -> None:
+        client = emq.Client(redis.asyncio.Redis(port=server.port))
+        first = next_second(r, 0)
+        info = await client.schedule(Q, "a", every_ms=200, start_at=first, end_at=first + 400, missed="all")
+        assert info.next_ms == first
+        with pytest.raises(echomq.BadSchedule):
+            await client.schedule(Q, "a", every_ms=0)
+        await asyncio.sleep(max(0, first + 500 - server_ms(r)) / 1000)
+        drives = await asyncio.gather(*(client.drive_schedules(Q) for _ in range(4)))
+        assert sorted(j for d in drives for j in d.fired) == [f"a@{first + i}" for i in (0, 200, 400)]
+        assert [s.fired for s in await client.schedules(Q)] == [3]
+        assert (await client.schedules(Q))[0].next_ms is None  # past end_at
+        assert await client.unschedule(Q, "a") is True
+        await client.aclose()
+
+    asyncio.run(main())
