@@ -62,7 +62,7 @@ def sleep_until(r: redis.Redis, at_ms: int) -> None:
 
 
 def library_ticks(expr: str, zone: zoneinfo.ZoneInfo, start: datetime, end: datetime) -> list[int]:
-    out = []
+    out: list[int] = []
     for moment in CronSim(expr, start.astimezone(zone)):
         if moment > end:
             return out
@@ -220,11 +220,11 @@ def test_concurrent_drivers_of_one_tick_enqueue_one_job(server: EmbeddedServer, 
         barrier = threading.Barrier(len(clients))
         results: list[echomq.DriveResult] = []
 
-        def drive(c: echomq.Client) -> None:
+        def drive(c: echomq.Client, barrier: threading.Barrier, results: list[echomq.DriveResult]) -> None:
             barrier.wait()
             results.append(c.drive_schedules(Q))
 
-        threads = [threading.Thread(target=drive, args=(c,)) for c in clients]
+        threads = [threading.Thread(target=drive, args=(c, barrier, results)) for c in clients]
         for t in threads:
             t.start()
         for t in threads:
