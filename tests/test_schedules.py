@@ -355,3 +355,39 @@ def test_asyncio_client_has_the_same_schedules(server: EmbeddedServer, r: redis.
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_the_cli_adds_lists_and_removes(
+    server: EmbeddedServer, client: echomq.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from echomq.cli import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main(["--url", server.url, "schedule", *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = run("add", Q, "digest", "--cron", "0 8 * * *", "--tz", "Europe/Berlin", "--payload", "hi")
+    assert code == 0 and out.startswith("digest: next tick ") and "T08:00:00+01:00" in out
+    assert run("add", Q, "beat", "--every", "30s", "--missed", "all")[0] == 0
+    code, out, _ = run("list", Q)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == [
+        "NAME",
+        "WHEN",
+        "TZ",
+        "MISSED",
+        "NEXT",
+        "TICK",
+        "LAST",
+        "TICK",
+        "FIRED",
+    ]
+    assert lines[2].split()[:5] == ["beat", "every", "30000", "ms", "UTC"]
+    assert lines[3].split()[:4] == ["digest", "cron", "0", "8"]
+    assert client.schedules(Q)[1].schedule.payload == b"hi"
+    assert run("remove", Q, "beat")[:2] == (0, "removed 'beat' (the jobs it enqueued stay)\n")
+    assert run("remove", Q, "beat")[0] == 1
+    code, _, err = run("add", Q, "x", "--cron", "bad")
+    assert (code, err) == (1, "echomq: bad cron expression 'bad': Wrong number of fields\n")
+    assert [s.name for s in client.schedules(Q)] == ["digest"]
