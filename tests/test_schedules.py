@@ -391,3 +391,29 @@ def test_the_cli_adds_lists_and_removes(
     code, _, err = run("add", Q, "x", "--cron", "bad")
     assert (code, err) == (1, "echomq: bad cron expression 'bad': Wrong number of fields\n")
     assert [s.name for s in client.schedules(Q)] == ["digest"]
+
+
+@pytest.mark.slow
+def test_schedules_on_a_cluster_fire_on_the_queues_node(server_factory: Any, backend: str) -> None:
+    """On Redis Cluster the WATCH/MULTI/EXEC goes to the node of the queue's slot."""
+    from redis.cluster import RedisCluster
+
+    from .clusters import start_cluster
+
+    nodes = start_cluster(server_factory, 3, load_module=backend == "module")
+    try:
+        client = echomq.Client(RedisCluster(host=nodes[0].host, port=nodes[0].port))
+        r = nodes[0].client()
+        for queue in ("a", "b", "c"):
+            first = next_second(r, 0)
+            client.schedule(queue, "beat", every_ms=200, start_at=first, end_at=first + 200, missed="all")
+        sleep_until(r, first + 300)
+        for queue in ("a", "b", "c"):
+            assert client.drive_schedules(queue).fired  # each queue's ticks (some maybe fired already)
+            assert client.drive_schedules(queue).fired == []
+            assert [s.fired for s in client.schedules(queue)] == [2]
+            assert client.counts(queue).pending == 2
+            assert client.unschedule(queue, "beat") is True
+    finally:
+        for n in nodes:
+            n.stop()

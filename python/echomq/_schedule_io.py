@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import ResponseError, WatchError
 
-from . import _protocol as proto
 from . import schedules as rules
 from .errors import BadSchedule, JobExists
 
@@ -26,8 +25,8 @@ def add(client: Client, queue: str, schedule: rules.Schedule) -> rules.ScheduleI
     with client.redis.pipeline(transaction=True) as pipe:
         for _ in range(rules.WATCH_TRIES):
             try:
+                now = client._server_time(row_key)  # before the WATCH: a cluster routes it
                 pipe.watch(row_key, set_key)
-                now = proto.server_ms(pipe.execute_command("TIME"))
                 row = pipe.hgetall(row_key)
                 if not row and pipe.zcard(set_key) >= rules.MAX_SCHEDULES:
                     pipe.unwatch()
@@ -98,8 +97,8 @@ def fire(client: Client, queue: str, name: str, result: rules.DriveResult) -> No
     with client.redis.pipeline(transaction=True) as pipe:
         for _ in range(rules.WATCH_TRIES):
             try:
+                now = client._server_time(row_key)  # before the WATCH: a cluster routes it
                 pipe.watch(row_key)
-                now = proto.server_ms(pipe.execute_command("TIME"))
                 row = pipe.hgetall(row_key)
                 if not row:  # removed meanwhile: nothing to fire, and no entry to keep
                     pipe.multi()

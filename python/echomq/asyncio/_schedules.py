@@ -8,12 +8,11 @@ row first (then the row is read again, and found consumed).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.exceptions import ResponseError, WatchError
 
-from .. import _protocol as proto
 from .. import schedules as rules
 from ..errors import BadSchedule, JobExists
 
@@ -26,8 +25,8 @@ async def add(client: Client, queue: str, schedule: rules.Schedule) -> rules.Sch
     async with client.redis.pipeline(transaction=True) as pipe:
         for _ in range(rules.WATCH_TRIES):
             try:
+                now = await client._server_time(row_key)  # before the WATCH: a cluster routes it
                 await pipe.watch(row_key, set_key)
-                now = proto.server_ms(cast("Any", await pipe.execute_command("TIME")))
                 row = await pipe.hgetall(row_key)
                 if not row and await pipe.zcard(set_key) >= rules.MAX_SCHEDULES:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
@@ -98,8 +97,8 @@ async def fire(client: Client, queue: str, name: str, result: rules.DriveResult)
     async with client.redis.pipeline(transaction=True) as pipe:
         for _ in range(rules.WATCH_TRIES):
             try:
+                now = await client._server_time(row_key)  # before the WATCH: a cluster routes it
                 await pipe.watch(row_key)
-                now = proto.server_ms(cast("Any", await pipe.execute_command("TIME")))
                 row = await pipe.hgetall(row_key)
                 if not row:  # removed meanwhile: nothing to fire, and no entry to keep
                     pipe.multi()  # type: ignore[no-untyped-call]
