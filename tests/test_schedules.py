@@ -22,6 +22,8 @@ import pytest
 import redis
 import redis.asyncio
 from cronsim import CronSim
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import echomq
 import echomq.asyncio as emq
@@ -130,6 +132,57 @@ def test_start_and_end_bound_the_ticks() -> None:
     assert schedule.ticks_after(0, 10) == [1000, 1300, 1600, 1900]
     cron = rules.define("c", cron="* * * * *", start_at=120_000, end_at=300_000)
     assert cron.ticks_after(0, 10) == [120_000, 180_000, 240_000, 300_000]
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CRON_PARTS = st.sampled_from(
+    ["*", "*/5", "0", "59", "60", "1-5", "5-1", "MON", "L", "?", "", "a", "1,2", "*/0", "-1"]
+)
+
+
+@FUZZ
+@given(
+    st.one_of(st.text(max_size=40), st.lists(CRON_PARTS, min_size=0, max_size=7).map(" ".join)),
+    st.one_of(
+        st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "", "Nowhere/Land", "../etc"]), st.text()
+    ),
+)
+def test_any_cron_or_zone_is_accepted_or_refused_with_bad_schedule(cron: str, tz: str) -> None:
+    """Whatever the text, define() answers a schedule or BadSchedule -- never another exception --
+    and an accepted one yields increasing ticks."""
+    try:
+        schedule = rules.define("s", cron=cron, tz=tz)
+    except echomq.BadSchedule:
+        return
+    ticks = schedule.ticks_after(1_700_000_000_000, 5)
+    assert ticks == sorted(set(ticks)) and all(t > 1_700_000_000_000 for t in ticks)
+
+
+@FUZZ
+@given(
+    st.integers(1, 10**7),
+    st.integers(0, 2**45),
+    st.integers(0, 10**9),
+    st.sampled_from(rules.MISSED_CHOICES),
+    st.one_of(st.none(), st.integers(0, 2**45)),
+)
+def test_a_plan_fires_due_ticks_once_in_order_and_moves_the_cursor_forward(
+    every: int, last: int, gap: int, missed: str, end: int | None
+) -> None:
+    """The fired ticks are due ticks (after the cursor, up to now), increasing, at most the ceiling;
+    the cursor never goes back; the next plan from the new cursor at the same time fires nothing."""
+    schedule = rules.define("s", every_ms=every, missed=missed, end_at=end)
+    now = last + gap
+    firing = rules.plan(schedule, last, now)
+    assert all(last < t <= now for t in firing.fire)
+    assert firing.fire == sorted(set(firing.fire)) and len(firing.fire) <= rules.MISSED_CEILING
+    assert firing.cursor >= last and (not firing.fire or firing.fire[-1] == firing.cursor)
+    assert all(t > firing.cursor for t in firing.upcoming)
+    again = rules.plan(schedule, firing.cursor, now)
+    assert again.fire == [] and again.cursor == firing.cursor
+    if missed == "all":
+        due = (firing.cursor - (firing.fire[0] if firing.fire else firing.cursor)) // every + 1
+        assert len(firing.fire) == (min(due, rules.MISSED_CEILING) if firing.fire else 0)
 
 
 # -- on a server ---------------------------------------------------------------------------
