@@ -470,3 +470,33 @@ def test_schedules_on_a_cluster_fire_on_the_queues_node(server_factory: Any, bac
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_failover_to_a_replica_neither_repeats_nor_loses_a_tick(server_factory: Any, backend: str) -> None:
+    """Ticks fired on the master reach the replica with their cursor (one MULTI/EXEC); the master
+    dies, the replica is promoted, and driving it fires the remaining ticks only, each once."""
+    from .conftest import wait_for_replica
+
+    module = backend == "module"
+    master = server_factory(load_module=module)
+    replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=module)
+    m, s = master.client(), replica.client()
+    wait_for_replica(m, s)
+    n = max(TICKS, 4)
+    first = next_second(m)
+    on_master = echomq.Client(master.client())
+    on_master.schedule(Q, "beat", every_ms=1000, start_at=first, end_at=first + (n - 1) * 1000, missed="all")
+    sleep_until(m, first + 1200)
+    fired = on_master.drive_schedules(Q).fired
+    assert fired == _expected("beat", first, 2)
+    m.execute_command("WAIT", 1, 5000)
+    wait_for_replica(m, s)
+    master.stop()
+    s.execute_command("REPLICAOF", "NO", "ONE")
+    on_replica = echomq.Client(replica.client())
+    assert on_replica.drive_schedules(Q).fired == []  # the replica knows those ticks are consumed
+    sleep_until(s, first + (n - 1) * 1000 + 100)
+    fired += on_replica.drive_schedules(Q).fired
+    assert fired == _expected("beat", first, n)
+    assert on_replica.counts(Q).pending == n
+    assert on_replica.schedules(Q)[0].fired == n
