@@ -227,9 +227,11 @@ def test_add_list_replace_remove(r: redis.Redis, client: echomq.Client) -> None:
     assert len(info.upcoming) == rules.STORED_TICKS
     assert r.zscore(f"emq:{{{Q}}}:schedules", "report") == info.next_ms
     r.hset(f"emq:{{{Q}}}:schedule:report", mapping={"last": 1000, "fired": 7})
+    same = client.schedule(Q, "report", cron="*/5 * * * *", payload=b"monthly", tz="Europe/Berlin")
+    assert (same.last_ms, same.fired, same.schedule.payload) == (1000, 7, b"monthly")  # the cursor kept
     replaced = client.schedule(Q, "report", every_ms=60_000, payload="daily")
-    assert (replaced.last_ms, replaced.fired, replaced.schedule.cron) == (1000, 7, None)  # the cursor kept
-    assert r.hget(f"emq:{{{Q}}}:schedule:report", "cron") is None
+    assert replaced.last_ms >= now and replaced.fired == 7  # new timing: ticks from now on
+    assert replaced.schedule.cron is None and r.hget(f"emq:{{{Q}}}:schedule:report", "cron") is None
     client.schedule(Q, "another", every_ms=1000)
     assert [s.name for s in client.schedules(Q)] == ["another", "report"]
     assert client.unschedule(Q, "report") is True

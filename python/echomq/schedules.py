@@ -443,12 +443,23 @@ def state_fields(last: int, upcoming: list[int]) -> dict[str, bytes]:
     return {"last": str(last).encode(), "ticks": ",".join(map(str, upcoming)).encode()}
 
 
+TIMING_FIELDS = ("cron", "every_ms", "tz", "start_at")
+"""What decides where the ticks fall: a replaced schedule whose timing changed starts after now."""
+
+
 def add_commands(schedule: Schedule, queue: str, row: dict[Any, Any], now_ms: int) -> list[tuple[Any, ...]]:
-    """Write (or replace) a definition.  A replaced schedule keeps its cursor and count: ticks it
-    already consumed never run again."""
+    """Write (or replace) a definition.  A replaced schedule with the same timing (the app that
+    defines it at every start) keeps its cursor and count: the ticks it already consumed never run
+    again, and those missed meanwhile are handled by ``missed``.  One whose timing changed keeps
+    its count and starts after now: the old ticks are not the new ones'."""
     key = schedule_key(queue, schedule.name)
     kept = _text(row, "last")
     last = int(kept) if kept is not None else now_ms
+    fresh = schedule.fields()
+    if kept is not None and any(
+        _text(row, f) != (fresh[f].decode() if f in fresh else None) for f in TIMING_FIELDS
+    ):
+        last = max(last, now_ms)
     upcoming = schedule.ticks_after(last, STORED_TICKS)
     fields = {**schedule.fields(), **state_fields(last, upcoming)}
     if kept is None:

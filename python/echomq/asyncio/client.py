@@ -464,8 +464,9 @@ class Client:
         before now.  ``missed`` says what a drive does with ticks missed
         while no driver ran (docs/concepts/schedules.md): ``"skip"`` none of
         them, ``"one"`` only the latest, ``"all"`` every one (at most 1,000).
-        Replacing a schedule keeps its cursor: a tick already consumed never
-        runs again.  Raises ``BadSchedule`` (a ``ValueError``) for a bad
+        Replacing a schedule with the same timing keeps its cursor: a tick
+        already consumed never runs again (with a new timing, ticks start
+        after now).  Raises ``BadSchedule`` (a ``ValueError``) for a bad
         definition, before anything is written.  Returns the stored schedule.
         """
         definition = schedule_rules.define(
