@@ -503,3 +503,43 @@ def test_a_failover_to_a_replica_neither_repeats_nor_loses_a_tick(server_factory
     assert fired == _expected("beat", first, n)
     assert on_replica.counts(Q).pending == n
     assert on_replica.schedules(Q)[0].fired == n
+
+
+@pytest.mark.parametrize("driver", ["worker", "asyncio worker", "reaper", "asyncio reaper"])
+def test_each_driver_alone_fires_the_ticks(server: EmbeddedServer, r: redis.Redis, driver: str) -> None:
+    """Any one of them is enough: a thread worker's or an asyncio worker's sweep, or a reaper."""
+    first = next_second(r, 0)
+    control = echomq.Client(server.client())
+    control.schedule(Q, "solo", every_ms=200, start_at=first, end_at=first + 400, missed="all")
+
+    def fired() -> int:
+        return control.schedules(Q)[0].fired
+
+    if driver == "worker":
+        with echomq.Worker(echomq.Client(server.client()), Q, lambda ctx: None, reap_interval=0.1):
+            assert wait_until(lambda: fired() == 3, timeout=15)
+    elif driver == "reaper":
+        with echomq.Reaper(echomq.Client(server.client()), Q, interval=0.1):
+            assert wait_until(lambda: fired() == 3, timeout=15)
+    else:
+
+        async def main() -> None:
+            aclient = emq.Client(redis.asyncio.Redis(port=server.port))
+            if driver == "asyncio worker":
+
+                async def handler(ctx: emq.JobContext) -> None:
+                    return None
+
+                runner: Any = emq.Worker(aclient, Q, handler, reap_interval=0.1)
+            else:
+                runner = emq.Reaper(aclient, Q, interval=0.1)
+            async with runner:
+                deadline = time.monotonic() + 15
+                while fired() < 3 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+            await aclient.aclose()
+
+        asyncio.run(main())
+    assert fired() == 3
+    ids = {rules.job_id("solo", first + i) for i in (0, 200, 400)}
+    assert all(r.exists(f"emq:{{{Q}}}:job:{i}") for i in ids)  # done rows are kept an hour
