@@ -132,6 +132,8 @@ def fire(client: Client, queue: str, name: str, result: rules.DriveResult) -> No
 def drive_quietly(client: Client, queue: str, trouble: Any) -> None:
     """A worker's or reaper's turn: drive the schedules; a failure is told to ``trouble(exc, what)``."""
     try:
-        drive(client, queue)
+        result = drive(client, queue)
     except (redis.RedisError, ValueError) as exc:
         trouble(exc, "schedules")
+        return
+    rules.tell_drive(queue, result)

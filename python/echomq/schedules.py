@@ -405,6 +405,15 @@ def tell_failure(queue: str, call: Call[str], reply: BaseException) -> None:
     log.warning("schedule of %r: the tick's job %s was not enqueued: %s", queue, call_job(call), reply)
 
 
+def tell_drive(queue: str, result: DriveResult) -> None:
+    """A worker's or reaper's drive that did something, logged as their sweeps are."""
+    if result.fired or result.dropped:
+        log.info(
+            "schedules of %r: %d jobs enqueued (%s), %d missed ticks dropped",
+            queue, len(result.fired), " ".join(result.fired[:10]), result.dropped,
+        )  # fmt: skip
+
+
 def decide_fire(
     queue: str, name: str, row: dict[Any, Any], now_ms: int
 ) -> tuple[Firing, list[Call[str]], list[tuple[Any, ...]]]:

@@ -132,6 +132,8 @@ async def fire(client: Client, queue: str, name: str, result: rules.DriveResult)
 async def drive_quietly(client: Client, queue: str, trouble: Any) -> None:
     """A worker's or reaper's turn: drive the schedules; a failure is told to ``trouble(exc, what)``."""
     try:
-        await drive(client, queue)
+        result = await drive(client, queue)
     except (redis.RedisError, ValueError) as exc:
         trouble(exc, "schedules")
+        return
+    rules.tell_drive(queue, result)
