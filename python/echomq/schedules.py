@@ -29,7 +29,6 @@ with Debian cron's DST behaviour, iterating zoneinfo-aware datetimes).
 from __future__ import annotations
 
 import logging
-import math
 import re
 import zoneinfo
 from collections import deque
@@ -441,11 +440,6 @@ def take_replies(
 
 
 # -- the commands a driver sends -----------------------------------------------------
-
-
-def score(upcoming: list[int]) -> float:
-    """The sorted set's score: the next tick, or +inf when there is none."""
-    return float(upcoming[0]) if upcoming else math.inf
 
 
 def state_fields(last: int, upcoming: list[int]) -> dict[str, bytes]:
