@@ -354,7 +354,7 @@ def test_ticks_across_a_restart_with_aof_fire_once_none_lost(aof_server: Embedde
     """Three drivers loop; the server is restarted (SIGTERM, AOF) after the first tick and stays down
     over the next: every tick's job is enqueued once (missed="all"), none twice."""
     r = aof_server.client()
-    n = max(TICKS, 4)
+    n = TICKS
     first = next_second(r)
     control = echomq.Client(aof_server.client())
     control.schedule(Q, "beat", every_ms=1000, start_at=first, end_at=first + (n - 1) * 1000, missed="all")
@@ -484,7 +484,7 @@ def test_a_failover_to_a_replica_neither_repeats_nor_loses_a_tick(server_factory
     replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=module)
     m, s = master.client(), replica.client()
     wait_for_replica(m, s)
-    n = max(TICKS, 4)
+    n = TICKS
     first = next_second(m)
     on_master = echomq.Client(master.client())
     on_master.schedule(Q, "beat", every_ms=1000, start_at=first, end_at=first + (n - 1) * 1000, missed="all")
