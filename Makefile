@@ -47,7 +47,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke compat bench soak chaos outage lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke compat bench soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -150,6 +150,12 @@ chaos: setup
 	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine redis tests/test_failover_chaos.py
 	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
 	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
+
+# Schedules at length (issue 31): 60 ticks of 1 s driven by 4 workers and a reaper, and across an AOF restart.
+SCHEDULE_TICKS ?= 60
+schedules-long: setup
+	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/test_schedules.py -k "reaper or restart"
+	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/test_schedules.py -k "reaper or restart"
 
 OUTAGE_SLOTS ?= 1,100,500
 outage: setup

@@ -54,6 +54,12 @@ def cli_help() -> str:
         for name, command in sub.choices.items():
             parts.append(f"## echomq {name}\n")
             parts.append(f"```text\n$ echomq {name} --help\n" + command.format_help() + "```\n")
+            nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+            for action_name, action in nested[0].choices.items() if nested else ():  # echomq schedule add
+                parts.append(f"### echomq {name} {action_name}\n")
+                parts.append(
+                    f"```text\n$ echomq {name} {action_name} --help\n" + action.format_help() + "```\n"
+                )
     return "\n".join(parts)
 
 

@@ -38,6 +38,7 @@ from .client import (
 from .context import JobContext, Progress
 from .errors import (
     BadArgument,
+    BadSchedule,
     Cancelled,
     CorruptQueue,
     EchoMQError,
@@ -55,18 +56,21 @@ from .errors import (
 from .lease import LeaseKeeper
 from .reaper import Reaper
 from .retry import RetryPolicy
+from .schedules import DriveResult, Schedule, ScheduleInfo
 from .worker import Worker, WorkerStats
 
 __all__ = [
     "KEEP_FOREVER",
     "ActiveJob",
     "BadArgument",
+    "BadSchedule",
     "CancelToken",
     "Cancellation",
     "Cancelled",
     "Client",
     "CorruptQueue",
     "DeadJob",
+    "DriveResult",
     "EchoMQError",
     "ExtendOutcome",
     "Job",
@@ -91,6 +95,8 @@ __all__ = [
     "Retention",
     "RetryDeadResult",
     "RetryPolicy",
+    "Schedule",
+    "ScheduleInfo",
     "ScriptLimits",
     "StaleToken",
     "SweepResult",

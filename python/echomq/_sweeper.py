@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from ._runtime import REAP_TIMEOUT_S, ReapSchedule, WorkerCore
+from ._schedule_io import drive_quietly
 from .client import Client, Cutter
 
 __all__ = ["Sweeper"]
@@ -72,3 +73,5 @@ class Sweeper:
             tick.add(result)
         with self._lock:
             worker._reaped(tick)
+        if not self._done.is_set():
+            drive_quietly(worker.client, worker.queue, worker._trouble)  # the queue's due schedule ticks

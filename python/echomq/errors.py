@@ -15,6 +15,9 @@ Catch at the level you care about::
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
     ├── RateLimited        raised by a handler: give the job back, stop the queue's claims for ms
+
+
+    ├── BadSchedule        a schedule's definition is refused (also a ValueError)
     └── Cancelled          raised by CancelToken.raise_if_cancelled()
 
 The clients check argument types and ranges before sending anything and raise
@@ -146,3 +149,8 @@ class RateLimited(EchoMQError):
             raise ValueError(f"ms must be from 0 to 86400000, got {ms}")
         super().__init__(message or f"rate limited: back off {ms} ms")
         self.ms = ms
+
+
+class BadSchedule(EchoMQError, ValueError):
+    """A schedule's definition is refused (a bad cron expression, an unknown time zone, ...),
+    before anything is written; the message says what."""

@@ -11,6 +11,7 @@ import threading
 from types import TracebackType
 
 from ._runtime import ReaperCore
+from ._schedule_io import drive_quietly
 from .client import Client, SweepResult
 
 __all__ = ["Reaper"]
@@ -39,6 +40,7 @@ class Reaper(ReaperCore[Client]):
 
     def sweep_once(self) -> SweepResult:
         """Sweep until nothing lapsed is left (bounded); returns everything it did."""
+        drive_quietly(self.client, self.queue, self._troubles.report)  # the queue's due schedule ticks
         tick = self._tick()
         while tick.wants_more():
             tick.add(self.client.sweep(self.queue, max_stalled=self.max_stalled, limit=self.limit))

@@ -13,6 +13,7 @@ import inspect
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import redis
@@ -22,6 +23,7 @@ from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from .. import _protocol as proto
+from .. import schedules as schedule_rules
 from .._attempt import NotSent
 from .._protocol import (
     ActiveJob,
@@ -65,6 +67,8 @@ from ..client import (
     unwrapped,
 )
 from ..errors import EchoMQError, LeaseLost, NotReplicated
+from ..schedules import DriveResult, ScheduleInfo
+from . import _schedules
 from ._attempt import Progress, WorkerConnections
 
 __all__ = ["Client"]
@@ -433,6 +437,65 @@ class Client:
                 continue
             ids += added
         return ids
+
+    # -- schedules (echomq/schedules.py holds the rules) -----------------------------
+
+    async def schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        payload: bytes | str = b"",
+        tz: str = "UTC",
+        start_at: int | datetime | None = None,
+        end_at: int | datetime | None = None,
+        missed: str = "skip",
+    ) -> ScheduleInfo:
+        """Add (or replace) the schedule ``name`` of ``queue``: a job on every tick.
+
+        Exactly one of ``cron`` (five fields, or six with seconds first; in
+        the time zone ``tz``, an IANA name) and ``every_ms`` (ticks at
+        multiples of the period since ``start_at``, or since the epoch).  Each
+        tick enqueues one job with ``payload`` and the id ``<name>@<tick ms>``,
+        once whatever the number of drivers (every worker's sweep and every
+        ``Reaper`` drive their queue's schedules).  No tick before
+        ``start_at`` or after ``end_at`` (epoch ms or an aware datetime), none
+        before now.  ``missed`` says what a drive does with ticks missed
+        while no driver ran (docs/concepts/schedules.md): ``"skip"`` none of
+        them, ``"one"`` only the latest, ``"all"`` every one (at most 1,000).
+        Replacing a schedule with the same timing keeps its cursor: a tick
+        already consumed never runs again (with a new timing, ticks start
+        after now).  Raises ``BadSchedule`` (a ``ValueError``) for a bad
+        definition, before anything is written.  Returns the stored schedule.
+        """
+        definition = schedule_rules.define(
+            name, cron=cron, every_ms=every_ms, payload=payload, tz=tz,
+            start_at=start_at, end_at=end_at, missed=missed,
+        )  # fmt: skip
+        proto.keys_of(queue)
+        return await _schedules.add(self, queue, definition)
+
+    async def unschedule(self, queue: str, name: str) -> bool:
+        """Remove the schedule ``name`` of ``queue``; False if there was none.  Jobs it enqueued stay."""
+        proto.keys_of(queue)
+        return await _schedules.remove(self, queue, name)
+
+    async def schedules(self, queue: str) -> list[ScheduleInfo]:
+        """The schedules of ``queue`` (by name): definition, cursor, next ticks, jobs fired."""
+        proto.keys_of(queue)
+        return await _schedules.listing(self, queue)
+
+    async def drive_schedules(self, queue: str) -> DriveResult:
+        """Fire the due ticks of ``queue``'s schedules now; what workers and reapers do on their sweeps.
+
+        Safe to call from any number of processes at once: each tick's job is
+        enqueued once.  Returns the ids enqueued and the count of missed
+        ticks dropped.
+        """
+        proto.keys_of(queue)
+        return await _schedules.drive(self, queue)
 
     async def _claim(
         self,

@@ -7,6 +7,7 @@ from types import TracebackType
 
 from .._protocol import SweepResult
 from .._runtime import ReaperCore
+from ._schedules import drive_quietly
 from ._waits import wait_event
 from .client import Client
 
@@ -28,6 +29,7 @@ class Reaper(ReaperCore[Client]):
 
     async def sweep_once(self) -> SweepResult:
         """Sweep until nothing lapsed is left (bounded); returns everything it did."""
+        await drive_quietly(self.client, self.queue, self._troubles.report)  # the queue's due schedule ticks
         tick = self._tick()
         while tick.wants_more():
             tick.add(await self.client.sweep(self.queue, max_stalled=self.max_stalled, limit=self.limit))

@@ -13,6 +13,8 @@
     echomq dead mail --limit 20         the dead jobs, oldest first, with their errors
     echomq retry mail job-42            back to pending with a fresh budget (--all: every dead job)
     echomq purge mail --dead            delete the dead jobs
+    echomq schedule add mail digest --cron "0 8 * * *" --tz Europe/Berlin
+                                        a job every day at 8:00 (list, remove)
     echomq worker tasks:send --queue mail --concurrency 4
                                         a worker running tasks.send (async def: asyncio)
     echomq exporter --port 9640         Prometheus metrics of every queue (or the queues named)
@@ -46,12 +48,13 @@ import redis
 from .. import __version__
 from .._log import configure_logging
 from ..errors import EchoMQError
-from . import flow, jobs, queues, serve, worker
+from . import flow, jobs, queues, schedules, serve, worker
 from ._common import CliError, format_sweep, global_options, log
 
 __all__ = ["CliError", "build_parser", "format_sweep", "main"]
 
-COMMANDS = (queues, flow, jobs, worker, serve)
+# Each module registers its commands; --help lists them in this order.
+COMMANDS = (queues, flow, jobs, schedules, worker, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
