@@ -596,14 +596,15 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+SECTIONS = ["extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=[
-            "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow"
-        ],  # fmt: skip
+        choices=SECTIONS,
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
