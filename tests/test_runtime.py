@@ -262,18 +262,21 @@ def test_a_refused_finish_is_counted() -> None:
     assert w.stats.rejected == 1 and w.stats.completed == 0
 
 
-def test_a_base_exception_gives_the_job_back_and_stops_the_worker() -> None:
+def test_a_handlers_own_base_exception_fails_its_job_and_stops_the_worker() -> None:
+    # Issue 29: a handler calling sys.exit() used to give its job back without
+    # using a try, so the job crash-looped its workers forever.
     w, h = worker(), held()
     w._took(h)
     exit_ = SystemExit(3)
     finish = w._decide(h, exit_, interrupted=True)
-    assert finish.action is Action.RELEASE and finish.error == "SystemExit: 3"
+    assert finish.action is Action.FAIL and finish.error == "SystemExit: 3"
+    assert finish.trace is not None and "SystemExit: 3" in finish.trace
     w._interrupted(exit_, now=100.0)
     assert w._stop_requested and w._interrupt is exit_
     w._interrupted(KeyboardInterrupt(), now=100.1)
     assert w._interrupt is exit_  # the first is what run() raises
     w._landed(finish, "pending")
-    assert w.stats.released == 1 and w.stats.failed == 0
+    assert w.stats.released == 0 and w.stats.failed == 1
 
 
 def test_shutdown_grace_then_tokens_then_force() -> None:
