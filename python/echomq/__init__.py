@@ -58,11 +58,14 @@ from .errors import (
 from .lease import LeaseKeeper
 from .reaper import Reaper
 from .retry import RetryPolicy
+from .tasks import App, Task, TaskHandle
+from .tasks import context as task_context
 from .worker import Worker, WorkerStats
 
 __all__ = [
     "KEEP_FOREVER",
     "ActiveJob",
+    "App",
     "BadArgument",
     "CancelToken",
     "Cancellation",
@@ -100,12 +103,15 @@ __all__ = [
     "ScriptLimits",
     "StaleToken",
     "SweepResult",
+    "Task",
+    "TaskHandle",
     "Unblocked",
     "Worker",
     "WorkerStats",
     "configure_logging",
     "keyspace",
     "module_path",
+    "task_context",
 ]
 
 __version__ = "0.1.0"

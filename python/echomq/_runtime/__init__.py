@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .claim import IDLE_BLOCK_S, IDLE_POLL_MAX_S, MAX_CLAIM_BLOCK_S, ClaimStep, IdleWait, Slots, count_of
-from .context import ContextCore, Progress
+from .context import ContextCore, Progress, progress_bytes
 from .finish import Action, Finish, Finishing, StoredResult, error_text, result_refused, traceback_text
 from .lease import (
     CHECKPOINT_EARLY,
@@ -157,6 +157,7 @@ __all__ = [
     "job_fields",
     "lease_log",
     "lost_reason",
+    "progress_bytes",
     "reaper_log",
     "reply_lost",
     "result_refused",
