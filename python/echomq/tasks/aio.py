@@ -36,13 +36,16 @@ class AsyncTaskWorker:
     async def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM: the first worker takes the signals, the rest follow."""
         first, *others = self.workers
-        rest = [asyncio.ensure_future(w.run(handle_signals=False)) for w in others]
+        runs = [asyncio.ensure_future(first.run(handle_signals=handle_signals))]
+        runs += [asyncio.ensure_future(w.run(handle_signals=False)) for w in others]
         try:
-            await first.run(handle_signals=handle_signals)
+            await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for w in others:
-                w.stop()
-            await asyncio.gather(*rest, return_exceptions=True)
+            self.stop()
+            outcomes = await asyncio.gather(*runs, return_exceptions=True)
+        for outcome in outcomes:  # what stopped the first to stop, raised here
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def stop(self, grace: float | None = None) -> None:
         for w in self.workers:

@@ -19,6 +19,7 @@ client's calls.
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -118,15 +119,26 @@ class TaskWorker:
         self.workers = workers
 
     def run(self, *, handle_signals: bool = True) -> None:
-        """Work until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``)."""
+        """Work until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``).
+
+        The first worker runs in this thread and takes the signals; when any
+        of them stops (a task's ``sys.exit``, say), they all stop, and what
+        stopped it is raised here.
+        """
         first, *others = self.workers
         for w in others:
             w.start()
+        watchers = [threading.Thread(target=_stop_with, args=(w, first), daemon=True) for w in others]
+        for t in watchers:
+            t.start()
         try:
             first.run(handle_signals=handle_signals)
         finally:
             for w in others:
                 w.stop()
+        for w in others:
+            if w._interrupt is not None:
+                raise w._interrupt
 
     def start(self) -> TaskWorker:
         for w in self.workers:
@@ -142,6 +154,12 @@ class TaskWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stop_with(worker: Worker, first: Worker) -> None:
+    """When ``worker`` stops by itself, the group's first worker (and so the group) stops too."""
+    worker._done.wait()
+    first.stop()
 
 
 class _Decorator:
