@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import pytest
 import redis
@@ -34,6 +34,8 @@ from .faults import pythonpath, wait_until
 from .test_results import SMALL, small  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.backends
+
+Backend = Literal["module", "scripts"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,9 +134,9 @@ def test_non_retryable_is_dead_after_one_try_with_its_traceback_stored_and_logge
         raise echomq.NonRetryable(f"card {card} was declined")
 
     handle = charge.enqueue("4242")
-    with caplog.at_level(logging.ERROR, logger="echomq.worker"), quick(app):
-        with pytest.raises(echomq.JobFailed) as failed:
-            handle.result(timeout=20)
+    log = caplog.at_level(logging.ERROR, logger="echomq.worker")
+    with log, quick(app), pytest.raises(echomq.JobFailed) as failed:
+        handle.result(timeout=20)
     exc = failed.value
     assert exc.type == "NonRetryable" and exc.message == "card 4242 was declined"
     assert (
@@ -184,7 +186,7 @@ def test_per_task_settings_apply_per_job_in_one_worker(client: echomq.Client) ->
     with quick(app, max_attempts=2):
         with pytest.raises(echomq.JobFailed) as timed_out:
             s.result(timeout=20)
-        with pytest.raises(echomq.JobFailed) as failed:
+        with pytest.raises(echomq.JobFailed):
             f.result(timeout=20)
     assert timed_out.value.type == "TimeoutError" and "200 ms" in timed_out.value.message
     slow_info, flaky_info = client.job("mixed", s.id), client.job("mixed", f.id)
@@ -265,15 +267,15 @@ def test_a_cancelled_job_and_a_timeout_are_told_apart(client: echomq.Client) -> 
 class Counting(redis.Connection):
     """A real connection that counts the commands it sends (the test reads the count)."""
 
-    sent: list[str] = []
+    sent: ClassVar[list[str]] = []
 
     def send_command(self, *args: Any, **kwargs: Any) -> None:
         Counting.sent.append(str(args[0]).upper())
-        super().send_command(*args, **kwargs)
+        super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def test_a_wait_sends_a_subscription_and_one_read_per_announcement_not_a_poll(
-    server: EmbeddedServer, client: echomq.Client, backend: str
+    server: EmbeddedServer, client: echomq.Client, backend: Backend
 ) -> None:
     app = echomq.App(client, queue="count")
 
@@ -319,7 +321,7 @@ def test_pickle_is_opt_in_on_both_sides(client: echomq.Client) -> None:
         client.result("pickled", handle.id, timeout=1)  # a JSON reader never unpickles
 
 
-def test_asyncio_app_runs_async_and_sync_tasks(server: EmbeddedServer, backend: str) -> None:
+def test_asyncio_app_runs_async_and_sync_tasks(server: EmbeddedServer, backend: Backend) -> None:
     async def main() -> None:
         client = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
         app = emq.App(client, queue="aio")
@@ -377,7 +379,7 @@ def test_tasks_enqueued_by_name_run_in_a_cli_worker_of_another_process(
     proc = cli_worker(server, tasks_module, backend)
     try:
         assert add.result(timeout=30) == 5
-        out, err = proc.communicate(timeout=30)  # `leave` stops the whole worker by itself
+        _, err = proc.communicate(timeout=30)  # `leave` stops the whole worker by itself
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -400,7 +402,8 @@ def test_tasks_enqueued_by_name_run_in_a_cli_worker_of_another_process(
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout == "5\n", done.stderr
     dead = subprocess.run(
-        [sys.executable, "-m", "echomq", "result", "cli-other", leave.id, "--wait", "1", "--backend", backend],
+        [sys.executable, "-m", "echomq", "result", "cli-other", leave.id, "--wait", "1",
+         "--backend", backend],
         env={**os.environ, "ECHOMQ_URL": server.url, "PYTHONPATH": pythonpath(ROOT / "python")},
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
