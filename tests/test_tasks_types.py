@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-USES = '''
+USES = """
 from __future__ import annotations
 
 import echomq
@@ -62,7 +62,7 @@ async def async_right() -> int:
 
 async def async_wrong() -> str:
     return await (await double.enqueue("2")).result()  # WRONG-ASYNC
-'''
+"""
 
 
 def test_the_task_api_types_arguments_and_results_under_mypy_strict(tmp_path: Path) -> None:
