@@ -264,15 +264,20 @@ def make_metrics(args: argparse.Namespace) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    handler = load_handler(args.handler)
     from ..tasks import AppCore
 
+    try:
+        handler = load_handler(args.handler)
+    except CliError as exc:
+        if args.queue is None:  # a usage error first, as argparse would have said before apps
+            usage_error(f"the following arguments are required: --queue ({exc})")
+        raise
     if isinstance(handler, AppCore):
         from ._tasks import run_app
 
         return run_app(args, handler, worker_settings(args), make_metrics)
     if args.queue is None:
-        raise CliError(f"--queue is required: {args.handler} is a handler, not an echomq.App")
+        usage_error(f"the following arguments are required: --queue ({args.handler} is not an echomq.App)")
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
     )
@@ -300,6 +305,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             client.close()
     log.info("worker of %r stopped: %s", args.queue, stats)
     return 0
+
+
+def usage_error(message: str) -> None:
+    """Exit 2 with argparse's words: ``--queue`` is required unless the target is an app."""
+    print(f"echomq worker: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def describe(retry: RetryPolicy | None) -> str:
