@@ -408,3 +408,38 @@ def test_tasks_enqueued_by_name_run_in_a_cli_worker_of_another_process(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert dead.returncode == 1 and "SystemExit: 3" in dead.stderr and "sys.exit(3)" in dead.stderr
+
+
+def test_the_raw_worker_stores_tracebacks_from_the_handlers_frames_and_honours_non_retryable(
+    client: echomq.Client,
+) -> None:
+    client.enqueue("raw", b"x", "j")
+
+    def handler(ctx: echomq.JobContext) -> None:
+        raise echomq.NonRetryable(f"cannot take {ctx.payload!r}")
+
+    worker = echomq.Worker(client, "raw", handler, poll_interval=0.02, max_attempts=5).start()
+    try:
+        assert wait_until(lambda: (i := client.job("raw", "j")) is not None and i.state == "dead", 20)
+    finally:
+        worker.stop()
+    info = client.job("raw", "j")
+    assert info is not None and info.tries == 1 and info.last_error == "NonRetryable: cannot take b'x'"
+    assert info.traceback is not None and "in handler" in info.traceback
+    assert "_call_handler" not in info.traceback  # the worker's own frames are left out
+
+
+def test_results_expire_with_the_done_retention(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="brief")
+    client.retention("brief", done_ms=300)
+
+    @app.task
+    def one() -> int:
+        return 1
+
+    handle = one.enqueue()
+    with quick(app):
+        assert handle.result(timeout=20) == 1
+    assert wait_until(lambda: client.job("brief", handle.id) is None, 20)
+    with pytest.raises(echomq.JobGone):
+        handle.result(timeout=1)

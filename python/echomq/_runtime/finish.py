@@ -7,6 +7,7 @@ and settles it by the server's answer; both drivers' finishers send it.
 from __future__ import annotations
 
 import enum
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,9 +72,17 @@ class StoredResult(bytes):
     """
 
 
+# Frames of this package that call a handler (the worker's, the task dispatcher's) say nothing
+# about the failure: a traceback starts at the first frame outside it.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def traceback_text(error: BaseException) -> str:
-    """The traceback FAIL's TRACE stores (the client keeps its newest 8 KiB)."""
-    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    """What FAIL's TRACE stores (the client keeps its newest 8 KiB), from the handler's own frames."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
 
 
 def result_refused(exc: BaseException) -> bool:
