@@ -328,7 +328,7 @@ def test_asyncio_app_runs_async_and_sync_tasks(server: EmbeddedServer, backend: 
 
         @app.task
         async def double(x: int) -> int:
-            await echomq.task_context().progress({"x": x})
+            await emq.task_context().progress({"x": x})
             return 2 * x
 
         @app.task(max_attempts=1)

@@ -27,8 +27,8 @@ sent together), ``_pushes`` (pushed cancels), ``_waits``.
 
 from __future__ import annotations
 
-from ..tasks import context as task_context
 from ..tasks.aio import AsyncApp as App
+from ..tasks.dispatch import async_context as task_context
 from .client import Client
 from .context import AsyncHandler, JobContext
 from .lease import LeaseKeeper

@@ -32,23 +32,49 @@ if TYPE_CHECKING:
     from ..context import JobContext
     from .task import TaskCore
 
-__all__ = ["AsyncDispatcher", "Dispatcher", "UnknownTask", "context"]
+__all__ = ["AsyncDispatcher", "Dispatcher", "UnknownTask", "async_context", "context"]
 
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("echomq_task_context")
 
 
-def context() -> Any:
-    """The ``JobContext`` of the task running in this thread or task (``RuntimeError`` outside one).
-
-    ``echomq.tasks.context().progress({"done": 3})``; in an asyncio task,
-    ``await echomq.asyncio.task_context().progress(...)``.
-    """
+def _current() -> Any:
     try:
         return CURRENT.get()
     except LookupError:
         raise RuntimeError(
-            "no task runs here: context() is for a task's function while a worker runs it"
+            "no task runs here: a task's context is for its function while a worker runs it"
         ) from None
+
+
+def context() -> JobContext:
+    """The ``JobContext`` of the task this thread runs (``echomq.task_context()``).
+
+    ``echomq.task_context().progress({"done": 3})``.  ``RuntimeError``
+    outside a task; ``TypeError`` in a task run by an asyncio worker (use
+    ``echomq.asyncio.task_context()`` there).
+    """
+    from ..context import JobContext
+
+    ctx = _current()
+    if not isinstance(ctx, JobContext):
+        raise TypeError("this task runs in an asyncio worker: use echomq.asyncio.task_context()")
+    return ctx
+
+
+def async_context() -> AsyncJobContext:
+    """The asyncio ``JobContext`` of the task this asyncio task runs (``echomq.asyncio.task_context()``).
+
+    ``await echomq.asyncio.task_context().progress(...)``.  A plain function
+    run by an asyncio worker runs in a thread: its context's calls are
+    coroutines of the worker's loop, so report progress from ``async def``
+    tasks.
+    """
+    from ..asyncio.context import JobContext as AsyncContext
+
+    ctx = _current()
+    if not isinstance(ctx, AsyncContext):
+        raise TypeError("this task runs in a thread worker: use echomq.task_context()")
+    return ctx
 
 
 class UnknownTask(Exception):
