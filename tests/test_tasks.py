@@ -408,6 +408,13 @@ def test_tasks_enqueued_by_name_run_in_a_cli_worker_of_another_process(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert dead.returncode == 1 and "SystemExit: 3" in dead.stderr and "sys.exit(3)" in dead.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "echomq", "dead", "cli-other", "--traceback", "--backend", backend],
+        env={**os.environ, "ECHOMQ_URL": server.url, "PYTHONPATH": pythonpath(ROOT / "python")},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert listed.returncode == 0 and f"job {leave.id}: SystemExit: 3" in listed.stdout
+    assert "sys.exit(3)" in listed.stdout
 
 
 def test_the_raw_worker_stores_tracebacks_from_the_handlers_frames_and_honours_non_retryable(
