@@ -231,7 +231,7 @@ def test_run_raises_a_handlers_system_exit_after_failing_its_job(server_factory:
     def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
         raise SystemExit(3)
 
-    for attempt in (1, 2):  # each run fails it once (a try used) and stops, as sys.exit asked
+    for _ in (1, 2):  # each run fails it once (a try used) and stops, as sys.exit asked
         with pytest.raises(SystemExit) as info:
             echomq.Worker(client, Q, handler, lease_ms=1000, max_attempts=2, poll_interval=0.05).run()
         assert info.value.code == 3

@@ -247,14 +247,16 @@ class Finishing:
         else the worker's; a ``RetryLater``'s delay before the policy's.
         """
         settings = self._settings(job)
-        retry, max_attempts = self.retry, self.max_attempts
-        if settings is not None and (settings.retry is not None or settings.max_attempts is not None):
-            retry = settings.retry
-            max_attempts = settings.max_attempts if settings.max_attempts is not None else max_attempts
+        retry = settings.retry if settings is not None and settings.retry is not None else self.retry
+        if settings is not None and settings.retry is not None:
+            max_attempts = settings.retry.max_attempts
+        elif settings is not None and settings.max_attempts is not None:
+            max_attempts = settings.max_attempts  # its own tries, the worker's delays
+        else:
+            max_attempts = self.retry.max_attempts if self.retry is not None else self.max_attempts
         delay = finish.delay_ms if finish is not None else None
-        if retry is not None:
-            max_attempts = retry.max_attempts
-            delay = retry.delay_ms(job.attempt) if delay is None else delay
+        if retry is not None and delay is None:
+            delay = retry.delay_ms(job.attempt)
         trace, dead = (finish.trace, finish.dead) if finish is not None else (None, False)
         return proto.fail(job.queue, job.id, job.token, error, max_attempts, delay, trace, dead)
 
