@@ -450,3 +450,33 @@ def test_results_expire_with_the_done_retention(client: echomq.Client) -> None:
     assert wait_until(lambda: client.job("brief", handle.id) is None, 20)
     with pytest.raises(echomq.JobGone):
         handle.result(timeout=1)
+
+
+def test_an_asyncio_result_over_the_ceiling_fails_the_job_and_nothing_is_stored(
+    small: echomq.Client,  # noqa: F811 (the fixture)
+) -> None:
+    port = small.redis.connection_pool.connection_kwargs["port"]  # type: ignore[union-attr]
+
+    async def main() -> None:
+        client = emq.Client(redis.asyncio.Redis(port=port), script_limits=small._limits)
+        app = emq.App(client, queue="q")
+
+        @app.task(max_attempts=1)
+        async def big() -> str:
+            return "x" * SMALL
+
+        handle = await big.enqueue()
+        worker = app.worker(poll_interval=0.02, grace=0.5)
+        running = asyncio.ensure_future(worker.run(handle_signals=False))
+        try:
+            with pytest.raises(echomq.JobFailed) as failed:
+                await handle.result(timeout=20)
+        finally:
+            worker.stop()
+            await running
+        assert failed.value.type == "ResultTooLarge"
+        info = await client.job("q", handle.id)
+        assert info is not None and info.state == "dead" and info.result is None
+        await client.aclose()
+
+    asyncio.run(main())
