@@ -46,8 +46,14 @@ def check_name(name: object) -> str:
     """A task's name: a str of 1 to 200 characters without whitespace (it is one word of the header)."""
     if not isinstance(name, str):
         raise TypeError(f"a task name must be a str, not {type(name).__name__}")
-    if not name or len(name) > MAX_NAME_CHARS or not _NAME.fullmatch(name):
-        raise ValueError(f"a task name is 1 to {MAX_NAME_CHARS} characters without whitespace, got {name!r}")
+    if not name or len(name) > MAX_NAME_CHARS or not _NAME.fullmatch(name) or not name.isprintable():
+        raise ValueError(
+            f"a task name is 1 to {MAX_NAME_CHARS} printable characters without whitespace, got {name!r}"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"a task name must be valid UTF-8 text, got {name!r}") from None
     return name
 
 

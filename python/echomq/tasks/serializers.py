@@ -55,15 +55,14 @@ class JsonSerializer:
 
     def dumps(self, value: Any, where: str) -> bytes:
         try:
-            text = json.dumps(
+            return json.dumps(
                 value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_refuse
-            )
-        except (TypeError, ValueError) as exc:
+            ).encode("utf-8")
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
             raise SerializationError(
                 f"{where}: {exc} (convert it to str, a number, a list or a dict first, or give the app "
                 "another serializer)"
             ) from None
-        return text.encode("utf-8")
 
     def loads(self, data: bytes) -> Any:
         return json.loads(data)
