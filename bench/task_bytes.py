@@ -1,10 +1,11 @@
-"""Bytes per waiting job, a task job against a raw job with the same arguments (issue 29).
+"""Bytes per job, a task job against a raw job with the same arguments (issue 29): waiting, and done.
 
     .venv/bin/python bench/task_bytes.py [--engine redis|valkey] [--jobs 20000]
 
 A raw job's payload is the arguments as a JSON object; a task job's is the task header and
 the arguments as ``[[args],{kwargs}]``.  Memory is ``used_memory``'s growth over ``--jobs``
-waiting jobs (default ids), on a fresh server each.
+waiting jobs (default ids), on a fresh server each; then the same jobs done (claimed and completed:
+the raw job without a result, the task job with its ``json\nnull`` result), over the empty server.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import argparse
 import json
 
 import echomq
+from echomq import _protocol as proto
 from echomq.testing import EmbeddedServer
 
 ARGS = ("ada@example.com",)
 KWARGS = {"subject": "welcome", "template": "signup-v2"}
 
 
-def measure(kind: str, jobs: int, binary: str | None) -> tuple[int, float]:
+def measure(kind: str, jobs: int, binary: str | None) -> tuple[int, float, float]:
     with EmbeddedServer(binary=binary) as server:
         r = server.client()
         client = echomq.Client(r)
@@ -37,7 +39,15 @@ def measure(kind: str, jobs: int, binary: str | None) -> tuple[int, float]:
             else:
                 send_mail.enqueue(*ARGS, **KWARGS)
         after = int(r.info("memory")["used_memory"])
-        return size, (after - before) / jobs
+        result = b"json\nnull" if kind == "task" else None
+        while batch := client.claim_many("bench", 60_000, 100):
+            pipe = r.pipeline(transaction=False)
+            for job in batch:  # EMQ.COMPLETE as client.complete sends it, pipelined
+                call = proto.complete("bench", job.id, job.token, result)
+                pipe.execute_command(*call.args)
+            pipe.execute()
+        done = int(r.info("memory")["used_memory"])
+        return size, (after - before) / jobs, (done - before) / jobs
 
 
 def main() -> None:
@@ -46,8 +56,8 @@ def main() -> None:
     parser.add_argument("--binary", default=None, help="the server binary (default: the testing default)")
     args = parser.parse_args()
     for kind in ("raw", "task"):
-        size, per_job = measure(kind, args.jobs, args.binary)
-        print(f"{kind:<5} payload {size:>3} bytes   {per_job:7.1f} bytes per waiting job")
+        size, waiting, done = measure(kind, args.jobs, args.binary)
+        print(f"{kind:<5} payload {size:>3} bytes   {waiting:7.1f} B per waiting job   {done:7.1f} B per done job")
 
 
 if __name__ == "__main__":
