@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     for kind in ("raw", "task"):
         size, waiting, done = measure(kind, args.jobs, args.binary)
-        print(f"{kind:<5} payload {size:>3} bytes   {waiting:7.1f} B per waiting job   {done:7.1f} B per done job")
+        print(f"{kind:<5} payload {size:>3} B  {waiting:7.1f} B per waiting job  {done:7.1f} B per done job")
 
 
 if __name__ == "__main__":
