@@ -45,6 +45,19 @@ def _subscribe(pubsub: Any, wait: ResultWait, sharded: bool) -> None:
         pubsub.subscribe(wait.channel())
 
 
+def _next_message(pubsub: Any, sharded: bool, timeout: float) -> Any:
+    """The subscription's next message within ``timeout`` s: a cluster's sharded ones come per node."""
+    if sharded and hasattr(pubsub, "get_sharded_message"):
+        return pubsub.get_sharded_message(timeout=timeout)
+    return pubsub.get_message(timeout=timeout)
+
+
+async def _anext_message(pubsub: Any, sharded: bool, timeout: float) -> Any:
+    if sharded and hasattr(pubsub, "get_sharded_message"):
+        return await pubsub.get_sharded_message(timeout=timeout)
+    return await pubsub.get_message(timeout=timeout)
+
+
 def wait_result(
     client: Client, queue: str, job_id: str, timeout: float | None, serializer: Serializer = JSON
 ) -> Any:
@@ -58,16 +71,15 @@ def wait_result(
         confirmed = False
         while not confirmed:  # the subscription holds before the row is read: no end slips between
             left = wait.remaining(time.monotonic())
-            confirmed = is_confirmation(
-                pubsub.get_message(timeout=LOOK_UP_S if left is None else min(left, LOOK_UP_S))
-            )
+            message = _next_message(pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S))
+            confirmed = is_confirmation(message)
         while True:
             settled = wait.settle(redis_client.execute_command(*wait.read()))
             if settled is not None:
                 return settled.value
             while True:
                 left = wait.remaining(time.monotonic())
-                message = pubsub.get_message(timeout=LOOK_UP_S if left is None else min(left, LOOK_UP_S))
+                message = _next_message(pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S))
                 if is_announcement(message):
                     break
     finally:
@@ -94,7 +106,9 @@ async def await_result(
         confirmed = False
         while not confirmed:
             left = wait.remaining(time.monotonic())
-            message = await pubsub.get_message(timeout=LOOK_UP_S if left is None else min(left, LOOK_UP_S))
+            message = await _anext_message(
+                pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S)
+            )
             confirmed = is_confirmation(message)
         while True:
             settled = wait.settle(await redis_client.execute_command(*wait.read()))
@@ -102,8 +116,8 @@ async def await_result(
                 return settled.value
             while True:
                 left = wait.remaining(time.monotonic())
-                message = await pubsub.get_message(
-                    timeout=LOOK_UP_S if left is None else min(left, LOOK_UP_S)
+                message = await _anext_message(
+                    pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S)
                 )
                 if is_announcement(message):
                     break
