@@ -480,3 +480,23 @@ def test_an_asyncio_result_over_the_ceiling_fails_the_job_and_nothing_is_stored(
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_msgpack_carries_bytes_and_is_refused_by_a_json_reader(client: echomq.Client) -> None:
+    pytest.importorskip("msgpack", reason="the msgpack extra (echomq[msgpack], in the test extras)")
+    app = echomq.App(client, queue="packed", serializer=echomq.tasks.MSGPACK)
+
+    @app.task
+    def echo(blob: bytes, n: int) -> dict[str, object]:
+        return {"blob": blob, "n": n}
+
+    handle = echo.enqueue(b"\x00\xff", 3)
+    info = client.job("packed", handle.id, payload=True)
+    assert info is not None and info.payload is not None and info.payload.startswith(b"task echo msgpack\n")
+    with quick(app):
+        assert handle.result(timeout=20) == {"blob": b"\x00\xff", "n": 3}
+    assert client.result("packed", handle.id, timeout=1, serializer=echomq.tasks.MSGPACK)["n"] == 3
+    with pytest.raises(echomq.tasks.BadTaskPayload, match="'msgpack' form"):
+        client.result("packed", handle.id, timeout=1)
+    with pytest.raises(SerializationError, match="argument 1: msgpack cannot carry"):
+        echo.enqueue(object(), 1)  # type: ignore[arg-type]

@@ -20,11 +20,21 @@ from .app import App, AppCore, TaskWorker
 from .dispatch import UnknownTask, context
 from .envelope import BadTaskPayload, decode_result
 from .handle import AsyncTaskHandle, TaskHandle
-from .serializers import JSON, PICKLE, JsonSerializer, PickleSerializer, SerializationError, Serializer
+from .serializers import (
+    JSON,
+    MSGPACK,
+    PICKLE,
+    JsonSerializer,
+    MsgpackSerializer,
+    PickleSerializer,
+    SerializationError,
+    Serializer,
+)
 from .task import AsyncTask, EnqueueOptions, Task
 
 __all__ = [
     "JSON",
+    "MSGPACK",
     "PICKLE",
     "App",
     "AppCore",
@@ -33,6 +43,7 @@ __all__ = [
     "BadTaskPayload",
     "EnqueueOptions",
     "JsonSerializer",
+    "MsgpackSerializer",
     "PickleSerializer",
     "SerializationError",
     "Serializer",
