@@ -269,6 +269,7 @@ def test_a_handlers_own_base_exception_fails_its_job_and_stops_the_worker() -> N
     w._took(h)
     exit_ = SystemExit(3)
     finish = w._decide(h, exit_, interrupted=True)
+    w._teach(finish, exit_)
     assert finish.action is Action.FAIL and finish.error == "SystemExit: 3"
     assert finish.trace is not None and "SystemExit: 3" in finish.trace
     w._interrupted(exit_, now=100.0)
@@ -697,6 +698,7 @@ def test_a_job_fails_with_its_own_tries_and_the_handlers_say() -> None:
         None, "q", Settled(JobSettings(max_attempts=7, timeout_ms=250, lease_ms=60_000)), retry=policy
     )  # type: ignore[arg-type,var-annotated]
     failed = w._decide(held(), RuntimeError("upstream 500"))
+    w._teach(failed, RuntimeError("upstream 500"))
     args = w._end_call(failed).args
     assert args[7] == 7 and args[args.index("DELAY") + 1] == 500  # its own tries, the worker's delays
     assert "TRACE" in args and "DEAD" not in args

@@ -587,6 +587,7 @@ class Worker(Turns[Handler]):
                 if interrupted:
                     assert error is not None
                     self._interrupted(error, time.monotonic())
+            self._teach(finish, error)
             if interrupted:
                 self._wake.set()
                 self._wake_threads()

@@ -135,17 +135,25 @@ class Finishing:
         if cancellation == Cancellation(SHUTDOWN) and not interrupted:
             return Finish(held, Action.RELEASE, error_text(error))
         text = self._timed_out_error(held, error) or error_text(error)
-        trace = traceback_text(error)
+        delay = error.delay_ms if isinstance(error, RetryLater) else None
+        return Finish(held, Action.FAIL, text, dead=isinstance(error, NonRetryable), delay_ms=delay)
+
+    def _teach(self, finish: Finish, error: BaseException | None) -> None:
+        """A failure's traceback, for its FAIL's TRACE and the ERROR log line.
+
+        The drivers call it outside their lock: formatting a traceback reads
+        the source files of its frames.
+        """
+        if finish.action is not Action.FAIL or error is None:
+            return
+        finish.trace = traceback_text(error)
+        fields = job_fields(finish.job)
         if isinstance(error, Cancelled):  # a cancel asked for: no fault to teach
-            worker_log.info("job %s ended: %s", held.job.id, text, extra=job_fields(held.job))
+            worker_log.info("job %s ended: %s", finish.job.id, finish.error, extra=fields)
         else:
             worker_log.error(
-                "job %s failed: %s\n%s", held.job.id, text, trace.rstrip(), extra=job_fields(held.job)
+                "job %s failed: %s\n%s", finish.job.id, finish.error, finish.trace.rstrip(), extra=fields
             )
-        delay = error.delay_ms if isinstance(error, RetryLater) else None
-        return Finish(
-            held, Action.FAIL, text, trace=trace, dead=isinstance(error, NonRetryable), delay_ms=delay
-        )
 
     def _result_refused(self, finish: Finish, exc: BaseException) -> Finish:
         """COMPLETE was refused for its result's size (nothing written): the job fails instead, a try used."""

@@ -501,6 +501,7 @@ class Worker(Finisher[AsyncHandler]):
             interrupted = interrupted and not (held.given_back or held.abandoned)
             self._let_go(held)
             finish = self._decide(held, error, interrupted, value)
+            self._teach(finish, error)
             if interrupted:
                 assert error is not None
                 self._interrupted(error, time.monotonic())
