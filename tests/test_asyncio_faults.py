@@ -191,7 +191,7 @@ def test_stop_before_run_means_run_returns_at_once(server: EmbeddedServer) -> No
 
 
 @pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt])
-def test_a_handler_raising_system_exit_gives_its_job_back_and_run_raises_it(
+def test_a_handler_raising_system_exit_fails_its_job_and_run_raises_it(
     server: EmbeddedServer, r: redis.Redis, exc_type: type[BaseException]
 ) -> None:
     # Raised in a task, these would tear the event loop down mid-flight.
@@ -204,10 +204,11 @@ def test_a_handler_raising_system_exit_gives_its_job_back_and_run_raises_it(
         worker = emq.Worker(client, Q, handler, lease_ms=2000, poll_interval=0.02)
         with pytest.raises(exc_type):
             await worker.run()
-        assert worker.stats.released == 1
+        assert worker.stats.released == 0 and worker.stats.failed == 1
 
     run(server, body)
-    assert row(r, "boom")["state"] == "pending" and row(r, "boom")["tries"] == "0"
+    # Issue 29: a try used (it was given back without one, and crash-looped its workers)
+    assert row(r, "boom")["state"] == "pending" and row(r, "boom")["tries"] == "1"
 
 
 @pytest.mark.parametrize("length", ["long", "short"])

@@ -21,15 +21,19 @@ import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-TWINS = ("Client", "JobContext", "LeaseKeeper", "Reaper", "Worker")
+TWINS = ("App", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker")
 # asyncio's names for the sync protocol methods.
 RENAMED = {"__enter__": "__aenter__", "__exit__": "__aexit__", "close": "aclose"}
 # Plain functions in both: they neither wait for nor send anything.
 PLAIN_IN_BOTH = {"__init__", "from_url", "start", "raise_if_cancelled", "check", "rate_limited"}
+# The App's that only build something (a task, options, a handle, a worker): plain in both too.
+PLAIN_IN_BOTH |= {"task", "options", "handle", "worker"}
 # Deliberate differences, each with its reason.
 DIFFERENT = {
     ("Worker", "stop"): "asyncio's stop() only signals: handlers and signal handlers call it and cannot "
     "await; `await worker.run()` or leaving `async with worker:` waits, as the sync stop() does",
+    ("App", "queues"): "the queues of the app's own tasks: nothing to ask the server, plain in both "
+    "(Client.queues, a coroutine, scans the server)",
 }
 Q = "parity"
 K = queue_keys(Q)
@@ -55,7 +59,7 @@ def instance_attributes(obj: object) -> set[str]:
 
 
 def test_asyncio_exports_the_twins() -> None:
-    assert set(emq.__all__) == {*TWINS, "AsyncHandler"}
+    assert set(emq.__all__) == {*TWINS, "AsyncHandler", "task_context"}
     for name in TWINS:
         assert name in echomq.__all__
 

@@ -262,18 +262,22 @@ def test_a_refused_finish_is_counted() -> None:
     assert w.stats.rejected == 1 and w.stats.completed == 0
 
 
-def test_a_base_exception_gives_the_job_back_and_stops_the_worker() -> None:
+def test_a_handlers_own_base_exception_fails_its_job_and_stops_the_worker() -> None:
+    # Issue 29: a handler calling sys.exit() used to give its job back without
+    # using a try, so the job crash-looped its workers forever.
     w, h = worker(), held()
     w._took(h)
     exit_ = SystemExit(3)
     finish = w._decide(h, exit_, interrupted=True)
-    assert finish.action is Action.RELEASE and finish.error == "SystemExit: 3"
+    w._teach(finish, exit_)
+    assert finish.action is Action.FAIL and finish.error == "SystemExit: 3"
+    assert finish.trace is not None and "SystemExit: 3" in finish.trace
     w._interrupted(exit_, now=100.0)
     assert w._stop_requested and w._interrupt is exit_
     w._interrupted(KeyboardInterrupt(), now=100.1)
     assert w._interrupt is exit_  # the first is what run() raises
     w._landed(finish, "pending")
-    assert w.stats.released == 1 and w.stats.failed == 0
+    assert w.stats.released == 0 and w.stats.failed == 1
 
 
 def test_shutdown_grace_then_tokens_then_force() -> None:
@@ -668,3 +672,42 @@ def test_a_timed_out_handler_that_raises_fails_with_the_timeouts_error_and_one_t
     assert w.stats.timed_out == 2
     with pytest.raises(ValueError, match="timeout_ms"):
         worker(timeout_ms=0)
+
+
+# -- per-job settings and the handler's say in a failure (issue 29) ---------------------
+
+
+class Settled:
+    """A handler that gives every job its own settings (the task layer's dispatcher does)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+
+    def __call__(self, ctx: object) -> None: ...
+
+    def job_settings(self, job: Job) -> Any:
+        return self.settings
+
+
+def test_a_job_fails_with_its_own_tries_and_the_handlers_say() -> None:
+    from echomq import NonRetryable, RetryLater, RetryPolicy
+    from echomq._runtime import JobSettings, StoredResult
+
+    policy = RetryPolicy(max_attempts=3, backoff="fixed", base_ms=500)
+    w = WorkerCore(
+        None, "q", Settled(JobSettings(max_attempts=7, timeout_ms=250, lease_ms=60_000)), retry=policy
+    )  # type: ignore[arg-type,var-annotated]
+    failed = w._decide(held(), RuntimeError("upstream 500"))
+    w._teach(failed, RuntimeError("upstream 500"))
+    args = w._end_call(failed).args
+    assert args[7] == 7 and args[args.index("DELAY") + 1] == 500  # its own tries, the worker's delays
+    assert "TRACE" in args and "DEAD" not in args
+    later = w._decide(held(), RetryLater("busy", delay_ms=9000))
+    assert w._end_call(later).args[w._end_call(later).args.index("DELAY") + 1] == 9000
+    dead = w._end_call(w._decide(held(), NonRetryable("declined"))).args
+    assert dead[-1] == "DEAD"
+    assert w._timeout_for(JOB) is not None and w._timeout_for(JOB).timeout_ms == 250  # type: ignore[union-attr]
+    assert w._lease_for(JOB) == (60_000, 10.0)  # the first checkpoint within a third of the claim's lease
+    done = w._decide(held(), None, value=StoredResult(b"json\n1"))
+    assert w._end_call(done).args[-2:] == ("RESULT", b"json\n1")
+    assert w._decide(held(), None, value=b"raw bytes").result is None  # only a StoredResult is stored

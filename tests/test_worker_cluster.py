@@ -79,3 +79,28 @@ def test_sync_and_asyncio_workers_on_a_cluster(
     assert all(client.redis.hget(K.job(f"j{i}"), "state") == b"done" for i in range(6))
     assert main(["--cluster", "--url", node.url, "inspect", Q]) == 0
     assert "pending 0   active 0" in capsys.readouterr().out
+
+
+def test_tasks_and_their_results_on_a_cluster(node: EmbeddedServer) -> None:
+    # Issue 29: a wait subscribes with SSUBSCRIBE on the node of the queue's slot (redis-py's
+    # ClusterPubSub routes it), then reads the row there; both clients.
+    app = echomq.App(echomq.Client.from_url(node.url, cluster=True), queue="tasks-clustered")
+
+    @app.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    handle = add.enqueue(2, 3)
+    with app.worker(poll_interval=0.02, grace=0.5):
+        assert handle.result(timeout=20) == 5
+
+    async def aio() -> int:
+        client = emq.Client.from_url(node.url, cluster=True)
+        try:
+            value = await client.result("tasks-clustered", handle.id, timeout=5)
+        finally:
+            await client.aclose()
+        assert isinstance(value, int)
+        return value
+
+    assert asyncio.run(aio()) == 5

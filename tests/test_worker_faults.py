@@ -194,7 +194,7 @@ def test_a_server_restart_as_a_handler_returns_loses_nothing(
 
 
 @pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt, GeneratorExit])
-def test_a_handler_raising_a_base_exception_gives_its_job_back_and_stops_the_worker(
+def test_a_handler_raising_a_base_exception_fails_its_job_and_stops_the_worker(
     server_factory: ServerFactory, exc_type: type[BaseException]
 ) -> None:
     # base_exc_sync.py: SystemExit used to kill the worker thread silently,
@@ -212,15 +212,17 @@ def test_a_handler_raising_a_base_exception_gives_its_job_back_and_stops_the_wor
     worker = echomq.Worker(client, Q, handler, lease_ms=1000, poll_interval=0.05).start()
     assert wait_until(lambda: not any(t.is_alive() for t in worker._threads), timeout=5)
     boom = row(admin, "boom")
-    assert boom["state"] == "pending" and boom["tries"] == "0"  # given back, no attempt used
+    # Issue 29: a try used (it was given back without one, and crash-looped its workers)
+    assert boom["state"] == "pending" and boom["tries"] == "1"
+    assert boom["last_error"].startswith(exc_type.__name__) and exc_type.__name__ in boom["traceback"]
     assert row(admin, "next")["state"] == "pending"  # the worker stopped claiming
     assert not admin.exists(K.active)
-    assert worker.stats.released == 1
+    assert worker.stats.released == 0
     worker.stop()
     assert no_echomq_threads() == []
 
 
-def test_run_raises_a_handlers_system_exit_after_giving_its_job_back(server_factory: ServerFactory) -> None:
+def test_run_raises_a_handlers_system_exit_after_failing_its_job(server_factory: ServerFactory) -> None:
     server = server_factory()
     admin = server.client()
     client = echomq.Client(server.client())
@@ -229,10 +231,12 @@ def test_run_raises_a_handlers_system_exit_after_giving_its_job_back(server_fact
     def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
         raise SystemExit(3)
 
-    with pytest.raises(SystemExit) as info:
-        echomq.Worker(client, Q, handler, lease_ms=1000, poll_interval=0.05).run()
-    assert info.value.code == 3
-    assert row(admin, "boom")["state"] == "pending" and not admin.exists(K.active)
+    for _ in (1, 2):  # each run fails it once (a try used) and stops, as sys.exit asked
+        with pytest.raises(SystemExit) as info:
+            echomq.Worker(client, Q, handler, lease_ms=1000, max_attempts=2, poll_interval=0.05).run()
+        assert info.value.code == 3
+    boom = row(admin, "boom")
+    assert boom["state"] == "dead" and boom["last_error"] == "SystemExit: 3" and not admin.exists(K.active)
     assert no_echomq_threads() == []
 
 

@@ -42,14 +42,19 @@ from .errors import (
     Cancelled,
     CorruptQueue,
     EchoMQError,
+    JobCancelled,
     JobExists,
+    JobFailed,
     JobGone,
     LeaseLost,
     ModuleNotLoaded,
+    NonRetryable,
     NotReplicated,
     NotRetryable,
     QueueBusy,
     RateLimited,
+    ResultTimeout,
+    RetryLater,
     StaleToken,
     Unblocked,
 )
@@ -57,11 +62,14 @@ from .lease import LeaseKeeper
 from .reaper import Reaper
 from .retry import RetryPolicy
 from .schedules import DriveResult, Schedule, ScheduleInfo
+from .tasks import App, Task, TaskHandle
+from .tasks import context as task_context
 from .worker import Worker, WorkerStats
 
 __all__ = [
     "KEEP_FOREVER",
     "ActiveJob",
+    "App",
     "BadArgument",
     "BadSchedule",
     "CancelToken",
@@ -74,13 +82,16 @@ __all__ = [
     "EchoMQError",
     "ExtendOutcome",
     "Job",
+    "JobCancelled",
     "JobContext",
     "JobExists",
+    "JobFailed",
     "JobGone",
     "JobInfo",
     "LeaseKeeper",
     "LeaseLost",
     "ModuleNotLoaded",
+    "NonRetryable",
     "NotReplicated",
     "NotRetryable",
     "ObliterateResult",
@@ -92,20 +103,25 @@ __all__ = [
     "RateLimit",
     "RateLimited",
     "Reaper",
+    "ResultTimeout",
     "Retention",
     "RetryDeadResult",
+    "RetryLater",
     "RetryPolicy",
     "Schedule",
     "ScheduleInfo",
     "ScriptLimits",
     "StaleToken",
     "SweepResult",
+    "Task",
+    "TaskHandle",
     "Unblocked",
     "Worker",
     "WorkerStats",
     "configure_logging",
     "keyspace",
     "module_path",
+    "task_context",
 ]
 
 __version__ = "0.1.0"

@@ -35,6 +35,7 @@ from ._runtime import (
     Trouble,
     WorkerCore,
     reply_lost,
+    result_refused,
     state_refused,
 )
 from .cancel import CancelToken
@@ -142,7 +143,9 @@ class Finisher(WorkerCore[Client, HandlerT]):
         claim: proto.Call[list[Job]] | None = None  # the claim half, as a CLAIM with its REQ
         if at >= 0:
             job = batch[at].job
-            carrier = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms, count)
+            carrier = proto.complete_claim(
+                job.queue, job.id, job.token, self.lease_ms, count, batch[at].result
+            )
             calls.insert(at, carrier)
         elif count > 0:
             claim = self._claim_call(None, count)
@@ -190,6 +193,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
             except Exception as exc:  # refused: nothing written, nothing claimed by this call
                 if i == at and finish is not None and "unknown command" in str(exc).lower():
                     self._complete_claim = False  # an older module: COMPLETE, then CLAIM
+                elif finish is not None and finish.action is Action.COMPLETE and result_refused(exc):
+                    pass  # _finish fails the job instead (_send_end)
                 elif i == at or finish is None or finish.action is not Action.FAIL or not state_refused(exc):
                     self._trouble(exc, finish.action.value if finish is not None else "claim")
                 if finish is not None:
@@ -313,13 +318,17 @@ class Finisher(WorkerCore[Client, HandlerT]):
             try:
                 where = self._send_until(
                     partial(self.client._attempt, call), until, finish.action.value, finish.job,
-                    refusal=state_refused if finish.action is Action.FAIL else None, floor=floor,
+                    refusal=_refusal(finish), floor=floor,
                 )  # fmt: skip
             except LeaseLost as exc:
                 with self._lock:
                     self._refused(finish, exc)
                 return
             except _Refused as refused:
+                if finish.action is Action.COMPLETE:  # its result is over the ceiling: failed instead
+                    finish = self._result_refused(finish, refused.__cause__ or refused)
+                    call = self._end_call(finish)
+                    continue
                 now = time.monotonic()
                 refused_since = now if refused_since is None else refused_since
                 finish = self._fail_refused(finish, refused.__cause__ or refused, refused_since, now)
@@ -357,6 +366,15 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 self._unfinished(finish)
             return None
         return sent + self.lease_ms / 1000
+
+
+def _refusal(finish: Finish) -> Callable[[BaseException], bool] | None:
+    """The refusals ``_send_end`` settles itself: a FAIL past maxmemory, a COMPLETE's result too large."""
+    if finish.action is Action.FAIL:
+        return state_refused
+    if finish.action is Action.COMPLETE and finish.result is not None:
+        return result_refused
+    return None
 
 
 def _cannot_tell(exc: BaseException) -> bool:

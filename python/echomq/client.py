@@ -94,6 +94,12 @@ RETRY_CAP_S = 1.0
 SOCKET_TIMEOUT_S = 5.0
 
 
+def _json() -> Any:
+    from .tasks.serializers import JSON
+
+    return JSON
+
+
 def _missing(reply: object) -> bool:
     """A pipelined reply saying the node lacked the script: nothing ran."""
     return isinstance(reply, ResponseError) and missing_code(reply)
@@ -962,6 +968,23 @@ class Client:
         (``echomq._protocol.done_channel``).
         """
         self._run(proto.complete(queue, job_id, token, result))
+
+    def result(
+        self, queue: str, job_id: JobId, *, timeout: float | None = None, serializer: Any = None
+    ) -> Any:
+        """Wait for the job's end and return its result's value (a task's: ``echomq.tasks``).
+
+        No polling: it subscribes to the job's ``<base>done:<id>``, reads the
+        row, then waits for the announcement.  Raises ``JobFailed`` (dead:
+        type, message, traceback), ``JobCancelled``, ``JobGone`` (no row) or
+        ``ResultTimeout`` (a ``TimeoutError``) after ``timeout`` seconds.
+        ``serializer``: how the result was stored (default
+        ``echomq.tasks.JSON``; a result stored otherwise is refused, so a
+        pickle is read only when ``echomq.tasks.PICKLE`` is given).
+        """
+        from .tasks.wait import wait_result
+
+        return wait_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or _json())
 
     def fail(
         self,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._runtime import ContextCore, Progress
+from . import _protocol as proto
+from ._runtime import ContextCore, Progress, progress_bytes
 from .lease import LeaseKeeper
 
 __all__ = ["JobContext", "Progress"]
@@ -77,3 +78,18 @@ class JobContext(ContextCore[LeaseKeeper]):
         anything is sent if they are not).
         """
         return self.checkpoint(Progress(step, {} if data is None else data).encode())
+
+    def progress(self, value: Any) -> None:
+        """Store ``value`` (JSON) as the job's progress, which anyone may read while it runs.
+
+        ``client.job(...).progress``, ``echomq job`` and the dashboard show
+        it; the resume state (``checkpoint``) keeps its own meaning.  One
+        EMQ.CHECKPOINT ... PROGRESS, fenced by this claim's token (a job
+        this attempt has lost raises ``echomq.LeaseLost``); it extends the
+        lease too.  ``TypeError`` (nothing sent) for what JSON cannot carry.
+        """
+        keeper = self._keeper
+        job = self.job
+        keeper.client._run(
+            proto.checkpoint(job.queue, job.id, job.token, keeper.lease_ms, progress=progress_bytes(value))
+        )

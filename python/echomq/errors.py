@@ -15,10 +15,13 @@ Catch at the level you care about::
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
     ├── RateLimited        raised by a handler: give the job back, stop the queue's claims for ms
-
-
     ├── BadSchedule        a schedule's definition is refused (also a ValueError)
-    └── Cancelled          raised by CancelToken.raise_if_cancelled()
+    ├── Cancelled          raised by CancelToken.raise_if_cancelled()
+    │   └── JobCancelled   a result was waited for, and the job was cancelled
+    ├── JobFailed          a result was waited for, and the job is dead (type, message, traceback)
+    ├── ResultTimeout      a result was waited for, and time ran out (also a TimeoutError)
+    ├── NonRetryable       raised by a handler: its job is dead at once, whatever its tries
+    └── RetryLater         raised by a handler: retry its job after ``delay_ms`` (a try used)
 
 The clients check argument types and ranges before sending anything and raise
 ``TypeError``/``ValueError`` naming the argument; ``BadArgument`` is for what
@@ -154,3 +157,57 @@ class RateLimited(EchoMQError):
 class BadSchedule(EchoMQError, ValueError):
     """A schedule's definition is refused (a bad cron expression, an unknown time zone, ...),
     before anything is written; the message says what."""
+
+
+class NonRetryable(EchoMQError):
+    """Raise from a handler when a retry cannot help: the job goes to the dead set at once.
+
+    The try is used and the job ends dead whatever its tries left (EMQ.FAIL
+    ... DEAD), with this exception's type, message and traceback stored.
+    Subclass it for your own permanent errors.
+    """
+
+
+class RetryLater(EchoMQError):
+    """Raise from a handler to have its job tried again ``delay_ms`` from now (a try is used).
+
+    Past its ``max_attempts`` the job is dead as after any failure.
+    """
+
+    def __init__(self, message: str = "retry later", *, delay_ms: int) -> None:
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int):
+            raise TypeError(f"delay_ms must be an int, not {type(delay_ms).__name__}")
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
+        super().__init__(message)
+        self.delay_ms = delay_ms
+
+
+class JobFailed(EchoMQError):
+    """The job whose result was waited for is dead: its last failure, as the worker stored it.
+
+    ``type`` and ``message`` split the row's ``last_error`` (``"Type:
+    message"``), ``traceback`` is the stored traceback (None when the
+    failure had none), ``queue`` and ``job_id`` say which job.
+    """
+
+    def __init__(self, queue: str, job_id: str, type: str, message: str, traceback: str | None) -> None:
+        super().__init__(f"job {job_id!r} of queue {queue!r} failed: {type}: {message}")
+        self.queue, self.job_id = queue, job_id
+        self.type, self.message, self.traceback = type, message, traceback
+
+
+class JobCancelled(Cancelled):
+    """The job whose result was waited for was cancelled (``reason``: the cancel's, if any)."""
+
+    def __init__(self, queue: str, job_id: str, reason: str | None) -> None:
+        super().__init__(reason)
+        self.queue, self.job_id = queue, job_id
+
+
+class ResultTimeout(EchoMQError, TimeoutError):
+    """A wait for a job's result ran out of time; the job has not ended (it may still)."""
+
+    def __init__(self, queue: str, job_id: str, timeout: float) -> None:
+        super().__init__(f"job {job_id!r} of queue {queue!r} has not ended within {timeout} s")
+        self.queue, self.job_id, self.timeout = queue, job_id, timeout

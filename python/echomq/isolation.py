@@ -194,18 +194,31 @@ def _child_main(conn: Connection, handler: Callable[..., object]) -> None:
             link.token = token
         try:
             if context_style:
-                handler(JobContext(job, token, _ChildKeeper(link)))  # type: ignore[arg-type]
+                value = handler(JobContext(job, token, _ChildKeeper(link)))  # type: ignore[arg-type]
             else:
-                handler(job, token)
+                value = handler(job, token)
         except Cancelled as exc:  # at a safe point: the worker's token says why (its args do not pickle)
             link.send(("cancelled", exc.reason))
         except BaseException as exc:  # every end of the handler is the job's: sent back as it is
             link.send(("raised", *_portable(exc)))
         else:
-            link.send(("returned",))
+            link.send(("returned", _portable_value(value)))
         finally:
             with link._arrived:
                 link.token = None
+
+
+def _portable_value(value: object) -> object:
+    """What a handler returned, as the worker gets it: itself when it pickles, else None.
+
+    A worker uses a handler's value only when it is a result to store
+    (``StoredResult``, bytes inside); anything else is dropped, as in a thread.
+    """
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:
+        return None
+    return value
 
 
 def _portable(exc: BaseException) -> tuple[bytes, str]:
@@ -400,19 +413,19 @@ class ProcessPool:
             raise
         return child
 
-    def run(self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> None:
-        """Run the handler for ``job`` in ``child`` (from ``take``); its end, as if it had run here."""
+    def run(self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> object:
+        """Run the handler for ``job`` in ``child`` (from ``take``); its value or its exception, as here."""
         child.jobs += 1
         try:
-            self._run_in(child, job, cancel, keeper, context_style)
+            return self._run_in(child, job, cancel, keeper, context_style)
         finally:
             self._give(child)
 
-    def call(self, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> None:
+    def call(self, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> object:
         """``run`` in the child ``take`` gives."""
-        self.run(self.take(), job, cancel, keeper, context_style)
+        return self.run(self.take(), job, cancel, keeper, context_style)
 
-    def _run_in(self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> None:
+    def _run_in(self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> object:
         try:
             child.conn.send(("job", job, context_style))
         except (OSError, ValueError) as exc:
@@ -430,7 +443,7 @@ class ProcessPool:
                 except (EOFError, OSError):
                     raise self._crashed(child) from None
                 if message[0] == "returned":
-                    return
+                    return message[1]
                 if message[0] == "raised":
                     raise self._raised(message[1], message[2])
                 if message[0] == "cancelled":

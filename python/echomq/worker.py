@@ -89,10 +89,14 @@ class Worker(Turns[Handler]):
       cancel_token)`` as before.  It returns: the job is completed.  It
       raises: the job goes back to pending until it has been claimed
       ``max_attempts`` times, then to the dead set (``last_error`` is
-      ``"<ExceptionType>: <message>"``).  It raises a BaseException that is
-      not an Exception (SystemExit, KeyboardInterrupt): the job is given
-      back without using an attempt and the worker stops; ``run()`` raises
-      it again at the end.
+      ``"<ExceptionType>: <message>"``, ``traceback`` its traceback, and
+      the worker logs both at ERROR); ``echomq.NonRetryable``: to the dead
+      set at once; ``echomq.RetryLater(delay_ms=...)``: claimable again
+      then.  It raises SystemExit or KeyboardInterrupt itself: its job
+      fails the same way (a try used: a job that kills its workers ends
+      dead after its tries) and the worker stops; ``run()`` raises it
+      again at the end.  It returns a ``StoredResult`` (bytes; the task
+      layer's): stored as the job's result, with its completion.
     - ``lease_ms``: each job's lease, checkpointed every ``extend_interval``
       seconds (default: a third of the lease).
     - ``concurrency``: threads running a job each; ``prefetch``: jobs
@@ -548,8 +552,9 @@ class Worker(Turns[Handler]):
         return True
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
+        lease_ms, interval = self._lease_for(job)
         keeper = LeaseKeeper._for_worker(
-            self.client, job, self.lease_ms, CancelToken(), interval=self._interval, claimed_at=claimed_at,
+            self.client, job, lease_ms, CancelToken(), interval=interval, claimed_at=claimed_at,
             troubles=self._troubles,
         )  # fmt: skip
         if self._threads:  # run() or start(): the worker's one keeper thread (work_one: the job's own)
@@ -596,13 +601,14 @@ class Worker(Turns[Handler]):
                 self.metrics.claimed_with_wait(self.client, job)
             if self.isolation != "process":  # a child's wait for its start is not the handler's time
                 self._time(keeper)
-            error, interrupted = self._call_handler(job, held.cancel, keeper)
+            error, interrupted, value = self._call_handler(job, held.cancel, keeper)
             with self._lock:
                 self._let_go(held)
-                finish = self._decide(held, error, interrupted)
+                finish = self._decide(held, error, interrupted, value)
                 if interrupted:
                     assert error is not None
                     self._interrupted(error, time.monotonic())
+            self._teach(finish, error)
             if interrupted:
                 self._wake.set()
                 self._wake_threads()
@@ -619,32 +625,35 @@ class Worker(Turns[Handler]):
 
     def _call_handler(
         self, job: Job, cancel: CancelToken, keeper: LeaseKeeper
-    ) -> tuple[BaseException | None, bool]:
-        """Run the handler; (its exception or None, whether that exception asks the worker to stop)."""
+    ) -> tuple[BaseException | None, bool, object]:
+        """Run the handler; (its exception or None, whether that exception stops the worker, its value)."""
         me = threading.current_thread()
         with self._lock:
             self._handling[me] = keeper
         error: BaseException | None = None
         interrupted = False
+        value: object = None
         try:
             if self.isolation == "process":
                 pool = self._process_pool()
                 child = pool.take()
                 self._time(keeper)
-                pool.run(child, job, cancel, keeper, self._context_style)
+                value = pool.run(child, job, cancel, keeper, self._context_style)
             elif self._context_style:
-                cast("Callable[[JobContext], object]", self.handler)(JobContext(job, cancel, keeper))
+                value = cast("Callable[[JobContext], object]", self.handler)(JobContext(job, cancel, keeper))
             else:
-                cast("Callable[[Job, CancelToken], object]", self.handler)(job, cancel)
+                value = cast("Callable[[Job, CancelToken], object]", self.handler)(job, cancel)
         except Exception as exc:  # the handler's failure is the job's, not the worker's
             error = exc
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
+        except (
+            BaseException
+        ) as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: its job fails, the worker stops
             error, interrupted = exc, True
         finally:
             with self._lock:
                 self._handling.pop(me, None)
             keeper.stop()
-        return error, interrupted
+        return error, interrupted, value
 
     def _process_pool(self) -> ProcessPool:
         """The handlers' children (``isolation="process"``), made when the first job runs."""

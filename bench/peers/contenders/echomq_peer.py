@@ -130,13 +130,70 @@ async def run_async(
     emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
 
 
+def run_tasks(url: str, n: int, queue: str, concurrency: int, timeout: float) -> None:
+    """The same no-op as a task (``@app.task``): enqueued by ``noop.enqueue()``, run by ``app.worker()``."""
+    app = echomq.App(echomq.Client(redis.Redis.from_url(url)), queue=queue)
+
+    @app.task
+    def noop() -> None:
+        return None
+
+    t = time.perf_counter()
+    ids = [noop.enqueue().id for _ in range(n)]
+    emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
+    expect("go")
+    clock = Clock()
+    workers = app.worker(concurrency=concurrency)
+    (worker,) = workers.workers
+    workers.start()
+    while finished(worker.stats) < n and clock.elapsed() < timeout:
+        time.sleep(POLL_S)
+    emit("drained", elapsed_s=clock.elapsed(), processed=finished(worker.stats),
+         timed_out=finished(worker.stats) < n)  # fmt: skip
+    expect("verify")
+    workers.stop(grace=0)
+    emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
+
+
+async def run_async_tasks(url: str, n: int, queue: str, concurrency: int, timeout: float) -> None:
+    """``run_tasks`` with ``echomq.asyncio.App`` and an ``async def`` task."""
+    client = emq_async.Client(aioredis.Redis.from_url(url))
+    app = emq_async.App(client, queue=queue)
+
+    @app.task
+    async def noop() -> None:
+        return None
+
+    t = time.perf_counter()
+    ids = [(await noop.enqueue()).id for _ in range(n)]
+    emit("ready", enqueued=len(ids), enqueue_s=time.perf_counter() - t)
+    expect("go")
+    clock = Clock()
+    workers = app.worker(concurrency=concurrency)
+    (worker,) = workers.workers
+    task = asyncio.create_task(workers.run(handle_signals=False))
+    while finished(worker.stats) < n and clock.elapsed() < timeout:
+        await asyncio.sleep(POLL_S)
+    emit("drained", elapsed_s=clock.elapsed(), processed=finished(worker.stats),
+         timed_out=finished(worker.stats) < n)  # fmt: skip
+    expect("verify")
+    workers.stop()
+    await task
+    await client.aclose()
+    emit("verified", **verify(url, queue, ids), stats=worker.stats.__dict__)
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=["sync", "async"], required=True)
+    p.add_argument("--kind", choices=["sync", "async", "task", "task-async"], required=True)
     p.add_argument("--prefetch", type=int, default=0, help="the sync Worker's prefetch (0: off, the default)")
     a = p.parse_args()
     try:
-        if a.kind == "sync":
+        if a.kind == "task":
+            run_tasks(a.url, a.n, a.queue, a.concurrency, a.timeout)
+        elif a.kind == "task-async":
+            asyncio.run(run_async_tasks(a.url, a.n, a.queue, a.concurrency, a.timeout))
+        elif a.kind == "sync":
             run_sync(a.url, a.n, a.queue, a.concurrency, a.timeout, a.prefetch, a.enqueue, a.until_stop)
         else:
             asyncio.run(run_async(a.url, a.n, a.queue, a.concurrency, a.timeout, a.enqueue, a.until_stop))

@@ -44,8 +44,8 @@ from __future__ import annotations
 
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .claim import IDLE_BLOCK_S, IDLE_POLL_MAX_S, MAX_CLAIM_BLOCK_S, ClaimStep, IdleWait, Slots, count_of
-from .context import ContextCore, Progress
-from .finish import Action, Finish, Finishing, error_text
+from .context import ContextCore, Progress, progress_bytes
+from .finish import Action, Finish, Finishing, StoredResult, error_text, result_refused, traceback_text
 from .lease import (
     CHECKPOINT_EARLY,
     CHECKPOINT_RETRY_S,
@@ -64,6 +64,7 @@ from .lease import (
     state_refused,
 )
 from .logs import job_fields, lease_log, reaper_log, worker_log
+from .per_job import SETTINGS_HOOK, JobSettings, PerJob, settings_hook
 from .pushes import HEALTH_EVERY_S, PONG_WITHIN_S, SubscriptionHealth
 from .shutdown import FORCE_AFTER_S, FORCE_BUDGET_S, SHUTDOWN, Shutdown, forced_exit
 from .stats import WorkerStats
@@ -114,6 +115,7 @@ __all__ = [
     "REAP_TIMEOUT_S",
     "RETRY_CAP_S",
     "RETRY_FIRST_S",
+    "SETTINGS_HOOK",
     "SHUTDOWN",
     "TIMEOUT",
     "Action",
@@ -124,16 +126,19 @@ __all__ = [
     "Finishing",
     "HeldJob",
     "IdleWait",
+    "JobSettings",
     "JobTimeout",
     "KeeperCore",
     "LeaseEvent",
     "Leases",
+    "PerJob",
     "Progress",
     "ReapSchedule",
     "ReaperCore",
     "Reaping",
     "Shutdown",
     "Slots",
+    "StoredResult",
     "SubscriptionHealth",
     "SweepTick",
     "Timing",
@@ -152,10 +157,14 @@ __all__ = [
     "job_fields",
     "lease_log",
     "lost_reason",
+    "progress_bytes",
     "reaper_log",
     "reply_lost",
+    "result_refused",
+    "settings_hook",
     "state_refused",
     "takes_context",
+    "traceback_text",
     "trouble",
     "worker_log",
 ]

@@ -14,6 +14,14 @@ from .args import check_int
 KeeperT = TypeVar("KeeperT")
 
 
+def progress_bytes(value: Any) -> bytes:
+    """``ctx.progress(value)``'s bytes: compact JSON (TypeError naming the value if JSON cannot carry it)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"progress must be JSON-serialisable: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Progress:
     """Where a job got to: a step counter and a small JSON dict (``JobContext.resume_point``).

@@ -7,6 +7,8 @@ and settles it by the server's answer; both drivers' finishers send it.
 from __future__ import annotations
 
 import enum
+import os
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,9 +16,10 @@ from typing import TYPE_CHECKING
 from .. import _protocol as proto
 from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
 from ..cancel import Cancellation
-from ..errors import Cancelled, LeaseLost, RateLimited
+from ..errors import Cancelled, LeaseLost, NonRetryable, RateLimited, RetryLater
 from .lease import TIMEOUT, HeldJob
 from .logs import job_fields, worker_log
+from .per_job import JobSettings
 from .shutdown import SHUTDOWN
 from .stats import WorkerStats
 from .troubles import Troubles
@@ -39,7 +42,7 @@ class Action(enum.Enum):
     COMPLETE = "complete"
     FAIL = "fail"
     RELEASE = "release"
-    """Give the job back without using an attempt: shutdown, or the handler raised a BaseException."""
+    """Give the job back without using an attempt: a shutdown (an operator's signal or ``stop()``)."""
     DROP = "drop"
     """The lease was lost (or the job given back already): it belongs to someone else; send nothing."""
 
@@ -52,10 +55,40 @@ class Finish:
     action: Action
     error: str = ""  # FAIL's last_error
     backoff_ms: int = 0  # RELEASE ... BACKOFF: the handler raised RateLimited
+    result: bytes | None = None  # COMPLETE's RESULT (a StoredResult the handler returned)
+    trace: str | None = None  # FAIL's TRACE
+    dead: bool = False  # FAIL's DEAD (NonRetryable)
+    delay_ms: int | None = None  # FAIL's DELAY asked by the handler (RetryLater)
 
     @property
     def job(self) -> Job:
         return self.held.job
+
+
+class StoredResult(bytes):
+    """What a handler returns to have its job completed with a result (COMPLETE ... RESULT).
+
+    Any other return value is ignored, as it always was: the task layer
+    (``echomq.tasks``) encodes a task's return value into one of these.
+    """
+
+
+# Frames of this package that call a handler (the worker's, the task dispatcher's) say nothing
+# about the failure: a traceback starts at the first frame outside it.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def traceback_text(error: BaseException) -> str:
+    """What FAIL's TRACE stores (the client keeps its newest 8 KiB), from the handler's own frames."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
+
+
+def result_refused(exc: BaseException) -> bool:
+    """COMPLETE refused its RESULT (larger than ``emq.max-result-bytes``): nothing was written."""
+    return "the result is larger" in str(exc)
 
 
 class Finishing:
@@ -69,16 +102,25 @@ class Finishing:
     _troubles: Troubles
     _stop_requested: bool
     _timed_out_error: Callable[[HeldJob, BaseException | None], str | None]  # Timing's
+    _settings: Callable[[Job], JobSettings | None]  # PerJob's
 
-    def _decide(self, held: HeldJob, error: BaseException | None, interrupted: bool = False) -> Finish:
-        """What to send for a job whose handler ended with ``error`` (None: it returned).
+    def _decide(
+        self, held: HeldJob, error: BaseException | None, interrupted: bool = False, value: object = None
+    ) -> Finish:
+        """What to send for a job whose handler ended with ``error`` (None: it returned ``value``).
 
         Nothing if the lease was lost, a forced shutdown gave the job back
         already or a timeout abandoned it; RELEASE if the handler's exception
-        is a request to stop (``interrupted``) or came after "shutdown";
-        COMPLETE if it returned; RELEASE with a back-off if it raised
-        ``RateLimited``; else FAIL with the error's text (the
-        timeout's, after "timeout").
+        came after "shutdown"; COMPLETE if it returned (with ``value`` as
+        its result when it is a ``StoredResult``); RELEASE with a back-off
+        if it raised ``RateLimited``; else FAIL with the
+        error's text (the timeout's, after "timeout") and traceback, DEAD
+        for a ``NonRetryable``, delayed for a ``RetryLater``.  A handler
+        that raised SystemExit or KeyboardInterrupt itself
+        (``interrupted``) fails its job like any other failure, a try used:
+        a job that kills its workers ends dead after its tries, never
+        crash-loops (an operator's signal reaches the worker, not the
+        handler: its jobs are given back after "shutdown").
         """
         if held.given_back or held.abandoned:  # given back, or failed, while its handler ran: nothing to send
             return Finish(held, Action.DROP)
@@ -87,18 +129,43 @@ class Finishing:
             self._ended(held.job, "lost")
             return Finish(held, Action.DROP)
         held.finishing = True
-        if interrupted:
-            return Finish(held, Action.RELEASE, error_text(error) if error is not None else "")
         cancellation = held.cancel.check()
         if cancellation is not None and cancellation.reason == TIMEOUT:
             self.stats.timed_out += 1
         if error is None:
-            return Finish(held, Action.COMPLETE)
-        if cancellation == Cancellation(SHUTDOWN):
+            return Finish(held, Action.COMPLETE, result=value if isinstance(value, StoredResult) else None)
+        if cancellation == Cancellation(SHUTDOWN) and not interrupted:
             return Finish(held, Action.RELEASE, error_text(error))
         if isinstance(error, RateLimited):  # a 429: given back, no try used, the queue backs off
             return Finish(held, Action.RELEASE, error_text(error), error.ms)
-        return Finish(held, Action.FAIL, self._timed_out_error(held, error) or error_text(error))
+        text = self._timed_out_error(held, error) or error_text(error)
+        delay = error.delay_ms if isinstance(error, RetryLater) else None
+        return Finish(held, Action.FAIL, text, dead=isinstance(error, NonRetryable), delay_ms=delay)
+
+    def _teach(self, finish: Finish, error: BaseException | None) -> None:
+        """A failure's traceback, for its FAIL's TRACE and the ERROR log line.
+
+        The drivers call it outside their lock: formatting a traceback reads
+        the source files of its frames.
+        """
+        if finish.action is not Action.FAIL or error is None:
+            return
+        finish.trace = traceback_text(error)
+        fields = job_fields(finish.job)
+        if isinstance(error, Cancelled):  # a cancel asked for: no fault to teach
+            worker_log.info("job %s ended: %s", finish.job.id, finish.error, extra=fields)
+        else:
+            worker_log.error(
+                "job %s failed: %s\n%s", finish.job.id, finish.error, finish.trace.rstrip(), extra=fields
+            )
+
+    def _result_refused(self, finish: Finish, exc: BaseException) -> Finish:
+        """COMPLETE was refused for its result's size (nothing written): the job fails instead, a try used."""
+        error = f"ResultTooLarge: {exc}"
+        worker_log.error(
+            "job %s: its result was refused: %s", finish.job.id, exc, extra=job_fields(finish.job)
+        )
+        return Finish(finish.held, Action.FAIL, error)
 
     def _landed(self, finish: Finish, where: FailOutcome | ReleaseOutcome | None = None) -> None:
         """COMPLETE, FAIL or RELEASE was accepted; ``where`` is FAIL's or RELEASE's answer."""
@@ -185,18 +252,31 @@ class Finishing:
             extra=job_fields(finish.job),
         )
 
-    def _fail_call(self, job: Job, error: str) -> Call[FailOutcome]:
-        """Where a failed job goes: FAIL with its error, and the retry policy's delay if there is one."""
-        if self.retry is None:
-            return proto.fail(job.queue, job.id, job.token, error, self.max_attempts)
-        delay = self.retry.delay_ms(job.attempt)
-        return proto.fail(job.queue, job.id, job.token, error, self.retry.max_attempts, delay)
+    def _fail_call(self, job: Job, error: str, finish: Finish | None = None) -> Call[FailOutcome]:
+        """Where a failed job goes: FAIL with its error, traceback and DEAD, and its delay if there is one.
+
+        The job's own retry budget (``_settings``) if its handler gives one,
+        else the worker's; a ``RetryLater``'s delay before the policy's.
+        """
+        settings = self._settings(job)
+        retry = settings.retry if settings is not None and settings.retry is not None else self.retry
+        if settings is not None and settings.retry is not None:
+            max_attempts = settings.retry.max_attempts
+        elif settings is not None and settings.max_attempts is not None:
+            max_attempts = settings.max_attempts  # its own tries, the worker's delays
+        else:
+            max_attempts = self.retry.max_attempts if self.retry is not None else self.max_attempts
+        delay = finish.delay_ms if finish is not None else None
+        if retry is not None and delay is None:
+            delay = retry.delay_ms(job.attempt)
+        trace, dead = (finish.trace, finish.dead) if finish is not None else (None, False)
+        return proto.fail(job.queue, job.id, job.token, error, max_attempts, delay, trace, dead)
 
     def _end_call(self, finish: Finish) -> Call[object]:
         """The command that ends a job's hold: COMPLETE, FAIL (``_fail_call``) or RELEASE."""
         job = finish.job
         if finish.action is Action.COMPLETE:
-            return proto.complete(job.queue, job.id, job.token)  # type: ignore[return-value]
+            return proto.complete(job.queue, job.id, job.token, finish.result)  # type: ignore[return-value]
         if finish.action is Action.FAIL:
-            return self._fail_call(job, finish.error)  # type: ignore[return-value]
+            return self._fail_call(job, finish.error, finish)  # type: ignore[return-value]
         return proto.release(job.queue, job.id, job.token, finish.backoff_ms)  # type: ignore[return-value]

@@ -24,12 +24,14 @@ claimed again (its FAIL made it pending): the two runs overlap.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._protocol import Job
 from .finish import Action, Finish
 from .lease import TIMEOUT, HeldJob, Leases
 from .logs import job_fields, worker_log
+from .per_job import JobSettings
 from .stats import WorkerStats
 
 __all__ = ["TIMEOUT", "JobTimeout", "Timing"]
@@ -56,12 +58,17 @@ class Timing:
     timeout_ms: int | None
     timeout_grace: float
     _held: Leases
+    _settings: Callable[[Job], JobSettings | None]  # PerJob's
 
     def _timeout_for(self, job: Job) -> JobTimeout | None:
-        """``job``'s time limit: the worker's ``timeout_ms`` (a task layer may give each task its own)."""
-        if self.timeout_ms is None:
+        """``job``'s time limit: its own (``PerJob``: a task's), else the worker's ``timeout_ms``."""
+        settings = self._settings(job)
+        timeout_ms = self.timeout_ms
+        if settings is not None and settings.timeout_ms is not None:
+            timeout_ms = settings.timeout_ms
+        if timeout_ms is None:
             return None
-        return JobTimeout(self.timeout_ms, self.timeout_grace)
+        return JobTimeout(timeout_ms, self.timeout_grace)
 
     def _time_handler(self, held: HeldJob, started: float) -> float:
         """The handler of ``held`` starts at ``started``: its timeout and abandon times; the first (or inf).

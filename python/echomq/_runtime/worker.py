@@ -14,6 +14,7 @@ from .args import check_callable, check_client, check_int, check_seconds, takes_
 from .finish import Finishing
 from .lease import HeldJob, Leases
 from .logs import worker_log
+from .per_job import PerJob, settings_hook
 from .shutdown import SHUTDOWN, Shutdown
 from .stats import WorkerStats
 from .sweep import Reaping
@@ -27,7 +28,7 @@ ClientT = TypeVar("ClientT")
 HandlerT = TypeVar("HandlerT")
 
 
-class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT]):
+class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, HandlerT]):
     """What both ``Worker`` classes share: settings, the held jobs, shutdown, finishing, stats.
 
     Shutdown, in both drivers: ``_request_stop`` stops claiming at once
@@ -71,6 +72,8 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, Generic[ClientT, HandlerT
         check_callable("handler", handler)
         self._check_handler(handler)
         self._context_style = takes_context(handler)  # type: ignore[arg-type]
+        # A handler serving several kinds of job may give each its own lease, timeout and tries.
+        self._settings_hook = settings_hook(handler)
         check_int("lease_ms", lease_ms, 1, MAX_MS)
         check_int("max_attempts", max_attempts)
         check_int("concurrency", concurrency, 1, 10_000)

@@ -27,10 +27,12 @@ sent together), ``_pushes`` (pushed cancels), ``_waits``.
 
 from __future__ import annotations
 
+from ..tasks.aio import AsyncApp as App
+from ..tasks.dispatch import async_context as task_context
 from .client import Client
 from .context import AsyncHandler, JobContext
 from .lease import LeaseKeeper
 from .reaper import Reaper
 from .worker import Worker
 
-__all__ = ["AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker"]
+__all__ = ["App", "AsyncHandler", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker", "task_context"]

@@ -36,6 +36,7 @@ from .._runtime import (
     Trouble,
     WorkerCore,
     reply_lost,
+    result_refused,
     state_refused,
 )
 from ..cancel import CancelToken
@@ -276,7 +277,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
         """
         job = finish.job
         sent = time.monotonic()
-        call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms)
+        call = proto.complete_claim(job.queue, job.id, job.token, self.lease_ms, result=finish.result)
         step = ClaimStep()
         step.adopt(proto.claim(self.queue, self.lease_ms, request_id=proto.request_id_of(call)), sent)
         self._doubts.add(step)  # until its answer is read: _settle asks again if this task is cancelled
@@ -312,7 +313,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
             cause = refused.__cause__
             if "unknown command" in str(cause).lower():
                 self._complete_claim = False
-            elif cause is not None:
+            elif cause is not None and not result_refused(cause):  # that one: _finish fails the job
                 self._trouble(cause, finish.action.value, job)
             await self._finish(finish)
             return await self._ask_again(step)
@@ -376,12 +377,16 @@ class Finisher(WorkerCore[Client, HandlerT]):
             try:
                 where = await self._send_until(
                     call, until, finish.action.value, finish.job, together=together, orphan=orphan,
-                    refusal=state_refused if finish.action is Action.FAIL else None, floor=floor,
+                    refusal=_refusal(finish), floor=floor,
                 )  # fmt: skip
             except LeaseLost as exc:
                 self._refused(finish, exc)
                 return
             except _Refused as refused:
+                if finish.action is Action.COMPLETE:  # its result is over the ceiling: failed instead
+                    finish = self._result_refused(finish, refused.__cause__ or refused)
+                    call = self._end_call(finish)
+                    continue
                 now = time.monotonic()
                 refused_since = now if refused_since is None else refused_since
                 finish = self._fail_refused(finish, refused.__cause__ or refused, refused_since, now)
@@ -425,6 +430,15 @@ def _cancelling() -> bool:
     """Whether the current task is being cancelled (Python 3.11+; before it, not known: False)."""
     task = asyncio.current_task()
     return task is not None and sys.version_info >= (3, 11) and task.cancelling() > 0
+
+
+def _refusal(finish: Finish) -> Callable[[BaseException], bool] | None:
+    """The refusals ``_send_end`` settles itself: a FAIL past maxmemory, a COMPLETE's result too large."""
+    if finish.action is Action.FAIL:
+        return state_refused
+    if finish.action is Action.COMPLETE and finish.result is not None:
+        return result_refused
+    return None
 
 
 def _cannot_tell(exc: BaseException) -> bool:

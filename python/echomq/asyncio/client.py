@@ -683,6 +683,15 @@ class Client:
         """Read, or set, the queue's retention (see ``echomq.Client.retention``)."""
         return await self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
 
+    async def result(
+        self, queue: str, job_id: JobId, *, timeout: float | None = None, serializer: Any = None
+    ) -> Any:
+        """Wait for the job's end and return its result's value (see ``echomq.Client.result``)."""
+        from ..tasks.serializers import JSON
+        from ..tasks.wait import await_result
+
+        return await await_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or JSON)
+
     async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
         """The job's status, or None (see ``echomq.Client.job``)."""
         return await self._read(proto.job_info(queue, job_id, payload))

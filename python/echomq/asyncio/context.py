@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .. import _protocol as proto
 from .._protocol import Job
-from .._runtime import ContextCore, Progress
+from .._runtime import ContextCore, Progress, progress_bytes
 from ..cancel import CancelToken
 from .lease import LeaseKeeper
 
@@ -31,6 +32,12 @@ class JobContext(ContextCore[LeaseKeeper]):
     async def checkpoint_step(self, step: int, data: dict[str, Any] | None = None) -> bool:
         """Store ``Progress(step, data)`` as the job's state (see ``echomq.JobContext.checkpoint_step``)."""
         return await self.checkpoint(Progress(step, {} if data is None else data).encode())
+
+    async def progress(self, value: Any) -> None:
+        """Store ``value`` (JSON) as the progress anyone may read (``echomq.JobContext.progress``)."""
+        keeper, job = self._keeper, self.job
+        call = proto.checkpoint(job.queue, job.id, job.token, keeper.lease_ms, progress=progress_bytes(value))
+        await keeper.client._run(call)
 
 
 AsyncHandler = Callable[[JobContext], Awaitable[object]] | Callable[[Job, CancelToken], Awaitable[object]]

@@ -500,14 +500,15 @@ class Worker(Finisher[AsyncHandler]):
                 if self._wake is not None:
                     self._wake.set()  # the supervisor looks at its grace's end
             try:
-                error, interrupted = await self._call_handler(held, keeper)
+                error, interrupted, value = await self._call_handler(held, keeper)
             finally:
                 self._handlers.pop(held, None)
                 await keeper.stop()
             # our own forced stop, or a timeout's abandon, is no request to stop
             interrupted = interrupted and not (held.given_back or held.abandoned)
             self._let_go(held)
-            finish = self._decide(held, error, interrupted)
+            finish = self._decide(held, error, interrupted, value)
+            self._teach(finish, error)
             if interrupted:
                 assert error is not None
                 self._interrupted(error, time.monotonic())
@@ -521,8 +522,9 @@ class Worker(Finisher[AsyncHandler]):
             CURRENT_JOB.reset(context)
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
+        lease_ms, interval = self._lease_for(job)
         keeper = LeaseKeeper._for_worker(
-            self.client, job, self.lease_ms, CancelToken(), interval=self._interval, claimed_at=claimed_at,
+            self.client, job, lease_ms, CancelToken(), interval=interval, claimed_at=claimed_at,
             troubles=self._troubles,
         )  # fmt: skip
         if self._jobs is not None:  # run(): the worker's one keeper task (work_one: the job's own)
@@ -539,8 +541,10 @@ class Worker(Finisher[AsyncHandler]):
             keeper.start()
             self._waiting[job.token] = keeper
 
-    async def _call_handler(self, held: HeldJob, keeper: LeaseKeeper) -> tuple[BaseException | None, bool]:
-        """Run the handler; returns (its exception or None, whether that exception asks the worker to stop).
+    async def _call_handler(
+        self, held: HeldJob, keeper: LeaseKeeper
+    ) -> tuple[BaseException | None, bool, object]:
+        """Run the handler: (its exception or None, whether that exception stops the worker, its value).
 
         Nothing escapes: a KeyboardInterrupt or SystemExit raised in a task
         would otherwise tear the event loop down.  A cancel of this task by
@@ -550,11 +554,13 @@ class Worker(Finisher[AsyncHandler]):
         job, cancel = held.job, held.cancel
         try:
             if self._context_style:
-                await cast("Callable[[JobContext], Awaitable[object]]", self.handler)(
+                value = await cast("Callable[[JobContext], Awaitable[object]]", self.handler)(
                     JobContext(job, cancel, keeper)
                 )
             else:
-                await cast("Callable[[Job, CancelToken], Awaitable[object]]", self.handler)(job, cancel)
+                value = await cast("Callable[[Job, CancelToken], Awaitable[object]]", self.handler)(
+                    job, cancel
+                )
         except asyncio.CancelledError as exc:
             # Ours only when a forced stop cancelled the task (the job was
             # given back then); else the handler let a cancellation of its
@@ -563,13 +569,15 @@ class Worker(Finisher[AsyncHandler]):
                 current = asyncio.current_task()
                 if current is not None and sys.version_info >= (3, 11):
                     current.uncancel()  # consumed: later timeouts in this task work as usual
-                return exc, True
-            return exc, False
+                return exc, True, None
+            return exc, False, None
         except Exception as exc:
-            return exc, False
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: stop the worker
-            return exc, True
-        return None, False
+            return exc, False, None
+        except (
+            BaseException
+        ) as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: its job fails, the worker stops
+            return exc, True, None
+        return None, False, value
 
     def _blocks(self) -> bool:
         """Whether the claims wait on the server (the module does; a script cannot)."""

@@ -164,6 +164,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
         error = (job.last_error or "").replace("\n", " ")
         rows.append([job.id, ago(now, job.died_at), str(job.attempts), str(job.retries), error[:80]])
     table(rows, sys.stdout)
+    if args.traceback:
+        for job in jobs:
+            info = client.job(args.queue, job.id)
+            if info is not None and info.traceback:
+                print(f"\njob {job.id}: {info.last_error or ''}")
+                for line in info.traceback.rstrip("\n").splitlines():
+                    print(f"    {line}")
     return 0
 
 
@@ -244,6 +251,15 @@ def register(command: Command) -> None:
     p.add_argument("job_id")
     p.add_argument("--payload", action="store_true", help="print the payload too")
 
+    from ._tasks import cmd_result
+
+    p = command("result", "a job's result (a task's value, as JSON); waits with --wait", cmd_result)
+    p.add_argument("queue")
+    p.add_argument("job_id")
+    p.add_argument(
+        "--wait", type=float, default=None, metavar="S", help="wait up to S seconds for the job's end"
+    )
+
     p = command("cancel", "request a cooperative cancel of a job", cmd_cancel)
     p.add_argument("queue")
     p.add_argument("job_id")
@@ -253,6 +269,7 @@ def register(command: Command) -> None:
     p.add_argument("queue")
     p.add_argument("--limit", type=positive, default=20, help="jobs to list (default 20)")
     p.add_argument("--offset", type=int, default=0, help="skip this many (default 0)")
+    p.add_argument("--traceback", action="store_true", help="print each job's stored traceback too")
 
     p = command("retry", "send dead or cancelled jobs back to pending with a fresh budget", cmd_retry)
     p.add_argument("queue")

@@ -283,7 +283,20 @@ def make_metrics(args: argparse.Namespace) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    handler = load_handler(args.handler)
+    from ..tasks import AppCore
+
+    try:
+        handler = load_handler(args.handler)
+    except CliError as exc:
+        if args.queue is None:  # a usage error first, as argparse would have said before apps
+            usage_error(f"the following arguments are required: --queue ({exc})")
+        raise
+    if isinstance(handler, AppCore):
+        from ._tasks import run_app
+
+        return run_app(args, handler, worker_settings(args), make_metrics)
+    if args.queue is None:
+        usage_error(f"the following arguments are required: --queue ({args.handler} is not an echomq.App)")
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
     )
@@ -311,6 +324,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             client.close()
     log.info("worker of %r stopped: %s", args.queue, stats)
     return 0
+
+
+def usage_error(message: str) -> None:
+    """Exit 2 with argparse's words: ``--queue`` is required unless the target is an app."""
+    print(f"echomq worker: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def describe(retry: RetryPolicy | None) -> str:
@@ -360,14 +379,29 @@ def load_handler(spec: str) -> Callable[..., object]:
             target = getattr(target, part)
         except AttributeError:
             raise CliError(f"{module_name!r} has no {attr!r}") from None
-    if not callable(target):
+    from ..tasks import AppCore
+
+    if not callable(target) and not isinstance(target, AppCore):
         raise CliError(f"{spec} is not callable (it is a {type(target).__name__})")
     return cast("Callable[..., object]", target)
 
 
 def register(command: Command) -> None:
-    p = command("worker", "run a worker: MODULE:HANDLER for the jobs of --queue", cmd_worker)
-    p.add_argument("handler", metavar="MODULE:HANDLER", help="e.g. tasks:send (an async def runs on asyncio)")
-    p.add_argument("--queue", "-q", required=True)
+    p = command(
+        "worker",
+        "run a worker: MODULE:HANDLER for the jobs of --queue, or MODULE:APP for an app's tasks",
+        cmd_worker,
+    )
+    p.add_argument(
+        "handler",
+        metavar="MODULE:HANDLER",
+        help="e.g. tasks:send (an async def runs on asyncio), or myapp.tasks:app (an echomq.App: every task)",
+    )
+    p.add_argument(
+        "--queue",
+        "-q",
+        default=None,
+        help="the queue (required for a handler; for an app: default every queue of its tasks)",
+    )
     add_settings(p, "worker settings (a flag wins over its $ECHOMQ_ variable, which wins over the default)",
                  WORKER_SETTINGS)  # fmt: skip

@@ -1,0 +1,98 @@
+"""``echomq worker myapp.tasks:app``: a worker for every task of an ``echomq.App``, and ``echomq result``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import JobCancelled, JobFailed, JobGone, ResultTimeout
+from ..tasks import AppCore
+from ..tasks.results import ResultWait
+from ..tasks.serializers import JSON
+from ._common import CliError, connect, log, require_module
+
+__all__ = ["cmd_result", "run_app"]
+
+
+def run_app(
+    args: argparse.Namespace, app: AppCore, settings: dict[str, Any], make_metrics: Callable[[Any], Any]
+) -> int:
+    """The app's tasks on this command's connection (--url, --backend): threads, or asyncio for its twin."""
+    from ..tasks.aio import AsyncApp
+    from ..tasks.dispatch import AsyncDispatcher, Dispatcher
+
+    queues = [args.queue] if args.queue is not None else app.queues()
+    if not queues:
+        raise CliError(
+            f"{args.handler} has no tasks (does importing it define them?), and no --queue was given"
+        )
+    log.info(
+        "worker of %s for %s: tasks %s, concurrency %d per queue; SIGINT/SIGTERM stop it",
+        args.handler, ", ".join(queues), ", ".join(sorted(app.tasks)) or "none", args.concurrency,
+    )  # fmt: skip
+    settings["metrics"] = make_metrics(args)
+    if isinstance(app, AsyncApp):
+        from .. import asyncio as emq
+        from ..tasks.aio import AsyncTaskWorker
+
+        async def main() -> None:
+            client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
+            try:
+                dispatcher = AsyncDispatcher(app.tasks, app.serializers)
+                await AsyncTaskWorker([emq.Worker(client, q, dispatcher, **settings) for q in queues]).run()
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+        return 0
+    from ..tasks.app import TaskWorker
+    from ..worker import Worker
+
+    client = connect(args)
+    require_module(client)
+    dispatcher = Dispatcher(app.tasks, app.serializers)
+    workers = TaskWorker([Worker(client, q, dispatcher, **settings) for q in queues])
+    try:
+        workers.run()
+    finally:
+        for w in workers.workers:
+            log.info("worker of %r stopped: %s", w.queue, w.stats)
+        client.close()
+    return 0
+
+
+def cmd_result(args: argparse.Namespace) -> int:
+    """Print a job's result (JSON as stored); exit 1 for a dead or cancelled job, 2 when it has not ended."""
+    client = connect(args)
+    try:
+        if args.wait is None:
+            wait = ResultWait(args.queue, args.job_id, None, 0.0, JSON)
+            redis_client: Any = client.redis
+            settled = wait.settle(redis_client.execute_command(*wait.read()))
+            if settled is None:
+                info = client.job(args.queue, args.job_id)
+                state = info.state if info is not None else "gone"
+                print(f"job {args.job_id} of queue {args.queue} is {state}: no result yet (--wait S waits)")
+                return 2
+            value = settled.value
+        else:
+            value = client.result(args.queue, args.job_id, timeout=args.wait)
+    except JobFailed as exc:
+        print(f"job {exc.job_id} is dead: {exc.type}: {exc.message}", file=sys.stderr)
+        if exc.traceback:
+            print(exc.traceback.rstrip("\n"), file=sys.stderr)
+        return 1
+    except JobCancelled as exc:
+        print(f"job {exc.job_id} was cancelled" + (f": {exc.reason}" if exc.reason else ""), file=sys.stderr)
+        return 1
+    except ResultTimeout as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except JobGone as exc:
+        raise CliError(f"no job {args.job_id!r} in queue {args.queue!r}") from exc
+    print(json.dumps(value, ensure_ascii=False))
+    return 0

@@ -1,0 +1,56 @@
+"""Tasks: call a function by name in a worker, keep its result, keep its failure's traceback.
+
+``echomq.App`` (``echomq.asyncio.App``) makes functions tasks; a task's
+``enqueue(...)`` (typed by the function's signature) returns a handle whose
+``result()`` waits, without polling, for the value (typed by its return).
+One worker runs every task of its queues (``app.worker()``,
+``echomq worker myapp.tasks:app``).  Arguments and results are JSON by
+default (``serializers``).  The pieces, one idea each:
+
+- ``app``/``aio``: the apps and their workers; ``task``: a task and its
+  enqueue options; ``handle``: what enqueue returns;
+- ``envelope``: a task job's payload and a stored result, as bytes;
+- ``dispatch``: the handler a worker runs for an app;
+- ``results``: the rules of a wait for a job's end, ``wait``: its drivers.
+"""
+
+from __future__ import annotations
+
+from .app import App, AppCore, TaskWorker
+from .dispatch import UnknownTask, context
+from .envelope import BadTaskPayload, decode_result
+from .handle import AsyncTaskHandle, TaskHandle
+from .serializers import (
+    JSON,
+    MSGPACK,
+    PICKLE,
+    JsonSerializer,
+    MsgpackSerializer,
+    PickleSerializer,
+    SerializationError,
+    Serializer,
+)
+from .task import AsyncTask, EnqueueOptions, Task
+
+__all__ = [
+    "JSON",
+    "MSGPACK",
+    "PICKLE",
+    "App",
+    "AppCore",
+    "AsyncTask",
+    "AsyncTaskHandle",
+    "BadTaskPayload",
+    "EnqueueOptions",
+    "JsonSerializer",
+    "MsgpackSerializer",
+    "PickleSerializer",
+    "SerializationError",
+    "Serializer",
+    "Task",
+    "TaskHandle",
+    "TaskWorker",
+    "UnknownTask",
+    "context",
+    "decode_result",
+]

@@ -1,0 +1,166 @@
+"""``echomq.asyncio.App``: ``echomq.App`` over an asyncio client (``await task.enqueue(...)``)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from .. import _protocol as proto
+from .._protocol import JobId
+from .._runtime import JobSettings
+from ..retry import RetryPolicy
+from .app import AppCore, _nothing
+from .dispatch import AsyncDispatcher
+from .handle import AsyncTaskHandle
+from .serializers import JSON, Serializer
+from .task import AsyncTask, EnqueueOptions, TaskCore
+
+if TYPE_CHECKING:
+    from ..asyncio.client import Client
+    from ..asyncio.worker import Worker
+
+__all__ = ["AsyncApp", "AsyncTaskWorker"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class AsyncTaskWorker:
+    """``app.worker()``: one ``echomq.asyncio.Worker`` per queue, run together, stopped together."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Work until ``stop()``, SIGINT or SIGTERM: the first worker takes the signals, the rest follow."""
+        first, *others = self.workers
+        runs = [asyncio.ensure_future(first.run(handle_signals=handle_signals))]
+        runs += [asyncio.ensure_future(w.run(handle_signals=False)) for w in others]
+        try:
+            await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.stop()
+            outcomes = await asyncio.gather(*runs, return_exceptions=True)
+        for outcome in outcomes:  # what stopped the first to stop, raised here
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    def stop(self, grace: float | None = None) -> None:
+        for w in self.workers:
+            w.stop(grace)
+
+
+class _AsyncDecorator:
+    def __init__(self, app: AsyncApp, kwargs: dict[str, Any]) -> None:
+        self._app, self._kwargs = app, kwargs
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> AsyncTask[P, R]: ...
+    def __call__(self, fn: Callable[..., Any], /) -> AsyncTask[Any, Any]:
+        return self._app._register(fn, **self._kwargs)
+
+
+class AsyncApp(AppCore):
+    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        queue: str = "default",
+        serializer: Serializer = JSON,
+        accept: Iterable[Serializer] = (),
+    ) -> None:
+        from ..asyncio.client import Client as AsyncClient
+
+        if not isinstance(client, AsyncClient):
+            raise TypeError(
+                f"client must be an echomq.asyncio.Client (threads: echomq.App), not {type(client).__name__}"
+            )
+        super().__init__(queue=queue, serializer=serializer, accept=accept)
+        self.client = client
+
+    @overload
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
+    @overload
+    def task(self, fn: Callable[P, R], /) -> AsyncTask[P, R]: ...
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ms: int | None = None,
+        timeout_ms: int | None = None,
+        priority: int | None = None,
+    ) -> _AsyncDecorator: ...
+    def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
+        """Make a function a task (see ``echomq.App.task``)."""
+        if fn is None:
+            return _AsyncDecorator(self, kwargs)
+        return self._register(fn, **kwargs)
+
+    def _register(self, fn: Callable[..., Any], **kwargs: Any) -> AsyncTask[Any, Any]:
+        keys = ("name", "queue", "max_attempts", "retry", "lease_ms", "timeout_ms", "priority")
+        unknown = set(kwargs) - set(keys)
+        if unknown:
+            raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
+        name, queue, settings, priority = self._settings(fn, *(kwargs.get(k) for k in keys))
+        task: AsyncTask[Any, Any] = AsyncTask(self, fn, name, queue, settings, priority)
+        self.tasks[name] = task
+        return task
+
+    async def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> AsyncTaskHandle[Any]:
+        """Enqueue a call of the task ``name``; a handle on its job (see ``echomq.App.enqueue``)."""
+        return await self.options().enqueue(name, *args, **kwargs)
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        job_id: JobId | None = None,
+        delay_ms: int | None = None,
+        at: datetime.datetime | float | None = None,
+        priority: int | None = None,
+    ) -> _AsyncByName:
+        """Enqueue options for ``.enqueue(name, ...)`` (see ``echomq.App.options``)."""
+        return _AsyncByName(self, queue, EnqueueOptions(job_id, delay_ms, at, priority))
+
+    def handle(self, queue: str, job_id: str) -> AsyncTaskHandle[Any]:
+        """A handle on a job enqueued earlier."""
+        proto.keys_of(queue)
+        return AsyncTaskHandle(self.client, queue, job_id, self.serializer)
+
+    def worker(self, queues: Iterable[str] | None = None, **settings: Any) -> AsyncTaskWorker:
+        """An asyncio worker for every task of ``queues`` (see ``echomq.App.worker``); ``await ....run()``."""
+        from ..asyncio.worker import Worker
+
+        dispatcher = AsyncDispatcher(self.tasks, self.serializers)
+        return AsyncTaskWorker(
+            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+        )
+
+
+class _AsyncByName:
+    __slots__ = ("_app", "_options", "_queue")
+
+    def __init__(self, app: AsyncApp, queue: str | None, options: EnqueueOptions) -> None:
+        self._app, self._queue, self._options = app, queue, options
+
+    async def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> AsyncTaskHandle[Any]:
+        app = self._app
+        task, queue = app._by_name(name, self._queue)
+        if task is None:
+            task = TaskCore(app, _nothing, name, queue, JobSettings(), None)
+        call = task.enqueue_args(self._options, args, kwargs)
+        call["queue"] = queue
+        job_id = await app.client.enqueue(**call)
+        return AsyncTaskHandle(app.client, queue, job_id, app.serializer)

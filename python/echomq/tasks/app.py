@@ -1,0 +1,309 @@
+"""``echomq.App``: tasks by name over a client, and the worker that runs them.
+
+    app = echomq.App(client)
+
+    @app.task(queue="mail", max_attempts=5)
+    def send_mail(to: str, subject: str) -> bool:
+        ...
+
+    handle = send_mail.enqueue("ada@example.com", subject="hi")   # typed by send_mail's signature
+    sent: bool = handle.result(timeout=30)
+    app.enqueue("send_mail", "bob@example.com", subject="hi")     # by name, without the function
+    app.worker().run()                                            # every queue of the app's tasks
+
+``AppCore`` holds what both apps share (the tasks by name, the serializers,
+the checks); ``App`` and ``echomq.asyncio.App`` (``aio.py``) add the
+client's calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from .. import _protocol as proto
+from .._protocol import MAX_MS, JobId
+from .._runtime import JobSettings, check_int
+from ..retry import RetryPolicy
+from .dispatch import Dispatcher
+from .envelope import check_name
+from .handle import TaskHandle
+from .serializers import JSON, Serializer
+from .task import EnqueueOptions, Task, TaskCore
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..worker import Worker
+
+__all__ = ["App", "AppCore", "TaskWorker"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class AppCore:
+    """The tasks of an app by name, its serializer, its default queue (no I/O)."""
+
+    def __init__(self, *, queue: str, serializer: Serializer, accept: Iterable[Serializer]) -> None:
+        proto.keys_of(queue)
+        for s in (serializer, *accept):
+            if not all(hasattr(s, a) for a in ("name", "dumps", "loads")):
+                raise TypeError(f"a serializer needs name, dumps and loads, not {type(s).__name__}")
+        self.queue, self.serializer = queue, serializer
+        # What workers decode: JSON always, the app's own, and what it was told to accept.
+        self.serializers: dict[str, Serializer] = {s.name: s for s in (JSON, *accept, serializer)}
+        self.tasks: dict[str, TaskCore] = {}
+
+    def _settings(
+        self,
+        fn: Callable[..., Any],
+        name: str | None,
+        queue: str | None,
+        max_attempts: int | None,
+        retry: RetryPolicy | None,
+        lease_ms: int | None,
+        timeout_ms: int | None,
+        priority: int | None,
+    ) -> tuple[str, str, JobSettings, int | None]:
+        """A task's checked settings: (name, queue, JobSettings, priority)."""
+        if not callable(fn):
+            raise TypeError(f"a task must be a function, not {type(fn).__name__}")
+        name = check_name(name if name is not None else getattr(fn, "__name__", None))
+        if name in self.tasks:
+            raise ValueError(f"this app already has a task named {name!r}: give one of them name=...")
+        queue = self.queue if queue is None else queue
+        proto.keys_of(queue)
+        if max_attempts is not None:
+            check_int("max_attempts", max_attempts)
+        if retry is not None:
+            if not isinstance(retry, RetryPolicy):
+                raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
+            if max_attempts is not None and max_attempts != retry.max_attempts:
+                raise ValueError(
+                    f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
+                )
+        if lease_ms is not None:
+            check_int("lease_ms", lease_ms, 1, MAX_MS)
+        if timeout_ms is not None:
+            check_int("timeout_ms", timeout_ms, 1, MAX_MS)
+        proto.priority_args(priority)
+        return name, queue, JobSettings(lease_ms, timeout_ms, max_attempts, retry), priority
+
+    def queues(self) -> list[str]:
+        """Every queue the app's tasks use, in the order they were first used."""
+        return list(dict.fromkeys(task.queue for task in self.tasks.values()))
+
+    def _by_name(self, name: str, queue: str | None) -> tuple[TaskCore | None, str]:
+        task = self.tasks.get(name)
+        check_name(name)
+        if queue is not None:
+            proto.keys_of(queue)
+            return task, queue
+        return task, task.queue if task is not None else self.queue
+
+    def _worker_queues(self, queues: Iterable[str] | None) -> list[str]:
+        chosen = self.queues() if queues is None else list(queues)
+        if not chosen:
+            raise ValueError(
+                "this app has no tasks yet (import the module that defines them), and no queue was given"
+            )
+        return chosen
+
+
+class TaskWorker:
+    """``app.worker()``: one ``echomq.Worker`` per queue, run together, stopped together."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Work until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``).
+
+        The first worker runs in this thread and takes the signals; when any
+        of them stops (a task's ``sys.exit``, say), they all stop, and what
+        stopped it is raised here.
+        """
+        first, *others = self.workers
+        for w in others:
+            w.start()
+        watchers = [threading.Thread(target=_stop_with, args=(w, first), daemon=True) for w in others]
+        for t in watchers:
+            t.start()
+        try:
+            first.run(handle_signals=handle_signals)
+        finally:
+            for w in others:
+                w.stop()
+        for w in others:
+            if w._interrupt is not None:
+                raise w._interrupt
+
+    def start(self) -> TaskWorker:
+        for w in self.workers:
+            w.start()
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        for w in self.workers:
+            w.stop(grace)
+
+    def __enter__(self) -> TaskWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _stop_with(worker: Worker, first: Worker) -> None:
+    """When ``worker`` stops by itself, the group's first worker (and so the group) stops too."""
+    worker._done.wait()
+    first.stop()
+
+
+class _Decorator:
+    def __init__(self, app: App, kwargs: dict[str, Any]) -> None:
+        self._app, self._kwargs = app, kwargs
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+    def __call__(self, fn: Callable[..., Any], /) -> Task[Any, Any]:
+        return self._app._register(fn, **self._kwargs)
+
+
+class App(AppCore):
+    """Tasks by name over an ``echomq.Client`` (``echomq.asyncio.App`` for asyncio).
+
+    ``App(client, *, queue="default", serializer=echomq.tasks.JSON, accept=())``:
+    ``queue`` is where a task without its own goes (and ``enqueue`` by a name
+    this process does not know); ``serializer`` encodes arguments and
+    results (JSON by default; ``echomq.tasks.PICKLE`` is unsafe: see
+    ``echomq.tasks.serializers``); ``accept``, more serializers this app's
+    workers decode.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        queue: str = "default",
+        serializer: Serializer = JSON,
+        accept: Iterable[Serializer] = (),
+    ) -> None:
+        from ..client import Client as SyncClient
+
+        if not isinstance(client, SyncClient):
+            raise TypeError(
+                f"client must be an echomq.Client (asyncio: echomq.asyncio.App), not {type(client).__name__}"
+            )
+        super().__init__(queue=queue, serializer=serializer, accept=accept)
+        self.client = client
+
+    @overload
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ms: int | None = None,
+        timeout_ms: int | None = None,
+        priority: int | None = None,
+    ) -> _Decorator: ...
+    def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
+        """Make a function a task: ``@app.task`` or ``@app.task(queue=..., max_attempts=..., ...)``.
+
+        ``name`` (default: the function's ``__name__``) is what a job carries
+        and ``app.enqueue`` takes; ``queue`` (default: the app's);
+        ``max_attempts`` or ``retry`` (an ``echomq.RetryPolicy``), ``lease_ms``
+        and ``timeout_ms`` apply to this task's jobs in any worker of the app
+        (default: the worker's); ``priority`` is its jobs' default level.
+        """
+        if fn is None:
+            return _Decorator(self, kwargs)
+        return self._register(fn, **kwargs)
+
+    def _register(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        lease_ms: int | None = None,
+        timeout_ms: int | None = None,
+        priority: int | None = None,
+    ) -> Task[Any, Any]:
+        name, queue, settings, priority = self._settings(
+            fn, name, queue, max_attempts, retry, lease_ms, timeout_ms, priority
+        )
+        task: Task[Any, Any] = Task(self, fn, name, queue, settings, priority)
+        self.tasks[name] = task
+        return task
+
+    def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        """Enqueue a call of the task ``name`` (no import of its function needed); a handle on its job."""
+        return self.options().enqueue(name, *args, **kwargs)
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        job_id: JobId | None = None,
+        delay_ms: int | None = None,
+        at: datetime.datetime | float | None = None,
+        priority: int | None = None,
+    ) -> _ByName:
+        """Enqueue options for ``.enqueue(name, ...)``; ``queue`` defaults to the task's, else the app's."""
+        return _ByName(self, queue, EnqueueOptions(job_id, delay_ms, at, priority))
+
+    def handle(self, queue: str, job_id: str) -> TaskHandle[Any]:
+        """A handle on a job enqueued earlier (its id kept somewhere): ``.result()``, ``.info()``."""
+        proto.keys_of(queue)
+        return TaskHandle(self.client, queue, job_id, self.serializer)
+
+    def worker(self, queues: Iterable[str] | None = None, **settings: Any) -> TaskWorker:
+        """A worker (threads) for every task of ``queues`` (default: every queue of the app's tasks).
+
+        ``settings`` are ``echomq.Worker``'s (``concurrency``, ``lease_ms``,
+        ...): each task's own ``lease_ms``, ``timeout_ms`` and tries win over
+        them for its jobs.  ``run()`` it, or ``start()`` ... ``stop()``.
+        """
+        from ..worker import Worker
+
+        dispatcher = Dispatcher(self.tasks, self.serializers)
+        return TaskWorker(
+            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+        )
+
+
+class _ByName:
+    __slots__ = ("_app", "_options", "_queue")
+
+    def __init__(self, app: App, queue: str | None, options: EnqueueOptions) -> None:
+        self._app, self._queue, self._options = app, queue, options
+
+    def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        app = self._app
+        task, queue = app._by_name(name, self._queue)
+        if task is None:  # a task of another process: its name, the app's serializer
+            task = TaskCore(app, _nothing, name, queue, JobSettings(), None)
+        call = task.enqueue_args(self._options, args, kwargs)
+        call["queue"] = queue
+        job_id = app.client.enqueue(**call)
+        return TaskHandle(app.client, queue, job_id, app.serializer)
+
+
+def _nothing() -> None:
+    """The function of a task known here only by name (never called)."""

@@ -1,0 +1,151 @@
+"""The handler a worker runs for an app's tasks: one job in, the task's function called, its result out.
+
+One dispatcher serves every task of the queues its worker claims from.  It
+reads the job's header (``envelope.parse_call``), finds the task by name,
+decodes the arguments with the serializers the app accepts, calls the
+function and returns its value encoded as a ``StoredResult``: the worker
+stores it with the job's completion (COMPLETE ... RESULT, one atomic
+step).  ``job_settings`` gives the worker each job's own lease, timeout
+and tries (the task's).
+
+A job whose task this worker does not know fails like any failure
+(``UnknownTask``: retried, then dead, its error naming the task and the
+tasks known): never dropped.  A payload that is not a task call cannot be
+fixed by a retry: ``BadTaskPayload`` ends it dead at once (``NonRetryable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._protocol import Job
+from .._runtime import JobSettings, StoredResult
+from ..errors import NonRetryable
+from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call, task_name
+from .serializers import Serializer
+
+if TYPE_CHECKING:
+    from ..asyncio.context import JobContext as AsyncJobContext
+    from ..context import JobContext
+    from .task import TaskCore
+
+__all__ = ["AsyncDispatcher", "Dispatcher", "UnknownTask", "async_context", "context"]
+
+CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("echomq_task_context")
+
+
+def _current() -> Any:
+    try:
+        return CURRENT.get()
+    except LookupError:
+        raise RuntimeError(
+            "no task runs here: a task's context is for its function while a worker runs it"
+        ) from None
+
+
+def context() -> JobContext:
+    """The ``JobContext`` of the task this thread runs (``echomq.task_context()``).
+
+    ``echomq.task_context().progress({"done": 3})``.  ``RuntimeError``
+    outside a task; ``TypeError`` in a task run by an asyncio worker (use
+    ``echomq.asyncio.task_context()`` there).
+    """
+    from ..context import JobContext
+
+    ctx = _current()
+    if not isinstance(ctx, JobContext):
+        raise TypeError("this task runs in an asyncio worker: use echomq.asyncio.task_context()")
+    return ctx
+
+
+def async_context() -> AsyncJobContext:
+    """The asyncio ``JobContext`` of the task this asyncio task runs (``echomq.asyncio.task_context()``).
+
+    ``await echomq.asyncio.task_context().progress(...)``.  A plain function
+    run by an asyncio worker runs in a thread: its context's calls are
+    coroutines of the worker's loop, so report progress from ``async def``
+    tasks.
+    """
+    from ..asyncio.context import JobContext as AsyncContext
+
+    ctx = _current()
+    if not isinstance(ctx, AsyncContext):
+        raise TypeError("this task runs in a thread worker: use echomq.task_context()")
+    return ctx
+
+
+class UnknownTask(Exception):
+    """A job names a task this worker does not know (the job fails; dead after its tries)."""
+
+
+class _NotATask(NonRetryable):
+    """A payload that is not a task call this worker can read: dead at once."""
+
+
+class DispatchCore:
+    """The rules both dispatchers share (no I/O)."""
+
+    def __init__(self, tasks: Mapping[str, TaskCore], serializers: Mapping[str, Serializer]) -> None:
+        self.tasks, self.serializers = tasks, serializers
+
+    def job_settings(self, job: Job) -> JobSettings | None:
+        """The task's lease, timeout and tries for ``job`` (None: not a task this worker knows)."""
+        name = task_name(job.payload)
+        task = self.tasks.get(name) if name is not None else None
+        return task.settings if task is not None else None
+
+    def resolve(self, job: Job) -> tuple[TaskCore, list[Any], dict[str, Any]]:
+        try:
+            call: TaskCall = parse_call(job.payload)
+        except BadTaskPayload as exc:
+            raise _NotATask(str(exc)) from None
+        task = self.tasks.get(call.name)
+        if task is None:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise UnknownTask(
+                f"this worker has no task {call.name!r} (it knows: {known}); is the worker running "
+                "the code that defines it?"
+            )
+        try:
+            args, kwargs = call.arguments(self.serializers)
+        except BadTaskPayload as exc:
+            raise _NotATask(str(exc)) from None
+        return task, args, kwargs
+
+    @staticmethod
+    def stored(task: TaskCore, value: Any) -> StoredResult:
+        return StoredResult(encode_result(task.serializer, value, task.name))
+
+
+class Dispatcher(DispatchCore):
+    """The threads worker's handler (``echomq.Worker``): an ``async def`` task runs in ``asyncio.run``."""
+
+    def __call__(self, ctx: JobContext) -> StoredResult:
+        task, args, kwargs = self.resolve(ctx.job)
+        token = CURRENT.set(ctx)
+        try:
+            value = task._fn(*args, **kwargs)
+            if task.is_async:
+                value = asyncio.run(value)
+        finally:
+            CURRENT.reset(token)
+        return self.stored(task, value)
+
+
+class AsyncDispatcher(DispatchCore):
+    """The asyncio worker's handler: an ``async def`` task is awaited, a plain one runs in a thread."""
+
+    async def __call__(self, ctx: AsyncJobContext) -> StoredResult:
+        task, args, kwargs = self.resolve(ctx.job)
+        token = CURRENT.set(ctx)
+        try:
+            if task.is_async:
+                value = await task._fn(*args, **kwargs)
+            else:  # a blocking function must not hold the event loop
+                value = await asyncio.to_thread(task._fn, *args, **kwargs)
+        finally:
+            CURRENT.reset(token)
+        return self.stored(task, value)

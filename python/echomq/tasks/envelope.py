@@ -1,0 +1,136 @@
+"""A task job's payload and a task's stored result, as bytes (sans I/O).
+
+A task job is an ordinary job whose payload starts with one header line::
+
+    task send_mail json\n["ada@example.com"],{"subject":"hi"}]
+
+``task``, the task's name, the serializer's name, a newline, then the
+serializer's bytes of ``[args, kwargs]``.  The name travels in the payload
+(no field of its own on the row): a worker reads the header without
+decoding the arguments, and ``echomq job --payload`` shows what was called.
+
+A result is ``<serializer>\n<bytes>`` (``json\n42``): whoever reads it knows
+how, and refuses a pickle unless it was given the pickle serializer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .serializers import JSON, Serializer
+
+__all__ = [
+    "MAX_NAME_CHARS",
+    "BadTaskPayload",
+    "TaskCall",
+    "check_name",
+    "decode_result",
+    "encode_call",
+    "encode_result",
+    "parse_call",
+]
+
+MARK = b"task "
+MAX_NAME_CHARS = 200
+_NAME = re.compile(r"[^\s]+")
+
+
+class BadTaskPayload(ValueError):
+    """A payload that is not a task call this worker can read (not a task job, or an unknown serializer)."""
+
+
+def check_name(name: object) -> str:
+    """A task's name: a str of 1 to 200 characters without whitespace (it is one word of the header)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a task name must be a str, not {type(name).__name__}")
+    if not name or len(name) > MAX_NAME_CHARS or not _NAME.fullmatch(name) or not name.isprintable():
+        raise ValueError(
+            f"a task name is 1 to {MAX_NAME_CHARS} printable characters without whitespace, got {name!r}"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"a task name must be valid UTF-8 text, got {name!r}") from None
+    return name
+
+
+def encode_call(name: str, serializer: Serializer, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+    """The payload of a call of task ``name`` (``SerializationError`` naming the argument it cannot carry)."""
+    try:
+        body = serializer.dumps([list(args), dict(kwargs)], "the arguments")
+    except TypeError:
+        for i, arg in enumerate(args):  # which one: the error names it
+            serializer.dumps(arg, f"task {name!r}, argument {i + 1}")
+        for key, arg in kwargs.items():
+            serializer.dumps(arg, f"task {name!r}, argument {key}=")
+        raise
+    return b"%s%s %s\n%s" % (MARK, name.encode(), serializer.name.encode(), body)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCall:
+    """A task job's header, read without decoding its arguments."""
+
+    name: str
+    serializer: str
+    body: bytes
+
+    def arguments(self, serializers: Mapping[str, Serializer]) -> tuple[list[Any], dict[str, Any]]:
+        """The call's ``(args, kwargs)`` (``BadTaskPayload`` when this reader cannot decode them)."""
+        serializer = serializers.get(self.serializer)
+        if serializer is None:
+            raise BadTaskPayload(
+                f"task {self.name!r} was enqueued with the {self.serializer!r} serializer, which this worker "
+                f"does not accept (it accepts {', '.join(sorted(serializers))})"
+            )
+        try:
+            decoded = serializer.loads(self.body)
+            args, kwargs = decoded
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise TypeError("not [args, kwargs]")
+        except Exception as exc:
+            raise BadTaskPayload(f"task {self.name!r}: its arguments cannot be read: {exc}") from None
+        return args, kwargs
+
+
+def parse_call(payload: bytes) -> TaskCall:
+    """The header of a task job's payload; ``BadTaskPayload`` for a payload that is not one."""
+    head, newline, body = payload.partition(b"\n")
+    if not head.startswith(MARK) or not newline:
+        raise BadTaskPayload(
+            f"not a task job (its payload does not start with 'task NAME SERIALIZER'): {payload[:60]!r}"
+        )
+    words = head[len(MARK) :].split(b" ")
+    if len(words) != 2:
+        raise BadTaskPayload(f"not a task job (a bad header): {head[:80]!r}")
+    return TaskCall(words[0].decode("utf-8", "replace"), words[1].decode("ascii", "replace"), body)
+
+
+def task_name(payload: bytes) -> str | None:
+    """The task name of a payload, or None when it is not a task job (cheap: the header only)."""
+    try:
+        return parse_call(payload).name
+    except BadTaskPayload:
+        return None
+
+
+def encode_result(serializer: Serializer, value: Any, name: str) -> bytes:
+    """A task's return value as stored with its job (``SerializationError`` if it cannot be carried)."""
+    return serializer.name.encode() + b"\n" + serializer.dumps(value, f"the result of task {name!r}")
+
+
+def decode_result(data: bytes | None, serializer: Serializer = JSON) -> Any:
+    """A stored result's value: None when there is none; an error for one ``serializer`` cannot read."""
+    if data is None:
+        return None
+    name, newline, body = data.partition(b"\n")
+    if not newline or name.decode("ascii", "replace") != serializer.name:
+        shown = name.decode("ascii", "replace") if newline else "no serializer's"
+        raise BadTaskPayload(
+            f"the result was stored in {shown!r} form; read it with that serializer "
+            f"(this reader uses {serializer.name!r})"
+        )
+    return serializer.loads(body)

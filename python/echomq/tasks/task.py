@@ -1,0 +1,187 @@
+"""A task: a function, its name and queue, its settings, and how a call of it is enqueued.
+
+``Task`` (an ``echomq.App``'s) and ``AsyncTask`` (an ``echomq.asyncio.App``'s)
+differ only in whether ``enqueue`` is awaited.  Enqueue options never mix
+with the function's own keyword arguments: they go through ``options()``::
+
+    send_mail.enqueue("ada@example.com", subject="hi")                  # the function's arguments only
+    send_mail.options(delay_ms=60_000, job_id="welcome-ada").enqueue("ada@example.com")
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from .._protocol import JobId
+from .._runtime import JobSettings
+from .envelope import encode_call
+from .handle import AsyncTaskHandle, TaskHandle
+from .serializers import Serializer
+
+if TYPE_CHECKING:
+    from .aio import AsyncApp
+    from .app import App, AppCore
+
+__all__ = ["AsyncTask", "EnqueueOptions", "Task", "TaskCore"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """How one call is enqueued: its id, when it runs, its priority (None: the task's or the default)."""
+
+    job_id: JobId | None = None
+    delay_ms: int | None = None
+    at: datetime.datetime | float | None = None
+    priority: int | None = None
+
+    def run_at_ms(self) -> int | None:
+        """``at`` as unix ms (a datetime without a timezone is refused: whose midnight would it be?)."""
+        if self.at is None:
+            return None
+        if isinstance(self.at, datetime.datetime):
+            if self.at.tzinfo is None:
+                raise ValueError("at must be an aware datetime (with a tzinfo), or unix seconds")
+            return int(self.at.timestamp() * 1000)
+        if isinstance(self.at, bool) or not isinstance(self.at, int | float):
+            raise TypeError(f"at must be a datetime or unix seconds, not {type(self.at).__name__}")
+        return int(self.at * 1000)
+
+
+class TaskCore:
+    """What both kinds of task share: the function, its name and queue, its settings."""
+
+    def __init__(
+        self,
+        app: AppCore,
+        fn: Callable[..., Any],
+        name: str,
+        queue: str,
+        settings: JobSettings,
+        priority: int | None,
+    ) -> None:
+        self.app, self.name, self.queue = app, name, queue
+        self.settings, self.priority = settings, priority
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._fn = fn
+
+    @property
+    def serializer(self) -> Serializer:
+        return self.app.serializer
+
+    def payload(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+        """The job's payload for this call (``SerializationError`` before anything is sent)."""
+        return encode_call(self.name, self.serializer, args, kwargs)
+
+    def enqueue_args(
+        self, options: EnqueueOptions, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The keyword arguments of ``client.enqueue`` for one call."""
+        priority = options.priority if options.priority is not None else self.priority
+        return {
+            "queue": self.queue,
+            "payload": self.payload(args, kwargs),
+            "job_id": options.job_id,
+            "delay_ms": options.delay_ms,
+            "run_at_ms": options.run_at_ms(),
+            "priority": priority,
+        }
+
+    def __repr__(self) -> str:
+        return f"<task {self.name!r} on queue {self.queue!r}>"
+
+
+class Task(TaskCore, Generic[P, R]):
+    """A function of an ``echomq.App``: ``enqueue(...)`` runs it in a worker; calling it runs it here."""
+
+    app: App
+
+    def __init__(self, app: App, fn: Callable[P, Any], name: str, queue: str, settings: JobSettings,
+                 priority: int | None) -> None:  # fmt: skip
+        super().__init__(app, fn, name, queue, settings, priority)
+        self.fn: Callable[P, Any] = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Run the function here and now (no queue): what it returns (a coroutine for an ``async def``)."""
+        return self.fn(*args, **kwargs)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Enqueue a call with these arguments; a handle on its job (``.id``, ``.result()``)."""
+        return _Bound(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def options(
+        self,
+        *,
+        job_id: JobId | None = None,
+        delay_ms: int | None = None,
+        at: datetime.datetime | float | None = None,
+        priority: int | None = None,
+    ) -> _Bound[P, R]:
+        """Enqueue options for the next ``.enqueue(...)``: the job's id, a delay or a time, a priority."""
+        return _Bound(self, EnqueueOptions(job_id, delay_ms, at, priority))
+
+
+class _Bound(Generic[P, R]):
+    """A task with enqueue options: ``.enqueue(*args, **kwargs)``, ``.options(...)`` again."""
+
+    __slots__ = ("_options", "_task")
+
+    def __init__(self, task: Task[P, R], options: EnqueueOptions) -> None:
+        self._task, self._options = task, options
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Enqueue a call with these arguments and the options; a handle on its job."""
+        task = self._task
+        job_id = task.app.client.enqueue(**task.enqueue_args(self._options, args, kwargs))
+        return TaskHandle(task.app.client, task.queue, job_id, task.serializer)
+
+    def options(self, **changes: Any) -> _Bound[P, R]:
+        return _Bound(self._task, replace(self._options, **changes))
+
+
+class AsyncTask(TaskCore, Generic[P, R]):
+    """A function of an ``echomq.asyncio.App``: ``await task.enqueue(...)``."""
+
+    app: AsyncApp
+
+    def __init__(self, app: AsyncApp, fn: Callable[P, Any], name: str, queue: str, settings: JobSettings,
+                 priority: int | None) -> None:  # fmt: skip
+        super().__init__(app, fn, name, queue, settings, priority)
+        self.fn: Callable[P, Any] = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Run the function here and now (no queue)."""
+        return self.fn(*args, **kwargs)
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> AsyncTaskHandle[R]:
+        """Enqueue a call with these arguments; a handle on its job."""
+        return await _AsyncBound(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def options(
+        self,
+        *,
+        job_id: JobId | None = None,
+        delay_ms: int | None = None,
+        at: datetime.datetime | float | None = None,
+        priority: int | None = None,
+    ) -> _AsyncBound[P, R]:
+        """Enqueue options for the next ``.enqueue(...)`` (see ``Task.options``)."""
+        return _AsyncBound(self, EnqueueOptions(job_id, delay_ms, at, priority))
+
+
+class _AsyncBound(Generic[P, R]):
+    __slots__ = ("_options", "_task")
+
+    def __init__(self, task: AsyncTask[P, R], options: EnqueueOptions) -> None:
+        self._task, self._options = task, options
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> AsyncTaskHandle[R]:
+        task = self._task
+        job_id = await task.app.client.enqueue(**task.enqueue_args(self._options, args, kwargs))
+        return AsyncTaskHandle(task.app.client, task.queue, job_id, task.serializer)
