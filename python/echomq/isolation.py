@@ -425,7 +425,9 @@ class ProcessPool:
         """``run`` in the child ``take`` gives."""
         return self.run(self.take(), job, cancel, keeper, context_style)
 
-    def _run_in(self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> object:
+    def _run_in(
+        self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool
+    ) -> object:
         try:
             child.conn.send(("job", job, context_style))
         except (OSError, ValueError) as exc:
