@@ -27,7 +27,10 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             from django.tasks import task_backends  # Django 6.0+
         except ImportError:
             from django_tasks import task_backends
-        backend = task_backends[options["backend"]]
+        try:
+            backend = task_backends[options["backend"]]
+        except Exception as exc:  # InvalidTaskBackendError: no such alias, or its settings are wrong
+            raise CommandError(str(exc)) from exc
         if not isinstance(backend, EchoMQBackend):
             kind = type(backend).__name__
             raise CommandError(f"TASKS[{options['backend']!r}] is a {kind}, not an EchoMQBackend")
