@@ -49,6 +49,9 @@ def project(server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) ->
 
     call_command("migrate", run_syncdb=True, verbosity=0)
     yield env
+    sys.path.remove(str(PROJECT))  # Django stays set up in this process; the rest is put back
+    for key in env:
+        os.environ.pop(key, None)
 
 
 @pytest.fixture(scope="module")

@@ -246,3 +246,31 @@ def test_importing_echomq_imports_no_opentelemetry() -> None:
         "assert not added, added\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_shutdown_gives_the_job_back_and_ends_the_span_as_released(
+    server: EmbeddedServer, r: redis.Redis, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    client = echomq.Client(server.client())
+    app = echomq.App(client, queue=Q)
+    otel.instrument(app, tracer_provider=provider)
+    started = threading.Event()
+
+    @app.task
+    def long_export() -> None:
+        ctx = echomq.task_context()
+        started.set()
+        while True:
+            ctx.raise_if_cancelled()  # "shutdown" once the grace is over
+            time.sleep(0.02)
+
+    handle = long_export.enqueue()
+    worker = app.worker(poll_interval=0.05, grace=0.1).start()
+    assert started.wait(10)
+    worker.stop()  # waits until the worker has stopped
+    (span,) = by_name(exporter, "process ")
+    assert span.attributes["messaging.echomq.outcome"] == "released"
+    assert span.status.status_code is StatusCode.UNSET
+    info = client.job(Q, handle.id)
+    assert info is not None and info.state == "pending" and info.tries == 0  # given back, no try used
