@@ -10,11 +10,14 @@ enqueue's span.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -23,6 +26,8 @@ import echomq
 import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
+
+from .faults import pythonpath
 
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is a test extra (pip install -e .[test])")
 
@@ -274,3 +279,69 @@ def test_a_shutdown_gives_the_job_back_and_ends_the_span_as_released(
     assert span.status.status_code is StatusCode.UNSET
     info = client.job(Q, handle.id)
     assert info is not None and info.state == "pending" and info.tries == 0  # given back, no try used
+
+
+TRACED_APP = """
+import os
+
+import echomq
+import echomq.asyncio
+import echomq.contrib.otel
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+
+class FileExporter(SpanExporter):
+    def export(self, spans):
+        with open(os.environ["SPANS_FILE"], "a") as out:
+            for s in spans:
+                links = ",".join(format(link.context.span_id, "016x") for link in s.links)
+                out.write(f"{s.name}|{s.attributes['messaging.echomq.outcome']}|{links}\\n")
+        return SpanExportResult.SUCCESS
+
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(FileExporter()))
+if os.environ["APP_KIND"] == "asyncio":
+    app = echomq.asyncio.App(echomq.asyncio.Client.from_url(os.environ["ECHOMQ_URL"]), queue="traced")
+else:
+    app = echomq.App(echomq.Client.from_url(os.environ["ECHOMQ_URL"]), queue="traced")
+echomq.contrib.otel.instrument(app, tracer_provider=provider)
+
+
+@app.task
+def double(n: int) -> int:
+    return n * 2
+"""
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_echomq_worker_runs_an_instrumented_apps_spans(
+    server: EmbeddedServer, r: redis.Redis, spans: tuple[TracerProvider, InMemorySpanExporter],
+    tmp_path: Path, kind: str,
+) -> None:  # fmt: skip
+    # `echomq worker module:app` builds its dispatcher from the app: the app's hooks come with it.
+    provider, exporter = spans
+    (tmp_path / "tracedapp.py").write_text(TRACED_APP)
+    spans_file = tmp_path / "spans.txt"
+    app = echomq.App(echomq.Client(server.client()), queue=Q)
+    otel.instrument(app, tracer_provider=provider)
+    handle = app.enqueue("double", 21)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(
+        PYTHONPATH=pythonpath(tmp_path), ECHOMQ_URL=server.url, SPANS_FILE=str(spans_file), APP_KIND=kind
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "tracedapp:app", "--grace", "0"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert handle.result(timeout=20) == 42
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    (created,) = by_name(exporter, "create ")
+    assert spans_file.read_text().splitlines() == [
+        f"process {Q}|done|{format(created.context.span_id, '016x')}"
+    ]
