@@ -179,3 +179,19 @@ def test_the_worker_command_refuses_a_backend_that_is_not_echomqs(project: dict[
         call_command("echomq_worker", backend="nope")
     with pytest.raises(CommandError, match="ImmediateBackend, not an EchoMQBackend"):
         call_command("echomq_worker", backend="inline")
+
+
+def test_a_job_naming_a_module_outside_the_apps_fails_without_importing_it(
+    server: EmbeddedServer, project: dict[str, str], worker: subprocess.Popen[str]
+) -> None:
+    client = admin(server)
+    app = echomq.App(client)
+    bad = [
+        app.options(queue="default").enqueue("sideeffect.anything"),  # not an app: never imported
+        app.options(queue="default").enqueue("json.dumps", {}),  # imported already, not a Django task
+        app.options(queue="default").enqueue("shop.models.Order"),  # in an app, not a task
+    ]
+    for handle in bad:
+        with pytest.raises(echomq.JobFailed, match="UnknownTask"):
+            handle.result(timeout=30)
+    assert not Path(project["ECHOMQ_DJANGO_DB"] + ".imported").exists()

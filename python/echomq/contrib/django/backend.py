@@ -12,9 +12,11 @@ traceback are stored with the job, which ``get_result`` reads back into a
 from __future__ import annotations
 
 import datetime
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from django.apps import apps
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -78,10 +80,16 @@ def _exception_path(traceback: str | None, last_error: str | None) -> str:
     return name if "." in name else f"builtins.{name}"
 
 
+def _in_an_app(module: str) -> bool:
+    """Whether ``module`` is in the package of one of ``INSTALLED_APPS``."""
+    return any(module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs())
+
+
 class _DjangoTasks(Mapping[str, TaskCore]):
     """The tasks a worker runs, by module path: imported when a job first names one.
 
-    Only a ``django.tasks`` Task whose backend is this one is run; any other
+    Only a ``django.tasks`` Task whose backend is this one is run, from a
+    module imported already or in an installed app's package; any other
     name is unknown (the job fails, as for ``echomq.App``: ``UnknownTask``).
     """
 
@@ -93,6 +101,9 @@ class _DjangoTasks(Mapping[str, TaskCore]):
         core = self._known.get(name)
         if core is not None:
             return core
+        module = name.rpartition(".")[0]
+        if module not in sys.modules and not _in_an_app(module):
+            raise KeyError(name)  # a job never makes the worker import a module outside the project's apps
         try:
             task = import_string(name)
         except ImportError:
