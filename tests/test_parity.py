@@ -27,7 +27,7 @@ RENAMED = {"__enter__": "__aenter__", "__exit__": "__aexit__", "close": "aclose"
 # Plain functions in both: they neither wait for nor send anything.
 PLAIN_IN_BOTH = {"__init__", "from_url", "start", "raise_if_cancelled", "check", "rate_limited"}
 # The App's that only build something (a task, options, a handle, a worker): plain in both too.
-PLAIN_IN_BOTH |= {"task", "options", "handle", "worker"}
+PLAIN_IN_BOTH |= {"task", "options", "handle", "worker", "add_hook"}  # add_hook: echomq/tasks/hooks.py
 # Deliberate differences, each with its reason.
 DIFFERENT = {
     ("Worker", "stop"): "asyncio's stop() only signals: handlers and signal handlers call it and cannot "

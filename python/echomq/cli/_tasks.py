@@ -42,7 +42,7 @@ def run_app(
         async def main() -> None:
             client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
             try:
-                dispatcher = AsyncDispatcher(app.tasks, app.serializers)
+                dispatcher = AsyncDispatcher(app.tasks, app.serializers, tuple(app.hooks))
                 await AsyncTaskWorker([emq.Worker(client, q, dispatcher, **settings) for q in queues]).run()
             finally:
                 await client.aclose()
@@ -54,7 +54,7 @@ def run_app(
 
     client = connect(args)
     require_module(client)
-    dispatcher = Dispatcher(app.tasks, app.serializers)
+    dispatcher = Dispatcher(app.tasks, app.serializers, tuple(app.hooks))
     workers = TaskWorker([Worker(client, q, dispatcher, **settings) for q in queues])
     try:
         workers.run()

@@ -143,7 +143,7 @@ class AsyncApp(AppCore):
         """An asyncio worker for every task of ``queues`` (see ``echomq.App.worker``); ``await ....run()``."""
         from ..asyncio.worker import Worker
 
-        dispatcher = AsyncDispatcher(self.tasks, self.serializers)
+        dispatcher = AsyncDispatcher(self.tasks, self.serializers, tuple(self.hooks))
         return AsyncTaskWorker(
             [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
         )
@@ -160,7 +160,6 @@ class _AsyncByName:
         task, queue = app._by_name(name, self._queue)
         if task is None:
             task = TaskCore(app, _nothing, name, queue, JobSettings(), None)
-        call = task.enqueue_args(self._options, args, kwargs)
-        call["queue"] = queue
+        call = task.enqueue_args(self._options, args, kwargs, queue)
         job_id = await app.client.enqueue(**call)
         return AsyncTaskHandle(app.client, queue, job_id, app.serializer)

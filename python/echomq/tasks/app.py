@@ -30,6 +30,7 @@ from ..retry import RetryPolicy
 from .dispatch import Dispatcher
 from .envelope import check_name
 from .handle import TaskHandle
+from .hooks import TaskHook
 from .serializers import JSON, Serializer
 from .task import EnqueueOptions, Task, TaskCore
 
@@ -55,6 +56,18 @@ class AppCore:
         # What workers decode: JSON always, the app's own, and what it was told to accept.
         self.serializers: dict[str, Serializer] = {s.name: s for s in (JSON, *accept, serializer)}
         self.tasks: dict[str, TaskCore] = {}
+        self.hooks: list[TaskHook] = []
+
+    def add_hook(self, hook: TaskHook) -> None:
+        """Add an integration's hook (``echomq.tasks.hooks``): headers at enqueue, a context per run.
+
+        It applies to the enqueues from now on and to the workers made from
+        now on (``echomq.contrib.otel.instrument(app)`` calls this).
+        """
+        for name in ("enqueue_headers", "run"):
+            if not callable(getattr(hook, name, None)):
+                raise TypeError(f"a task hook needs enqueue_headers() and run(), not {type(hook).__name__}")
+        self.hooks.append(hook)
 
     def _settings(
         self,
@@ -282,7 +295,7 @@ class App(AppCore):
         """
         from ..worker import Worker
 
-        dispatcher = Dispatcher(self.tasks, self.serializers)
+        dispatcher = Dispatcher(self.tasks, self.serializers, tuple(self.hooks))
         return TaskWorker(
             [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
         )
@@ -299,8 +312,7 @@ class _ByName:
         task, queue = app._by_name(name, self._queue)
         if task is None:  # a task of another process: its name, the app's serializer
             task = TaskCore(app, _nothing, name, queue, JobSettings(), None)
-        call = task.enqueue_args(self._options, args, kwargs)
-        call["queue"] = queue
+        call = task.enqueue_args(self._options, args, kwargs, queue)
         job_id = app.client.enqueue(**call)
         return TaskHandle(app.client, queue, job_id, app.serializer)
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._protocol import Job
@@ -30,6 +31,7 @@ from .serializers import Serializer
 if TYPE_CHECKING:
     from ..asyncio.context import JobContext as AsyncJobContext
     from ..context import JobContext
+    from .hooks import TaskHook
     from .task import TaskCore
 
 __all__ = ["AsyncDispatcher", "Dispatcher", "UnknownTask", "async_context", "context"]
@@ -88,8 +90,13 @@ class _NotATask(NonRetryable):
 class DispatchCore:
     """The rules both dispatchers share (no I/O)."""
 
-    def __init__(self, tasks: Mapping[str, TaskCore], serializers: Mapping[str, Serializer]) -> None:
-        self.tasks, self.serializers = tasks, serializers
+    def __init__(
+        self,
+        tasks: Mapping[str, TaskCore],
+        serializers: Mapping[str, Serializer],
+        hooks: Sequence[TaskHook] = (),
+    ) -> None:
+        self.tasks, self.serializers, self.hooks = tasks, serializers, hooks
 
     def job_settings(self, job: Job) -> JobSettings | None:
         """The task's lease, timeout and tries for ``job`` (None: not a task this worker knows)."""
@@ -97,11 +104,22 @@ class DispatchCore:
         task = self.tasks.get(name) if name is not None else None
         return task.settings if task is not None else None
 
-    def resolve(self, job: Job) -> tuple[TaskCore, list[Any], dict[str, Any]]:
+    @staticmethod
+    def parse(job: Job) -> TaskCall:
         try:
-            call: TaskCall = parse_call(job.payload)
+            return parse_call(job.payload)
         except BadTaskPayload as exc:
             raise _NotATask(str(exc)) from None
+
+    @contextmanager
+    def hooked(self, ctx: Any, call: TaskCall) -> Iterator[Any]:
+        """The app's hooks around one attempt (``hooks.TaskHook.run``); yields the context the task sees."""
+        with ExitStack() as stack:
+            for hook in self.hooks:
+                ctx = stack.enter_context(hook.run(ctx, call))
+            yield ctx
+
+    def resolve(self, call: TaskCall) -> tuple[TaskCore, list[Any], dict[str, Any]]:
         task = self.tasks.get(call.name)
         if task is None:
             known = ", ".join(sorted(self.tasks)) or "none"
@@ -124,28 +142,32 @@ class Dispatcher(DispatchCore):
     """The threads worker's handler (``echomq.Worker``): an ``async def`` task runs in ``asyncio.run``."""
 
     def __call__(self, ctx: JobContext) -> StoredResult:
-        task, args, kwargs = self.resolve(ctx.job)
-        token = CURRENT.set(ctx)
-        try:
-            value = task._fn(*args, **kwargs)
-            if task.is_async:
-                value = asyncio.run(value)
-        finally:
-            CURRENT.reset(token)
-        return self.stored(task, value)
+        call = self.parse(ctx.job)
+        with self.hooked(ctx, call) as seen:
+            task, args, kwargs = self.resolve(call)
+            token = CURRENT.set(seen)
+            try:
+                value = task._fn(*args, **kwargs)
+                if task.is_async:
+                    value = asyncio.run(value)
+            finally:
+                CURRENT.reset(token)
+            return self.stored(task, value)
 
 
 class AsyncDispatcher(DispatchCore):
     """The asyncio worker's handler: an ``async def`` task is awaited, a plain one runs in a thread."""
 
     async def __call__(self, ctx: AsyncJobContext) -> StoredResult:
-        task, args, kwargs = self.resolve(ctx.job)
-        token = CURRENT.set(ctx)
-        try:
-            if task.is_async:
-                value = await task._fn(*args, **kwargs)
-            else:  # a blocking function must not hold the event loop
-                value = await asyncio.to_thread(task._fn, *args, **kwargs)
-        finally:
-            CURRENT.reset(token)
-        return self.stored(task, value)
+        call = self.parse(ctx.job)
+        with self.hooked(ctx, call) as seen:
+            task, args, kwargs = self.resolve(call)
+            token = CURRENT.set(seen)
+            try:
+                if task.is_async:
+                    value = await task._fn(*args, **kwargs)
+                else:  # a blocking function must not hold the event loop
+                    value = await asyncio.to_thread(task._fn, *args, **kwargs)
+            finally:
+                CURRENT.reset(token)
+            return self.stored(task, value)

@@ -4,8 +4,11 @@ A task job is an ordinary job whose payload starts with one header line::
 
     task send_mail json\n["ada@example.com"],{"subject":"hi"}]
 
-``task``, the task's name, the serializer's name, a newline, then the
-serializer's bytes of ``[args, kwargs]``.  The name travels in the payload
+``task``, the task's name, the serializer's name, then any headers (words
+``key=value``, the value percent-encoded: ``traceparent=00-...-01``, what
+``echomq.contrib.otel`` carries), a newline, then the serializer's bytes of
+``[args, kwargs]``.  Headers travel in the payload, so a retry or a
+recovery of the job carries them as it carries the arguments.  The name travels in the payload
 (no field of its own on the row): a worker reads the header without
 decoding the arguments, and ``echomq job --payload`` shows what was called.
 
@@ -17,12 +20,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, unquote
 
 from .serializers import JSON, Serializer
 
 __all__ = [
+    "MAX_HEADERS",
+    "MAX_HEADER_CHARS",
     "MAX_NAME_CHARS",
     "BadTaskPayload",
     "TaskCall",
@@ -36,6 +42,10 @@ __all__ = [
 MARK = b"task "
 MAX_NAME_CHARS = 200
 _NAME = re.compile(r"[^\s]+")
+# A header's key is a lowercase word; its value is percent-encoded (no space, no newline).
+MAX_HEADERS = 16
+MAX_HEADER_CHARS = 1024  # a key, or an encoded value (a W3C tracestate is at most 512 characters)
+_KEY = re.compile(r"[a-z][a-z0-9_.-]*")
 
 
 class BadTaskPayload(ValueError):
@@ -57,8 +67,35 @@ def check_name(name: object) -> str:
     return name
 
 
-def encode_call(name: str, serializer: Serializer, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
-    """The payload of a call of task ``name`` (``SerializationError`` naming the argument it cannot carry)."""
+def encode_headers(headers: Mapping[str, str]) -> bytes:
+    """The header words (`` key=value`` each); ValueError for a bad key, a value too long, too many."""
+    if len(headers) > MAX_HEADERS:
+        raise ValueError(f"a task job carries at most {MAX_HEADERS} headers, not {len(headers)}")
+    words = []
+    for key, value in headers.items():
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or len(key) > MAX_HEADER_CHARS:
+            raise ValueError(f"a header key is a lowercase word (a-z, 0-9, _ . -), got {key!r}")
+        if not isinstance(value, str):
+            raise TypeError(f"header {key!r}: its value must be a str, not {type(value).__name__}")
+        encoded = quote(value, safe="")
+        if len(encoded) > MAX_HEADER_CHARS:
+            raise ValueError(f"header {key!r}: its value is over {MAX_HEADER_CHARS} characters encoded")
+        words.append(f" {key}={encoded}")
+    return "".join(words).encode("ascii")
+
+
+def encode_call(
+    name: str,
+    serializer: Serializer,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+) -> bytes:
+    """The payload of a call of task ``name`` (``SerializationError`` naming the argument it cannot carry).
+
+    ``headers`` (see ``encode_headers``) ride in the header line.
+    """
+    extra = encode_headers(headers) if headers else b""
     try:
         body = serializer.dumps([list(args), dict(kwargs)], "the arguments")
     except TypeError:
@@ -67,16 +104,17 @@ def encode_call(name: str, serializer: Serializer, args: Sequence[Any], kwargs: 
         for key, arg in kwargs.items():
             serializer.dumps(arg, f"task {name!r}, argument {key}=")
         raise
-    return b"%s%s %s\n%s" % (MARK, name.encode(), serializer.name.encode(), body)
+    return b"%s%s %s%s\n%s" % (MARK, name.encode(), serializer.name.encode(), extra, body)
 
 
 @dataclass(frozen=True, slots=True)
 class TaskCall:
-    """A task job's header, read without decoding its arguments."""
+    """A task job's header, read without decoding its arguments (``headers``: its ``key=value`` words)."""
 
     name: str
     serializer: str
     body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def arguments(self, serializers: Mapping[str, Serializer]) -> tuple[list[Any], dict[str, Any]]:
         """The call's ``(args, kwargs)`` (``BadTaskPayload`` when this reader cannot decode them)."""
@@ -104,9 +142,16 @@ def parse_call(payload: bytes) -> TaskCall:
             f"not a task job (its payload does not start with 'task NAME SERIALIZER'): {payload[:60]!r}"
         )
     words = head[len(MARK) :].split(b" ")
-    if len(words) != 2:
+    if len(words) < 2 or len(words) > 2 + MAX_HEADERS:
         raise BadTaskPayload(f"not a task job (a bad header): {head[:80]!r}")
-    return TaskCall(words[0].decode("utf-8", "replace"), words[1].decode("ascii", "replace"), body)
+    headers: dict[str, str] = {}
+    for word in words[2:]:
+        key, equals, value = word.partition(b"=")
+        text = key.decode("ascii", "replace")
+        if not equals or not _KEY.fullmatch(text) or len(key) > MAX_HEADER_CHARS or text in headers:
+            raise BadTaskPayload(f"not a task job (a bad header word {word[:40]!r}): {head[:80]!r}")
+        headers[text] = unquote(value.decode("ascii", "replace"))
+    return TaskCall(words[0].decode("utf-8", "replace"), words[1].decode("ascii", "replace"), body, headers)
 
 
 def task_name(payload: bytes) -> str | None:

@@ -75,18 +75,29 @@ class TaskCore:
     def serializer(self) -> Serializer:
         return self.app.serializer
 
-    def payload(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
-        """The job's payload for this call (``SerializationError`` before anything is sent)."""
-        return encode_call(self.name, self.serializer, args, kwargs)
+    def payload(self, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None = None) -> bytes:
+        """The job's payload for this call (``SerializationError`` before anything is sent).
+
+        The app's hooks (``app.add_hook``) give the headers it carries.
+        """
+        headers: dict[str, str] = {}
+        for hook in self.app.hooks:
+            headers.update(hook.enqueue_headers(self.name, queue or self.queue) or {})
+        return encode_call(self.name, self.serializer, args, kwargs, headers)
 
     def enqueue_args(
-        self, options: EnqueueOptions, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self,
+        options: EnqueueOptions,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        queue: str | None = None,
     ) -> dict[str, Any]:
-        """The keyword arguments of ``client.enqueue`` for one call."""
+        """The keyword arguments of ``client.enqueue`` for one call (on ``queue``, default the task's)."""
         priority = options.priority if options.priority is not None else self.priority
+        queue = self.queue if queue is None else queue
         return {
-            "queue": self.queue,
-            "payload": self.payload(args, kwargs),
+            "queue": queue,
+            "payload": self.payload(args, kwargs, queue),
             "job_id": options.job_id,
             "delay_ms": options.delay_ms,
             "run_at_ms": options.run_at_ms(),

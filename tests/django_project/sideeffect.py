@@ -1,0 +1,6 @@
+"""Not an installed app: a job naming it must never make the worker import it (tests/test_django.py)."""
+
+import os
+from pathlib import Path
+
+Path(os.environ["ECHOMQ_DJANGO_DB"] + ".imported").write_text("imported")

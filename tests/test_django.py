@@ -1,0 +1,197 @@
+"""echomq.contrib.django: a Django project (tests/django_project, SQLite) whose django.tasks run on echomq.
+
+The test process enqueues with Django's API (``task.enqueue``, ``get_result``);
+``manage.py echomq_worker`` runs in a process of its own, against the suite's
+server and the same SQLite file.  Django 6.0's ``django.tasks`` where it is
+installed, else the ``django-tasks`` backport (Django 5.2 on Python 3.11).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import echomq
+from echomq.testing import EmbeddedServer
+
+django = pytest.importorskip("django", reason="Django is a test extra (pip install -e .[test])")
+try:
+    import django.tasks as dtasks  # type: ignore[import-not-found,unused-ignore]
+except ImportError:
+    dtasks = pytest.importorskip("django_tasks", reason="django-tasks (the backport) is a test extra")
+
+PROJECT = Path(__file__).parent / "django_project"
+
+
+@pytest.fixture(scope="module")
+def project(server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Django set up in this process on the project's settings, its tables made; the environment."""
+    db = tmp_path_factory.mktemp("django") / "db.sqlite3"
+    env = {"ECHOMQ_URL": server.url, "ECHOMQ_DJANGO_DB": str(db)}
+    env["DJANGO_SETTINGS_MODULE"] = "project.settings"
+    os.environ.update(env)
+    sys.path.insert(0, str(PROJECT))
+    from django.conf import settings
+
+    if settings.configured and settings.DATABASES["default"]["NAME"] != str(db):
+        pytest.skip("Django was set up by another test file in this process")
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", run_syncdb=True, verbosity=0)
+    yield env
+    sys.path.remove(str(PROJECT))  # Django stays set up in this process; the rest is put back
+    for key in env:
+        os.environ.pop(key, None)
+
+
+@pytest.fixture(scope="module")
+def worker(project: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """``manage.py echomq_worker`` in a process of its own (stopped by SIGTERM, as a supervisor does)."""
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "echomq_worker", "--max-attempts", "3", "--concurrency", "2"],
+        cwd=PROJECT, env={**os.environ, **project, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert "echomq worker for default, mail" in first, first
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "worker of 'mail' stopped" in out
+
+
+def finished(result: Any, seconds: float = 20) -> Any:
+    deadline = time.monotonic() + seconds
+    while not result.is_finished:
+        assert time.monotonic() < deadline, f"{result.id} still {result.status}"
+        time.sleep(0.05)
+        result.refresh()
+    return result
+
+
+def admin(server: EmbeddedServer) -> echomq.Client:
+    return echomq.Client(server.client())
+
+
+def test_a_sync_task_reads_and_writes_the_database_in_the_worker(
+    server: EmbeddedServer, project: dict[str, str], worker: subprocess.Popen[str]
+) -> None:
+    from shop.models import Order
+    from shop.tasks import send_receipt
+
+    order = Order.objects.create(name="ada")
+    result = send_receipt.enqueue(order.pk)
+    assert result.status == dtasks.TaskResultStatus.READY and result.backend == "default"
+    info = admin(server).job("mail", result.id)
+    assert info is not None and info.priority == -10  # Django's 10 (more urgent) is echomq's -10
+    done = finished(result)
+    assert done.status == dtasks.TaskResultStatus.SUCCESSFUL
+    assert done.return_value == "receipt for ada" and done.attempts == 1 and done.errors == []
+    assert done.args == [order.pk] and done.finished_at is not None
+    order.refresh_from_db()
+    assert order.receipt_sent
+
+
+def test_an_async_task_runs_and_get_result_finds_it_by_id(
+    server: EmbeddedServer, project: dict[str, str], worker: subprocess.Popen[str]
+) -> None:
+    from shop.tasks import add
+
+    result = add.enqueue(2, 40)
+    finished(result)
+    again = add.get_result(result.id)  # a fresh read, as another process would
+    assert again.status == dtasks.TaskResultStatus.SUCCESSFUL and again.return_value == 42
+    with pytest.raises(dtasks.exceptions.TaskResultDoesNotExist):
+        add.get_result("no-such-job")
+
+
+def test_failures_are_retried_then_failed_with_their_class_and_traceback(
+    server: EmbeddedServer, project: dict[str, str], worker: subprocess.Popen[str]
+) -> None:
+    from shop.tasks import flaky, out_of_stock
+
+    retried = finished(flaky.enqueue("m"))
+    assert retried.status == dtasks.TaskResultStatus.SUCCESSFUL
+    assert retried.return_value == {"attempt": 2, "id": retried.id, "marker": "m"}  # the TaskContext's
+    failed = finished(out_of_stock.enqueue("sku-1"))
+    assert failed.status == dtasks.TaskResultStatus.FAILED and failed.attempts == 3
+    (error,) = failed.errors
+    assert error.exception_class is LookupError and error.exception_class_path == "builtins.LookupError"
+    assert "no stock of sku-1" in error.traceback and "out_of_stock" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        failed.return_value  # noqa: B018 (Django's rule: a failed task's value raises)
+
+
+def test_run_after_delays_the_job(
+    server: EmbeddedServer, project: dict[str, str], worker: subprocess.Popen[str]
+) -> None:
+    from shop.tasks import add
+
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+    result = add.using(run_after=later).enqueue(1, 1)
+    info = admin(server).job("default", result.id)
+    assert info is not None and info.state == "pending" and info.due_at is not None
+    assert abs(info.due_at / 1000 - later.timestamp()) < 1  # in <base>delayed until then
+    time.sleep(0.3)  # the worker polls meanwhile: the job is not due
+    info = admin(server).job("default", result.id)
+    assert info is not None and info.attempts == 0
+    assert add.get_result(result.id).status == dtasks.TaskResultStatus.READY
+    admin(server).cancel("default", result.id)
+
+
+def test_enqueue_on_commit_waits_for_the_commit_and_a_rollback_sends_nothing(
+    server: EmbeddedServer, project: dict[str, str]
+) -> None:
+    from django.db import transaction
+    from shop.tasks import welcome
+
+    client = admin(server)
+    with transaction.atomic():
+        kept = welcome.enqueue(1)
+        assert client.job("later", kept.id) is None  # not before the commit
+    info = client.job("later", kept.id)
+    assert info is not None and info.state == "pending"
+    with pytest.raises(RuntimeError), transaction.atomic():
+        dropped = welcome.enqueue(2)
+        raise RuntimeError("rolled back")
+    assert client.job("later", dropped.id) is None
+    outside = welcome.enqueue(3)  # no transaction: at once
+    assert client.job("later", outside.id) is not None
+
+
+def test_the_worker_command_refuses_a_backend_that_is_not_echomqs(project: dict[str, str]) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="nope"):
+        call_command("echomq_worker", backend="nope")
+    with pytest.raises(CommandError, match="ImmediateBackend, not an EchoMQBackend"):
+        call_command("echomq_worker", backend="inline")
+
+
+def test_a_job_naming_a_module_outside_the_apps_fails_without_importing_it(
+    server: EmbeddedServer, project: dict[str, str], worker: subprocess.Popen[str]
+) -> None:
+    client = admin(server)
+    app = echomq.App(client)
+    bad = [
+        app.options(queue="default").enqueue("sideeffect.anything"),  # not an app: never imported
+        app.options(queue="default").enqueue("json.dumps", {}),  # imported already, not a Django task
+        app.options(queue="default").enqueue("shop.models.Order"),  # in an app, not a task
+    ]
+    for handle in bad:
+        with pytest.raises(echomq.JobFailed, match="UnknownTask"):
+            handle.result(timeout=30)
+    assert not Path(project["ECHOMQ_DJANGO_DB"] + ".imported").exists()
