@@ -131,6 +131,13 @@ typedef enum {
     EMQ_ERR_RESULT_TOO_LARGE,
     EMQ_ERR_TRACE_TOO_LARGE,
     EMQ_ERR_PROGRESS_TOO_LARGE,
+    /* unique jobs (issue 31, emq_unique.c) */
+    EMQ_ERR_UNIQUE_KEY,
+    EMQ_ERR_UNIQUE_FOR,
+    EMQ_ERR_UNIQUE_UNTIL,
+    EMQ_ERR_UNIQUE_FOR_AND_UNTIL,
+    EMQ_ERR_UNIQUE_NEEDED,
+    EMQ_ERR_UNIQUE_MANY,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 

@@ -97,6 +97,12 @@ local E = {
     RESULT_TOO_LARGE = 'ERR the result is larger than emq.max-result-bytes',
     TRACE_TOO_LARGE = 'ERR the TRACE is larger than 65536 bytes',
     PROGRESS_TOO_LARGE = 'ERR the progress is larger than emq.max-state-bytes',
+    UNIQUE_KEY = 'ERR the UNIQUE key must be 1 to 512 bytes long',
+    UNIQUE_FOR = 'ERR FOR must be an integer from 1 to 2592000000 (ms: 30 days)',
+    UNIQUE_UNTIL = "ERR UNTIL takes only 'done' (a time window is FOR <ms>)",
+    UNIQUE_FOR_AND_UNTIL = 'ERR FOR and UNTIL cannot be used together',
+    UNIQUE_NEEDED = 'ERR FOR, UNTIL and REPLACE need UNIQUE <key>',
+    UNIQUE_MANY = 'ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it',
 }
 emq.E = E
 
