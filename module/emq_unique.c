@@ -51,7 +51,7 @@ int emq_unique_option(EmqUniqueOpts *u, RedisModuleString **argv, int i, int arg
         if (again) *err = EMQ_ERR_SYNTAX;
         else if (other) *err = EMQ_ERR_UNIQUE_FOR_AND_UNTIL;
         else if (for_) *err = parse_for(val, &u->for_ms);
-        else if (!emq_option_is(v, vlen, "done")) *err = EMQ_ERR_UNIQUE_UNTIL;
+        else if (!emq_option_is(v, vlen, "DONE")) *err = EMQ_ERR_UNIQUE_UNTIL;
         else u->seen_until = 1;
     }
     return 2;
