@@ -295,7 +295,8 @@ def test_bad_unique_options_are_refused_and_change_nothing(
 def test_enqueuemany_does_not_take_unique(r: redis.Redis, client: echomq.Client) -> None:
     keys = queue_keys("q")
     before = digest(r)
-    with pytest.raises(redis.ResponseError, match="UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it"):
+    refused = r"UNIQUE is for one job: EMQ\.ENQUEUEMANY does not take it"
+    with pytest.raises(redis.ResponseError, match=refused):
         client._send(("EMQ.ENQUEUEMANY", keys.pending, keys.base, 1, "a", "x", "UNIQUE", "k"))
     with pytest.raises(redis.ResponseError, match="syntax error"):
         client._send(("EMQ.ENQUEUEMANY", keys.pending, keys.base, 1, "a", "x", "REPLACE"))
