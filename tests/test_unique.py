@@ -18,6 +18,7 @@ import redis
 import echomq
 import echomq.asyncio as aemq
 from echomq import _protocol as proto
+from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer, queue_problems
 
@@ -340,3 +341,33 @@ def test_asyncio_enqueue_says_the_same(r: redis.Redis, server: EmbeddedServer) -
 
     asyncio.run(main())
     assert r.hget(queue_keys("aq").job("a"), "payload") == b"2"
+
+
+def cli(server: EmbeddedServer, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["--url", server.url, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_enqueues_unique_jobs_and_check_finds_an_orphan(
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(server, capsys, "enqueue", "q", "one", "--id", "a", "--unique-key", "k")
+    assert (code, out.strip(), err) == (0, "a", "")
+    code, out, err = cli(server, capsys, "enqueue", "q", "two", "--id", "b", "--unique-key", "k")
+    assert (code, out.strip()) == (0, "a") and "nothing enqueued" in err
+    code, out, err = cli(server, capsys, "enqueue", "q", "three", "--unique-key", "k", "--replace")
+    assert (code, out.strip()) == (0, "a") and "payload replaced" in err
+    assert r.hget(queue_keys("q").job("a"), "payload") == b"three"
+    code, out, _ = cli(
+        server, capsys, "enqueue", "q", "t", "--id", "c", "--unique-key", "w", "--unique-for", "5m"
+    )
+    assert (code, out.strip()) == (0, "c") and 299_000 < r.pttl(ukey("q", "w")) <= 300_000
+    code, _, err = cli(server, capsys, "enqueue", "q", "t", "--replace")
+    assert code == 1 and "need --unique-key" in err
+    code, out, _ = cli(server, capsys, "check", "q")
+    assert code == 0 and "no problems" in out
+    r.set(ukey("q", "lost"), "ghost")
+    code, out, _ = cli(server, capsys, "check", "q")
+    assert code == 1 and "orphan unique key" in out and "ghost" in out
