@@ -33,6 +33,9 @@ machine's drift:
    waiting and per done job before (main's module) and after, the cost of each part of
    a row, CLAIM's server usec per claim with no priority, one level and 100 levels.
    `--only memory` runs only it.
+6b. Unique jobs (bench/unique.py, servers of their own, Redis 7.0 and Valkey 8): ENQUEUE's
+   server usec with UNIQUE (a new key, a held key, FOR) against without, and the bytes a
+   unique key adds per job.  `--only unique` runs only it.
 7. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
@@ -64,7 +67,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, idle_workers, memory  # noqa: E402
+from bench import backends, claim_path, idle_workers, memory, unique  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -597,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a verdict")
     parser.add_argument(
         "--only",
-        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "peers"],
+        choices=["extend", "sweep", "python", "claimpath", "backends", "memory", "unique", "peers"],
         help="run one part (no verdict)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip the peers section (bench/peers)")
@@ -626,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
         return backends.main_section(args.quick, command)
     if args.only == "memory":
         return memory.main_section(args.quick, command)
+    if args.only == "unique":
+        return unique.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -666,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     idle_workers.main_section(args.quick, command, args.baseline)
     backends.main_section(args.quick, command)
     memory.main_section(args.quick, command)
+    unique.main_section(args.quick, command)
     if args.no_peers:
         return 0
     return run_peers(args.quick, command, args.baseline)
