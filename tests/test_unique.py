@@ -22,6 +22,7 @@ from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer, queue_problems
 
+from .conftest import needs
 from .helpers import digest
 
 pytestmark = pytest.mark.backends
@@ -371,3 +372,36 @@ def test_the_cli_enqueues_unique_jobs_and_check_finds_an_orphan(
     r.set(ukey("q", "lost"), "ghost")
     code, out, _ = cli(server, capsys, "check", "q")
     assert code == 1 and "orphan unique key" in out and "ghost" in out
+
+
+@needs("acl_keys", "ACL selectors and the module's ACL API: Redis 7.0+")
+def test_the_acl_guards_the_unique_key_at_enqueue_and_at_the_end(
+    server: EmbeddedServer, r: redis.Redis, backend: str
+) -> None:
+    """A user allowed every key of the queue but its unique keys: an enqueue with UNIQUE and the
+    end of a job holding a key are refused (NOPERM, nothing written); plain enqueues run."""
+    keys = queue_keys("q")
+    allowed = [f"~{keys.base}{name}" for name in ("pending", "active", "dead", "priority", "delayed", "meta")]
+    rules = ["+@all", *allowed, f"~{keys.base}job:*", f"~{keys.base}req:*", f"~{keys.base}metrics:*", "&*"]
+    r.execute_command("ACL", "SETUSER", "nounique", "reset", "on", ">pw", *rules)
+    try:
+        admin = echomq.Client(r, backend=backend)  # type: ignore[arg-type]
+        admin.enqueue("q", b"x", "held", unique_key="k")
+        user = echomq.Client(server.client(username="nounique", password="pw"), backend=backend)  # type: ignore[arg-type]
+        before = digest(r)
+        for args in (("n", b"x", "UNIQUE", "k"), ("n", b"x", "UNIQUE", "fresh")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                user._send(("EMQ.ENQUEUE", keys.pending, keys.base, *args))
+        assert digest(r) == before
+        assert user.enqueue("q", b"x", "plain").created
+        job = user.claim("q", 60_000)
+        assert job is not None and job.id == "held"
+        before = digest(r)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.complete("q", job.id, job.token)
+        assert digest(r) == before and r.get(ukey("q", "k")) == b"held"
+        admin.complete("q", job.id, job.token)
+        assert not r.exists(ukey("q", "k"))
+        user.redis.close()
+    finally:
+        r.execute_command("ACL", "DELUSER", "nounique")
