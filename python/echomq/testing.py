@@ -379,6 +379,7 @@ def unique_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[st
         for (key, holder), state in zip(untils, pipe.execute(raise_on_error=False), strict=True):
             if state in (b"pending", b"active"):
                 continue
-            says = "has no row" if state is None else f"is {state.decode() if isinstance(state, bytes) else state}"
+            shown = state.decode() if isinstance(state, bytes) else state
+            says = "has no row" if state is None else f"is {shown}"
             problems.append(f"orphan unique key {key!r}: its job {holder!r} {says}")
     return problems
