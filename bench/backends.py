@@ -93,7 +93,6 @@ def dead(c: echomq.Client, q: str, n: int) -> None:
 
 def setups(sizes: Sizes) -> dict[str, Setup]:
     b = sizes.batch
-
     def then(first: object, calls: list[proto.Call[Any]]) -> list[proto.Call[Any]]:
         return calls  # `first` made the data
 
