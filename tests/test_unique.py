@@ -133,6 +133,10 @@ def _ends(client: echomq.Client, r: redis.Redis, how: str) -> None:
     elif how == "cancel-active-release":
         client.cancel(q, "a")
         assert client.release(q, "a", job.token) == "cancelled"
+    elif how == "sweep-cancelled":
+        client.cancel(q, "a")
+        r.zadd(queue_keys(q).active, {"a": 0}, xx=True)  # the lease lapses, its cancel requested
+        assert client.sweep(q, max_stalled=5).cancelled == ["a"]
     elif how == "sweep-dead":
         r.zadd(queue_keys(q).active, {"a": 0}, xx=True)  # the lease lapses
         assert client.sweep(q, max_stalled=1).dead == ["a"]
@@ -154,6 +158,7 @@ ENDS = [
     "cancel-pending",
     "cancel-active-fail",
     "cancel-active-release",
+    "sweep-cancelled",
     "sweep-dead",
     "forget-pending",
     "purge",
