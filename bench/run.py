@@ -33,6 +33,9 @@ machine's drift:
    waiting and per done job before (main's module) and after, the cost of each part of
    a row, CLAIM's server usec per claim with no priority, one level and 100 levels.
    `--only memory` runs only it.
+6b. Unique jobs (bench/unique.py, servers of their own, Redis 7.0 and Valkey 8): ENQUEUE's
+   server usec with UNIQUE (a new key, a held key, FOR) against without, and the bytes a
+   unique key adds per job.  `--only unique` runs only it.
 7. Many workers, one server (bench/saturation.py, servers of their own): 1, 2, 4
    and 8 worker processes of echomq's sync and asyncio Workers and of BullMQ
    drain one queue; jobs/s, the server's CPU per job and its utilisation, where
@@ -68,7 +71,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, flow, idle_workers, memory, saturation  # noqa: E402
+from bench import backends, claim_path, flow, idle_workers, memory, saturation, unique  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -596,7 +599,9 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-SECTIONS = ["extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow"]
+SECTIONS = [
+    "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow", "unique"
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -637,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         return saturation.main_section(args.quick, command)
     if args.only == "flow":
         return flow.main_section(args.quick, command)
+    if args.only == "unique":
+        return unique.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -678,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     backends.main_section(args.quick, command)
     memory.main_section(args.quick, command)
     flow.main_section(args.quick, command)
+    unique.main_section(args.quick, command)
     saturated = saturation.main_section(args.quick, command)
     if args.no_peers:
         return saturated

@@ -104,7 +104,10 @@ static const EmqCommand commands[] = {
      .since = EMQ_SINCE,
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RW | EMQ_INSERT), EMQ_ARG_BASE, EMQ_ARG("id", EMQ_STRING),
                       EMQ_ARG("payload", EMQ_STRING), EMQ_WHEN, EMQ_OPTION("PRIORITY", "priority", EMQ_INTEGER),
-                      EMQ_OPTION("REQ", "request-id", EMQ_STRING))},
+                      EMQ_OPTION("REQ", "request-id", EMQ_STRING), EMQ_OPTION("UNIQUE", "key", EMQ_STRING),
+                      EMQ_ONE_OF("unique-hold", EMQ_CHOICE("FOR", "ms", EMQ_INTEGER),
+                                 EMQ_CHOICE("UNTIL", "done", EMQ_STRING)),
+                      EMQ_FLAG("REPLACE"))},
     {"emq.enqueuemany", EmqEnqueueMany_RedisCommand, "write deny-oom",
      .summary = "Adds count jobs in one call, all or none: a row each and one entry each in their lane",
      .complexity = "O(M) for priority 0, else O(M log N), where M is the number added and N the number of jobs "

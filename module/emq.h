@@ -30,6 +30,7 @@
  *                  a claim's choice, promotion, tombstones
  *   emq_row.c      what a row holds: values in 64-byte pieces, the level
  *   emq_end.c      the two hooks: a job leaves <active>, a job ends
+ *   emq_unique.c   unique jobs: ENQUEUE's UNIQUE key, released when its job ends
  *   emq_wake.c     claims that wait on a queue's lanes, and what wakes them
  *   emq_rm.c/.h    our own declaration of the module API we call
  *
@@ -47,6 +48,7 @@
 #include "emq_lanes.h"
 #include "emq_rm.h"
 #include "emq_row.h"
+#include "emq_unique.h"
 #include "emq_wake.h"
 
 /* Field names, state values and small numbers, made once at load (a
@@ -81,6 +83,7 @@
     X(traceback, "traceback")                 \
     X(progress, "progress")                   \
     X(priority, "priority")                   \
+    X(unique, "unique")                       \
     X(stale, "stale")                         \
     X(seq, "seq")                             \
     X(rate_max, "max")                        \

@@ -76,6 +76,12 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_RESULT_TOO_LARGE] = "ERR the result is larger than emq.max-result-bytes",
     [EMQ_ERR_TRACE_TOO_LARGE] = "ERR the TRACE is larger than 65536 bytes",
     [EMQ_ERR_PROGRESS_TOO_LARGE] = "ERR the progress is larger than emq.max-state-bytes",
+    [EMQ_ERR_UNIQUE_KEY] = "ERR the UNIQUE key must be 1 to 512 bytes long",
+    [EMQ_ERR_UNIQUE_FOR] = "ERR FOR must be an integer from 1 to 2592000000 (ms: 30 days)",
+    [EMQ_ERR_UNIQUE_UNTIL] = "ERR UNTIL takes only 'done' (a time window is FOR <ms>)",
+    [EMQ_ERR_UNIQUE_FOR_AND_UNTIL] = "ERR FOR and UNTIL cannot be used together",
+    [EMQ_ERR_UNIQUE_NEEDED] = "ERR FOR, UNTIL and REPLACE need UNIQUE <key>",
+    [EMQ_ERR_UNIQUE_MANY] = "ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it",
 };
 
 const char *emq_error_text(int err) {

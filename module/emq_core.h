@@ -136,6 +136,13 @@ typedef enum {
     EMQ_ERR_RATE_PER,
     EMQ_ERR_BACKOFF,
     EMQ_ERR_LIMIT_FIELD,
+    /* unique jobs (issue 31, emq_unique.c) */
+    EMQ_ERR_UNIQUE_KEY,
+    EMQ_ERR_UNIQUE_FOR,
+    EMQ_ERR_UNIQUE_UNTIL,
+    EMQ_ERR_UNIQUE_FOR_AND_UNTIL,
+    EMQ_ERR_UNIQUE_NEEDED,
+    EMQ_ERR_UNIQUE_MANY,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 

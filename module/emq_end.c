@@ -6,10 +6,11 @@
 void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base) {
     e->ctx = ctx;
     e->base = base;
+    e->unique = NULL;
 }
 
 void emq_end_close(EmqEnd *e) {
-    (void)e;
+    emq_unique_end_close(e);
 }
 
 int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id) {
@@ -26,13 +27,10 @@ void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id) {
 }
 
 int emq_ended_prepare(EmqEnd *e, RedisModuleString *id, int how, int already) {
-    (void)e;
-    (void)id;
-    (void)how;
     (void)already;
     /* The announcement needs nothing read or checked: a message nobody
      * hears is harmless, and a waiter reads the row before it waits. */
-    return EMQ_OK;
+    return emq_unique_end_prepare(e, id, how);
 }
 
 /* Step: the announcement on <base>done:<id>, for the job's waiters. */
@@ -44,7 +42,7 @@ static void announce(EmqEnd *e, RedisModuleString *id) {
 }
 
 void emq_ended_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id, int how, int already) {
-    (void)fx;
     (void)how;
+    emq_unique_end_apply(e, fx, id);
     if (!already) announce(e, id);
 }

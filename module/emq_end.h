@@ -24,6 +24,8 @@
  * broadcast it; PUBLISH on Redis 6.2).  A waiter subscribes, then reads the
  * row, then waits for the message: no polling.
  *
+ * The second: a unique key the job holds is released (emq_unique.h).
+ *
  * Adding a step (unique keys, groups, dependencies): what its prepare reads
  * goes in EmqEnd, its checks in the prepare functions, its writes in the
  * apply functions (emq_end.c), each beside the steps already there. */
@@ -36,9 +38,12 @@
 /* How a job ended, for the `ended` hook. */
 typedef enum { EMQ_END_DONE, EMQ_END_DEAD, EMQ_END_CANCELLED, EMQ_END_DELETED } EmqEndHow;
 
+typedef struct EmqUniqueEnd EmqUniqueEnd; /* emq_unique.c */
+
 typedef struct {
     RedisModuleCtx *ctx;
     RedisModuleString *base; /* borrowed */
+    EmqUniqueEnd *unique;    /* unique keys to release (emq_unique.c), NULL: none yet */
 } EmqEnd;
 
 void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base);

@@ -18,14 +18,23 @@ static const char *const PENDING[] = {"pending"};
 
 /* [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>], from
  * argv[from]: the request id (or NULL), the due time (now when neither
- * DELAY nor AT) and the level (0 without PRIORITY). */
+ * DELAY nor AT) and the level (0 without PRIORITY); and ENQUEUE's UNIQUE
+ * options into *u (emq_unique.h; NULL for ENQUEUEMANY, which refuses
+ * UNIQUE). */
 static int parse_options(RedisModuleString **argv, int from, int argc, long long now, RedisModuleString **req,
-                         long long *due, long long *level) {
+                         long long *due, long long *level, EmqUniqueOpts *u) {
     int seen_when = 0, seen_priority = 0;
     *req = NULL;
     *due = now;
     *level = 0;
+    if (u) memset(u, 0, sizeof *u);
     for (int i = from; i < argc; i += 2) {
+        int uerr, took = emq_unique_option(u, argv, i, argc, &uerr);
+        if (uerr) return uerr;
+        if (took) { /* REPLACE takes one argument, the loop steps two */
+            i += took - 2;
+            continue;
+        }
         size_t len, vlen;
         const char *opt = RedisModule_StringPtrLen(argv[i], &len);
         if (i + 1 >= argc) return EMQ_ERR_SYNTAX;
@@ -47,7 +56,7 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
             return EMQ_ERR_SYNTAX;
         }
     }
-    return EMQ_OK;
+    return u ? emq_unique_options_check(u) : EMQ_OK;
 }
 
 /* The payload's ceiling (emq.max-payload-bytes). */
@@ -61,12 +70,13 @@ static int check_payload(RedisModuleString *payload) {
  * and its pieces, enqueued_at, and the level when it is not 0.  No
  * counters: a row without `attempts` or `tries` has been claimed 0 times. */
 static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at,
-                      RedisModuleString *level) {
-    RedisModuleString *fields[EMQ_MAX_PIECES + 3], *values[EMQ_MAX_PIECES + 3];
+                      RedisModuleString *level, RedisModuleString *unique) {
+    RedisModuleString *fields[EMQ_MAX_PIECES + 4], *values[EMQ_MAX_PIECES + 4];
     fields[0] = emq_str.state, values[0] = emq_str.pending;
     int n = 1 + emq_row_pieces(fx, EMQ_VALUE_PAYLOAD, payload, fields + 1, values + 1);
     fields[n] = emq_str.enqueued_at, values[n++] = at;
     if (level) fields[n] = emq_str.priority, values[n++] = level;
+    if (unique) fields[n] = emq_str.unique, values[n++] = unique;
     emq_fx_hset_argv(fx, row, "hset", n, fields, values);
 }
 
@@ -117,7 +127,8 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (argc < 5) return RedisModule_WrongArity(ctx);
     RedisModuleString *id = argv[3], *payload = argv[4], *req;
     long long now = RedisModule_Milliseconds(), due, level;
-    int err = parse_options(argv, 5, argc, now, &req, &due, &level);
+    EmqUniqueOpts uopts;
+    int err = parse_options(argv, 5, argc, now, &req, &due, &level, &uopts);
     if (!err) err = check_payload(payload);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
@@ -132,6 +143,8 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_fx_begin(&fx, ctx);
     EmqLanes lanes;
     emq_lanes_init(&lanes, ctx, NULL, argv[2], &pending);
+    EmqUnique unique;
+    emq_unique_init(&unique, ctx, &uopts);
     int wrote = 0;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
@@ -140,9 +153,14 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (err) goto reply;
 
     /* read and decide: a retry of this very call (its record exists: the
-     * first call ran, whatever became of the job since), a taken id, or a
-     * new job -- and where it waits */
+     * first call ran, whatever became of the job since), a unique key held
+     * by another job (nothing enqueued; with REPLACE, a pending holder's
+     * payload replaced), a taken id, or a new job -- and where it waits */
     if (req && !emq_key_empty(&record)) goto reply;
+    err = emq_unique_decide(&unique, user, argv[2]);
+    if (err) goto reply;
+    if (unique.verdict == EMQ_UNIQUE_REPLACE) emq_unique_replace(&unique, &fx, payload);
+    if (unique.verdict != EMQ_UNIQUE_TAKE) goto reply;
     if (!emq_key_empty(&row)) {
         err = EMQ_ERR_EXISTS;
         goto reply;
@@ -152,15 +170,18 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (err) goto reply;
 
     /* apply */
-    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level));
+    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level), uopts.key);
     emq_lanes_apply(&lanes, &fx);
+    emq_unique_take(&unique, &fx, id, now);
     if (req) write_record(ctx, &fx, &record, 1, now);
     wrote = 1;
 
 reply:
     if (err) emq_reply_error(ctx, err);
+    else if (uopts.key) emq_unique_reply(&unique, id);
     else RedisModule_ReplyWithLongLong(ctx, 1);
     emq_fx_commit(&fx);
+    emq_unique_close(&unique);
     emq_lanes_close(&lanes);
     emq_key_close(&record);
     if (record_name) RedisModule_FreeString(ctx, record_name);
@@ -220,7 +241,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     if (!emq_count_fits(count, 2, 4, argc)) return RedisModule_WrongArity(ctx);
     RedisModuleString *req;
     long long now = RedisModule_Milliseconds(), due, level;
-    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level);
+    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level, NULL);
     for (long long i = 0; !err && i < count; i++) err = check_payload(argv[5 + 2 * i]);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
@@ -272,7 +293,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
 
     /* apply: the rows, then the lane (one RPUSH or ZADD), then the record */
     RedisModuleString *at = emq_fx_number(&fx, now), *lf = level_field(&fx, level);
-    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf);
+    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf, NULL);
     emq_lanes_apply(&lanes, &fx);
     if (req) write_record(ctx, &fx, &record, count, now);
     wrote = 1;

@@ -84,6 +84,12 @@ LATER_FIELDS = {b"backoff_until"}
 TIME_SETS = (b"active", b"dead", b"delayed")
 A_TIME = 10**12  # scores and fields above this are server times (2001 on), not counters
 
+UNIQUE_KEYS = [b"u1", b"u2", "ü".encode(), b"\xff:k"]
+UNIQUE_BAD = [[b"UNIQUE", b""], [b"UNIQUE", b"k" * 513], [b"UNIQUE", b"k", b"FOR", b"0"],
+              [b"UNIQUE", b"k", b"FOR", b"2592000001"], [b"UNIQUE", b"k", b"FOR", b"-1"],
+              [b"UNIQUE", b"k", b"UNTIL", b"x"], [b"UNIQUE", b"k", b"FOR", b"5", b"UNTIL", b"done"],
+              [b"REPLACE"], [b"FOR", b"5"], [b"UNTIL", b"done"], [b"UNIQUE", b"k", b"UNIQUE", b"j"],
+              [b"UNIQUE"], [b"UNIQUE", b"k", b"REPLACE", b"REPLACE"]]  # fmt: skip
 IDS = [b"a", b"b", b"c", b"d", b"e", b"f", "ü".encode(), b"sp ace", b"x:y", b"\xff\x00"]
 PAYLOADS = [b"", b"p", b"payload", b"\x00\xff", b"1-0123456789abcdef", b"x" * 40]
 # Values stored in 64-byte pieces (up to 1 KiB), whole above, or over the ceilings set below.
@@ -165,6 +171,7 @@ class Gen:
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
+        self.urng = random.Random(rng.getstate()[1][0] ^ 31)  # UNIQUE's options (Gen.unique)
         self.held: list[bytes] = []  # ids the last claims handed out (the runner keeps it)
 
     def pick(self, seq: list[Any]) -> Any:
@@ -255,12 +262,30 @@ class Gen:
                [b"PRIORITY", b"1", b"PRIORITY", b"1"]]  # fmt: skip
         return self.options(bad, [opts], 0.1)
 
+    def unique(self) -> list[bytes]:
+        """ENQUEUE's UNIQUE options: a few keys the trace's jobs share (held, replaced, released
+        by every way a job ends), a window far longer than a trace, REPLACE; and bad ones.  Drawn
+        from a generator of their own, so the other choices of a seed's trace stay as they were."""
+        u = self.urng
+        if u.random() >= 0.35:
+            return []
+        opts = [u.choice([b"UNIQUE", b"unique"]), u.choice(UNIQUE_KEYS)]
+        if u.random() < 0.3:
+            opts += u.choice([[b"FOR", b"600000"], [b"UNTIL", b"done"], [b"until", b"DONE"]])
+        if u.random() < 0.3:
+            opts.append(u.choice([b"REPLACE", b"replace"]))
+        if u.random() < 0.1:
+            u.shuffle(opts)  # pairs apart: mostly syntax errors, as the module answers them
+        return list(u.choice(UNIQUE_BAD)) if u.random() < 0.15 else opts
+
     def payload(self) -> bytes:
         return bytes(self.pick(PIECED)) if self.chance(0.2) else bytes(self.pick(PAYLOADS))
 
     def enqueue(self) -> Step:
         job, payload = self.pick(IDS), self.payload()
-        return self.line("EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *self.when()])
+        return self.line(
+            "EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *self.when(), *self.unique()]
+        )
 
     def enqueuemany(self) -> Step:
         n = self.rng.randint(1, 4)
@@ -273,7 +298,10 @@ class Gen:
                 [b"0", b"x", b"9", b"-1", str(n + 1).encode(), str(n - 1).encode()] * 2
                 + [b"4611686018427387905", b"9223372036854775807", b"2147483648"]
             )
-        return self.line("EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when()])
+        unique = [b"UNIQUE", self.urng.choice(UNIQUE_KEYS)] if self.urng.random() < 0.03 else []
+        return self.line(
+            "EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when(), *unique]
+        )
 
     def claim(self) -> Step:
         opts: list[bytes] = []
@@ -839,6 +867,7 @@ def grid() -> list[Step]:
         return lambda s: s.token(job, "current", b"")
 
     enqueue = lambda job: line("EMQ.ENQUEUE", key("pending"), base, job, b"p")  # noqa: E731
+    uq = lambda job, *opts: line("EMQ.ENQUEUE", key("pending"), base, job, b"p" + job, *opts)  # noqa: E731
     claim = line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000")
     sweep = line("EMQ.SWEEP", key("active"), key("pending"), key("dead"), base, b"1", b"8")
     lapse = lambda job: raw(lambda s: [b"ZADD", b(s.keys.active), b"XX", b"5", job])  # noqa: E731
@@ -875,6 +904,15 @@ def grid() -> list[Step]:
         raw(lambda s: [b"DEL", b(s.keys.base) + b"limit"]),
         line("EMQ.LIMIT", key("pending"), base, b"RATE", b"1", b"PER", b"86400000"), claim, claim,
         line("EMQ.LIMIT", key("pending"), base, b"OFF", b"BACKOFF", b"0"),
+        # UNIQUE: every refusal; a key held, replaced, of the wrong type, an orphan taken over,
+        # released by a CANCEL; ENQUEUEMANY refusing it
+        *[uq(b"u", *bad) for bad in UNIQUE_BAD],
+        uq(b"u", b"UNIQUE", b"g"), uq(b"v", b"UNIQUE", b"g"), uq(b"v", b"UNIQUE", b"g", b"REPLACE"),
+        uq(b"v", b"UNIQUE", b"t", b"FOR", b"600000"), uq(b"w", b"UNIQUE", b"t", b"REPLACE"),
+        raw(lambda s: [b"HSET", b(s.keys.base) + b"unique:h", b"f", b"v"]), uq(b"w", b"UNIQUE", b"h"),
+        raw(lambda s: [b"SET", b(s.keys.base) + b"unique:o", b"ghost"]), uq(b"w", b"UNIQUE", b"o"),
+        line("EMQ.CANCEL", key("pending"), base, b"u", b"r"), uq(b"x", b"UNIQUE", b"g"),
+        line("EMQ.ENQUEUEMANY", key("pending"), base, b"1", b"y", b"p", b"UNIQUE", b"g"),
     ]  # fmt: skip
     for verb in _scripts.scripts():
         steps.append(line(verb))  # no arguments at all: the server's arity error

@@ -73,10 +73,17 @@ ERRORS = [
     rb"EMQSTALE fail token mismatch",
     rb"EMQSTALE job is no longer active",
     rb"EMQEXISTS a job with this id already exists",
+    rb"ERR the UNIQUE key must be 1 to 512 bytes long",
+    rb"ERR FOR must be an integer from 1 to 2592000000 \(ms: 30 days\)",
+    rb"ERR UNTIL takes only 'done' \(a time window is FOR <ms>\)",
+    rb"ERR FOR and UNTIL cannot be used together",
+    rb"ERR FOR, UNTIL and REPLACE need UNIQUE <key>",
+    rb"ERR UNIQUE is for one job: EMQ\.ENQUEUEMANY does not take it",
 ]
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
 WHEN = [b"0", b"1", b"250", b"60000", b"5", b"9007199254740992", b"1700000000000"] * 2 + MALFORMED
+UNIQUE_KEYS = [b"u", b"u", b"v", b"", b"k" * 512, b"k" * 513, b"\xff"]
 BLOCKS = [b"1", b"5", b"0", b"0", b"20"] * 3 + [*MALFORMED[:8], b"-1", b"9007199254740992"]
 
 
@@ -118,15 +125,21 @@ def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
     job = draw(st.sampled_from([*IDS[:3], *IDS]))
     counts = [b"1", b"2", b"5"] * 3 + NUMBERS
     reqs = [b"r1", b"r1", b"r2", b""]
-    when = {b"DELAY": WHEN, b"AT": WHEN, b"REQ": reqs, b"COUNT": counts, b"BLOCK": BLOCKS}
+    when = {b"DELAY": WHEN, b"AT": WHEN, b"REQ": reqs, b"COUNT": counts, b"BLOCK": BLOCKS,
+            b"UNIQUE": UNIQUE_KEYS, b"FOR": [b"1", b"60000", b"2592000000", b"2592000001", *WHEN],
+            b"UNTIL": [b"done", b"DONE", b"x", b""]}  # fmt: skip
     if verb == b"emq.enqueue":
-        opts = options(draw, [b"DELAY", b"AT", b"REQ"], when)
+        opts = options(draw, [b"DELAY", b"AT", b"REQ", b"UNIQUE", b"UNIQUE", b"FOR", b"UNTIL"], when)
+        if draw(st.integers(0, 3)) == 0:  # REPLACE takes no value: anywhere among the options
+            opts.insert(draw(st.integers(0, len(opts))), draw(st.sampled_from([b"REPLACE", b"replace"])))
         return [b"EMQ.ENQUEUE", base + b"pending", base, job, draw(st.binary(max_size=8)), *opts]
     if verb == b"emq.enqueuemany":
         n = draw(st.integers(1, 4))
         pairs = [x for _ in range(n) for x in (draw(st.sampled_from(IDS)), draw(st.binary(max_size=4)))]
         count = draw(st.sampled_from([str(n).encode()] * 4 + MANY_COUNTS + MALFORMED[:6]))
-        opts = options(draw, [b"DELAY", b"AT", b"REQ"], when)
+        opts = options(
+            draw, [b"DELAY", b"AT", b"REQ", b"UNIQUE"] if n < 4 else [b"DELAY", b"AT", b"REQ"], when
+        )
         return [b"EMQ.ENQUEUEMANY", base + b"pending", base, count, *pairs, *opts]
     if verb == b"emq.fail":
         token = draw(st.sampled_from([b"1", b"1", b"0", b"2", b"x"]))
@@ -185,6 +198,9 @@ def case(draw: st.DrawFn) -> tuple[list[list[bytes]], list[bytes]]:
 def check_value(command: list[bytes], reply: Any, unblocked: bool) -> str:
     name = command[0].lower()
     if name == b"emq.enqueue":
+        if isinstance(reply, list):  # UNIQUE: [1, id] added, [0, holder] held, [2, holder] replaced
+            assert len(reply) == 2 and reply[0] in (0, 1, 2) and isinstance(reply[1], bytes), reply
+            return ("ok", "held", "replaced")[[1, 0, 2].index(reply[0])]
         assert reply == 1, reply
         return "ok"
     if name == b"emq.enqueuemany":
@@ -249,12 +265,20 @@ def harness(fuzz: FuzzServer) -> Iterator[Harness]:
     h.reset()
 
 
+def active_of(conn: Resp, key: bytes) -> Any:
+    """The members and scores of a claim's <active>, or its type when it is not a sorted set."""
+    kind = conn.call(b"TYPE", key)
+    return conn.call(b"ZRANGE", key, b"0", b"-1", b"WITHSCORES") if kind == b"zset" else kind
+
+
 def run_case(h: Harness, setup: list[list[bytes]], command: list[bytes]) -> None:
     conn, control = h.connections()
     prepared = conn.pipeline([[b"FLUSHALL"], *setup])
     refused = [r for r in prepared if isinstance(r, ServerError)]
     assert all(r.message.startswith(b"WRONGTYPE") for r in refused), refused
     before = conn.call(b"DEBUG", b"DIGEST")
+    claim = command[0].lower() == b"emq.claim" and len(command) > 2
+    active_before = active_of(conn, command[2]) if claim else None
     reply, error, unblocked = call_may_block(conn, control, command)
     try:
         alive = conn.call(b"PING") == b"PONG"
@@ -276,7 +300,11 @@ def run_case(h: Harness, setup: list[list[bytes]], command: list[bytes]) -> None
     else:
         kind = check_value(command, reply, unblocked)
         OUTCOMES[f"{command[0].lower().decode()} {kind}"] += 1
-    if kind in ("error", "gone", "unblocked", "empty"):
+    if claim and kind in ("unblocked", "empty"):
+        # A claim that took nothing may still have dropped tombstones (entries of <pending> that
+        # name no claimable job) and moved due jobs: it made no job active.
+        assert active_of(conn, command[2]) == active_before, short(command)
+    elif kind in ("error", "gone", "unblocked", "empty", "held"):
         after = conn.call(b"DEBUG", b"DIGEST")
         STATS["partial_writes"] += after != before
         assert after == before, (

@@ -100,7 +100,10 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     "emq.enqueue": (
         {"write", "denyoom", "fast"},
         [("pending", RW_INSERT), BASE, ("id", "string"), ("payload", "string"), WHEN,
-         ("priority", Optional("PRIORITY", "integer")), ("request-id", Optional("REQ", "string"))],
+         ("priority", Optional("PRIORITY", "integer")), ("request-id", Optional("REQ", "string")),
+         ("key", Optional("UNIQUE", "string")),
+         ("unique-hold", OneOf((("FOR", "ms", "integer"), ("UNTIL", "done", "string")))),
+         ("REPLACE", Optional("REPLACE", "pure-token"))],
         [Q + "pending", Q, "j", "x"],
     ),
     "emq.enqueuemany": (

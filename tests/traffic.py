@@ -85,8 +85,15 @@ def _lanes(r: redis.Redis, q: str, rng: random.Random, i: int, seen: Counter[str
             options += ["PRIORITY", rng.choice([-1000, -3, 0, 2, 1000])]
         if rng.random() < 0.3:
             options += ["DELAY", rng.choice([0, 1, 600_000])]
-        r.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, f"new-{i}", payload, *options)
-        seen["enqueued"] += 1
+        urng = random.Random(i)  # UNIQUE's choices apart: the traffic's other choices stay as they were
+        if urng.random() < 0.4:  # a unique key: held, replaced, released by the ends below
+            options += ["UNIQUE", urng.choice(["u1", "u2", "u3"])]
+            options += urng.choice([[], [], ["FOR", 600_000], ["REPLACE"]])
+        reply = r.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, f"new-{i}", payload, *options)
+        seen["enqueued" if reply == 1 or reply[0] == 1 else "unique-held"] += 1
+        if not (reply == 1 or reply[0] == 1):
+            rng.random()  # the draw below, made all the same
+            return
         if rng.random() < 0.4:  # cancelled while it waits: a tombstone, or out of its lane
             seen[
                 f"cancel-{r.execute_command('EMQ.CANCEL', keys.pending, keys.base, f'new-{i}', 'no')!r}"

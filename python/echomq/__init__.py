@@ -17,6 +17,7 @@ from . import keyspace
 from ._log import configure_logging
 from ._module_so import module_path
 from ._protocol import KEEP_FOREVER
+from ._protocol.unique import Enqueued
 from .cancel import Cancellation, CancelToken
 from .client import (
     ActiveJob,
@@ -80,6 +81,7 @@ __all__ = [
     "DeadJob",
     "DriveResult",
     "EchoMQError",
+    "Enqueued",
     "ExtendOutcome",
     "Job",
     "JobCancelled",

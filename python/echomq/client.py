@@ -41,6 +41,7 @@ from ._protocol import (
     RetryDeadResult,
     SweepResult,
 )
+from ._protocol.unique import Enqueued
 from ._scripts import (
     PROBE,
     BackendChoice,
@@ -681,7 +682,10 @@ class Client:
         delay_ms: int | None = None,
         run_at_ms: int | None = None,
         priority: int | None = None,
-    ) -> str:
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
+    ) -> Enqueued:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
         The row and the lane entry are written by one EMQ.ENQUEUE, atomically.
@@ -695,8 +699,20 @@ class Client:
         REQ per call: after a lost reply the call is sent again, within 30 s
         of its first send, and the server answers the resend from the call's
         record (docs/reference/python.md, "Retries").
+
+        ``unique_key`` (1 to 512 bytes): at most one job of the queue holds
+        the key -- while it is pending or active, or with ``unique_for_ms``
+        for that many ms from its enqueue whatever it does (a throttle).
+        While it is held, the call adds nothing and returns the holder's
+        id; ``replace=True`` gives a pending holder this call's payload
+        (docs/concepts/unique.md).  The returned ``Enqueued`` is a ``str``
+        (the id) with ``.created`` (this call added the job) and
+        ``.replaced``.
         """
-        return self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms, priority))
+        call = proto.enqueue(
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
+        )
+        return self._run_request(call)
 
     def enqueue_many(
         self,

@@ -277,7 +277,10 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
       lane); one that says active or dead is in that set; a ``done`` or
       ``cancelled`` row is in none;
     - ``meta``'s ``stale`` counts the list's tombstones exactly: the list's
-      length less the pending jobs that wait in it.
+      length less the pending jobs that wait in it;
+    - no unique key is an orphan: every ``unique:<key>`` without an expiry
+      (UNTIL done) names a job whose row says pending or active
+      (docs/concepts/unique.md).
 
     Reads every member and every row (SCAN, ZSCAN, LRANGE, pipelined in
     ``batch``es): a tool for tests and benchmarks, not for a busy production
@@ -350,4 +353,33 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
         problems.append(
             f"meta stale is {int(stale or 0)}: the list has {len(entries)} entries, {resident} waiting jobs"
         )
+    return problems + unique_problems(r, queue, batch=batch)
+
+
+def unique_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
+    """The orphan unique keys of ``queue``: an UNTIL-done key (no expiry) whose job has no row,
+    or a row that ended.  The verbs release a key when its job ends, so none should exist; an
+    enqueue takes an orphan over (docs/concepts/unique.md).  SCANs ``<base>unique:*``."""
+    keys = queue_keys(queue)
+    pattern = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base) + "unique:*"
+    found = list(r.scan_iter(match=pattern, count=batch))
+    problems: list[str] = []
+    for i in range(0, len(found), batch):
+        chunk = found[i : i + batch]
+        pipe = r.pipeline(transaction=False)
+        for key in chunk:
+            pipe.get(key)
+            pipe.pttl(key)
+        got = pipe.execute(raise_on_error=False)
+        held = [(key, got[2 * j], got[2 * j + 1]) for j, key in enumerate(chunk)]
+        untils = [(key, holder) for key, holder, ttl in held if isinstance(holder, bytes) and ttl == -1]
+        pipe = r.pipeline(transaction=False)
+        for _, holder in untils:
+            pipe.hget(keys.job(holder), "state")
+        for (key, holder), state in zip(untils, pipe.execute(raise_on_error=False), strict=True):
+            if state in (b"pending", b"active"):
+                continue
+            shown = state.decode() if isinstance(state, bytes) else state
+            says = "has no row" if state is None else f"is {shown}"
+            problems.append(f"orphan unique key {key!r}: its job {holder!r} {says}")
     return problems

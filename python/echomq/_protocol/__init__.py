@@ -133,6 +133,12 @@ from .pages import (
     pending_page,
     pending_rows,
 )
+from .unique import (
+    UNIQUE_FOR_MAX_MS,
+    UNIQUE_KEY_MAX,
+    Enqueued,
+    unique_args,
+)
 from .views import (
     COUNTER_FIELDS,
     JOB_FIELDS,
@@ -204,6 +210,8 @@ __all__ = [
     "REQ_RECORD_TTL_S",
     "REQ_RETRY_WINDOW_S",
     "SEQ_LIMIT",
+    "UNIQUE_FOR_MAX_MS",
+    "UNIQUE_KEY_MAX",
     "_BAD_ARGUMENT",
     "_CORRUPT",
     "ActiveJob",
@@ -213,6 +221,7 @@ __all__ = [
     "CompletedAndClaimed",
     "DeadJob",
     "EnqueueItem",
+    "Enqueued",
     "ExtendOutcome",
     "FailOutcome",
     "Job",
@@ -344,6 +353,7 @@ __all__ = [
     "sweep",
     "text",
     "traceback_bytes",
+    "unique_args",
     "waitaof_probe",
     "when_args",
     "wire",

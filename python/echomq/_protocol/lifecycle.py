@@ -42,6 +42,7 @@ from .calls import (
     when_args,
     wire,
 )
+from .unique import Enqueued, enqueued, unique_args
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ def _sweep_result(call: Call[SweepResult], reply: Any) -> SweepResult:
     )
 
 
-def _enqueued_id(call: Call[str], reply: Any) -> str:
-    return call.job_id
+def _enqueued_id(call: Call[Enqueued], reply: Any) -> Enqueued:
+    return enqueued(call.job_id, reply)
 
 
 def _enqueued_ids(call: Call[list[str]], reply: Any) -> list[str]:
@@ -225,12 +226,16 @@ def enqueue(
     delay_ms: int | None = None,
     run_at_ms: int | None = None,
     priority: int | None = None,
-) -> Call[str]:
+    unique_key: str | bytes | None = None,
+    unique_for_ms: int | None = None,
+    replace: bool = False,
+) -> Call[Enqueued]:
     keys = keys_of(queue)
     body = payload_bytes(payload)
     when = (*when_args(delay_ms, run_at_ms), *priority_args(priority))
+    unique = unique_args(unique_key, unique_for_ms, replace)
     wid = wire(job_id) if job_id is not None else new_id()
-    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, "REQ", new_request_id())
+    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, *unique, "REQ", new_request_id())
     return Call(args, _enqueued_id, queue, wid)
 
 

@@ -45,6 +45,7 @@ from .._protocol import (
     RetryDeadResult,
     SweepResult,
 )
+from .._protocol.unique import Enqueued
 from .._scripts import (
     PROBE,
     BackendChoice,
@@ -411,9 +412,16 @@ class Client:
         delay_ms: int | None = None,
         run_at_ms: int | None = None,
         priority: int | None = None,
-    ) -> str:
-        """Add a job, now or delayed, at a priority; returns its id (see ``echomq.Client.enqueue``)."""
-        return await self._run_request(proto.enqueue(queue, payload, job_id, delay_ms, run_at_ms, priority))
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
+    ) -> Enqueued:
+        """Add a job, now or delayed, at a priority, unique by a key; returns its id as an
+        ``Enqueued`` (see ``echomq.Client.enqueue``)."""
+        call = proto.enqueue(
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
+        )
+        return await self._run_request(call)
 
     async def enqueue_many(
         self,

@@ -1,6 +1,7 @@
 """echomq: the operator's command line.
 
     echomq inspect mail                 counts, active jobs and their leases
+    echomq check mail                   broken invariants, orphan unique keys (exit 1 if any)
     echomq sweep mail --max-stalled 3   one sweep, now
     echomq reap mail --interval 1       the reaper, until Ctrl-C
     echomq pause mail / resume mail     stop / restart handing out jobs

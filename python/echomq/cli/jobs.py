@@ -15,10 +15,24 @@ from ._common import CliError, Command, ago, connect, positive, table, when
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = read_payload(args.payload)
+    if args.unique_key is None and (args.unique_for is not None or args.replace):
+        raise CliError("--unique-for and --replace need --unique-key")
     job_id = connect(args).enqueue(
-        args.queue, payload, job_id=args.id, delay_ms=args.delay, run_at_ms=args.at, priority=args.priority
+        args.queue,
+        payload,
+        job_id=args.id,
+        delay_ms=args.delay,
+        run_at_ms=args.at,
+        priority=args.priority,
+        unique_key=args.unique_key,
+        unique_for_ms=args.unique_for,
+        replace=args.replace,
     )
     print(job_id)
+    if job_id.replaced:
+        print(f"job {job_id} holds unique key {args.unique_key!r}: its payload replaced", file=sys.stderr)
+    elif not job_id.created:
+        print(f"job {job_id} holds unique key {args.unique_key!r}: nothing enqueued", file=sys.stderr)
     return 0
 
 
@@ -229,6 +243,24 @@ def register(command: Command) -> None:
         default=None,
         metavar="N",
         help="its level, -1000 to 1000: smaller runs first (default 0)",
+    )
+    p.add_argument(
+        "--unique-key",
+        default=None,
+        metavar="KEY",
+        help="one job per key: while a job holding KEY is pending or active, add none and print its id",
+    )
+    p.add_argument(
+        "--unique-for",
+        type=delay_ms,
+        default=None,
+        metavar="DELAY",
+        help="hold the key this long whatever the job does (a throttle): 30s, 5m, ... (default: until done)",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="with --unique-key: a pending holder gets this payload (debounce: the newest wins)",
     )
     when_group = p.add_mutually_exclusive_group()
     when_group.add_argument(

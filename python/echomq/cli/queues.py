@@ -199,10 +199,30 @@ def cmd_obliterate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Where the queue breaks the invariants the verbs keep (echomq.testing.queue_problems): ids in
+    no set or two, the tombstone count, orphan unique keys.  Reads every member and row: a tool for
+    a suspicion, not for a busy queue's every minute."""
+    from ..testing import queue_problems  # its server helpers are needed by no other command
+
+    # A cluster client scans every node and pipelines by slot: the same calls serve it.
+    problems = queue_problems(cast(redis.Redis, connect(args).redis), args.queue)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"queue {args.queue}: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"queue {args.queue}: no problems found")
+    return 0
+
+
 def register(command: Command) -> None:
     p = command("inspect", "counts, deaths and the active jobs' leases", cmd_inspect)
     p.add_argument("queue")
     p.add_argument("--limit", type=positive, default=20, help="active jobs to list (default 20)")
+
+    p = command("check", "the queue's broken invariants, orphan unique keys among them", cmd_check)
+    p.add_argument("queue")
 
     for name, helptext, func in (
         ("sweep", "sweep once", cmd_sweep),

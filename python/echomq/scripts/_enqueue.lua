@@ -2,28 +2,37 @@
 -- the new row, and the request record.
 
 -- [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>], from argv[from]: the request id
--- (or nil), the due time (now when neither DELAY nor AT) and the level (0 without PRIORITY).
-local function parse_options(argv, from, argc, now)
+-- (or nil), the due time (now when neither DELAY nor AT) and the level (0 without PRIORITY); and
+-- ENQUEUE's UNIQUE options into `u` (emq.unique_option; nil for ENQUEUEMANY, which refuses UNIQUE).
+local function parse_options(argv, from, argc, now, u)
     local seen_when, req, due, level, seen_priority = nil, nil, now, 0, false
-    for i = from, argc - 1, 2 do
-        if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
-        local opt, val = argv[i], argv[i + 1]
-        local delay, at = emq.option_is(opt, 'DELAY'), emq.option_is(opt, 'AT')
-        if emq.option_is(opt, 'REQ') and not req then
-            if #val == 0 then emq.refuse(emq.E.REQ_EMPTY) end
-            req = val
-        elseif emq.option_is(opt, 'PRIORITY') and not seen_priority then
-            seen_priority = true
-            level = emq.parse_priority(val)
-        elseif delay or at then
-            local which = delay and 'DELAY' or 'AT'
-            if seen_when then emq.refuse(seen_when == which and emq.E.SYNTAX or emq.E.DELAY_AND_AT) end
-            seen_when = which
-            due = delay and emq.due_after_delay(now, val) or emq.due_at(now, val)
+    local i = from
+    while i < argc do
+        local took = emq.unique_option(u, argv, i, argc)
+        if took > 0 then
+            i = i + took
         else
-            emq.refuse(emq.E.SYNTAX)
+            if i + 1 >= argc then emq.refuse(emq.E.SYNTAX) end
+            local opt, val = argv[i], argv[i + 1]
+            local delay, at = emq.option_is(opt, 'DELAY'), emq.option_is(opt, 'AT')
+            if emq.option_is(opt, 'REQ') and not req then
+                if #val == 0 then emq.refuse(emq.E.REQ_EMPTY) end
+                req = val
+            elseif emq.option_is(opt, 'PRIORITY') and not seen_priority then
+                seen_priority = true
+                level = emq.parse_priority(val)
+            elseif delay or at then
+                local which = delay and 'DELAY' or 'AT'
+                if seen_when then emq.refuse(seen_when == which and emq.E.SYNTAX or emq.E.DELAY_AND_AT) end
+                seen_when = which
+                due = delay and emq.due_after_delay(now, val) or emq.due_at(now, val)
+            else
+                emq.refuse(emq.E.SYNTAX)
+            end
+            i = i + 2
         end
     end
+    if u then emq.unique_options_check(u) end
     return req, due, level
 end
 
@@ -39,8 +48,8 @@ local function check_payload(payload, max_payload)
 end
 
 -- The new row: one HSET, as the core command would be: state, the payload and its pieces,
--- enqueued_at, and the level when it is not 0.  No counters: absent is 0 claims.
-local function write_row(row, payload, now, level)
+-- enqueued_at, the level when it is not 0, and the UNIQUE key when given.  No counters: absent is 0 claims.
+local function write_row(row, payload, now, level, unique)
     local fields = { 'state', 'pending' }
     emq.pieces(fields, 'payload', payload)
     fields[#fields + 1] = 'enqueued_at'
@@ -48,6 +57,10 @@ local function write_row(row, payload, now, level)
     if level ~= 0 then
         fields[#fields + 1] = 'priority'
         fields[#fields + 1] = emq.int(level)
+    end
+    if unique then
+        fields[#fields + 1] = 'unique'
+        fields[#fields + 1] = unique
     end
     redis.call('HSET', row, unpack(fields))
 end

@@ -1,14 +1,17 @@
 #!lua
 -- include: _enqueue.lua
 -- EMQ.ENQUEUE <pending> <base> <id> <payload> [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>]
---             [REQ <request-id>]                                      (module/emq_enqueue.c)
+--             [REQ <request-id>] [UNIQUE <key> [FOR <ms> | UNTIL done] [REPLACE]]
+--                                                   (module/emq_enqueue.c, module/emq_unique.c)
 --
 -- :1 the row <base>job:<id> is created (state=pending, payload and its pieces, enqueued_at,
 -- priority unless 0) and <id> waits at the tail of its lane, claimable from server-now -- or
 -- in <base>delayed until server-now + DELAY ms, or AT (an AT in the past is now); with REQ,
 -- the record <base>req:<request-id> = "1" is kept for 60 s.  -EMQEXISTS when the row exists.
 -- A retry whose first reply was lost (the record exists) answers :1 again and writes nothing,
--- whatever became of the job since.  <setting>: the client's max_payload_bytes.
+-- whatever became of the job since.  <setting>: the client's max_payload_bytes.  With UNIQUE
+-- the reply is [1, id] (created, or a retry of the call that created it), [0, holder] (the key
+-- is held: nothing written) or [2, holder] (REPLACE: the pending holder's payload replaced).
 return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc, setting = emq.args()
@@ -16,7 +19,8 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local _, max_payload = enqueue_setting(setting)
     local pending, base, id, payload = argv[1], argv[2], argv[3], argv[4]
     local now = emq.now_ms()
-    local req, due, level = parse_options(argv, 5, argc, now)
+    local u = {}
+    local req, due, level = parse_options(argv, 5, argc, now, u)
     check_payload(payload, max_payload)
     emq.check_queue(argv, 1, { 'pending' }, base, emq.E.PENDING_KEY)
 
@@ -26,15 +30,21 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local rtype = emq.open_derived(row, emq.CREATE)
     local record, retry = open_record(base, req)
 
-    -- read and decide: a retry of this very call, a taken id, or a new job -- and where it waits
-    if retry then return 1 end
+    -- read and decide: a retry of this very call, a unique key held by another job (nothing
+    -- enqueued; with REPLACE, a pending holder's payload replaced), a taken id, or a new job --
+    -- and where it waits
+    if retry then return u.key and { 1, id } or 1 end
+    local verdict, holder = emq.unique_decide(base, u)
+    if verdict == emq.UNIQUE_REPLACE then emq.unique_replace(base, holder, payload) end
+    if verdict ~= emq.UNIQUE_TAKE then return { verdict == emq.UNIQUE_HELD and 0 or 2, holder } end
     if rtype ~= 'none' then emq.refuse(emq.E.EXISTS) end
     local lanes = emq.lanes(base, pending)
     lanes:enter(id, level, due, now)
 
     -- apply
-    write_row(row, payload, now, level)
+    write_row(row, payload, now, level, u.key)
     lanes:apply()
+    emq.unique_take(base, u, id, now)
     if record then write_record(record, 1, now) end
-    return 1
+    return u.key and { 1, id } or 1
 end)

@@ -27,7 +27,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local count = tonumber(c)
     if not emq.count_fits(count, 2, 4, argc) then emq.wrong_arity('emq.enqueuemany') end
     local now = emq.now_ms()
-    local req, due, level = parse_options(argv, 4 + 2 * count, argc, now)
+    local req, due, level = parse_options(argv, 4 + 2 * count, argc, now, nil)
     for i = 0, count - 1 do check_payload(argv[5 + 2 * i], max_payload) end
     emq.check_queue(argv, 1, { 'pending' }, base, emq.E.PENDING_KEY)
     local seen = {}
