@@ -40,7 +40,7 @@ from typing import Any, Literal, get_args
 from cronsim import CronSim, CronSimError
 from redis.exceptions import ResponseError
 
-from ._protocol import Call, enqueue, keys_of
+from ._protocol import Call, Enqueued, enqueue, keys_of
 from ._scripts import missing_code
 from .errors import BadSchedule
 
@@ -395,12 +395,12 @@ def names_of(reply: Any) -> list[str]:
     return [n.decode() if isinstance(n, bytes) else str(n) for n in reply]
 
 
-def call_job(call: Call[str]) -> str:
+def call_job(call: Call[Enqueued]) -> str:
     job = call.args[3]
     return job.decode() if isinstance(job, bytes) else str(job)
 
 
-def tell_failure(queue: str, call: Call[str], reply: BaseException) -> None:
+def tell_failure(queue: str, call: Call[Enqueued], reply: BaseException) -> None:
     log.warning("schedule of %r: the tick's job %s was not enqueued: %s", queue, call_job(call), reply)
 
 
@@ -415,7 +415,7 @@ def tell_drive(queue: str, result: DriveResult) -> None:
 
 def decide_fire(
     queue: str, name: str, row: dict[Any, Any], now_ms: int
-) -> tuple[Firing, list[Call[str]], list[tuple[Any, ...]]]:
+) -> tuple[Firing, list[Call[Enqueued]], list[tuple[Any, ...]]]:
     """Read under WATCH: what the EXEC holds -- the ticks' ENQUEUEs, then the cursor's advance."""
     schedule = from_row(name, row)
     firing = plan(schedule, int(_text(row, "last") or 0), now_ms)
@@ -423,12 +423,12 @@ def decide_fire(
 
 
 def take_replies(
-    queue: str, firing: Firing, calls: list[Call[str]], replies: list[Any], result: DriveResult
-) -> list[Call[str]]:
+    queue: str, firing: Firing, calls: list[Call[Enqueued]], replies: list[Any], result: DriveResult
+) -> list[Call[Enqueued]]:
     """Count an EXEC's ENQUEUE replies into ``result``; the calls to send again, outside it: those
     the node could not run for want of the scripts (nothing of them ran)."""
     result.dropped += firing.dropped
-    again: list[Call[str]] = []
+    again: list[Call[Enqueued]] = []
     for call, reply in zip(calls, replies, strict=False):
         if isinstance(reply, ResponseError) and missing_code(reply):
             again.append(call)
@@ -481,7 +481,7 @@ def _zscore(upcoming: list[int]) -> str:
     return str(upcoming[0]) if upcoming else "+inf"
 
 
-def fire_calls(schedule: Schedule, queue: str, firing: Firing) -> list[Call[str]]:
+def fire_calls(schedule: Schedule, queue: str, firing: Firing) -> list[Call[Enqueued]]:
     """One ENQUEUE per fired tick, with the tick's deterministic id."""
     return [enqueue(queue, schedule.payload, job_id(schedule.name, tick)) for tick in firing.fire]
 
