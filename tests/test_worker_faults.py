@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,18 @@ def test_run_raises_a_handlers_system_exit_after_failing_its_job(server_factory:
     assert no_echomq_threads() == []
 
 
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, however the suite was started.
+
+    Python installs that handler only when SIGINT was not ignored at its start, and a shell
+    starts a background job with SIGINT ignored: a CI run launched with `&` inherited it.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _run_with_safety(worker: echomq.Worker, **kwargs: object) -> tuple[BaseException | None, float]:
     """worker.run() in this (main) thread; a stuck run() is stopped after 8 s so the test fails, not hangs."""
     safety = threading.Timer(8.0, worker.stop)
@@ -257,7 +270,7 @@ def _run_with_safety(worker: echomq.Worker, **kwargs: object) -> tuple[BaseExcep
 
 
 def test_ctrl_c_during_run_stops_gracefully_and_finishes_the_running_jobs(
-    server_factory: ServerFactory,
+    server_factory: ServerFactory, python_sigint: None
 ) -> None:
     # kbint_run.py: Ctrl-C during run() with concurrency 2 left run() blocking
     # for ever and one job active.
@@ -283,7 +296,7 @@ def test_ctrl_c_during_run_stops_gracefully_and_finishes_the_running_jobs(
 
 
 def test_keyboard_interrupt_in_run_without_signal_handling_is_graceful_then_raised(
-    server_factory: ServerFactory,
+    server_factory: ServerFactory, python_sigint: None
 ) -> None:
     server = server_factory()
     admin = server.client()
