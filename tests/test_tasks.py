@@ -375,10 +375,12 @@ def test_tasks_enqueued_by_name_run_in_a_cli_worker_of_another_process(
 ) -> None:
     producer = echomq.App(client, queue="cli-mail")  # knows no task: names only
     add = producer.enqueue("add", 2, 3)
-    leave = producer.options(queue="cli-other").enqueue("leave")
     proc = cli_worker(server, tasks_module, backend)
     try:
         assert add.result(timeout=30) == 5
+        # Only now: `leave` stops the worker of both queues, and, run first, it would give `add`
+        # back unrun (it did once, on a loaded machine).
+        leave = producer.options(queue="cli-other").enqueue("leave")
         _, err = proc.communicate(timeout=30)  # `leave` stops the whole worker by itself
     finally:
         if proc.poll() is None:
