@@ -68,9 +68,19 @@ SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tes
 # tests stay in one process: a fuzz file's last test checks what the others counted.
 PYTEST = $(BIN)/python -m pytest -n 2 --dist loadfile
 
+# What does not depend on the server's engine (the in-process core, the docs and their
+# examples, packaging and the image, the browser, the frameworks, the CLI's surface, process
+# isolation, the signals of a deploy) runs once, on Redis 7.0; everything else on both.
+ONCE_TESTS = tests/test_core_cffi.py tests/test_runtime.py tests/test_layout.py tests/test_examples.py \
+	tests/test_examples_types.py tests/test_tasks_types.py tests/test_tasks_envelope.py \
+	tests/test_tasks_headers.py tests/test_parity.py tests/test_packaging.py tests/test_dockerfile.py \
+	tests/test_container.py tests/test_demo.py tests/test_dashboard_browser.py tests/test_dashboard_sampler.py \
+	tests/test_django.py tests/test_fastapi.py tests/test_otel.py tests/test_compat.py tests/test_cli_surface.py \
+	tests/test_cli_usability.py tests/test_isolation.py tests/test_embedded_server.py tests/test_shutdown.py
+
 test: setup lint docs memchecker browser
 	$(PYTEST) --engine redis
-	$(PYTEST) --engine valkey
+	$(PYTEST) --engine valkey $(addprefix --ignore=,$(ONCE_TESTS))
 	$(PYTEST) --engine redis62 $(SMOKE_TESTS)
 	$(PYTEST) --engine valkey9 $(SMOKE_TESTS)
 	$(PYTEST) --engine redis8 $(SMOKE_TESTS)
