@@ -35,6 +35,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".compat"
 DOCS_PAGE = ROOT / "docs" / "reference" / "engines.md"
@@ -59,6 +61,13 @@ SUBSET = (
     "tests/test_cli.py",
 )
 TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
+# What echomq needs besides redis-py (pyproject.toml's dependencies): installed with the
+# combination's redis-py, so that `pip check` judges the whole declared set.
+OTHER_DEPENDENCIES = [
+    dep
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    if not re.match(r"redis\b", dep)
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +174,8 @@ def prepare(combo: Combo, wheel: Path, log: Path) -> tuple[Path | None, str]:
         return None, f"skipped: no python{combo.python} on this machine"
     venv = HOME / "venvs" / combo.key
     python = venv / "bin" / "python"
-    wanted = [*TEST_TOOLS, "redis" if combo.redis_py == "newest" else f"redis=={combo.redis_py}"]
+    wanted = [*TEST_TOOLS, *OTHER_DEPENDENCIES]
+    wanted.append("redis" if combo.redis_py == "newest" else f"redis=={combo.redis_py}")
     if combo.hiredis:
         wanted.append("hiredis")
     stamp = venv / ".compat-installed"
