@@ -89,7 +89,9 @@ def test_inspect_refuses_a_server_without_the_module(server_factory: ServerFacto
         (["reap", Q, "--interval", "soon"], "argument --interval: expected a number of seconds, got 'soon'"),
         (["server", "--port", "99999"], "argument --port: expected a port (1-65535), got '99999'"),
         (["--log-level", "loud", "sweep", Q], "argument --log-level: invalid choice: 'loud'"),
-        (["worker", "tasks:send"], "the following arguments are required: --queue"),
+        (["worker", "nosuchmodule:send"], "error: cannot import 'nosuchmodule': ModuleNotFoundError"),
+        (["worker", "echomq:nosuch"], "error: 'echomq' has no 'nosuch'"),
+        (["worker", "json:dumps"], "error: --queue is required: json:dumps is a handler, not an echomq.App"),
     ],
 )
 def test_usage_errors_are_readable_and_exit_2(argv: list[str], words: str) -> None:

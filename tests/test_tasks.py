@@ -109,7 +109,8 @@ def test_what_json_cannot_carry_is_refused_by_name_and_nothing_is_sent(client: e
     assert client.counts("json").pending == 0
 
 
-def test_enqueue_by_name_unknown_task_fails_dead_after_its_tries_never_dropped(client: echomq.Client) -> None:
+def test_enqueue_by_name_unknown_task_fails_dead_at_once_never_dropped(client: echomq.Client) -> None:
+    # No retry by the same worker can find a task it does not have (issue 42): dead on the first try.
     producer = echomq.App(client, queue="named")
     handle = producer.enqueue("not_here", 1)
     worker_app = echomq.App(client, queue="named")
@@ -117,11 +118,86 @@ def test_enqueue_by_name_unknown_task_fails_dead_after_its_tries_never_dropped(c
     @worker_app.task
     def other() -> None: ...
 
-    with quick(worker_app, max_attempts=2), pytest.raises(echomq.JobFailed) as failed:
+    with quick(worker_app, max_attempts=3), pytest.raises(echomq.JobFailed) as failed:
         handle.result(timeout=20)
     assert failed.value.type == "UnknownTask" and "no task 'not_here'" in failed.value.message
     info = client.job("named", handle.id)
+    assert info is not None and info.state == "dead" and info.tries == 1
+
+
+def test_an_unknown_task_is_retried_when_the_app_says_so(client: echomq.Client) -> None:
+    # A rolling deploy: an older worker that lacks a new task leaves its job to the newer ones.
+    handle = echomq.App(client, queue="named-retry").enqueue("not_here")
+    worker_app = echomq.App(client, queue="named-retry", retry_unknown_tasks=True)
+
+    @worker_app.task
+    def other() -> None: ...
+
+    with quick(worker_app, max_attempts=2), pytest.raises(echomq.JobFailed) as failed:
+        handle.result(timeout=20)
+    assert failed.value.type == "UnknownTaskRetried" and "no task 'not_here'" in failed.value.message
+    info = client.job("named-retry", handle.id)
     assert info is not None and info.state == "dead" and info.tries == 2
+
+
+def test_arguments_that_cannot_bind_are_refused_at_enqueue_and_dead_at_once_in_the_worker(
+    client: echomq.Client,
+) -> None:
+    app = echomq.App(client, queue="binds")
+
+    @app.task(max_attempts=3)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with pytest.raises(TypeError, match=r"task 'add': missing a required argument: 'b'"):
+        app.enqueue("add", 1)  # the producer knows the task: nothing is sent
+    with pytest.raises(TypeError, match=r"task 'add': got an unexpected keyword argument 'c'"):
+        add.enqueue(1, 2, c=3)  # type: ignore[call-arg]
+    assert client.counts("binds").pending == 0
+    stranger = echomq.App(client, queue="binds").enqueue("add", 1, 2, 3)  # a producer that only has the name
+    with quick(app), pytest.raises(echomq.JobFailed) as failed:
+        stranger.result(timeout=20)
+    assert failed.value.type == "BadArguments" and "too many positional arguments" in failed.value.message
+    info = client.job("binds", stranger.id)
+    assert info is not None and info.state == "dead" and info.tries == 1
+
+
+def test_a_retry_policys_default_attempts_do_not_count_as_given(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="policy")
+    policy = echomq.RetryPolicy(backoff="fixed", base_ms=0)
+
+    @app.task(max_attempts=4, retry=policy)
+    def flaky() -> None:
+        raise RuntimeError("again")
+
+    assert flaky.settings.retry is not None and flaky.settings.retry.max_attempts == 4
+    with pytest.raises(ValueError, match="max_attempts=4 and retry's max_attempts=5: give one"):
+        app.task(name="other", max_attempts=4, retry=echomq.RetryPolicy.exponential(max_attempts=5))(
+            lambda: None
+        )
+    handle = flaky.enqueue()
+    with quick(app), pytest.raises(echomq.JobFailed):
+        handle.result(timeout=20)
+    info = client.job("policy", handle.id)
+    assert info is not None and info.tries == 4
+    worker = echomq.Worker(client, "policy", lambda ctx: None, max_attempts=4, retry=policy)
+    assert worker.max_attempts == 4
+
+
+def test_errors_name_a_job_by_its_id_not_the_enqueue_reply(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="names")
+
+    @app.task
+    def slow() -> None: ...
+
+    handle = slow.enqueue()
+    assert isinstance(handle.id, echomq.Enqueued)
+    with pytest.raises(echomq.ResultTimeout) as waited:
+        handle.result(timeout=0.05)
+    assert str(waited.value) == f"job '{handle.id}' of queue 'names' has not ended within 0.05 s"
+    assert "Enqueued(" not in repr(handle) and type(waited.value.job_id) is str
+    failed = echomq.JobFailed("names", handle.id, "E", "m", None)
+    assert "Enqueued(" not in str(failed) and type(failed.job_id) is str
 
 
 def test_non_retryable_is_dead_after_one_try_with_its_traceback_stored_and_logged(

@@ -45,7 +45,7 @@ class LeaseLost(EchoMQError):
 
     def __init__(self, message: str, job_id: str) -> None:
         super().__init__(message)
-        self.job_id = job_id
+        self.job_id = str(job_id)
 
 
 class JobGone(LeaseLost):
@@ -61,7 +61,7 @@ class JobExists(EchoMQError):
 
     def __init__(self, message: str, job_id: str) -> None:
         super().__init__(message)
-        self.job_id = job_id
+        self.job_id = str(job_id)
 
 
 class Unblocked(EchoMQError):
@@ -129,7 +129,7 @@ class NotRetryable(EchoMQError):
 
     def __init__(self, message: str, job_id: str, state: str | None) -> None:
         super().__init__(message)
-        self.job_id = job_id
+        self.job_id = str(job_id)
         self.state = state
 
 
@@ -192,6 +192,7 @@ class JobFailed(EchoMQError):
     """
 
     def __init__(self, queue: str, job_id: str, type: str, message: str, traceback: str | None) -> None:
+        job_id = str(job_id)  # an Enqueued is the id, not its repr
         super().__init__(f"job {job_id!r} of queue {queue!r} failed: {type}: {message}")
         self.queue, self.job_id = queue, job_id
         self.type, self.message, self.traceback = type, message, traceback
@@ -202,12 +203,13 @@ class JobCancelled(Cancelled):
 
     def __init__(self, queue: str, job_id: str, reason: str | None) -> None:
         super().__init__(reason)
-        self.queue, self.job_id = queue, job_id
+        self.queue, self.job_id = queue, str(job_id)
 
 
 class ResultTimeout(EchoMQError, TimeoutError):
     """A wait for a job's result ran out of time; the job has not ended (it may still)."""
 
     def __init__(self, queue: str, job_id: str, timeout: float) -> None:
+        job_id = str(job_id)  # an Enqueued is the id, not its repr
         super().__init__(f"job {job_id!r} of queue {queue!r} has not ended within {timeout} s")
         self.queue, self.job_id, self.timeout = queue, job_id, timeout

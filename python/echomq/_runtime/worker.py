@@ -9,7 +9,7 @@ from .. import _protocol as proto
 from .._protocol import MAX_MS, Call, Job, keys_of
 from ..errors import NotReplicated
 from ..isolation import ISOLATIONS
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, merge_attempts
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .finish import Finishing
 from .lease import HeldJob, Leases
@@ -104,10 +104,8 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, 
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
-            if max_attempts not in (3, retry.max_attempts):  # 3: the default, not given
-                raise ValueError(
-                    f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
-                )
+            # The worker's 3 is its default, not a choice: the policy's number then stands.
+            retry = merge_attempts(None if max_attempts == 3 else max_attempts, retry)
             max_attempts = retry.max_attempts
         self.client, self.queue, self.handler = client, queue, handler
         self.metrics = metrics  # echomq.metrics.Metrics: told of every claim, lease and end

@@ -30,6 +30,12 @@ def run_app(
         raise CliError(
             f"{args.handler} has no tasks (does importing it define them?), and no --queue was given"
         )
+    unused = [q for q in queues if app.tasks and q not in app.queues()]
+    if unused:  # a typo, most often: its jobs would be failed as no task of this app
+        log.warning(
+            "--queue %s: none of %s's tasks uses it (theirs: %s); its jobs run only if they name one of "
+            "this app's tasks", ", ".join(unused), args.handler, ", ".join(app.queues()),
+        )  # fmt: skip
     log.info(
         "worker of %s for %s: tasks %s, concurrency %d per queue; SIGINT/SIGTERM stop it",
         args.handler, ", ".join(queues), ", ".join(sorted(app.tasks)) or "none", args.concurrency,
@@ -42,7 +48,9 @@ def run_app(
         async def main() -> None:
             client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
             try:
-                dispatcher = AsyncDispatcher(app.tasks, app.serializers, tuple(app.hooks))
+                dispatcher = AsyncDispatcher(
+                    app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
+                )
                 await AsyncTaskWorker([emq.Worker(client, q, dispatcher, **settings) for q in queues]).run()
             finally:
                 await client.aclose()
@@ -54,7 +62,9 @@ def run_app(
 
     client = connect(args)
     require_module(client)
-    dispatcher = Dispatcher(app.tasks, app.serializers, tuple(app.hooks))
+    dispatcher = Dispatcher(
+        app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
+    )
     workers = TaskWorker([Worker(client, q, dispatcher, **settings) for q in queues])
     try:
         workers.run()

@@ -288,15 +288,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         handler = load_handler(args.handler)
     except CliError as exc:
-        if args.queue is None:  # a usage error first, as argparse would have said before apps
-            usage_error(f"the following arguments are required: --queue ({exc})")
+        if args.queue is None:  # what is wrong first: the handler, not a --queue it might have needed
+            usage_error(f"{exc} (and --queue is required unless {args.handler} is an echomq.App)")
         raise
     if isinstance(handler, AppCore):
         from ._tasks import run_app
 
         return run_app(args, handler, worker_settings(args), make_metrics)
     if args.queue is None:
-        usage_error(f"the following arguments are required: --queue ({args.handler} is not an echomq.App)")
+        usage_error(
+            f"--queue is required: {args.handler} is a handler, not an echomq.App "
+            "(whose tasks name their queues)"
+        )
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
     )

@@ -74,6 +74,7 @@ class AsyncApp(AppCore):
         queue: str = "default",
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
+        retry_unknown_tasks: bool = False,
     ) -> None:
         from ..asyncio.client import Client as AsyncClient
 
@@ -83,6 +84,7 @@ class AsyncApp(AppCore):
             )
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
+        self.retry_unknown_tasks = bool(retry_unknown_tasks)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
@@ -143,7 +145,9 @@ class AsyncApp(AppCore):
         """An asyncio worker for every task of ``queues`` (see ``echomq.App.worker``); ``await ....run()``."""
         from ..asyncio.worker import Worker
 
-        dispatcher = AsyncDispatcher(self.tasks, self.serializers, tuple(self.hooks))
+        dispatcher = AsyncDispatcher(
+            self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
+        )
         return AsyncTaskWorker(
             [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
         )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .. import _protocol as proto
 from .._protocol import MAX_MS, JobId
 from .._runtime import JobSettings, check_int
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, merge_attempts
 from .dispatch import Dispatcher
 from .envelope import check_name
 from .handle import TaskHandle
@@ -57,6 +57,7 @@ class AppCore:
         self.serializers: dict[str, Serializer] = {s.name: s for s in (JSON, *accept, serializer)}
         self.tasks: dict[str, TaskCore] = {}
         self.hooks: list[TaskHook] = []
+        self.retry_unknown_tasks = False
 
     def add_hook(self, hook: TaskHook) -> None:
         """Add an integration's hook (``echomq.tasks.hooks``): headers at enqueue, a context per run.
@@ -93,10 +94,8 @@ class AppCore:
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
-            if max_attempts is not None and max_attempts != retry.max_attempts:
-                raise ValueError(
-                    f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
-                )
+            retry = merge_attempts(max_attempts, retry)
+            max_attempts = None if max_attempts is None else retry.max_attempts
         if lease_ms is not None:
             check_int("lease_ms", lease_ms, 1, MAX_MS)
         if timeout_ms is not None:
@@ -195,7 +194,9 @@ class App(AppCore):
     this process does not know); ``serializer`` encodes arguments and
     results (JSON by default; ``echomq.tasks.PICKLE`` is unsafe: see
     ``echomq.tasks.serializers``); ``accept``, more serializers this app's
-    workers decode.
+    workers decode; ``retry_unknown_tasks=True``, a job naming a task this
+    app's workers do not know is retried (a rolling deploy's older workers)
+    instead of ending dead at once.
     """
 
     def __init__(
@@ -205,6 +206,7 @@ class App(AppCore):
         queue: str = "default",
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
+        retry_unknown_tasks: bool = False,
     ) -> None:
         from ..client import Client as SyncClient
 
@@ -214,6 +216,7 @@ class App(AppCore):
             )
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
+        self.retry_unknown_tasks = bool(retry_unknown_tasks)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
@@ -295,7 +298,9 @@ class App(AppCore):
         """
         from ..worker import Worker
 
-        dispatcher = Dispatcher(self.tasks, self.serializers, tuple(self.hooks))
+        dispatcher = Dispatcher(
+            self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
+        )
         return TaskWorker(
             [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
         )
@@ -317,5 +322,5 @@ class _ByName:
         return TaskHandle(app.client, queue, job_id, app.serializer)
 
 
-def _nothing() -> None:
+def _nothing(*args: Any, **kwargs: Any) -> None:
     """The function of a task known here only by name (never called)."""

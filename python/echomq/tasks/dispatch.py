@@ -8,10 +8,14 @@ stores it with the job's completion (COMPLETE ... RESULT, one atomic
 step).  ``job_settings`` gives the worker each job's own lease, timeout
 and tries (the task's).
 
-A job whose task this worker does not know fails like any failure
-(``UnknownTask``: retried, then dead, its error naming the task and the
-tasks known): never dropped.  A payload that is not a task call cannot be
-fixed by a retry: ``BadTaskPayload`` ends it dead at once (``NonRetryable``).
+A job whose task this worker does not know, or whose arguments do not
+bind its function's signature, cannot succeed on a retry by the same
+worker: it ends dead at once (``UnknownTask``, ``BadArguments``, both
+``NonRetryable``), its error naming the task and the tasks known, never
+dropped.  During a rolling deploy, when older workers may claim a new
+task's jobs, the app's ``retry_unknown_tasks=True`` makes an unknown task
+an ordinary failure instead (``UnknownTaskRetried``: retried, then dead).
+A payload that is not a task call ends dead at once too (``NonRetryable``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ if TYPE_CHECKING:
     from .hooks import TaskHook
     from .task import TaskCore
 
-__all__ = ["AsyncDispatcher", "Dispatcher", "UnknownTask", "async_context", "context"]
+__all__ = [
+    "AsyncDispatcher", "BadArguments", "Dispatcher", "UnknownTask", "UnknownTaskRetried",
+    "async_context", "context",
+]  # fmt: skip
 
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("echomq_task_context")
 
@@ -79,8 +86,16 @@ def async_context() -> AsyncJobContext:
     return ctx
 
 
-class UnknownTask(Exception):
-    """A job names a task this worker does not know (the job fails; dead after its tries)."""
+class UnknownTask(NonRetryable):
+    """A job names a task this worker does not know: it ends dead at once (no retry can help)."""
+
+
+class UnknownTaskRetried(Exception):
+    """``UnknownTask`` of an app made with ``retry_unknown_tasks=True``: a failure, dead after its tries."""
+
+
+class BadArguments(NonRetryable):
+    """A job's arguments do not bind its task's signature: it ends dead at once."""
 
 
 class _NotATask(NonRetryable):
@@ -95,8 +110,11 @@ class DispatchCore:
         tasks: Mapping[str, TaskCore],
         serializers: Mapping[str, Serializer],
         hooks: Sequence[TaskHook] = (),
+        *,
+        retry_unknown: bool = False,
     ) -> None:
         self.tasks, self.serializers, self.hooks = tasks, serializers, hooks
+        self.retry_unknown = retry_unknown
 
     def job_settings(self, job: Job) -> JobSettings | None:
         """The task's lease, timeout and tries for ``job`` (None: not a task this worker knows)."""
@@ -123,7 +141,8 @@ class DispatchCore:
         task = self.tasks.get(call.name)
         if task is None:
             known = ", ".join(sorted(self.tasks)) or "none"
-            raise UnknownTask(
+            kind = UnknownTaskRetried if self.retry_unknown else UnknownTask
+            raise kind(
                 f"this worker has no task {call.name!r} (it knows: {known}); is the worker running "
                 "the code that defines it?"
             )
@@ -131,6 +150,9 @@ class DispatchCore:
             args, kwargs = call.arguments(self.serializers)
         except BadTaskPayload as exc:
             raise _NotATask(str(exc)) from None
+        problem = task.binding_problem(args, kwargs)
+        if problem is not None:
+            raise BadArguments(f"the arguments do not fit task {call.name!r}: {problem}")
         return task, args, kwargs
 
     @staticmethod

@@ -46,7 +46,7 @@ class TaskHandle(Generic[R]):
         return self._client.cancel(self.queue, self.id, reason)
 
     def __repr__(self) -> str:
-        return f"TaskHandle(queue={self.queue!r}, id={self.id!r})"
+        return f"TaskHandle(queue={self.queue!r}, id={str(self.id)!r})"
 
 
 class AsyncTaskHandle(Generic[R]):
@@ -71,4 +71,4 @@ class AsyncTaskHandle(Generic[R]):
         return await self._client.cancel(self.queue, self.id, reason)
 
     def __repr__(self) -> str:
-        return f"AsyncTaskHandle(queue={self.queue!r}, id={self.id!r})"
+        return f"AsyncTaskHandle(queue={self.queue!r}, id={str(self.id)!r})"

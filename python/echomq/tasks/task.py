@@ -70,6 +70,10 @@ class TaskCore:
         self.settings, self.priority = settings, priority
         self.is_async = inspect.iscoroutinefunction(fn)
         self._fn = fn
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without one: the call itself will tell
+            self._signature = None
 
     @property
     def serializer(self) -> Serializer:
@@ -85,6 +89,16 @@ class TaskCore:
             headers.update(hook.enqueue_headers(self.name, queue or self.queue) or {})
         return encode_call(self.name, self.serializer, args, kwargs, headers)
 
+    def binding_problem(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """Why ``args`` and ``kwargs`` do not bind the function's signature (None: they do, or unknown)."""
+        if self._signature is None:
+            return None
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return None
+
     def enqueue_args(
         self,
         options: EnqueueOptions,
@@ -92,7 +106,14 @@ class TaskCore:
         kwargs: Mapping[str, Any],
         queue: str | None = None,
     ) -> dict[str, Any]:
-        """The keyword arguments of ``client.enqueue`` for one call (on ``queue``, default the task's)."""
+        """The keyword arguments of ``client.enqueue`` for one call (on ``queue``, default the task's).
+
+        ``TypeError`` when the arguments do not bind the task's function (a
+        job that could never run is not enqueued).
+        """
+        problem = self.binding_problem(args, kwargs)
+        if problem is not None:
+            raise TypeError(f"task {self.name!r}: {problem}")
         priority = options.priority if options.priority is not None else self.priority
         queue = self.queue if queue is None else queue
         return {
