@@ -578,3 +578,26 @@ def test_msgpack_carries_bytes_and_is_refused_by_a_json_reader(client: echomq.Cl
         client.result("packed", handle.id, timeout=1)
     with pytest.raises(SerializationError, match="argument 1: msgpack cannot carry"):
         echo.enqueue(object(), 1)  # type: ignore[arg-type]
+
+
+def test_a_cli_worker_on_a_queue_no_task_uses_warns(
+    server: EmbeddedServer, backend: str, tasks_module: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(PYTHONPATH=pythonpath(ROOT / "python", tasks_module), ECHOMQ_URL=server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "clitasks:app", "--queue", "cli-mial", "--backend", backend,
+         "--grace", "0", "--no-metrics"],
+        cwd=tasks_module, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        seen = ""
+        while "worker of" not in seen:  # the warning comes before the worker's first line
+            line = proc.stderr.readline()
+            assert line, f"the worker exited: {seen}"
+            seen += line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert "--queue cli-mial: none of clitasks:app's tasks uses it (theirs: cli-mail, cli-other)" in seen
