@@ -586,8 +586,8 @@ def test_a_cli_worker_on_a_queue_no_task_uses_warns(
     env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
     env.update(PYTHONPATH=pythonpath(ROOT / "python", tasks_module), ECHOMQ_URL=server.url)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "echomq", "worker", "clitasks:app", "--queue", "cli-mial", "--backend", backend,
-         "--grace", "0", "--no-metrics"],
+        [sys.executable, "-m", "echomq", "worker", "clitasks:app", "--queue", "cli-mial",
+         "--backend", backend, "--grace", "0", "--no-metrics"],
         cwd=tasks_module, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stderr is not None
