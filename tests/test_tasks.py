@@ -601,3 +601,75 @@ def test_a_cli_worker_on_a_queue_no_task_uses_warns(
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert "--queue cli-mial: none of clitasks:app's tasks uses it (theirs: cli-mail, cli-other)" in seen
+
+
+def test_a_task_call_is_a_unique_job_by_options_or_by_the_tasks_own_key(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="uniq")
+
+    @app.task(unique="{user_id}")
+    def welcome(user_id: int, lang: str = "en") -> str:
+        return f"{user_id}:{lang}"
+
+    @app.task
+    def plain(x: int) -> int:
+        return x
+
+    first = welcome.enqueue(7)
+    again = welcome.enqueue(7, lang="fr")  # the same key (the template names user_id only): held
+    other = welcome.enqueue(8)
+    assert first.created and not again.created and again.id == first.id and other.created
+    swapped = welcome.options(replace=True).enqueue(7, lang="de")
+    assert swapped.id == first.id and swapped.replaced and not swapped.created
+    a = plain.options(unique_key="once").enqueue(1)
+    b = plain.options(unique_key="once").enqueue(2)
+    assert a.created and not b.created and b.id == a.id
+    by_name = app.options(unique_key="once").enqueue("plain", 3)
+    assert not by_name.created and by_name.id == a.id
+    with pytest.raises(ValueError, match="need a unique key"):
+        plain.options(replace=True).enqueue(1)
+    with pytest.raises(ValueError, match=r"unique='\{nope\}' names no argument 'nope'"):
+        app.task(name="bad", unique="{nope}")(lambda x: x).enqueue(1)
+    with pytest.raises(ValueError, match="unique_for_ms needs unique="):
+        app.task(name="bad2", unique_for_ms=1000)(lambda: None)
+    assert client.counts("uniq").pending == 3  # welcome 7 and 8, plain once
+    with quick(app):
+        assert first.result(timeout=20) == "7:de"
+
+
+def test_a_unique_task_enqueued_20_times_at_once_gives_one_job(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="uniq-race")
+
+    @app.task(unique=lambda order: f"order-{order}", unique_for_ms=60_000)
+    def ship(order: int) -> None: ...
+
+    start = threading.Barrier(20)
+    handles: list[Any] = []
+
+    def go() -> None:
+        start.wait()
+        handles.append(ship.enqueue(42))
+
+    threads = [threading.Thread(target=go) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(handles) == 20 and len({h.id for h in handles}) == 1
+    assert sum(h.created for h in handles) == 1 and client.counts("uniq-race").pending == 1
+
+
+def test_an_asyncio_task_call_is_a_unique_job(server: EmbeddedServer, backend: str) -> None:
+    async def main() -> None:
+        aclient = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        try:
+            app = emq.App(aclient, queue="uniq-async")
+
+            @app.task(unique="{k}")
+            async def f(k: str) -> None: ...
+
+            one, two = await f.enqueue("a"), await f.options(unique_key="f:a").enqueue("b")
+            assert one.created and not two.created and two.id == one.id
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())

@@ -103,6 +103,8 @@ class AsyncApp(AppCore):
         lease_ms: int | None = None,
         timeout_ms: int | None = None,
         priority: int | None = None,
+        unique: Callable[..., str | bytes | None] | str | None = None,
+        unique_for_ms: int | None = None,
     ) -> _AsyncDecorator: ...
     def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
         """Make a function a task (see ``echomq.App.task``)."""
@@ -112,11 +114,12 @@ class AsyncApp(AppCore):
 
     def _register(self, fn: Callable[..., Any], **kwargs: Any) -> AsyncTask[Any, Any]:
         keys = ("name", "queue", "max_attempts", "retry", "lease_ms", "timeout_ms", "priority")
-        unknown = set(kwargs) - set(keys)
+        unknown = set(kwargs) - {*keys, "unique", "unique_for_ms"}
         if unknown:
             raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
         name, queue, settings, priority = self._settings(fn, *(kwargs.get(k) for k in keys))
         task: AsyncTask[Any, Any] = AsyncTask(self, fn, name, queue, settings, priority)
+        task.set_unique(kwargs.get("unique"), kwargs.get("unique_for_ms"))
         self.tasks[name] = task
         return task
 
@@ -132,9 +135,14 @@ class AsyncApp(AppCore):
         delay_ms: int | None = None,
         at: datetime.datetime | float | None = None,
         priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
     ) -> _AsyncByName:
         """Enqueue options for ``.enqueue(name, ...)`` (see ``echomq.App.options``)."""
-        return _AsyncByName(self, queue, EnqueueOptions(job_id, delay_ms, at, priority))
+        return _AsyncByName(
+            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+        )
 
     def handle(self, queue: str, job_id: str) -> AsyncTaskHandle[Any]:
         """A handle on a job enqueued earlier."""

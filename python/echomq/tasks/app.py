@@ -235,6 +235,8 @@ class App(AppCore):
         lease_ms: int | None = None,
         timeout_ms: int | None = None,
         priority: int | None = None,
+        unique: Callable[..., str | bytes | None] | str | None = None,
+        unique_for_ms: int | None = None,
     ) -> _Decorator: ...
     def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
         """Make a function a task: ``@app.task`` or ``@app.task(queue=..., max_attempts=..., ...)``.
@@ -243,7 +245,12 @@ class App(AppCore):
         and ``app.enqueue`` takes; ``queue`` (default: the app's);
         ``max_attempts`` or ``retry`` (an ``echomq.RetryPolicy``), ``lease_ms``
         and ``timeout_ms`` apply to this task's jobs in any worker of the app
-        (default: the worker's); ``priority`` is its jobs' default level.
+        (default: the worker's); ``priority`` is its jobs' default level;
+        ``unique`` makes its calls unique jobs: a key template of the
+        function's argument names (``"{user_id}"``: the key is the task's
+        name, a colon, then the template filled) or a function of the
+        call's arguments returning the key (None: not unique), held for
+        ``unique_for_ms`` or until the job ends (docs/concepts/unique.md).
         """
         if fn is None:
             return _Decorator(self, kwargs)
@@ -260,11 +267,14 @@ class App(AppCore):
         lease_ms: int | None = None,
         timeout_ms: int | None = None,
         priority: int | None = None,
+        unique: Callable[..., str | bytes | None] | str | None = None,
+        unique_for_ms: int | None = None,
     ) -> Task[Any, Any]:
         name, queue, settings, priority = self._settings(
             fn, name, queue, max_attempts, retry, lease_ms, timeout_ms, priority
         )
         task: Task[Any, Any] = Task(self, fn, name, queue, settings, priority)
+        task.set_unique(unique, unique_for_ms)
         self.tasks[name] = task
         return task
 
@@ -280,9 +290,14 @@ class App(AppCore):
         delay_ms: int | None = None,
         at: datetime.datetime | float | None = None,
         priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
     ) -> _ByName:
         """Enqueue options for ``.enqueue(name, ...)``; ``queue`` defaults to the task's, else the app's."""
-        return _ByName(self, queue, EnqueueOptions(job_id, delay_ms, at, priority))
+        return _ByName(
+            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+        )
 
     def handle(self, queue: str, job_id: str) -> TaskHandle[Any]:
         """A handle on a job enqueued earlier (its id kept somewhere): ``.result()``, ``.info()``."""

@@ -45,6 +45,16 @@ class TaskHandle(Generic[R]):
         """Cancel the job (``client.cancel``)."""
         return self._client.cancel(self.queue, self.id, reason)
 
+    @property
+    def created(self) -> bool:
+        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
+        return bool(getattr(self.id, "created", True))
+
+    @property
+    def replaced(self) -> bool:
+        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
+        return bool(getattr(self.id, "replaced", False))
+
     def __repr__(self) -> str:
         return f"TaskHandle(queue={self.queue!r}, id={str(self.id)!r})"
 
@@ -69,6 +79,16 @@ class AsyncTaskHandle(Generic[R]):
     async def cancel(self, reason: str | None = None) -> CancelOutcome:
         """Cancel the job (``client.cancel``)."""
         return await self._client.cancel(self.queue, self.id, reason)
+
+    @property
+    def created(self) -> bool:
+        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
+        return bool(getattr(self.id, "created", True))
+
+    @property
+    def replaced(self) -> bool:
+        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
+        return bool(getattr(self.id, "replaced", False))
 
     def __repr__(self) -> str:
         return f"AsyncTaskHandle(queue={self.queue!r}, id={str(self.id)!r})"
