@@ -673,3 +673,43 @@ def test_an_asyncio_task_call_is_a_unique_job(server: EmbeddedServer, backend: s
             await aclient.aclose()
 
     asyncio.run(main())
+
+
+def test_echomq_call_enqueues_a_task_call_and_waits_for_its_result(
+    server: EmbeddedServer, backend: str, tasks_module: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(PYTHONPATH=pythonpath(ROOT / "python", tasks_module), ECHOMQ_URL=server.url)
+
+    def call(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "echomq", "call", *argv, "--backend", backend],
+            cwd=tasks_module, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    refused = call("add", "[2]", "--app", "clitasks:app")
+    assert refused.returncode == 1 and "task 'add': missing a required argument: 'b'" in refused.stderr
+    assert call("add", "{}").stderr.endswith(
+        "ARGS_JSON must be a JSON array, e.g. '[2, 3]', not a JSON object\n"
+    )
+    nosuch = call("nope", "--app", "clitasks:app")
+    assert nosuch.returncode == 1 and "clitasks:app has no task 'nope' (it has: add, leave)" in nosuch.stderr
+    raw = subprocess.run(
+        [sys.executable, "-m", "echomq", "enqueue", "cli-mail", "raw", "--backend", backend],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    proc = cli_worker(server, tasks_module, backend)
+    try:
+        done = call("add", "[20, 3]", "--app", "clitasks:app", "--wait", "30")
+        assert done.returncode == 0 and done.stdout == "23\n", done.stderr
+        by_queue = call("add", "[1]", "--kwargs", '{"b": 1}', "--queue", "cli-mail", "--wait", "30")
+        assert by_queue.returncode == 0 and by_queue.stdout == "2\n", by_queue.stderr
+        dead = subprocess.run(
+            [sys.executable, "-m", "echomq", "result", "cli-mail", raw.stdout.strip(), "--wait", "30",
+             "--backend", backend],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert dead.returncode == 1 and "NotATask: not a task job" in dead.stderr and "echomq call" in dead.stderr

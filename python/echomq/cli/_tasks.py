@@ -15,7 +15,7 @@ from ..tasks.results import ResultWait
 from ..tasks.serializers import JSON
 from ._common import CliError, connect, log, require_module
 
-__all__ = ["cmd_result", "run_app"]
+__all__ = ["cmd_call", "cmd_result", "run_app"]
 
 
 def run_app(
@@ -106,3 +106,52 @@ def cmd_result(args: argparse.Namespace) -> int:
         raise CliError(f"no job {args.job_id!r} in queue {args.queue!r}") from exc
     print(json.dumps(value, ensure_ascii=False))
     return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    """Enqueue a call of a task by name (JSON arguments); print its id, or with --wait its result."""
+    from ..cli.worker import load_handler
+    from ..tasks import App
+    from ..tasks.serializers import SerializationError
+
+    positional = _json_arg("ARGS_JSON", args.args, list, "a JSON array, e.g. '[2, 3]'")
+    keywords = _json_arg("--kwargs", args.kwargs, dict, 'a JSON object, e.g. \'{"to": "ada"}\'')
+    client = connect(args)
+    if args.app is not None:  # the app that defines the task: its queue, and its signature checked here
+        found = load_handler(args.app)
+        if not isinstance(found, AppCore):
+            raise CliError(f"--app {args.app} is not an echomq.App")
+        if args.task not in found.tasks:
+            known = ", ".join(sorted(found.tasks)) or "none"
+            raise CliError(f"{args.app} has no task {args.task!r} (it has: {known})")
+        app = App(client, queue=found.tasks[args.task].queue)
+        app.tasks[args.task] = found.tasks[args.task]
+    else:
+        app = App(client, queue=args.queue or "default")
+    try:
+        handle = app.options(
+            queue=args.queue, job_id=args.id, delay_ms=args.delay, priority=args.priority,
+            unique_key=args.unique_key,
+        ).enqueue(args.task, *positional, **keywords)  # fmt: skip
+    except (TypeError, ValueError, SerializationError) as exc:
+        raise CliError(str(exc)) from exc
+    if not handle.created:
+        print(f"job {handle.id} holds unique key {args.unique_key!r}: nothing enqueued", file=sys.stderr)
+    if args.wait is None:
+        print(handle.id)
+        return 0
+    args.queue, args.job_id = handle.queue, str(handle.id)
+    return cmd_result(args)
+
+
+def _json_arg(name: str, text: str | None, kind: type, example: str) -> Any:
+    if text is None:
+        return kind()
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{name} must be {example}: {exc}") from None
+    if not isinstance(value, kind):
+        kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+        raise CliError(f"{name} must be {example}, not a JSON {kinds.get(type(value), 'number')}")
+    return value

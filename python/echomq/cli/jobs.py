@@ -283,7 +283,33 @@ def register(command: Command) -> None:
     p.add_argument("job_id")
     p.add_argument("--payload", action="store_true", help="print the payload too")
 
-    from ._tasks import cmd_result
+    from ._tasks import cmd_call, cmd_result
+
+    p = command("call", "enqueue a call of a task by name (JSON arguments); prints its id", cmd_call)
+    p.add_argument("task", metavar="TASK", help="the task's name, as @app.task named it")
+    p.add_argument(
+        "args", metavar="ARGS_JSON", nargs="?", default=None, help="positional arguments: '[2, 3]'"
+    )
+    p.add_argument("--kwargs", default=None, metavar="JSON", help='keyword arguments: \'{"to": "ada"}\'')
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--queue", "-q", default=None, help="the task's queue (default: 'default', or --app's)"
+    )
+    where.add_argument(
+        "--app",
+        default=None,
+        metavar="MODULE:APP",
+        help="the app defining the task: its queue, and the arguments checked against its signature",
+    )
+    p.add_argument("--id", default=None, help="the job id (default: a new one)")
+    p.add_argument("--priority", type=priority, default=None, metavar="N", help="its level, -1000 to 1000")
+    p.add_argument(
+        "--delay", type=delay_ms, default=None, metavar="DELAY", help="claimable after: 30s, 5m, ..."
+    )
+    p.add_argument("--unique-key", default=None, metavar="KEY", help="one job per key (see enqueue)")
+    p.add_argument(
+        "--wait", type=float, default=None, metavar="S", help="wait up to S seconds and print its result"
+    )
 
     p = command("result", "a job's result (a task's value, as JSON); waits with --wait", cmd_result)
     p.add_argument("queue")

@@ -17,7 +17,7 @@ default (``serializers``).  The pieces, one idea each:
 from __future__ import annotations
 
 from .app import App, AppCore, TaskWorker
-from .dispatch import BadArguments, UnknownTask, UnknownTaskRetried, context
+from .dispatch import BadArguments, NotATask, UnknownTask, UnknownTaskRetried, context
 from .envelope import BadTaskPayload, decode_result
 from .handle import AsyncTaskHandle, TaskHandle
 from .serializers import (
@@ -45,6 +45,7 @@ __all__ = [
     "EnqueueOptions",
     "JsonSerializer",
     "MsgpackSerializer",
+    "NotATask",
     "PickleSerializer",
     "SerializationError",
     "Serializer",

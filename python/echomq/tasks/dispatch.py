@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .task import TaskCore
 
 __all__ = [
-    "AsyncDispatcher", "BadArguments", "Dispatcher", "UnknownTask", "UnknownTaskRetried",
+    "AsyncDispatcher", "BadArguments", "Dispatcher", "NotATask", "UnknownTask", "UnknownTaskRetried",
     "async_context", "context",
 ]  # fmt: skip
 
@@ -98,8 +98,13 @@ class BadArguments(NonRetryable):
     """A job's arguments do not bind its task's signature: it ends dead at once."""
 
 
-class _NotATask(NonRetryable):
-    """A payload that is not a task call this worker can read: dead at once."""
+class NotATask(NonRetryable):
+    """A job whose payload is not a task call this worker can read (a raw ``enqueue``?): dead at once.
+
+    ``echomq call TASK ...`` (or ``app.enqueue("TASK", ...)``) enqueues a
+    task call; ``echomq enqueue QUEUE PAYLOAD`` puts a raw payload, for a
+    handler worker.
+    """
 
 
 class DispatchCore:
@@ -127,7 +132,9 @@ class DispatchCore:
         try:
             return parse_call(job.payload)
         except BadTaskPayload as exc:
-            raise _NotATask(str(exc)) from None
+            raise NotATask(
+                f"{exc} (a task call is enqueued by `echomq call TASK ARGS_JSON` or app.enqueue)"
+            ) from None
 
     @contextmanager
     def hooked(self, ctx: Any, call: TaskCall) -> Iterator[Any]:
@@ -149,7 +156,7 @@ class DispatchCore:
         try:
             args, kwargs = call.arguments(self.serializers)
         except BadTaskPayload as exc:
-            raise _NotATask(str(exc)) from None
+            raise NotATask(str(exc)) from None
         problem = task.binding_problem(args, kwargs)
         if problem is not None:
             raise BadArguments(f"the arguments do not fit task {call.name!r}: {problem}")
