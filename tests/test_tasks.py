@@ -713,3 +713,63 @@ def test_echomq_call_enqueues_a_task_call_and_waits_for_its_result(
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert dead.returncode == 1 and "NotATask: not a task job" in dead.stderr and "echomq call" in dead.stderr
+
+
+def test_a_periodic_task_fires_each_tick_once_with_three_workers(
+    client: echomq.Client, r: redis.Redis, server: EmbeddedServer, backend: str
+) -> None:
+    # Three workers (three apps, as three processes would have), one schedule, each tick one job.
+    ran: list[tuple[str, int]] = []
+    apps = [echomq.App(client, queue="beat") for _ in range(3)]
+    for app in apps:
+
+        @app.task(cron="* * * * * *", args=("ping",), kwargs={"n": 1})  # six fields: every second
+        def beat(word: str, n: int = 0) -> None:
+            ran.append((word, n))
+
+    assert list(apps[0].periodic) == [("beat", "beat")]
+    workers = [quick(app, reap_interval=0.1) for app in apps]
+    for w in workers:
+        w.start()
+    try:
+        wait_until(lambda: len(ran) >= 3, timeout=30)
+    finally:
+        for w in workers:
+            w.stop()
+    ids = sorted(k.decode().rsplit(":", 1)[-1] for k in r.scan_iter("emq:{beat}:job:*"))
+    assert len(ids) == len(set(ids)) >= 3 and all(i.startswith("beat@") for i in ids)
+    ticks = [int(i.split("@")[1]) for i in ids]
+    assert all(t % 1000 == 0 for t in ticks)  # one job per second's tick, named by it
+    assert ran.count(("ping", 1)) == len(ran) and len(ran) >= 3
+    (info,) = client.schedules("beat")
+    assert info.fired == len(ids) and info.schedule.cron == "* * * * * *"
+    listed = subprocess.run(
+        [sys.executable, "-m", "echomq", "schedule", "list", "beat", "--url", server.url,
+         "--backend", backend],
+        env={**os.environ, "PYTHONPATH": pythonpath(ROOT / "python")}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    row = listed.stdout.splitlines()[2].split()
+    assert listed.returncode == 0 and row[:2] == ["beat", "beat"], listed.stdout  # NAME, TASK
+
+
+def test_app_schedule_checks_its_call_and_timing_when_made(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="beat2")
+
+    @app.task
+    def report(day: str) -> None: ...
+
+    with pytest.raises(TypeError, match="task 'report': missing a required argument: 'day'"):
+        app.schedule(report, "daily", cron="0 8 * * *")
+    with pytest.raises(ValueError, match="give exactly one of cron= and every_ms="):
+        app.schedule(report, "daily", args=["mon"])
+    with pytest.raises(ValueError, match="need cron= or every_ms="):
+        app.task(name="x", tz="Europe/Berlin")(lambda: None)
+    assert "x" not in app.tasks
+    app.schedule("report", "daily", cron="0 8 * * *", tz="Europe/Berlin", args=["mon"])
+    with pytest.raises(ValueError, match="already has a schedule 'daily'"):
+        app.schedule(report, "daily", every_ms=1000, args=["tue"])
+    assert client.schedules("beat2") == []  # stored when a worker starts, not before
+    (stored,) = app.register_schedules()
+    assert stored.name == "daily" and stored.schedule.tz == "Europe/Berlin"
+    assert app.register_schedules()[0].last_ms == stored.last_ms  # again: the same schedule, its cursor kept

@@ -51,13 +51,19 @@ def run_app(
                 dispatcher = AsyncDispatcher(
                     app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
                 )
-                await AsyncTaskWorker([emq.Worker(client, q, dispatcher, **settings) for q in queues]).run()
+                workers = [emq.Worker(client, q, dispatcher, **settings) for q in queues]
+
+                async def schedules() -> None:  # on this command's connection, not the app module's
+                    assert isinstance(app, AsyncApp)
+                    await app.register_schedules(client)
+
+                await AsyncTaskWorker(workers, schedules if app.periodic else None).run()
             finally:
                 await client.aclose()
 
         asyncio.run(main())
         return 0
-    from ..tasks.app import TaskWorker
+    from ..tasks.app import App, TaskWorker
     from ..worker import Worker
 
     client = connect(args)
@@ -65,7 +71,10 @@ def run_app(
     dispatcher = Dispatcher(
         app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
     )
-    workers = TaskWorker([Worker(client, q, dispatcher, **settings) for q in queues])
+    workers = TaskWorker(
+        [Worker(client, q, dispatcher, **settings) for q in queues],
+        (lambda: app.register_schedules(client)) if app.periodic and isinstance(app, App) else None,
+    )
     try:
         workers.run()
     finally:

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
 from .._runtime import JobSettings
 from ..retry import RetryPolicy
-from .app import AppCore, _nothing
+from .app import AppCore, _nothing, periodic_timing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
+from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import AsyncTask, EnqueueOptions, TaskCore
 
 if TYPE_CHECKING:
     from ..asyncio.client import Client
     from ..asyncio.worker import Worker
+    from ..schedules import ScheduleInfo
 
 __all__ = ["AsyncApp", "AsyncTaskWorker"]
 
@@ -30,11 +32,16 @@ R = TypeVar("R")
 class AsyncTaskWorker:
     """``app.worker()``: one ``echomq.asyncio.Worker`` per queue, run together, stopped together."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(
+        self, workers: list[Worker], on_start: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
         self.workers = workers
+        self._on_start = on_start  # the app's schedules, stored before the first claim
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM: the first worker takes the signals, the rest follow."""
+        if self._on_start is not None:
+            await self._on_start()
         first, *others = self.workers
         runs = [asyncio.ensure_future(first.run(handle_signals=handle_signals))]
         runs += [asyncio.ensure_future(w.run(handle_signals=False)) for w in others]
@@ -105,6 +112,12 @@ class AsyncApp(AppCore):
         priority: int | None = None,
         unique: Callable[..., str | bytes | None] | str | None = None,
         unique_for_ms: int | None = None,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
     ) -> _AsyncDecorator: ...
     def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
         """Make a function a task (see ``echomq.App.task``)."""
@@ -114,6 +127,8 @@ class AsyncApp(AppCore):
 
     def _register(self, fn: Callable[..., Any], **kwargs: Any) -> AsyncTask[Any, Any]:
         keys = ("name", "queue", "max_attempts", "retry", "lease_ms", "timeout_ms", "priority")
+        periodic: tuple[str, ...] = ("cron", "every_ms", "tz", "args", "kwargs", "missed")
+        timing = {k: kwargs.pop(k) for k in periodic if k in kwargs}
         unknown = set(kwargs) - {*keys, "unique", "unique_for_ms"}
         if unknown:
             raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
@@ -121,7 +136,38 @@ class AsyncApp(AppCore):
         task: AsyncTask[Any, Any] = AsyncTask(self, fn, name, queue, settings, priority)
         task.set_unique(kwargs.get("unique"), kwargs.get("unique_for_ms"))
         self.tasks[name] = task
+        if timing:
+            try:
+                self._periodic(task, None, **periodic_timing(timing))
+            except BaseException:
+                del self.tasks[name]  # a task whose schedule is refused is not half made
+                raise
         return task
+
+    def schedule(
+        self,
+        task: AsyncTask[Any, Any] | str,
+        name: str | None = None,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
+        start_at: int | datetime.datetime | None = None,
+        end_at: int | datetime.datetime | None = None,
+    ) -> TaskSchedule:
+        """Call ``task`` on every tick (see ``echomq.App.schedule``); stored as a worker of the app starts."""
+        return self._periodic(
+            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
+            start_at=start_at, end_at=end_at,
+        )  # fmt: skip
+
+    async def register_schedules(self, client: Client | None = None) -> list[ScheduleInfo]:
+        """Store this app's schedules on the server (idempotent); what ``app.worker()`` does as it runs."""
+        client = self.client if client is None else client
+        return [await client.schedule(**p.schedule_args()) for p in self.periodic.values()]
 
     async def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> AsyncTaskHandle[Any]:
         """Enqueue a call of the task ``name``; a handle on its job (see ``echomq.App.enqueue``)."""
@@ -157,7 +203,8 @@ class AsyncApp(AppCore):
             self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
         )
         return AsyncTaskWorker(
-            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)],
+            self.register_schedules if self.periodic else None,
         )
 
 

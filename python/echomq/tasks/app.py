@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
@@ -31,11 +31,13 @@ from .dispatch import Dispatcher
 from .envelope import check_name
 from .handle import TaskHandle
 from .hooks import TaskHook
+from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import EnqueueOptions, Task, TaskCore
 
 if TYPE_CHECKING:
     from ..client import Client
+    from ..schedules import ScheduleInfo
     from ..worker import Worker
 
 __all__ = ["App", "AppCore", "TaskWorker"]
@@ -58,6 +60,7 @@ class AppCore:
         self.tasks: dict[str, TaskCore] = {}
         self.hooks: list[TaskHook] = []
         self.retry_unknown_tasks = False
+        self.periodic: dict[tuple[str, str], TaskSchedule] = {}  # (queue, name): stored as workers start
 
     def add_hook(self, hook: TaskHook) -> None:
         """Add an integration's hook (``echomq.tasks.hooks``): headers at enqueue, a context per run.
@@ -103,6 +106,22 @@ class AppCore:
         proto.priority_args(priority)
         return name, queue, JobSettings(lease_ms, timeout_ms, max_attempts, retry), priority
 
+    def _periodic(self, task: TaskCore | str, name: str | None, **timing: Any) -> TaskSchedule:
+        """A task schedule of this app, checked and kept (its workers store it as they start)."""
+        if isinstance(task, str):
+            found = self.tasks.get(task)
+            if found is None:
+                raise ValueError(f"this app has no task {task!r} (it has: {', '.join(sorted(self.tasks))})")
+            task = found
+        if self.tasks.get(task.name) is not task:
+            raise ValueError(f"task {task.name!r} is not one of this app's")
+        periodic = TaskSchedule.of(task, name, **timing)
+        key = (periodic.queue, periodic.name)
+        if key in self.periodic:
+            raise ValueError(f"this app already has a schedule {periodic.name!r} on queue {periodic.queue!r}")
+        self.periodic[key] = periodic
+        return periodic
+
     def queues(self) -> list[str]:
         """Every queue the app's tasks use, in the order they were first used."""
         return list(dict.fromkeys(task.queue for task in self.tasks.values()))
@@ -127,8 +146,9 @@ class AppCore:
 class TaskWorker:
     """``app.worker()``: one ``echomq.Worker`` per queue, run together, stopped together."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(self, workers: list[Worker], on_start: Callable[[], object] | None = None) -> None:
         self.workers = workers
+        self._on_start = on_start  # the app's schedules, stored before the first claim
 
     def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``).
@@ -137,6 +157,8 @@ class TaskWorker:
         of them stops (a task's ``sys.exit``, say), they all stop, and what
         stopped it is raised here.
         """
+        if self._on_start is not None:
+            self._on_start()
         first, *others = self.workers
         for w in others:
             w.start()
@@ -153,6 +175,8 @@ class TaskWorker:
                 raise w._interrupt
 
     def start(self) -> TaskWorker:
+        if self._on_start is not None:
+            self._on_start()
         for w in self.workers:
             w.start()
         return self
@@ -237,6 +261,12 @@ class App(AppCore):
         priority: int | None = None,
         unique: Callable[..., str | bytes | None] | str | None = None,
         unique_for_ms: int | None = None,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
     ) -> _Decorator: ...
     def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
         """Make a function a task: ``@app.task`` or ``@app.task(queue=..., max_attempts=..., ...)``.
@@ -269,6 +299,7 @@ class App(AppCore):
         priority: int | None = None,
         unique: Callable[..., str | bytes | None] | str | None = None,
         unique_for_ms: int | None = None,
+        **timing: Any,  # cron=, every_ms=, tz=, args=, kwargs=, missed=: a periodic task
     ) -> Task[Any, Any]:
         name, queue, settings, priority = self._settings(
             fn, name, queue, max_attempts, retry, lease_ms, timeout_ms, priority
@@ -276,7 +307,46 @@ class App(AppCore):
         task: Task[Any, Any] = Task(self, fn, name, queue, settings, priority)
         task.set_unique(unique, unique_for_ms)
         self.tasks[name] = task
+        if timing:
+            try:
+                self._periodic(task, None, **periodic_timing(timing))
+            except BaseException:
+                del self.tasks[name]  # a task whose schedule is refused is not half made
+                raise
         return task
+
+    def schedule(
+        self,
+        task: Task[Any, Any] | str,
+        name: str | None = None,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
+        start_at: int | datetime.datetime | None = None,
+        end_at: int | datetime.datetime | None = None,
+    ) -> TaskSchedule:
+        """Call ``task`` (a task of this app, or its name) with ``args`` and ``kwargs`` on every tick.
+
+        ``name`` (default: the task's) names the schedule in its queue;
+        ``cron``/``every_ms``, ``tz``, ``missed``, ``start_at`` and ``end_at``
+        are ``client.schedule``'s.  Checked now (``BadSchedule``,
+        ``TypeError`` for arguments the task cannot take); stored on the
+        server when a worker of this app starts (or ``register_schedules()``):
+        many workers, one schedule, each tick once.
+        """
+        return self._periodic(
+            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
+            start_at=start_at, end_at=end_at,
+        )  # fmt: skip
+
+    def register_schedules(self, client: Client | None = None) -> list[ScheduleInfo]:
+        """Store this app's schedules on the server (idempotent); what ``app.worker()`` does as it starts."""
+        client = self.client if client is None else client
+        return [client.schedule(**p.schedule_args()) for p in self.periodic.values()]
 
     def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         """Enqueue a call of the task ``name`` (no import of its function needed); a handle on its job."""
@@ -317,7 +387,8 @@ class App(AppCore):
             self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
         )
         return TaskWorker(
-            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)],
+            self.register_schedules if self.periodic else None,
         )
 
 
@@ -335,6 +406,18 @@ class _ByName:
         call = task.enqueue_args(self._options, args, kwargs, queue)
         job_id = app.client.enqueue(**call)
         return TaskHandle(app.client, queue, job_id, app.serializer)
+
+
+def periodic_timing(given: dict[str, Any]) -> dict[str, Any]:
+    """``@app.task``'s schedule settings as ``TaskSchedule.of`` takes them (a cron or every_ms needed)."""
+    known = {"cron", "every_ms", "tz", "args", "kwargs", "missed"}
+    unknown = set(given) - known
+    if unknown:
+        raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
+    if given.get("cron") is None and given.get("every_ms") is None:
+        raise ValueError(f"{', '.join(sorted(given))} need cron= or every_ms= (a periodic task)")
+    timing = {"tz": "UTC", "args": (), "kwargs": None, "missed": "skip", "cron": None, "every_ms": None}
+    return {**timing, **given, "start_at": None, "end_at": None}
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
