@@ -34,6 +34,8 @@ DIFFERENT = {
     "await; `await worker.run()` or leaving `async with worker:` waits, as the sync stop() does",
     ("App", "queues"): "the queues of the app's own tasks: nothing to ask the server, plain in both "
     "(Client.queues, a coroutine, scans the server)",
+    ("App", "schedule"): "keeps a periodic task's definition, sends nothing: plain in both "
+    "(Client.schedule, a coroutine, stores one; App.register_schedules is the awaited twin)",
 }
 Q = "parity"
 K = queue_keys(Q)

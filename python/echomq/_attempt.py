@@ -31,6 +31,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
+from .errors import ServerUnreachable
+
 if TYPE_CHECKING:
     from .client import Cutter
 
@@ -47,10 +49,11 @@ SPARE = 4
 SUBSCRIBER_TIMEOUT_S = 1.0
 
 
-class NotSent(redis.ConnectionError):
+class NotSent(ServerUnreachable):
     """A try that never reached the wire: no connection was free, or none could be opened, in time.
 
-    Nothing was sent, so nothing ran: a claim's REQ is no more in doubt than it was.
+    Nothing was sent, so nothing ran: a claim's REQ is no more in doubt than it was.  The
+    clients' public calls raise it as a plain ``echomq.ServerUnreachable``.
     """
 
 

@@ -12,6 +12,8 @@ Catch at the level you care about::
     ├── Unblocked          the server ended a waiting claim without a job
     ├── NotReplicated      a claim's wait for replicas ran out; its jobs were given back
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
+    ├── ServerUnreachable  nothing could be sent: no server answers at that address (also a
+    │                      redis.ConnectionError)
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
     ├── RateLimited        raised by a handler: give the job back, stop the queue's claims for ms
@@ -27,17 +29,34 @@ The clients check argument types and ranges before sending anything and raise
 ``TypeError``/``ValueError`` naming the argument; ``BadArgument`` is for what
 only the server can tell (a lease whose deadline would be too large).
 ``BadArgument`` and ``CorruptQueue`` are ``redis.ResponseError`` subclasses too.
-Connection errors and the server's own typed refusals (``NoPermissionError``,
-``ReadOnlyError``, ``OutOfMemoryError``, ``TryAgainError``) stay redis-py's.
+A server that cannot be reached at all (a mistyped host, a wrong port, a
+server not started, or one that stayed away through every retry) raises
+``ServerUnreachable``, chained to redis-py's error; a connection lost while a
+command was on the wire, and the server's own typed refusals
+(``NoPermissionError``, ``ReadOnlyError``, ``OutOfMemoryError``,
+``TryAgainError``), stay redis-py's.
 """
 
 from __future__ import annotations
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 
 class EchoMQError(Exception):
     """Base class of every exception echomq raises."""
+
+
+class ServerUnreachable(EchoMQError, RedisConnectionError):
+    """No server could be reached, so nothing was sent (and nothing ran).
+
+    A host that does not resolve or refuses the connection before the client
+    ever reached it fails at once (no retry can help a wrong address); a
+    server reached before and gone since is retried within the call's window
+    (about 30 s for a REQ-carrying verb), then this.  The cause (redis-py's
+    ``ConnectionError``) is chained.  Connecting waits at most
+    ``socket_connect_timeout`` (5 s by default) per try.
+    """
 
 
 class LeaseLost(EchoMQError):

@@ -65,6 +65,7 @@ from ..client import (
     connection_defaults,
     default_async_retry,
     never_reached,
+    unreachable,
     unwrapped,
 )
 from ..errors import EchoMQError, LeaseLost, NotReplicated
@@ -276,16 +277,19 @@ class Client:
                 reply = await self._attempt(call, window.try_s)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if never_reached(self.redis, exc, self._reached):
-                    error = unwrapped(exc)
+                    error: BaseException = exc
                     break
                 pause = window.next_pause(loop.time())
                 if pause is None:
+                    if isinstance(exc, NotSent):  # the server stayed away: the public type, not ours
+                        error = exc
+                        break
                     raise
                 await asyncio.sleep(pause)
             else:
                 self._reached = True
                 return reply
-        raise error  # outside the handler: the error keeps its own cause
+        raise unreachable(error) from unwrapped(error)  # outside the handler: chained to its own cause
 
     async def _attempt_many(
         self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None = None
