@@ -195,3 +195,24 @@ def test_a_job_naming_a_module_outside_the_apps_fails_without_importing_it(
         with pytest.raises(echomq.JobFailed, match="UnknownTask"):
             handle.result(timeout=30)
     assert not Path(project["ECHOMQ_DJANGO_DB"] + ".imported").exists()
+
+
+def test_this_file_runs_on_django_6_and_python_3_12_too(pytestconfig: pytest.Config) -> None:
+    """The suite's venv has the backport (Django 5.2, Python 3.11); this file runs again on Django 6.0."""
+    if django.VERSION >= (6, 0):
+        pytest.skip("this run is the Django 6 one")
+    from tests.compat import django6
+
+    python, why = django6.prepare()
+    if python is None:
+        pytest.skip(f"no Django 6 venv: {why}")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "python")  # this tree's echomq
+    engine = pytestconfig.getoption("--engine") or "redis"
+    run = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--engine", engine, __file__],
+        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    assert "failed" not in out.splitlines()[-1] and " passed" in out.splitlines()[-1], out[-2000:]
