@@ -129,6 +129,8 @@ class TaskWorker:
     """``app.worker()``: one ``echomq.Worker`` per queue, run together, stopped together."""
 
     def __init__(self, workers: list[Worker]) -> None:
+        if not workers:
+            raise ValueError("a TaskWorker needs at least one worker: no queue was given")
         self.workers = workers
 
     def run(self, *, handle_signals: bool = True) -> None:
