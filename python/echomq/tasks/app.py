@@ -147,6 +147,8 @@ class TaskWorker:
     """``app.worker()``: one ``echomq.Worker`` per queue, run together, stopped together."""
 
     def __init__(self, workers: list[Worker], on_start: Callable[[], object] | None = None) -> None:
+        if not workers:
+            raise ValueError("a TaskWorker needs at least one worker: no queue was given")
         self.workers = workers
         self._on_start = on_start  # the app's schedules, stored before the first claim
 
