@@ -16,6 +16,10 @@
 #   make image  set everything up, then build the Docker image on this machine as `make test`
 #               does (a Docker engine started if none answers, a stand-in base: see below);
 #               prints its tag, which `docker run --rm -d -p 127.0.0.1:0:6379 <tag>` serves
+#   make wheel  set everything up, then build the binary wheel (emq.so inside, for this
+#               platform) into dist/: a machine with no compiler installs it with pip; the
+#               sdist still builds from source, and without gcc and make installs the client
+#               alone, saying so
 #   make docs   set everything up, then build the documentation site (MkDocs + Material,
 #               mkdocs.yml, docs/) into site/ with --strict: a broken link, anchor or
 #               missing page fails; `make docs-serve` serves it on http://127.0.0.1:8000
@@ -47,7 +51,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke compat bench soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -148,6 +152,12 @@ docs-serve: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# The release's binary wheel: the build fails rather than leave the module out (setup.py).
+wheel: setup
+	rm -f dist/echomq-*.whl
+	ECHOMQ_REQUIRE_MODULE=1 $(BIN)/python -m build --wheel --outdir dist .
+	@ls dist/echomq-*.whl
 
 soak: setup
 	$(BIN)/python bench/soak.py
