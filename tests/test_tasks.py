@@ -732,7 +732,7 @@ def test_a_periodic_task_fires_each_tick_once_with_three_workers(
     for w in workers:
         w.start()
     try:
-        wait_until(lambda: len(ran) >= 3, timeout=30)
+        assert wait_until(lambda: len(ran) >= 3, timeout=30)
     finally:
         for w in workers:
             w.stop()
@@ -773,3 +773,29 @@ def test_app_schedule_checks_its_call_and_timing_when_made(client: echomq.Client
     (stored,) = app.register_schedules()
     assert stored.name == "daily" and stored.schedule.tz == "Europe/Berlin"
     assert app.register_schedules()[0].last_ms == stored.last_ms  # again: the same schedule, its cursor kept
+
+
+def test_an_apps_worker_waits_for_its_server_when_asked(server_factory: Any) -> None:
+    probe = server_factory()
+    port = probe.port
+    probe.stop()
+    client = echomq.Client.from_url(f"redis://127.0.0.1:{port}/0")
+    app = echomq.App(client, queue="late-app")
+
+    @app.task
+    def hello() -> str:
+        return "hi"
+
+    with pytest.raises(ValueError, match="wait_for_server"):
+        app.worker(wait_for_server=-1)
+    worker = app.worker(poll_interval=0.02, grace=0.5, wait_for_server=60)
+    starter = threading.Thread(target=worker.start)
+    starter.start()
+    time.sleep(0.5)
+    assert starter.is_alive()  # still waiting: nothing answers yet
+    server_factory(port=port)
+    starter.join(60)
+    try:
+        assert hello.enqueue().result(timeout=30) == "hi"
+    finally:
+        worker.stop()

@@ -43,11 +43,13 @@ def run_app(
     settings["metrics"] = make_metrics(args)
     if isinstance(app, AsyncApp):
         from .. import asyncio as emq
+        from ..asyncio._reach import wait_for_server as async_wait_for_server
         from ..tasks.aio import AsyncTaskWorker
 
         async def main() -> None:
             client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
             try:
+                await async_wait_for_server(client.redis, args.wait_for_server, args.url)
                 dispatcher = AsyncDispatcher(
                     app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
                 )
@@ -65,8 +67,9 @@ def run_app(
         return 0
     from ..tasks.app import App, TaskWorker
     from ..worker import Worker
+    from .worker import connect_waiting
 
-    client = connect(args)
+    client = connect_waiting(args)
     require_module(client)
     dispatcher = Dispatcher(
         app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks

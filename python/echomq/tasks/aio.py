@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
-from .._runtime import JobSettings
+from .._runtime import JobSettings, check_seconds
+from ..asyncio._reach import wait_for_server
 from ..retry import RetryPolicy
 from .app import AppCore, _nothing, periodic_timing
 from .dispatch import AsyncDispatcher
@@ -202,10 +203,15 @@ class AsyncApp(AppCore):
         dispatcher = AsyncDispatcher(
             self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
         )
-        return AsyncTaskWorker(
-            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)],
-            self.register_schedules if self.periodic else None,
-        )
+        wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
+        workers = [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+
+        async def on_start() -> None:
+            await wait_for_server(self.client.redis, wait_s)
+            if self.periodic:
+                await self.register_schedules()
+
+        return AsyncTaskWorker(workers, on_start if wait_s or self.periodic else None)
 
 
 class _AsyncByName:

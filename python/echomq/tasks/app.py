@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import MAX_MS, JobId
-from .._runtime import JobSettings, check_int
+from .._reach import wait_for_server
+from .._runtime import JobSettings, check_int, check_seconds
 from ..retry import RetryPolicy, merge_attempts
 from .dispatch import Dispatcher
 from .envelope import check_name
@@ -382,16 +383,24 @@ class App(AppCore):
         ``settings`` are ``echomq.Worker``'s (``concurrency``, ``lease_ms``,
         ...): each task's own ``lease_ms``, ``timeout_ms`` and tries win over
         them for its jobs.  ``run()`` it, or ``start()`` ... ``stop()``.
+        ``wait_for_server=S``: as it starts, wait up to S seconds for the
+        server to answer (default 0: ``ServerUnreachable`` at once); the
+        app's schedules are stored then.
         """
         from ..worker import Worker
 
         dispatcher = Dispatcher(
             self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
         )
-        return TaskWorker(
-            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)],
-            self.register_schedules if self.periodic else None,
-        )
+        wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
+        workers = [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+
+        def on_start() -> None:
+            wait_for_server(self.client.redis, wait_s)
+            if self.periodic:
+                self.register_schedules()
+
+        return TaskWorker(workers, on_start if wait_s or self.periodic else None)
 
 
 class _ByName:
