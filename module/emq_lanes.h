@@ -11,7 +11,12 @@
  *
  * A job enters a lane at its tail (a new turn: ENQUEUE, FAIL, RETRY, a
  * promotion; the next `seq` of <base>meta in <base>priority) or at its head
- * (given back: RELEASE, SWEEP's recoveries; seq 0).
+ * (given back: RELEASE, SWEEP's recoveries).  The head is one rule at every
+ * level: before every job waiting there, the jobs of a later call before
+ * those of an earlier one, one call's in its order -- LPUSH of the call's
+ * ids reversed at level 0, seqs below the level's first job in
+ * <base>priority (emq_head_seq, settled when the call applies: the one read
+ * of the apply, before its first write).
  *
  * Tombstones.  Removing an id from the middle of a list is O(n), so CANCEL
  * of a job waiting in <pending> leaves its entry and counts it in
@@ -68,6 +73,7 @@ typedef struct {
     long priority_card;        /* ZCARD <base>priority when opened */
     /* the writes, in emq_lanes_apply's order */
     EmqIds leave_delayed, tails, heads, priority_add, delayed_add, leave_priority;
+    EmqIds priority_heads; /* put back at a level other than 0, scored with the level until settled */
     long pops;
     /* what a promotion moved, for a claim that takes from it in the same call */
     EmqIds promoted_tails, promoted_priority;
@@ -88,7 +94,7 @@ int emq_lanes_open(EmqLanes *l, int which);
 
 /* A job enters its lane: at the tail (a new turn) or the head (given
  * back).  Level 0 is <pending>; any other <base>priority, at the next seq
- * (tail) or seq 0 (head). */
+ * (tail) or below the level's first job (head). */
 int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end);
 
 /* A job waits in <base>delayed until `due`. */
