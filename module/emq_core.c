@@ -514,6 +514,10 @@ int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_d
     return row_exists && state_pending && !has_priority && !in_delayed && !taken;
 }
 
+int emq_member_live(int row_exists, int state_pending) {
+    return row_exists && state_pending;
+}
+
 int emq_priority_goes_first(long long level) {
     return level < 0;
 }

@@ -409,6 +409,11 @@ EMQ_EXPORT int emq_parse_meta_counter(const char *s, size_t len, int present, lo
  * Anything else is a tombstone: dropped, and counted off `stale`. */
 EMQ_EXPORT int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_delayed, int taken);
 
+/* Is a member of <base>priority live, a job a claim may take?  Its row
+ * exists and says pending.  Anything else is dropped: it leaves
+ * <base>priority unclaimed (a member with no row has nothing to run). */
+EMQ_EXPORT int emq_member_live(int row_exists, int state_pending);
+
 /* The next job of a claim: the head of <base>priority when its level is
  * below 0, else a live entry of <base>pending, else the head of
  * <base>priority. */

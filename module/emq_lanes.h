@@ -24,7 +24,10 @@
  * EMQ_DROP_MAX per call) and counts them off.  An entry is live when its
  * row exists, says pending, has no priority and is not delayed
  * (emq_entry_live); `stale` = LLEN(<pending>) - the pending jobs that wait
- * in it, under every verb.
+ * in it, under every verb.  No verb leaves a member of <base>priority
+ * without a pending row, but one written by hand is dropped by the claim
+ * that meets it (emq_member_live; within the same EMQ_DROP_MAX), never
+ * claimed: it has no payload to run.
  *
  * A verb decides first (emq_lanes_place, _delay, _remove, _promote: the
  * keys opened and checked, the rows read, nothing written) and writes last,
