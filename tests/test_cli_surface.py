@@ -21,6 +21,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import ServerFactory
 from .faults import pythonpath
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 Q = "surface"
 K = queue_keys(Q)
@@ -220,7 +222,7 @@ def test_job_dead_and_inspect_name_a_task_jobs_call(
     client.enqueue(Q, b"raw", job_id="raw")
     assert main(["--url", server.url, "job", Q, str(waiting.id)]) == 0
     shown = capsys.readouterr().out
-    assert "  task             add(2, 3, note=\"xxxxxxxxxxxxxxxxxxxx...\")" in shown
+    assert '  task             add(2, 3, note="xxxxxxxxxxxxxxxxxxxx...")' in shown
     assert main(["--url", server.url, "inspect", Q]) == 0
     lines = capsys.readouterr().out.splitlines()
     head = lines.index("next to run")

@@ -28,6 +28,8 @@ from .conftest import ROOT, ServerFactory
 from .examples import reference_text
 from .helpers import cluster_args
 
+pytestmark = pytest.mark.once
+
 cffi = pytest.importorskip("cffi", reason="cffi is in the [test] extra: pip install -e '.[test]'")
 
 HEADER = ROOT / "module" / "emq_core.h"

@@ -28,9 +28,13 @@ CHROMIUM_ARGS = [
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')"
 )
-pytestmark = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK), reason=f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)",
+    ),
+    pytest.mark.once,
+]
 
 Q = "browser"
 XSS_ID = '<img src=x onerror="window.__xss=1">'

@@ -25,6 +25,8 @@ import pytest
 import echomq
 from echomq.testing import EmbeddedServer
 
+pytestmark = pytest.mark.once
+
 django = pytest.importorskip("django", reason="Django is a test extra (pip install -e .[test])")
 try:
     import django.tasks as dtasks  # type: ignore[import-not-found,unused-ignore]

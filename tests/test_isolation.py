@@ -21,6 +21,8 @@ from echomq.keyspace import queue_keys
 from . import isolation_handlers as h
 from .faults import wait_until
 
+pytestmark = pytest.mark.once
+
 Q = "isolated"
 K = queue_keys(Q)
 

@@ -24,6 +24,8 @@ import pytest
 
 from echomq.testing import EmbeddedServer
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Run by the fresh environment's python: only the installed package is importable there.

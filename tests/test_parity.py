@@ -21,6 +21,8 @@ import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+pytestmark = pytest.mark.once
+
 TWINS = ("App", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker")
 # asyncio's names for the sync protocol methods.
 RENAMED = {"__enter__": "__aenter__", "__exit__": "__aexit__", "close": "aclose"}

@@ -53,6 +53,8 @@ from echomq._runtime import (
     trouble,
 )
 
+pytestmark = pytest.mark.once
+
 JOB = Job("q", "j", "3-00000000000000aa", b"")
 
 

@@ -30,6 +30,8 @@ from echomq.testing import EmbeddedServer
 
 from .faults import pythonpath, wait_until
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 Q = "deploy"
 K = queue_keys(Q)
