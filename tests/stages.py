@@ -28,7 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PYTEST = [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile"]
-# Side by side, each smoke stage takes one process: four stages on two cores.
 SMALL = [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadfile"]
 
 
@@ -40,15 +39,18 @@ class Stage:
 
 
 def stages() -> list[list[Stage]]:
-    """The stages, as groups: the stages of one group run side by side, the groups one after another."""
+    """The stages, as groups: the stages of one group run side by side, the groups one after another.
+
+    Side by side, each smoke stage takes one test process (SMALL): four stages on two cores.
+    """
     make = os.environ.get("MAKE", "make")
     return [
         [Stage("redis", [*PYTEST, "--engine", "redis", "tests"], "the whole suite on Redis 7.0")],
         [Stage("valkey", [*PYTEST, "--engine", "valkey", "-m", "not once", "tests"],
                "everything that depends on the engine, on Valkey 8")],
         [
-            *(Stage(engine, [*SMALL, "--engine", engine, "-m", "smoke", "tests"], f"the smoke subset, {label}")
-              for engine, label in (("redis62", "Redis 6.2"), ("valkey9", "Valkey 9"), ("redis8", "Redis 8"))),
+            *(Stage(engine, [*SMALL, "--engine", engine, "-m", "smoke", "tests"], f"the smoke subset, {name}")
+              for engine, name in (("redis62", "Redis 6.2"), ("valkey9", "Valkey 9"), ("redis8", "Redis 8"))),
             Stage("compat", [sys.executable, "-m", "tests.compat.run", "--short"],
                   "the oldest and newest redis-py on the oldest and newest Python"),
         ],
