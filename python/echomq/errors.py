@@ -39,6 +39,8 @@ command was on the wire, and the server's own typed refusals
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -201,6 +203,11 @@ class RetryLater(EchoMQError):
         super().__init__(message)
         self.delay_ms = delay_ms
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as made, not by calling the class with its args (which lack delay_ms): so it
+        # crosses a process isolation's pipe (echomq.isolation) as the handler raised it.
+        return (_rebuilt, (type(self), self.args), self.__dict__)
+
 
 class JobFailed(EchoMQError):
     """The job whose result was waited for is dead: its last failure, as the worker stored it.
@@ -232,3 +239,10 @@ class ResultTimeout(EchoMQError, TimeoutError):
         job_id = str(job_id)  # an Enqueued is the id, not its repr
         super().__init__(f"job {job_id!r} of queue {queue!r} has not ended within {timeout} s")
         self.queue, self.job_id, self.timeout = queue, job_id, timeout
+
+
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception unpickled without its ``__init__`` (``RetryLater.__reduce__``): its args and state."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    return exc
