@@ -130,6 +130,11 @@ class AsyncApp(AppCore):
         keys = ("name", "queue", "max_attempts", "retry", "lease_ms", "timeout_ms", "priority")
         periodic: tuple[str, ...] = ("cron", "every_ms", "tz", "args", "kwargs", "missed")
         timing = {k: kwargs.pop(k) for k in periodic if k in kwargs}
+        if kwargs.pop("isolation", None) is not None or kwargs.pop("max_jobs_per_child", None) is not None:
+            raise ValueError(
+                "isolation='process' is for the tasks of an echomq.App (a worker of threads): an asyncio "
+                "worker stops a task by cancelling it at its next await, and runs no child processes"
+            )
         unknown = set(kwargs) - {*keys, "unique", "unique_for_ms"}
         if unknown:
             raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")

@@ -16,6 +16,12 @@ dropped.  During a rolling deploy, when older workers may claim a new
 task's jobs, the app's ``retry_unknown_tasks=True`` makes an unknown task
 an ordinary failure instead (``UnknownTaskRetried``: retried, then dead).
 A payload that is not a task call ends dead at once too (``NonRetryable``).
+
+The threads dispatcher crosses to a child process by its app's import path
+(``__reduce__``, ``isolated.py``): a worker with ``isolation="process"``
+runs it in its children, and a task that asks for a process
+(``@app.task(isolation="process")``) has its jobs run in the dispatcher's
+own children even when the worker runs threads.
 """
 
 from __future__ import annotations
@@ -24,17 +30,19 @@ import asyncio
 import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._protocol import Job
 from .._runtime import JobSettings, StoredResult
 from ..errors import NonRetryable
 from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call, task_name
+from .isolated import TaskProcesses, child_dispatcher, import_path_of
 from .serializers import Serializer
 
 if TYPE_CHECKING:
     from ..asyncio.context import JobContext as AsyncJobContext
     from ..context import JobContext
+    from .app import AppCore
     from .hooks import TaskHook
     from .task import TaskCore
 
@@ -168,10 +176,54 @@ class DispatchCore:
 
 
 class Dispatcher(DispatchCore):
-    """The threads worker's handler (``echomq.Worker``): an ``async def`` task runs in ``asyncio.run``."""
+    """The threads worker's handler (``echomq.Worker``): an ``async def`` task runs in ``asyncio.run``.
+
+    ``Dispatcher.of(app)``; it pickles as its app's import path (see the
+    module docstring), and ``processes`` are the children of its tasks that
+    ask for one (``prestart``/``close`` them with the workers).
+    """
+
+    def __init__(
+        self,
+        tasks: Mapping[str, TaskCore],
+        serializers: Mapping[str, Serializer],
+        hooks: Sequence[TaskHook] = (),
+        *,
+        retry_unknown: bool = False,
+        app: AppCore | None = None,
+        in_child: bool = False,
+    ) -> None:
+        super().__init__(tasks, serializers, hooks, retry_unknown=retry_unknown)
+        self.app = app
+        self.in_child = in_child  # in a child process: every task runs here, none asks for another
+        self.processes = TaskProcesses(self)
+
+    @classmethod
+    def of(cls, app: AppCore, *, in_child: bool = False) -> Dispatcher:
+        """The dispatcher of ``app``'s tasks (the hooks it has now)."""
+        return cls(
+            app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks, app=app,
+            in_child=in_child,
+        )  # fmt: skip
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.app is None:
+            raise TypeError("a Dispatcher crosses to a child process by its app: make it Dispatcher.of(app)")
+        path = import_path_of(self.app)
+        crossing = [t for t in self.tasks.values() if t._fn.__module__ != "__main__"]
+        modules = dict.fromkeys(t._fn.__module__ for t in crossing)
+        modules.pop(path.partition(":")[0], None)
+        return (child_dispatcher, (path, tuple(modules), tuple(t.name for t in crossing)))
+
+    def __repr__(self) -> str:
+        return f"<echomq.tasks.Dispatcher of tasks {', '.join(sorted(self.tasks)) or 'none'}>"
 
     def __call__(self, ctx: JobContext) -> StoredResult:
         call = self.parse(ctx.job)
+        task = self.tasks.get(call.name)
+        if task is not None and task.isolation == "process" and not self.in_child:
+            # The whole dispatch, the app's hooks included, happens in the child.
+            return cast("StoredResult", self.processes.run(ctx, task))
         with self.hooked(ctx, call) as seen:
             task, args, kwargs = self.resolve(call)
             token = CURRENT.set(seen)
