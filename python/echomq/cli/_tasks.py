@@ -75,7 +75,7 @@ def run_app(
     require_module(client)
     dispatcher = Dispatcher.of(app)
     try:
-        app.check_isolation(settings.get("isolation", "thread"), queues)
+        app._check_isolation(settings.get("isolation", "thread"), queues)
     except TypeError as exc:
         raise CliError(str(exc)) from exc
     workers = TaskWorker(

@@ -15,6 +15,7 @@ from ..retry import RetryPolicy
 from .app import AppCore, _nothing, periodic_timing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
+from .isolated import check_import_path
 from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import AsyncTask, EnqueueOptions, TaskCore
@@ -73,7 +74,11 @@ class _AsyncDecorator:
 
 
 class AsyncApp(AppCore):
-    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``."""
+    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``.
+
+    Its tasks cannot ask for a process (``isolation="process"``): the
+    asyncio worker stops a task by cancelling it at its next ``await``.
+    """
 
     def __init__(
         self,
@@ -83,6 +88,7 @@ class AsyncApp(AppCore):
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
         retry_unknown_tasks: bool = False,
+        import_path: str | None = None,
     ) -> None:
         from ..asyncio.client import Client as AsyncClient
 
@@ -93,6 +99,8 @@ class AsyncApp(AppCore):
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
         self.retry_unknown_tasks = bool(retry_unknown_tasks)
+        # echomq.App's; an asyncio worker runs no child processes, so nothing imports it by this yet.
+        self.import_path = None if import_path is None else check_import_path(import_path)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...

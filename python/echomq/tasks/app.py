@@ -140,7 +140,7 @@ class AppCore:
             return task, queue
         return task, task.queue if task is not None else self.queue
 
-    def check_isolation(self, isolation: str, queues: Iterable[str]) -> None:
+    def _check_isolation(self, isolation: str, queues: Iterable[str]) -> None:
         """A worker of ``queues`` whose tasks (or itself) ask for a process: TypeError if it cannot.
 
         The children import the app and its tasks by name: said now, before
@@ -445,7 +445,7 @@ class App(AppCore):
 
         chosen = self._worker_queues(queues)
         dispatcher = Dispatcher.of(self)
-        self.check_isolation(settings.get("isolation", "thread"), chosen)
+        self._check_isolation(settings.get("isolation", "thread"), chosen)
         wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
         workers = [Worker(self.client, q, dispatcher, **settings) for q in chosen]
 
