@@ -420,6 +420,12 @@ def test_process_isolation_for_an_app_is_checked_where_it_is_asked_for(client: e
         named.task(max_jobs_per_child=3)(lambda: None)
     with pytest.raises(ValueError, match=r"isolation=.process. is for the tasks of an echomq\.App"):
         emq.App(emq.Client(redis.asyncio.Redis())).task(isolation="process")(lambda: None)
+    # A path the children cannot import: said as the worker starts, before anything is claimed.
+    @named.task(isolation="process")
+    def elsewhere() -> None: ...
+
+    with pytest.raises(ChildCrashed, match=r"could not start .*LookupError: .*no task 'elsewhere'"):
+        named.worker(queues=["iso-here"], poll_interval=0.02).start()
     # The module's app is found where it was made: its children import it from there.
     assert isolation_path(t.app) == "tests.isolation_tasks:app"
 

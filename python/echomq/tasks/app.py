@@ -183,7 +183,11 @@ class TaskWorker:
         if self._on_start is not None:
             self._on_start()
         if self._dispatcher is not None:
-            self._dispatcher.processes.prestart(self.workers)
+            try:
+                self._dispatcher.processes.prestart(self.workers)
+            except BaseException:  # a child that cannot start (its app's import failed): none left behind
+                self._dispatcher.processes.close()
+                raise
 
     def _stopped(self) -> None:
         if self._dispatcher is not None:
