@@ -1,7 +1,7 @@
 """An app for tests/test_isolation.py's tasks in child processes: importable, as the children need.
 
-The children import ``tests.isolation_tasks:app`` (found in this module's
-globals) and never use its client: the tests point ``app.client`` at their
+The children import ``tests.isolation_tasks:app`` (or ``:aio_app``, found in
+this module's globals) and never use its client: the tests point ``app.client`` at their
 server before they make a worker.  Tasks that leave traces write them to the
 file they are given, one line per call: ``<what> <pid>``.
 """
@@ -13,9 +13,12 @@ import time
 from pathlib import Path
 
 import echomq
+import echomq.asyncio as emq
 
 Q = "iso-tasks"
 app = echomq.App(echomq.Client.from_url("redis://127.0.0.1:1"), queue=Q)
+AQ = "iso-aio"
+aio_app = emq.App(emq.Client.from_url("redis://127.0.0.1:1"), queue=AQ)
 
 
 def note(path: str, what: str) -> None:
@@ -93,3 +96,26 @@ def until_cancelled(path: str) -> None:
     while True:
         ctx.cancel.sleep(0.05)
         ctx.checkpoint()
+
+
+# -- an asyncio app's tasks that ask for a process ---------------------------------------------
+
+
+@aio_app.task(isolation="process", timeout_ms=300, max_attempts=1)
+async def stubborn_async(path: str) -> None:
+    """Blocks its own loop (no await, no checkpoint): only a kill stops it."""
+    stubborn_body(path)
+
+
+@aio_app.task(isolation="process")
+async def reports_async(path: str) -> int:
+    ctx = emq.task_context()  # an asyncio context in the child too: its calls awaited
+    await ctx.progress({"done": 1})
+    await ctx.checkpoint_step(1, {"rows": 10})
+    note(path, f"reported {ctx.id}")
+    return os.getpid()
+
+
+@aio_app.task
+async def here_async() -> int:
+    return os.getpid()

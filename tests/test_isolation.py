@@ -8,6 +8,7 @@ task that ignores its token is killed at its timeout (the hard stop).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -418,8 +419,8 @@ def test_process_isolation_for_an_app_is_checked_where_it_is_asked_for(client: e
         named.task(isolation="thread")(lambda: None)
     with pytest.raises(ValueError, match="max_jobs_per_child needs isolation='process'"):
         named.task(max_jobs_per_child=3)(lambda: None)
-    with pytest.raises(ValueError, match=r"isolation=.process. is for the tasks of an echomq\.App"):
-        emq.App(emq.Client(redis.asyncio.Redis())).task(isolation="process")(lambda: None)
+    with pytest.raises(ValueError, match="isolation must be 'process'"):
+        emq.App(emq.Client(redis.asyncio.Redis())).task(isolation="fork")(lambda: None)
     # A path the children cannot import: said as the worker starts, before anything is claimed.
     @named.task(isolation="process")
     def elsewhere() -> None: ...
@@ -434,3 +435,42 @@ def isolation_path(app: echomq.App) -> str:
     from echomq.tasks.isolated import import_path_of
 
     return import_path_of(app)
+
+
+def test_an_asyncio_apps_task_that_asks_for_a_process_is_killed_at_its_timeout(
+    server: EmbeddedServer, backend: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    # The asyncio worker cancels a task at its next await; one that blocks its loop has none.
+    # Asking for a process, it runs in a child (an asyncio context there, its calls awaited
+    # over the pipe), killed at the abandon like a thread worker's.
+    out = tmp_path / "out"
+
+    async def main() -> None:
+        client = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        t.aio_app.client = client
+        try:
+            stuck = await t.stubborn_async.enqueue(str(out))
+            reported = await t.reports_async.enqueue(str(tmp_path / "reports"))
+            here = await t.here_async.enqueue()
+            worker = t.aio_app.worker(timeout_grace=0, poll_interval=0.02, reap=False)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            try:
+                with pytest.raises(echomq.JobFailed) as failed:
+                    await stuck.result(timeout=30)
+                assert failed.value.type == "TimeoutError"
+                assert await reported.result(timeout=30) != os.getpid()
+                assert await here.result(timeout=30) == os.getpid()
+                info = await reported.info()
+                assert info is not None and info.progress == b'{"done":1}'
+            finally:
+                worker.stop()
+                await running
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    ((what, pid),) = notes(out)
+    assert what == "started" and pid != os.getpid()
+    assert wait_until(lambda: not alive(pid), timeout=10), "the task's child was not killed"
+    time.sleep(2.0)
+    assert notes(out) == [("started", pid)]

@@ -52,16 +52,14 @@ def run_app(
             client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
             try:
                 await async_wait_for_server(client.redis, args.wait_for_server, args.url)
-                dispatcher = AsyncDispatcher(
-                    app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
-                )
+                dispatcher = AsyncDispatcher.of(app)
                 workers = [emq.Worker(client, q, dispatcher, **settings) for q in queues]
 
                 async def schedules() -> None:  # on this command's connection, not the app module's
                     assert isinstance(app, AsyncApp)
                     await app.register_schedules(client)
 
-                await AsyncTaskWorker(workers, schedules if app.periodic else None).run()
+                await AsyncTaskWorker(workers, schedules if app.periodic else None, dispatcher).run()
             finally:
                 await client.aclose()
 

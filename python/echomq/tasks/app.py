@@ -333,7 +333,7 @@ class App(AppCore):
         call's arguments returning the key (None: not unique), held for
         ``unique_for_ms`` or until the job ends (docs/concepts/unique.md);
         ``isolation="process"`` runs its jobs in a child process even when
-        the worker runs threads, so that its timeout kills it (the app must
+        the worker runs threads (or asyncio), so that its timeout kills it (the app must
         be importable: ``import_path``), each child replaced after
         ``max_jobs_per_child`` jobs.
         """

@@ -15,26 +15,36 @@ Two ways in:
 - ``app.worker(isolation="process")`` (``echomq worker mod:app --isolation
   process``): the worker's pool runs every job of the app in its children;
 - ``@app.task(isolation="process", max_jobs_per_child=N)`` in a worker of
-  threads: the dispatcher runs that task's jobs in children of its own
-  (``TaskProcesses``), killed when the worker abandons the job (its timeout
-  and grace) or gives it back (a forced stop), recycled after N jobs.
+  threads (or an asyncio worker): the dispatcher runs that task's jobs in
+  children of its own (``TaskProcesses``), killed when the worker abandons
+  the job (its timeout and grace) or gives it back (a forced stop),
+  recycled after N jobs.
+
+An asyncio app's task runs in its child as in an asyncio worker (an
+``echomq.asyncio.JobContext``, ``async def`` awaited in the child's own
+loop); its checkpoints and progress are sent to the worker's loop, where
+the lease is (``_LoopKeeper``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..isolation import ProcessPool
 
 if TYPE_CHECKING:
+    from .._protocol import Job
+    from ..asyncio.context import JobContext as AsyncJobContext
+    from ..cancel import CancelToken
     from ..context import JobContext
     from .app import AppCore
-    from .dispatch import Dispatcher
+    from .dispatch import AsyncDispatcher, DispatchCore, Dispatcher
     from .task import TaskCore
 
 __all__ = ["TaskProcesses", "check_import_path", "defined_in", "import_path_of", "load_app"]
@@ -109,13 +119,16 @@ def load_app(path: str) -> AppCore:
     return target
 
 
-def child_dispatcher(path: str, modules: tuple[str, ...], names: tuple[str, ...]) -> Dispatcher:
+def child_dispatcher(
+    path: str, modules: tuple[str, ...], names: tuple[str, ...], kind: str = "threads"
+) -> Dispatcher | InChild:
     """In a child (``Dispatcher.__reduce__``): the app imported, its tasks' modules too, its dispatcher.
 
     A task the worker knows but the child does not find is said here, at the
     child's start (the worker refuses to run), not as a job's UnknownTask.
+    ``kind="asyncio"``: an asyncio app's dispatcher, run in the child's loop.
     """
-    from .dispatch import Dispatcher
+    from .dispatch import AsyncDispatcher, Dispatcher
 
     app = load_app(path)
     for module in modules:  # tasks defined beside the app, in modules that import it
@@ -126,7 +139,56 @@ def child_dispatcher(path: str, modules: tuple[str, ...], names: tuple[str, ...]
             f"{path} has no task {', '.join(map(repr, missing))} in the child process (importing "
             f"{', '.join((path.partition(':')[0], *modules))} did not define it)"
         )
+    if kind == "asyncio":
+        return InChild(AsyncDispatcher.of(app, in_child=True))
     return Dispatcher.of(app, in_child=True)
+
+
+class InChild:
+    """In a child: an asyncio app's dispatcher behind the plain handler the child calls.
+
+    The task sees an ``echomq.asyncio.JobContext`` whose checkpoints and
+    progress, awaited, ask the worker over the pipe (``_AsyncChildKeeper``).
+    """
+
+    def __init__(self, dispatcher: AsyncDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def __call__(self, ctx: JobContext) -> object:
+        from ..asyncio.context import JobContext as AsyncContext
+
+        keeper: Any = _AsyncChildKeeper(ctx._keeper)
+        return asyncio.run(self.dispatcher(AsyncContext(ctx.job, ctx.cancel, keeper)))
+
+
+class _AsyncChildKeeper:
+    """In a child: the pipe's keeper (``echomq.isolation``) awaited, as an asyncio context awaits its own."""
+
+    def __init__(self, keeper: Any) -> None:
+        self._keeper = keeper
+
+    async def _store(self, state: bytes | None) -> bool:
+        return bool(self._keeper._store(state))  # a round trip on the pipe: brief, the child's loop waits
+
+    async def _progress(self, data: bytes) -> None:
+        self._keeper._progress(data)
+
+
+class _LoopKeeper:
+    """In an asyncio worker: its job's keeper, called from the thread that waits on the child.
+
+    The keeper's commands are coroutines of the worker's loop: each call is
+    run there and waited for here.
+    """
+
+    def __init__(self, keeper: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._keeper, self._loop = keeper, loop
+
+    def _store(self, state: bytes | None) -> bool:
+        return bool(asyncio.run_coroutine_threadsafe(self._keeper._store(state), self._loop).result())
+
+    def _progress(self, data: bytes) -> None:
+        asyncio.run_coroutine_threadsafe(self._keeper._progress(data), self._loop).result()
 
 
 class _Slots(Protocol):
@@ -143,7 +205,7 @@ class TaskProcesses:
     start, an interpreter's imports, is not a job's time).
     """
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: DispatchCore) -> None:
         self._dispatcher = dispatcher
         self._pools: dict[int | None, ProcessPool] = {}
         self._lock = threading.Lock()
@@ -152,20 +214,33 @@ class TaskProcesses:
         with self._lock:
             pool = self._pools.get(max_jobs_per_child)
             if pool is None:
-                pool = ProcessPool(self._dispatcher, max_jobs_per_child=max_jobs_per_child)
+                handler = cast("Callable[..., object]", self._dispatcher)  # Dispatcher or AsyncDispatcher
+                pool = ProcessPool(handler, max_jobs_per_child=max_jobs_per_child)
                 self._pools[max_jobs_per_child] = pool
             return pool
 
     def run(self, ctx: JobContext, task: TaskCore) -> object:
         """The job of ``ctx`` dispatched in a child: the task's value, or what it raised, as here."""
+        return self._run(ctx.job, ctx.cancel, ctx._keeper, getattr(ctx._keeper, "_held", None), task)
+
+    async def run_async(self, ctx: AsyncJobContext, task: TaskCore) -> object:
+        """``run`` for an asyncio worker: the wait on the child in a thread, the keeper's calls on the loop.
+
+        The worker's abandon cancels this coroutine, not the thread: the
+        thread sees the job abandoned and kills the child (``kill_when``).
+        """
+        keeper = _LoopKeeper(ctx._keeper, asyncio.get_running_loop())
+        held = getattr(ctx._keeper, "_held", None)
+        return await asyncio.to_thread(self._run, ctx.job, ctx.cancel, keeper, held, task)
+
+    def _run(self, job: Job, cancel: CancelToken, keeper: Any, held: Any, task: TaskCore) -> object:
         pool = self.pool(task.max_jobs_per_child)
         child = pool.take()
-        held: Any = getattr(ctx._keeper, "_held", None)
 
         def kill_when() -> bool:  # the worker failed the job without it, or gave it back: stop it for real
             return held is not None and (held.abandoned or held.given_back)
 
-        return pool.run(child, ctx.job, ctx.cancel, ctx._keeper, True, kill_when)
+        return pool.run(child, job, cancel, keeper, True, kill_when)
 
     def prestart(self, workers: Iterable[_Slots]) -> None:
         """Start, and wait for, a child per slot that may run a process task: each worker's concurrency."""
