@@ -51,6 +51,15 @@ def later(path: str) -> str:
 
 
 @app.task
+def throttled(path: str) -> str:
+    """First run: the downstream said 429 (RateLimited: given back, no try used); the next returns."""
+    note(path, "ran")
+    if len(Path(path).read_text().splitlines()) == 1:
+        echomq.task_context().rate_limited(100)
+    return "done"
+
+
+@app.task
 def reports(path: str) -> int:
     """Progress and a checkpoint from the child, stored by the worker; the job's own ctx seen there."""
     ctx = echomq.task_context()

@@ -331,13 +331,15 @@ def test_a_task_that_asks_for_a_process_is_killed_in_a_worker_of_threads(
 def test_what_crosses_the_pipe_for_an_apps_task(
     app: echomq.App, client: echomq.Client, r: redis.Redis, tmp_path: Path
 ) -> None:
-    # Results, tracebacks, NonRetryable, RetryLater (its delay), progress and checkpoints, cancels.
+    # Results, tracebacks, NonRetryable, RetryLater (its delay), RateLimited, progress and
+    # checkpoints, cancels.
     out = tmp_path / "out"
     added = t.add.enqueue(2, 3)
     failing = t.fails.enqueue(7)
     refused = t.refuses.enqueue()
     later = t.later.enqueue(str(out / "later"))
     reported = t.reports.enqueue(str(out / "reports"))
+    throttled = t.throttled.enqueue(str(out / "throttled"))
     out.mkdir()
     with app.worker(isolation="process", max_attempts=3, poll_interval=0.02, reap=False):
         result = added.result(timeout=30)
@@ -354,6 +356,7 @@ def test_what_crosses_the_pipe_for_an_apps_task(
         assert dead.value.type == "NonRetryable"
         assert later.result(timeout=30) == "done"
         assert reported.result(timeout=30) != os.getpid()
+        assert throttled.result(timeout=30) == "done"
         cancelled = t.until_cancelled.enqueue(str(out / "cancel"))
         assert wait_until(lambda: (out / "cancel").exists(), timeout=30)
         client.cancel(t.Q, cancelled.id)
@@ -367,6 +370,8 @@ def test_what_crosses_the_pipe_for_an_apps_task(
     assert info is not None and info.last_error == "RetryLater: busy" and info.tries == 2
     (first, _), (second, _) = notes(out / "later")
     assert float(second.split()[1]) - float(first.split()[1]) >= 0.2  # its delay_ms crossed too
+    info = client.job(t.Q, throttled.id)  # RateLimited crossed: given back, no try used
+    assert info is not None and info.tries == 1 and len(notes(out / "throttled")) == 2, info
     info = client.job(t.Q, reported.id)
     assert info is not None and info.progress == b'{"done":3,"of":4}'
     assert [what for what, _ in notes(out / "reports")] == [f"reported {reported.id}"]

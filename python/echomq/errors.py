@@ -48,6 +48,12 @@ from redis.exceptions import ResponseError
 class EchoMQError(Exception):
     """Base class of every exception echomq raises."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as made, not by calling the class with its args (RetryLater's lack delay_ms,
+        # LeaseLost's its job_id, a subclass's own __init__ may take others): so every one
+        # crosses a process isolation's pipe (echomq.isolation) as it was raised.
+        return (_rebuilt, (type(self), self.args), self.__dict__)
+
 
 class ServerUnreachable(EchoMQError, RedisConnectionError):
     """No server could be reached, so nothing was sent (and nothing ran).
@@ -202,11 +208,6 @@ class RetryLater(EchoMQError):
             raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
         super().__init__(message)
         self.delay_ms = delay_ms
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled as made, not by calling the class with its args (which lack delay_ms): so it
-        # crosses a process isolation's pipe (echomq.isolation) as the handler raised it.
-        return (_rebuilt, (type(self), self.args), self.__dict__)
 
 
 class JobFailed(EchoMQError):

@@ -130,6 +130,8 @@ class _ChildLink:
                 message = self.conn.recv()
             except (EOFError, OSError):  # the worker is gone: nothing of ours may run on
                 os._exit(1)
+            except Exception as exc:  # an answer's error of a class this child cannot rebuild
+                message = ("answered", None, ChildError(f"the worker's answer could not be read: {exc}"))
             kind = message[0]
             with self._arrived:
                 if kind == "job":
@@ -498,8 +500,14 @@ class ProcessPool:
             answer = do(arg)
         except Exception as exc:  # a state over the ceiling (BadArgument), a lost lease: the handler's
             error = exc
-        with contextlib.suppress(OSError, ValueError):
+        try:
             child.conn.send(("answered", answer, error))
+        except (OSError, ValueError):
+            pass  # the child is gone: its end is read as such
+        except Exception:  # an error that will not pickle: named, so that the handler's wait ends
+            text = f"{type(error).__name__}: {error}"
+            with contextlib.suppress(OSError, ValueError):
+                child.conn.send(("answered", None, ChildError(text)))
 
     @staticmethod
     def _crashed(child: _Child) -> ChildCrashed:
