@@ -198,7 +198,7 @@ class _Slots(Protocol):
 
 
 class TaskProcesses:
-    """A dispatcher's children for its tasks that ask for a process (in a worker of threads).
+    """A dispatcher's children for its tasks that ask for a process (in a worker of threads or asyncio).
 
     One pool per ``max_jobs_per_child`` (a child counts every job it ran);
     made on a first job, or ``prestart``ed as the workers start (a child's
