@@ -39,12 +39,20 @@ command was on the wire, and the server's own typed refusals
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 
 class EchoMQError(Exception):
     """Base class of every exception echomq raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as made, not by calling the class with its args (RetryLater's lack delay_ms,
+        # LeaseLost's its job_id, a subclass's own __init__ may take others): so every one
+        # crosses a process isolation's pipe (echomq.isolation) as it was raised.
+        return (_rebuilt, (type(self), self.args), self.__dict__)
 
 
 class ServerUnreachable(EchoMQError, RedisConnectionError):
@@ -232,3 +240,10 @@ class ResultTimeout(EchoMQError, TimeoutError):
         job_id = str(job_id)  # an Enqueued is the id, not its repr
         super().__init__(f"job {job_id!r} of queue {queue!r} has not ended within {timeout} s")
         self.queue, self.job_id, self.timeout = queue, job_id, timeout
+
+
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception unpickled without its ``__init__`` (``RetryLater.__reduce__``): its args and state."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    return exc

@@ -17,6 +17,7 @@ from .. import _protocol as proto
 from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
 from ..cancel import Cancellation
 from ..errors import Cancelled, LeaseLost, NonRetryable, RateLimited, RetryLater
+from ..isolation import CHILD_TRACEBACK
 from .lease import TIMEOUT, HeldJob
 from .logs import job_fields, worker_log
 from .per_job import JobSettings
@@ -79,7 +80,14 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def traceback_text(error: BaseException) -> str:
-    """What FAIL's TRACE stores (the client keeps its newest 8 KiB), from the handler's own frames."""
+    """What FAIL's TRACE stores (the client keeps its newest 8 KiB), from the handler's own frames.
+
+    A handler's exception raised in a child process (``echomq.isolation``)
+    keeps the traceback it had there: the frames that matter are the child's.
+    """
+    child = getattr(error, "__dict__", {}).get(CHILD_TRACEBACK)
+    if isinstance(child, str):
+        return child
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
         tb = tb.tb_next

@@ -41,6 +41,8 @@ def run_app(
         args.handler, ", ".join(queues), ", ".join(sorted(app.tasks)) or "none", args.concurrency,
     )  # fmt: skip
     settings["metrics"] = make_metrics(args)
+    if app.import_path is None:  # where its children import it from (isolation="process")
+        app.import_path = args.handler
     if isinstance(app, AsyncApp):
         from .. import asyncio as emq
         from ..asyncio._reach import wait_for_server as async_wait_for_server
@@ -50,16 +52,14 @@ def run_app(
             client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
             try:
                 await async_wait_for_server(client.redis, args.wait_for_server, args.url)
-                dispatcher = AsyncDispatcher(
-                    app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
-                )
+                dispatcher = AsyncDispatcher.of(app)
                 workers = [emq.Worker(client, q, dispatcher, **settings) for q in queues]
 
                 async def schedules() -> None:  # on this command's connection, not the app module's
                     assert isinstance(app, AsyncApp)
                     await app.register_schedules(client)
 
-                await AsyncTaskWorker(workers, schedules if app.periodic else None).run()
+                await AsyncTaskWorker(workers, schedules if app.periodic else None, dispatcher).run()
             finally:
                 await client.aclose()
 
@@ -71,12 +71,15 @@ def run_app(
 
     client = connect_waiting(args)
     require_module(client)
-    dispatcher = Dispatcher(
-        app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks
-    )
+    dispatcher = Dispatcher.of(app)
+    try:
+        app._check_isolation(settings.get("isolation", "thread"), queues)
+    except TypeError as exc:
+        raise CliError(str(exc)) from exc
     workers = TaskWorker(
         [Worker(client, q, dispatcher, **settings) for q in queues],
         (lambda: app.register_schedules(client)) if app.periodic and isinstance(app, App) else None,
+        dispatcher,
     )
     try:
         workers.run()

@@ -183,8 +183,9 @@ WORKER_SETTINGS = (
         "--isolation",
         str,
         "thread",
-        "where a sync handler runs: in the worker's threads, or each thread's in a child process that a "
-        "timeout can kill and a crash cannot take down (the handler must be importable by name)",
+        "where a sync handler runs: in the worker's threads (a timed-out one runs on), or each thread's "
+        "in a child process that a timeout kills and a crash cannot take down (the handler, or the app, "
+        "must be importable by name: the children import MODULE:HANDLER)",
         to="isolation",
         choices=("thread", "process"),
         metavar="{thread,process}",

@@ -15,6 +15,7 @@ from ..retry import RetryPolicy
 from .app import AppCore, _nothing, periodic_timing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
+from .isolated import check_import_path, defined_in
 from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import AsyncTask, EnqueueOptions, TaskCore
@@ -34,15 +35,26 @@ class AsyncTaskWorker:
     """``app.worker()``: one ``echomq.asyncio.Worker`` per queue, run together, stopped together."""
 
     def __init__(
-        self, workers: list[Worker], on_start: Callable[[], Awaitable[object]] | None = None
+        self,
+        workers: list[Worker],
+        on_start: Callable[[], Awaitable[object]] | None = None,
+        dispatcher: AsyncDispatcher | None = None,
     ) -> None:
         self.workers = workers
         self._on_start = on_start  # the app's schedules, stored before the first claim
+        self._dispatcher = dispatcher  # its tasks' own children (isolation="process"): with the workers
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM: the first worker takes the signals, the rest follow."""
         if self._on_start is not None:
             await self._on_start()
+        processes = None if self._dispatcher is None else self._dispatcher.processes
+        if processes is not None:  # the children start (and import) in a thread: the loop goes on
+            try:
+                await asyncio.to_thread(processes.prestart, self.workers)
+            except BaseException:
+                await asyncio.to_thread(processes.close)
+                raise
         first, *others = self.workers
         runs = [asyncio.ensure_future(first.run(handle_signals=handle_signals))]
         runs += [asyncio.ensure_future(w.run(handle_signals=False)) for w in others]
@@ -51,6 +63,8 @@ class AsyncTaskWorker:
         finally:
             self.stop()
             outcomes = await asyncio.gather(*runs, return_exceptions=True)
+            if processes is not None:
+                await asyncio.to_thread(processes.close)
         for outcome in outcomes:  # what stopped the first to stop, raised here
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -73,7 +87,12 @@ class _AsyncDecorator:
 
 
 class AsyncApp(AppCore):
-    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``."""
+    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``.
+
+    The asyncio worker stops a task by cancelling it at its next
+    ``await``; a task of ``isolation="process"`` runs in a child process,
+    killed at its timeout's abandon (see ``echomq.App.task``).
+    """
 
     def __init__(
         self,
@@ -83,6 +102,7 @@ class AsyncApp(AppCore):
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
         retry_unknown_tasks: bool = False,
+        import_path: str | None = None,
     ) -> None:
         from ..asyncio.client import Client as AsyncClient
 
@@ -93,6 +113,8 @@ class AsyncApp(AppCore):
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
         self.retry_unknown_tasks = bool(retry_unknown_tasks)
+        self.import_path = None if import_path is None else check_import_path(import_path)
+        self._defined_in = defined_in(self)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
@@ -130,12 +152,13 @@ class AsyncApp(AppCore):
         keys = ("name", "queue", "max_attempts", "retry", "lease_ms", "timeout_ms", "priority")
         periodic: tuple[str, ...] = ("cron", "every_ms", "tz", "args", "kwargs", "missed")
         timing = {k: kwargs.pop(k) for k in periodic if k in kwargs}
-        unknown = set(kwargs) - {*keys, "unique", "unique_for_ms"}
+        unknown = set(kwargs) - {*keys, "unique", "unique_for_ms", "isolation", "max_jobs_per_child"}
         if unknown:
             raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
         name, queue, settings, priority = self._settings(fn, *(kwargs.get(k) for k in keys))
         task: AsyncTask[Any, Any] = AsyncTask(self, fn, name, queue, settings, priority)
         task.set_unique(kwargs.get("unique"), kwargs.get("unique_for_ms"))
+        task.set_isolation(kwargs.get("isolation"), kwargs.get("max_jobs_per_child"))
         self.tasks[name] = task
         if timing:
             try:
@@ -200,18 +223,18 @@ class AsyncApp(AppCore):
         """An asyncio worker for every task of ``queues`` (see ``echomq.App.worker``); ``await ....run()``."""
         from ..asyncio.worker import Worker
 
-        dispatcher = AsyncDispatcher(
-            self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
-        )
+        chosen = self._worker_queues(queues)
+        dispatcher = AsyncDispatcher.of(self)
+        self._check_isolation("thread", chosen)  # its tasks' own: the asyncio Worker refuses the rest
         wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
-        workers = [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+        workers = [Worker(self.client, q, dispatcher, **settings) for q in chosen]
 
         async def on_start() -> None:
             await wait_for_server(self.client.redis, wait_s)
             if self.periodic:
                 await self.register_schedules()
 
-        return AsyncTaskWorker(workers, on_start if wait_s or self.periodic else None)
+        return AsyncTaskWorker(workers, on_start if wait_s or self.periodic else None, dispatcher)
 
 
 class _AsyncByName:

@@ -32,6 +32,7 @@ from .dispatch import Dispatcher
 from .envelope import check_name
 from .handle import TaskHandle
 from .hooks import TaskHook
+from .isolated import check_import_path, defined_in, import_path_of, importable_tasks
 from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import EnqueueOptions, Task, TaskCore
@@ -62,6 +63,10 @@ class AppCore:
         self.hooks: list[TaskHook] = []
         self.retry_unknown_tasks = False
         self.periodic: dict[tuple[str, str], TaskSchedule] = {}  # (queue, name): stored as workers start
+        # Where a child process imports the app from ("module:attr"; isolated.py): given, set by the
+        # CLI that loaded it, else looked up in the module that made it (_defined_in).
+        self.import_path: str | None = None
+        self._defined_in: str | None = None
 
     def add_hook(self, hook: TaskHook) -> None:
         """Add an integration's hook (``echomq.tasks.hooks``): headers at enqueue, a context per run.
@@ -135,6 +140,21 @@ class AppCore:
             return task, queue
         return task, task.queue if task is not None else self.queue
 
+    def _check_isolation(self, isolation: str, queues: Iterable[str]) -> None:
+        """A worker of ``queues`` whose tasks (or itself) ask for a process: TypeError if it cannot.
+
+        The children import the app and its tasks by name: said now, before
+        anything starts, rather than as a child that cannot start.
+        """
+        chosen = set(queues)
+        if isolation == "process":
+            wanting = [t for t in self.tasks.values() if t.queue in chosen]
+        else:
+            wanting = [t for t in self.tasks.values() if t.isolation == "process" and t.queue in chosen]
+        if wanting:
+            import_path_of(self)
+            importable_tasks(wanting)
+
     def _worker_queues(self, queues: Iterable[str] | None) -> list[str]:
         chosen = self.queues() if queues is None else list(queues)
         if not chosen:
@@ -147,11 +167,31 @@ class AppCore:
 class TaskWorker:
     """``app.worker()``: one ``echomq.Worker`` per queue, run together, stopped together."""
 
-    def __init__(self, workers: list[Worker], on_start: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        workers: list[Worker],
+        on_start: Callable[[], object] | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
         if not workers:
             raise ValueError("a TaskWorker needs at least one worker: no queue was given")
         self.workers = workers
         self._on_start = on_start  # the app's schedules, stored before the first claim
+        self._dispatcher = dispatcher  # its tasks' own children (isolation="process"): with the workers
+
+    def _starting(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
+        if self._dispatcher is not None:
+            try:
+                self._dispatcher.processes.prestart(self.workers)
+            except BaseException:  # a child that cannot start (its app's import failed): none left behind
+                self._dispatcher.processes.close()
+                raise
+
+    def _stopped(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.processes.close()
 
     def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``).
@@ -160,8 +200,7 @@ class TaskWorker:
         of them stops (a task's ``sys.exit``, say), they all stop, and what
         stopped it is raised here.
         """
-        if self._on_start is not None:
-            self._on_start()
+        self._starting()
         first, *others = self.workers
         for w in others:
             w.start()
@@ -173,13 +212,13 @@ class TaskWorker:
         finally:
             for w in others:
                 w.stop()
+            self._stopped()
         for w in others:
             if w._interrupt is not None:
                 raise w._interrupt
 
     def start(self) -> TaskWorker:
-        if self._on_start is not None:
-            self._on_start()
+        self._starting()
         for w in self.workers:
             w.start()
         return self
@@ -187,6 +226,7 @@ class TaskWorker:
     def stop(self, grace: float | None = None) -> None:
         for w in self.workers:
             w.stop(grace)
+        self._stopped()
 
     def __enter__(self) -> TaskWorker:
         return self.start()
@@ -216,14 +256,17 @@ class _Decorator:
 class App(AppCore):
     """Tasks by name over an ``echomq.Client`` (``echomq.asyncio.App`` for asyncio).
 
-    ``App(client, *, queue="default", serializer=echomq.tasks.JSON, accept=())``:
+    ``App(client, *, queue="default", serializer=echomq.tasks.JSON, accept=(), import_path=None)``:
     ``queue`` is where a task without its own goes (and ``enqueue`` by a name
     this process does not know); ``serializer`` encodes arguments and
     results (JSON by default; ``echomq.tasks.PICKLE`` is unsafe: see
     ``echomq.tasks.serializers``); ``accept``, more serializers this app's
     workers decode; ``retry_unknown_tasks=True``, a job naming a task this
     app's workers do not know is retried (a rolling deploy's older workers)
-    instead of ending dead at once.
+    instead of ending dead at once; ``import_path``, ``"module:attr"``, where
+    a child process imports this app from (``isolation="process"``: by
+    default the global of the module that made it, or the ``echomq worker``
+    target).
     """
 
     def __init__(
@@ -234,6 +277,7 @@ class App(AppCore):
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
         retry_unknown_tasks: bool = False,
+        import_path: str | None = None,
     ) -> None:
         from ..client import Client as SyncClient
 
@@ -244,6 +288,8 @@ class App(AppCore):
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
         self.retry_unknown_tasks = bool(retry_unknown_tasks)
+        self.import_path = None if import_path is None else check_import_path(import_path)
+        self._defined_in = defined_in(self)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
@@ -264,6 +310,8 @@ class App(AppCore):
         priority: int | None = None,
         unique: Callable[..., str | bytes | None] | str | None = None,
         unique_for_ms: int | None = None,
+        isolation: str | None = None,
+        max_jobs_per_child: int | None = None,
         cron: str | None = None,
         every_ms: int | None = None,
         tz: str = "UTC",
@@ -283,7 +331,11 @@ class App(AppCore):
         function's argument names (``"{user_id}"``: the key is the task's
         name, a colon, then the template filled) or a function of the
         call's arguments returning the key (None: not unique), held for
-        ``unique_for_ms`` or until the job ends (docs/concepts/unique.md).
+        ``unique_for_ms`` or until the job ends (docs/concepts/unique.md);
+        ``isolation="process"`` runs its jobs in a child process even when
+        the worker runs threads (or asyncio), so that its timeout kills it (the app must
+        be importable: ``import_path``), each child replaced after
+        ``max_jobs_per_child`` jobs.
         """
         if fn is None:
             return _Decorator(self, kwargs)
@@ -302,6 +354,8 @@ class App(AppCore):
         priority: int | None = None,
         unique: Callable[..., str | bytes | None] | str | None = None,
         unique_for_ms: int | None = None,
+        isolation: str | None = None,
+        max_jobs_per_child: int | None = None,
         **timing: Any,  # cron=, every_ms=, tz=, args=, kwargs=, missed=: a periodic task
     ) -> Task[Any, Any]:
         name, queue, settings, priority = self._settings(
@@ -309,6 +363,7 @@ class App(AppCore):
         )
         task: Task[Any, Any] = Task(self, fn, name, queue, settings, priority)
         task.set_unique(unique, unique_for_ms)
+        task.set_isolation(isolation, max_jobs_per_child)
         self.tasks[name] = task
         if timing:
             try:
@@ -382,25 +437,28 @@ class App(AppCore):
 
         ``settings`` are ``echomq.Worker``'s (``concurrency``, ``lease_ms``,
         ...): each task's own ``lease_ms``, ``timeout_ms`` and tries win over
-        them for its jobs.  ``run()`` it, or ``start()`` ... ``stop()``.
-        ``wait_for_server=S``: as it starts, wait up to S seconds for the
-        server to answer (default 0: ``ServerUnreachable`` at once); the
-        app's schedules are stored then.
+        them for its jobs.  ``isolation="process"`` runs every task in child
+        processes, which a timeout kills (the children import the app by its
+        ``import_path``); a task of its own ``isolation="process"`` runs in
+        one even when the worker runs threads.  ``run()`` it, or
+        ``start()`` ... ``stop()``.  ``wait_for_server=S``: as it starts,
+        wait up to S seconds for the server to answer (default 0:
+        ``ServerUnreachable`` at once); the app's schedules are stored then.
         """
         from ..worker import Worker
 
-        dispatcher = Dispatcher(
-            self.tasks, self.serializers, tuple(self.hooks), retry_unknown=self.retry_unknown_tasks
-        )
+        chosen = self._worker_queues(queues)
+        dispatcher = Dispatcher.of(self)
+        self._check_isolation(settings.get("isolation", "thread"), chosen)
         wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
-        workers = [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
+        workers = [Worker(self.client, q, dispatcher, **settings) for q in chosen]
 
         def on_start() -> None:
             wait_for_server(self.client.redis, wait_s)
             if self.periodic:
                 self.register_schedules()
 
-        return TaskWorker(workers, on_start if wait_s or self.periodic else None)
+        return TaskWorker(workers, on_start if wait_s or self.periodic else None, dispatcher)
 
 
 class _ByName:

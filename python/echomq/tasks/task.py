@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .. import _protocol as proto
 from .._protocol import JobId
-from .._runtime import JobSettings
+from .._runtime import JobSettings, check_int
 from .envelope import encode_call
 from .handle import AsyncTaskHandle, TaskHandle
 from .serializers import Serializer
@@ -76,6 +76,9 @@ class TaskCore:
         self._fn = fn
         self.unique: Callable[..., str | bytes | None] | str | None = None
         self.unique_for_ms: int | None = None
+        # isolation="process": its jobs run in a child process even in a worker of threads (isolated.py).
+        self.isolation: str | None = None
+        self.max_jobs_per_child: int | None = None
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):  # a builtin without one: the call itself will tell
@@ -113,6 +116,19 @@ class TaskCore:
             raise ValueError("unique_for_ms needs unique= (the key of a call)")
         proto.unique_args("k" if for_ms is not None else None, for_ms, False)  # checked as the server would
         self.unique, self.unique_for_ms = unique, for_ms
+
+    def set_isolation(self, isolation: str | None, max_jobs_per_child: int | None) -> None:
+        """Where the task runs: ``"process"``, a child process that its timeout kills; None, the worker's."""
+        if isolation not in (None, "process"):
+            raise ValueError(
+                f"isolation must be 'process' (a child process its timeout kills) or None (where the "
+                f"worker runs its handlers), got {isolation!r}"
+            )
+        if max_jobs_per_child is not None:
+            check_int("max_jobs_per_child", max_jobs_per_child)
+            if isolation != "process":
+                raise ValueError("max_jobs_per_child needs isolation='process' (threads are not recycled)")
+        self.isolation, self.max_jobs_per_child = isolation, max_jobs_per_child
 
     def unique_key_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | bytes | None:
         """The task's unique key for this call (None: the task has none, or its function said none)."""
