@@ -576,11 +576,12 @@ class Client:
         if self._pool is not None:
             self._pool.unreserve(n)
 
-    def _subscriber(self) -> Any:
-        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+    def _subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub for a worker's pushed cancels or a result wait: bounded like the worker's attempts
+        where they are bounded (a wait then does its own reconnecting, within its deadline)."""
         if self._bounded():
-            return self._connections().subscriber()
-        return self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            return self._connections().subscriber(confirmations)
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
 
     def _distrust(self) -> None:
         """Something suggests the connections are half-open (a dead subscription): open fresh ones."""
