@@ -13,12 +13,16 @@
 4. read it again anyway once ``READ_EVERY_S`` passed without a read: a
    message lost some other way (a half-open subscription hears nothing)
    delays the wait's end by that much, never by the whole wait;
-5. a connection that fails -- subscribing, listening or reading -- is
-   given up, and the wait subscribes again on a fresh one after a pause
-   (``_runtime.Backoff``: 50 ms doubling to 1 s), never past the deadline;
-   that subscription's confirmation reads the row (2).  A wait with no
-   timeout tries on; one whose deadline passes raises ``ResultTimeout``,
-   its ``__cause__`` the last connection error.
+5. a connection that fails -- subscribing, listening or reading -- once
+   the server has answered the wait is given up, and the wait subscribes
+   again on a fresh one after a pause (``_runtime.Backoff``: 50 ms
+   doubling to 1 s), never past the deadline; that subscription's
+   confirmation reads the row (2).  A wait with no timeout tries on; one
+   whose deadline passes raises ``ResultTimeout``, its ``__cause__`` the
+   last connection error.  A refused connection to a server that neither
+   the wait nor its client ever reached (a wrong address, a server not
+   started: ``echomq.client.never_reached``) is the caller's at once, as
+   any call's would be.
 
 So a quiet wait sends a subscription, one HMGET, and one more per
 announcement and per ``READ_EVERY_S``.  ``settle`` turns the row into the
@@ -72,6 +76,7 @@ class ResultWait:
         self.read_by = now + READ_EVERY_S  # the safety net's next read (before any confirmation, too)
         self._backoff = Backoff(None if timeout is None else self.deadline)
         self._error: BaseException | None = None  # the last connection error, since the last read
+        self.reached = False  # the server answered this wait once: a refusal after is it restarting
 
     def channel(self) -> bytes:
         return proto.done_channel(self.queue, self.job_id)
@@ -96,6 +101,7 @@ class ResultWait:
                 self.job_id,
             )
         self._backoff, self._error = Backoff(self._backoff.until), None  # it was answered: the path works
+        self.reached = True
         if state == "done":
             return Settled(decode_result(joined(values[4:]), self.serializer))
         if state == "dead":
@@ -128,6 +134,8 @@ class ResultWait:
 
     def heard(self, message: Any, now: float) -> bool:
         """Whether to read the row now: a (re)subscription's confirmation, the announcement, or time."""
+        if message is not None:
+            self.reached = True
         return is_confirmation(message) or is_announcement(message) or now >= self.read_by
 
     def lost(self, error: BaseException, now: float) -> float:

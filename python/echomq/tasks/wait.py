@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .. import _protocol as proto
+from ..client import never_reached
 from ..errors import ResultTimeout
 from .results import ResultWait
 from .serializers import JSON, Serializer
@@ -101,6 +102,8 @@ def wait_result(
         except ResultTimeout:
             raise
         except _LOST as exc:
+            if never_reached(redis_client, exc, wait.reached):
+                raise  # nothing listens there: waiting would only hide it (for ever, with no timeout)
             time.sleep(wait.lost(exc, time.monotonic()))
         finally:
             if pubsub is not None:
@@ -129,6 +132,8 @@ async def await_result(
         except ResultTimeout:
             raise
         except _LOST as exc:
+            if never_reached(redis_client, exc, wait.reached):
+                raise  # nothing listens there: waiting would only hide it (for ever, with no timeout)
             await asyncio.sleep(wait.lost(exc, time.monotonic()))
         finally:
             if pubsub is not None:
