@@ -991,9 +991,12 @@ class Client:
     ) -> Any:
         """Wait for the job's end and return its result's value (a task's: ``echomq.tasks``).
 
-        No polling: it subscribes to the job's ``<base>done:<id>``, reads the
-        row, then waits for the announcement.  Raises ``JobFailed`` (dead:
-        type, message, traceback), ``JobCancelled``, ``JobGone`` (no row) or
+        It subscribes to the job's ``<base>done:<id>``, reads the row, then
+        waits for the announcement; it reads the row again after every new
+        subscription (a dropped connection is subscribed again, within
+        ``timeout``) and every ``echomq.tasks.results.READ_EVERY_S`` (5 s).
+        Raises ``JobFailed`` (dead: type, message, traceback),
+        ``JobCancelled``, ``JobGone`` (no row) or
         ``ResultTimeout`` (a ``TimeoutError``) after ``timeout`` seconds.
         ``serializer``: how the result was stored (default
         ``echomq.tasks.JSON``; a result stored otherwise is refused, so a
