@@ -58,12 +58,20 @@ def listeners(r: redis.Redis, queue: str, job_id: str) -> int:
     return int(reply[1])
 
 
-WAITER = "test-waiter"  # the waiter's connections' name, its pub/sub one's too
+def waiter_name(job_id: str) -> str:
+    """The name of the connections of the waiter for ``job_id``, its pub/sub one's too (no other's)."""
+    return f"test-waiter-{job_id}"
 
 
-def read_once(r: redis.Redis) -> bool:
+def read_once(r: redis.Redis, job_id: str) -> bool:
     """The waiter's last command was its HMGET of the row: it then waits for the announcement."""
-    return any(c.get("name") == WAITER and c.get("cmd") == "hmget" for c in r.client_list())
+    name = waiter_name(job_id)
+    return any(c.get("name") == name and c.get("cmd") == "hmget" for c in r.client_list())
+
+
+def began(r: redis.Redis, job_id: str) -> bool:
+    """The waiter subscribed, and read the row (pending): it waits for the announcement now."""
+    return wait_until(lambda: listeners(r, Q, job_id) == 1 and read_once(r, job_id), 20)
 
 
 def waiting(way: str, port: int, backend: Backend, job_id: str, timeout: float | None) -> dict[str, Any]:
@@ -71,14 +79,14 @@ def waiting(way: str, port: int, backend: Backend, job_id: str, timeout: float |
     out: dict[str, Any] = {}
 
     def sync_wait() -> Any:
-        waiter = echomq.Client(redis.Redis(port=port, client_name=WAITER), backend=backend)
+        waiter = echomq.Client(redis.Redis(port=port, client_name=waiter_name(job_id)), backend=backend)
         try:
             return echomq.App(waiter, queue=Q).handle(Q, job_id).result(timeout=timeout)
         finally:
             waiter.close()
 
     async def async_wait() -> Any:
-        waiter = emq.Client(redis.asyncio.Redis(port=port, client_name=WAITER), backend=backend)
+        waiter = emq.Client(redis.asyncio.Redis(port=port, client_name=waiter_name(job_id)), backend=backend)
         try:
             return await emq.App(waiter, queue=Q).handle(Q, job_id).result(timeout=timeout)
         finally:
@@ -132,7 +140,7 @@ def test_a_wait_whose_connections_drop_while_its_job_ends_reads_the_row_again(
     app, add = an_app(client)
     handle = add.enqueue(2, 3)
     waiter = waiting(way, proxy.port, backend, handle.id, timeout)
-    assert wait_until(lambda: listeners(r, Q, handle.id) == 1 and read_once(r), 20), "the wait never began"
+    assert began(r, handle.id), "the wait never began"
 
     proxy.refuse = True
     proxy.drop()
@@ -170,7 +178,7 @@ def test_a_wait_whose_announcement_is_lost_reads_the_row_again_in_time(
     app, add = an_app(client)
     handle = add.enqueue(2, 3)
     waiter = waiting(way, proxy.port, backend, handle.id, timeout)
-    assert wait_until(lambda: listeners(r, Q, handle.id) == 1 and read_once(r), 20), "the wait never began"
+    assert began(r, handle.id), "the wait never began"
     with app.worker(poll_interval=0.02, grace=0.5):
         assert ended(waiter) == 5
     assert proxy.lost == 1  # the fault happened: the announcement never reached the waiter
