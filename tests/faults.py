@@ -116,10 +116,16 @@ class Proxy:
     a client reading a reply waits for ever, or until its own timeout.
     Connections opened later work.
 
-    Two hooks see each chunk as it passes: ``hold_reply(data)`` returns how
-    long to hold a chunk from the server (a slow network), and
+    Three hooks see each chunk as it passes: ``hold_reply(data)`` returns how
+    long to hold a chunk from the server (a slow network), ``lose_reply(data)``
+    True drops one (a message lost on the way: ``lost`` counts them), and
     ``reset_request(data)`` True closes the connection instead of
     forwarding a chunk from the client (a reset).
+
+    ``drop()`` closes every connection open so far (the server sees its
+    clients leave); while ``refuse`` is True a new connection is closed as
+    soon as it is accepted (``refused`` counts them): the server is out of
+    reach, as when it restarts or the network is down.
     """
 
     def __init__(self, port: int) -> None:
@@ -127,6 +133,10 @@ class Proxy:
         self.generation = 0
         self.hold_reply: Callable[[bytes], float] | None = None
         self.reset_request: Callable[[bytes], bool] | None = None
+        self.lose_reply: Callable[[bytes], bool] | None = None
+        self.lost = 0
+        self.refuse = False
+        self.refused = 0
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -138,6 +148,15 @@ class Proxy:
 
     def blackhole(self) -> None:
         self.generation += 1
+
+    def drop(self) -> None:
+        """Close every connection open so far, both ways."""
+        sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
 
     def close(self) -> None:
         self._closed = True
@@ -151,6 +170,10 @@ class Proxy:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
+                if self.refuse:
+                    self.refused += 1
+                    client.close()
+                    continue
                 upstream = socket.create_connection(("127.0.0.1", self.target))
             except OSError:
                 if self._closed:
@@ -178,6 +201,9 @@ class Proxy:
                         with contextlib.suppress(OSError):
                             s.close()
                     return
+                if not up and self.lose_reply is not None and self.lose_reply(data):
+                    self.lost += 1
+                    continue
                 if not up and self.hold_reply is not None:
                     time.sleep(self.hold_reply(data))
                 b.sendall(data)

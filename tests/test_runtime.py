@@ -551,6 +551,14 @@ def test_a_subscription_is_pinged_only_while_jobs_are_held() -> None:
     assert health.next(later + PONG_WITHIN_S, holding=True) == "dead"  # half-open: subscribe again
 
 
+def test_a_subscription_confirmed_again_was_made_again() -> None:
+    from echomq._runtime import SubscriptionHealth
+
+    health = SubscriptionHealth(100.0)
+    assert not health.confirmed()  # its own subscription
+    assert health.confirmed() and health.confirmed()  # redis-py's, after a dropped connection: ask now
+
+
 # -- issue 34 and 30: slots, the idle claim, the worker's sweep, timeouts -------------------------
 
 

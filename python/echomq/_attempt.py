@@ -119,8 +119,12 @@ class WorkerConnections:
         for connection in idle:
             connection.disconnect()
 
-    def subscriber(self) -> Any:
-        """A PubSub on a connection of its own (a worker's pushed cancels), every step bounded."""
+    def subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub on a connection of its own (a worker's pushed cancels, a result wait), every step bounded.
+
+        ``confirmations``: hand the subscriptions' confirmations up too (a
+        result wait reads its row again on each).
+        """
         with self._cond:
             pool = self._subscribers
             if pool is None:
@@ -128,7 +132,7 @@ class WorkerConnections:
                 for name in ("socket_timeout", "socket_connect_timeout"):
                     options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
                 pool = self._subscribers = redis.ConnectionPool(connection_class=self._class, **options)
-        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         self.drop_idle()

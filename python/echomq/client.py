@@ -589,11 +589,12 @@ class Client:
         if self._pool is not None:
             self._pool.unreserve(n)
 
-    def _subscriber(self) -> Any:
-        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+    def _subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub for a worker's pushed cancels or a result wait: bounded like the worker's attempts
+        where they are bounded (a wait then does its own reconnecting, within its deadline)."""
         if self._bounded():
-            return self._connections().subscriber()
-        return self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            return self._connections().subscriber(confirmations)
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
 
     def _distrust(self) -> None:
         """Something suggests the connections are half-open (a dead subscription): open fresh ones."""
@@ -1003,9 +1004,12 @@ class Client:
     ) -> Any:
         """Wait for the job's end and return its result's value (a task's: ``echomq.tasks``).
 
-        No polling: it subscribes to the job's ``<base>done:<id>``, reads the
-        row, then waits for the announcement.  Raises ``JobFailed`` (dead:
-        type, message, traceback), ``JobCancelled``, ``JobGone`` (no row) or
+        It subscribes to the job's ``<base>done:<id>``, reads the row, then
+        waits for the announcement; it reads the row again after every new
+        subscription (a dropped connection is subscribed again, within
+        ``timeout``) and every ``echomq.tasks.results.READ_EVERY_S`` (5 s).
+        Raises ``JobFailed`` (dead: type, message, traceback),
+        ``JobCancelled``, ``JobGone`` (no row) or
         ``ResultTimeout`` (a ``TimeoutError``) after ``timeout`` seconds.
         ``serializer``: how the result was stored (default
         ``echomq.tasks.JSON``; a result stored otherwise is refused, so a

@@ -101,14 +101,20 @@ class WorkerConnections:
         if self._subscribers is not None:
             await self._subscribers.disconnect()
 
-    def subscriber(self) -> Any:
-        """A PubSub on a connection of its own (a worker's pushed cancels), every step bounded."""
+    def subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub on a connection of its own (a worker's pushed cancels, a result wait), every step bounded.
+
+        ``confirmations``: hand the subscriptions' confirmations up too (a
+        result wait reads its row again on each).
+        """
         if self._subscribers is None:
             options = dict(self._options)
             for name in ("socket_timeout", "socket_connect_timeout"):
                 options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
             self._subscribers = aioredis.ConnectionPool(connection_class=self._class, **options)
-        return aioredis.Redis(connection_pool=self._subscribers).pubsub(ignore_subscribe_messages=True)
+        return aioredis.Redis(connection_pool=self._subscribers).pubsub(
+            ignore_subscribe_messages=not confirmations
+        )
 
     def _wake(self) -> None:
         while self._waiters and self._busy < self.limit:

@@ -370,11 +370,12 @@ class Client:
         if self._pool is not None:
             self._pool.drop_idle()
 
-    def _subscriber(self) -> Any:
-        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+    def _subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub for a worker's pushed cancels or a result wait: bounded like the worker's attempts
+        where they are bounded (a wait then does its own reconnecting, within its deadline)."""
         if self._bounded():
-            return self._connections().subscriber()
-        return self.redis.pubsub(ignore_subscribe_messages=True)
+            return self._connections().subscriber(confirmations)
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)
 
     async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""

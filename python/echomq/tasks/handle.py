@@ -26,7 +26,7 @@ class TaskHandle(Generic[R]):
         self._client, self.queue, self.id, self._serializer = client, queue, job_id, serializer
 
     def result(self, timeout: float | None = None) -> R:
-        """Wait for the job's end (no polling: its ``done`` announcement) and return the task's value.
+        """Wait for the job's end (its ``done`` announcement; a lost one is made good) and return its value.
 
         Raises ``echomq.JobFailed`` (type, message, traceback) when the job is
         dead, ``echomq.JobCancelled`` when it was cancelled, ``echomq.JobGone``
