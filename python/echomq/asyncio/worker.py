@@ -404,7 +404,8 @@ class Worker(Finisher[AsyncHandler]):
         """One of ``concurrency`` tasks: run the jobs the claimer hands over, one at a time."""
         assert self._jobs is not None and self._slot is not None and self._wake is not None
         try:
-            while (item := await self._jobs.get()) is not None:
+            # After a forced stop the jobs still queued are left to _settle (one batch back).
+            while not self._forced and (item := await self._jobs.get()) is not None:
                 # A job's end may bring the next jobs (EMQ.COMPLETECLAIM): this
                 # runner runs them before it is free for the claimer again.
                 chain: list[tuple[Job, float, bool]] = [item]
@@ -488,6 +489,13 @@ class Worker(Finisher[AsyncHandler]):
             ):
                 self._let_go(held)
                 self._decide(held, None)  # lost: counted, nothing sent
+                return []
+            if held.given_back:
+                # A forced stop gave the job back while this runner got it ready (a
+                # wait's metric read, a confirmation): it never starts, nobody would stop it.
+                if waited is not None:
+                    await keeper.stop()
+                self._let_go(held)
                 return []
             if waited is None:
                 keeper.start()
