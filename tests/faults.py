@@ -125,6 +125,7 @@ class Proxy:
     def __init__(self, port: int) -> None:
         self.target = port
         self.generation = 0
+        self.dropped = 0
         self.hold_reply: Callable[[bytes], float] | None = None
         self.reset_request: Callable[[bytes], bool] | None = None
         self._listener = socket.socket()
@@ -138,6 +139,7 @@ class Proxy:
 
     def blackhole(self) -> None:
         self.generation += 1
+        self.dropped = 0  # bytes from a client its half-open connections swallowed since
 
     def close(self) -> None:
         self._closed = True
@@ -172,6 +174,8 @@ class Proxy:
                         b.shutdown(socket.SHUT_WR)
                     return
                 if self.generation != generation:  # after blackhole(): dropped on the floor
+                    if up:
+                        self.dropped += len(data)
                     continue
                 if up and self.reset_request is not None and self.reset_request(data):
                     for s in (a, b):
