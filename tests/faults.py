@@ -131,6 +131,7 @@ class Proxy:
     def __init__(self, port: int) -> None:
         self.target = port
         self.generation = 0
+        self.dropped = 0
         self.hold_reply: Callable[[bytes], float] | None = None
         self.reset_request: Callable[[bytes], bool] | None = None
         self.lose_reply: Callable[[bytes], bool] | None = None
@@ -148,6 +149,7 @@ class Proxy:
 
     def blackhole(self) -> None:
         self.generation += 1
+        self.dropped = 0  # bytes from a client its half-open connections swallowed since
 
     def drop(self) -> None:
         """Close every connection open so far, both ways."""
@@ -195,6 +197,8 @@ class Proxy:
                         b.shutdown(socket.SHUT_WR)
                     return
                 if self.generation != generation:  # after blackhole(): dropped on the floor
+                    if up:
+                        self.dropped += len(data)
                     continue
                 if up and self.reset_request is not None and self.reset_request(data):
                     for s in (a, b):

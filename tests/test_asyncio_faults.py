@@ -298,3 +298,35 @@ async def until(predicate: Callable[[], object], timeout: float) -> bool:
             return True
         await asyncio.sleep(0.02)
     return bool(predicate())
+
+
+def test_a_forced_stop_against_a_frozen_server_says_its_budget_ended_the_give_back(
+    server: EmbeddedServer, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 39: a forced stop whose RELEASE got no answer logged "no answer to its release
+    # before its lease ended" with seconds of the lease left; the stop's budget ended it.
+    echomq.Client(server.client()).enqueue(Q, b"", job_id="J")
+
+    async def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
+        await asyncio.sleep(30)
+
+    async def body(client: emq.Client) -> None:
+        worker = emq.Worker(client, Q, handler, lease_ms=10_000, poll_interval=0.02, grace=30)
+        task = asyncio.create_task(worker.run())
+        for _ in range(500):
+            if r.zcard(K.active) == 1:
+                break
+            await asyncio.sleep(0.01)
+        with frozen(server):
+            task.cancel()  # a forced stop: the give-back meets a server that answers nothing
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert worker.stats.released == 0 and worker.stats.leases_lost == 1
+
+    with caplog.at_level("WARNING", logger="echomq"):
+        run(server, body)
+    said = [rec.getMessage() for rec in caplog.records if "no answer to its release" in rec.getMessage()]
+    assert len(said) == 1 and "before the forced stop's budget ran out" in said[0], said
+    assert "s before its lease ends" in said[0] and "before its lease ended" not in said[0]
+    # The RELEASE sat in the frozen server's socket: it took effect once the server ran again.
+    assert r.hget(K.job("J"), "state") in (b"pending", b"active")

@@ -248,10 +248,20 @@ class Finishing:
             self.queue, exc,
         )  # fmt: skip
 
-    def _unfinished(self, finish: Finish) -> None:
-        """The job's end could not be sent before its lease ended (the server stayed unreachable)."""
+    def _unfinished(self, finish: Finish, now: float | None = None) -> None:
+        """The job's end got no answer before its lease ended, or (``now`` given) before a forced stop's
+        budget ran out at ``now``, with that much of the lease left: the log says which."""
         self.stats.leases_lost += 1
         self._ended(finish.job, "lost")
+        left = None if now is None else finish.held.confirmed_until - now
+        if left is not None and left > 0:
+            worker_log.warning(
+                "job %s: no answer to its %s before the forced stop's budget ran out, %.1f s before its "
+                "lease ends (if it reached the server it took effect; if not, the job is recovered once "
+                "its lease lapses)",
+                finish.job.id, finish.action.value, left, extra=job_fields(finish.job),
+            )  # fmt: skip
+            return
         worker_log.warning(
             "job %s: no answer to its %s before its lease ended (if it reached the server it took "
             "effect; if not, the reaper gives the job to another worker)",

@@ -163,9 +163,11 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, 
 
         ``landed``: its claim was answered before the stop was requested
         (the asyncio claimer hands jobs to its runners a loop turn later):
-        it runs, within the grace, as a job already started would.
+        it runs, within the grace, as a job already started would; not once
+        the stop was forced.
         """
-        if self._stop_requested and not landed:
+        # After a forced stop nothing starts, landed or not: nobody would stop it again.
+        if self._forced or (self._stop_requested and not landed):
             held.given_back = True
             return False
         held.metrics = self.metrics

@@ -292,28 +292,36 @@ class Client:
         raise unreachable(error) from unwrapped(error)  # outside the handler: chained to its own cause
 
     async def _attempt_many(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None = None
+        self,
+        calls: list[proto.Call[Any]],
+        timeout: float,
+        progress: Progress | None = None,
+        *,
+        lane: bool = False,
     ) -> list[Any]:
         """Send ``calls`` in one round trip, once, within ``timeout`` (see ``echomq.Client._attempt_many``).
 
         Cancelled at the timeout, the connection is dropped (it may be
         half-open) and the idle ones with it; ``NotSent`` when the time ran
         out before anything was sent, or the connection could not be made.
+        ``lane``: a stopping worker's give-back, on the connections kept for
+        it (``_attempt.STOP_LANE``).
         """
         if not self._bounded():
             return await _timed(
                 lambda _: self._pipeline_run(calls), timeout, f"{len(calls)} calls", own=False
             )
-        return await self._bounded_try(calls, timeout, progress)
+        return await self._bounded_try(calls, timeout, progress, lane)
 
     async def _bounded_try(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None, lane: bool = False
     ) -> list[Any]:
         connections = self._connections()
         try:
             return await _timed(
-                lambda progress: self._try(connections, calls, progress), timeout, "a try", progress=progress
-            )
+                lambda progress: self._try(connections, calls, progress, lane), timeout, "a try",
+                progress=progress,
+            )  # fmt: skip
         except NotSent:
             raise
         except (redis.TimeoutError, redis.ConnectionError):
@@ -321,9 +329,13 @@ class Client:
             raise
 
     async def _try(
-        self, connections: WorkerConnections, calls: list[proto.Call[Any]], progress: Progress
+        self,
+        connections: WorkerConnections,
+        calls: list[proto.Call[Any]],
+        progress: Progress,
+        lane: bool = False,
     ) -> list[Any]:
-        async with connections.connection(progress) as connection:
+        async with connections.connection(progress, lane) as connection:
             rendering = self._rendering
             if rendering is None:
                 (reply,) = await connections.round_trip(connection, [PROBE], progress)
@@ -356,14 +368,17 @@ class Client:
             self._pool = WorkerConnections(cast("aioredis.Redis", self.redis).connection_pool)
         return self._pool
 
-    def _reserve(self, n: int) -> None:
-        """A worker's share of the bounded attempts' connections (see ``echomq.Client._reserve``)."""
-        if self._bounded():
-            self._connections().reserve(n)
+    def _reserve(self, n: int, lanes: int = 0) -> None:
+        """A worker's share of the bounded attempts' connections (see ``echomq.Client._reserve``).
 
-    def _unreserve(self, n: int) -> None:
+        ``lanes`` of the ``n`` are kept for its stop's give-backs (``_attempt.STOP_LANE``).
+        """
+        if self._bounded():
+            self._connections().reserve(n, lanes)
+
+    def _unreserve(self, n: int, lanes: int = 0) -> None:
         if self._pool is not None:
-            self._pool.unreserve(n)
+            self._pool.unreserve(n, lanes)
 
     def _distrust(self) -> None:
         """The connections may be half-open (a dead subscription): open fresh ones."""
