@@ -43,7 +43,8 @@ def test_inspect_shows_counts_and_leases(
     assert "backend module (the emq module's EMQ.* commands)" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("j0"))
     assert " ms" in line and "stop please" in line
-    left = int(line.split()[2])
+    assert line.split()[1] == "-"  # its task: a raw job
+    left = int(line.split()[3])
     assert 50_000 < left <= 60_000
 
 
@@ -56,7 +57,7 @@ def test_inspect_token_column_is_the_holders_token(
     code, out, _ = run(server, capsys, "inspect", Q)
     assert code == 0
     line = next(ln for ln in out.splitlines() if ln.startswith("j0"))
-    assert line.split()[1] == job.token
+    assert line.split()[2] == job.token  # after the job and its task
 
 
 def test_inspect_shows_lapsed_leases(

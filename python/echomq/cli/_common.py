@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
+
+import redis
 
 from .._log import LEVELS
 from .._protocol import SweepResult
 from .._protocol.views import joined, piece_fields
+from .._reach import wait_for_server
 from ..client import Client
 from ..errors import ModuleNotLoaded
 from ..keyspace import queue_keys
@@ -36,6 +41,21 @@ class CliError(Exception):
 
 def connect(args: argparse.Namespace) -> Client:
     return Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
+
+
+def connect_waiting(args: argparse.Namespace) -> Client:
+    """``connect``, then ``--wait-for-server``'s wait (a cluster client connects as it is made: again)."""
+    deadline = time.monotonic() + args.wait_for_server
+    while True:
+        try:
+            client = connect(args)
+            break
+        except redis.ConnectionError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    wait_for_server(client.redis, max(0.0, deadline - time.monotonic()), args.url)
+    return client
 
 
 def require_module(client: Client) -> None:
@@ -216,3 +236,26 @@ def task_calls(client: Any, queue: str, job_ids: list[str]) -> dict[str, str]:
         pipe.hmget(keys.job(job_id), fields)  # a payload of 65 B to 1 KiB is in pieces
     payloads = [joined(values) for values in pipe.execute()]
     return {job_id: call_text(p, 40) or "-" for job_id, p in zip(job_ids, payloads, strict=True)}
+
+
+def load_handler(spec: str) -> Callable[..., object]:
+    """``package.module:function`` (or ``module:object.method``) → the callable; CliError saying why not."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"handler must be MODULE:FUNCTION, e.g. tasks:send, not {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the project's own modules import
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(f"{module_name!r} has no {attr!r}") from None
+    from ..tasks import AppCore
+
+    if not callable(target) and not isinstance(target, AppCore):
+        raise CliError(f"{spec} is not callable (it is a {type(target).__name__})")
+    return cast("Callable[..., object]", target)

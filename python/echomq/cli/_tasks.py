@@ -13,7 +13,7 @@ from ..errors import JobCancelled, JobFailed, JobGone, ResultTimeout
 from ..tasks import AppCore
 from ..tasks.results import ResultWait
 from ..tasks.serializers import JSON
-from ._common import CliError, connect, log, require_module
+from ._common import CliError, connect, connect_waiting, load_handler, log, require_module
 
 __all__ = ["cmd_call", "cmd_result", "run_app"]
 
@@ -67,7 +67,6 @@ def run_app(
         return 0
     from ..tasks.app import App, TaskWorker
     from ..worker import Worker
-    from .worker import connect_waiting
 
     client = connect_waiting(args)
     require_module(client)
@@ -125,7 +124,6 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     """Enqueue a call of a task by name (JSON arguments); print its id, or with --wait its result."""
-    from ..cli.worker import load_handler
     from ..tasks import App
     from ..tasks.serializers import SerializationError
 

@@ -4,27 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import inspect
 import math
-import os
 import sys
-import time
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-import redis
-
-from .._reach import wait_for_server
 from ..asyncio._reach import wait_for_server as async_wait_for_server
-from ..client import Client
 from ..errors import ModuleNotLoaded
 from ..retry import RetryPolicy
 from ._common import (
     MODULE_MISSING,
     CliError,
     Command,
-    connect,
+    connect_waiting,
+    load_handler,
     log,
     port,
     positive,
@@ -297,21 +290,6 @@ def make_metrics(args: argparse.Namespace) -> Any:
     return metrics
 
 
-def connect_waiting(args: argparse.Namespace) -> Client:
-    """``connect``, then ``--wait-for-server``'s wait (a cluster client connects as it is made: again)."""
-    deadline = time.monotonic() + args.wait_for_server
-    while True:
-        try:
-            client = connect(args)
-            break
-        except redis.ConnectionError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.5)
-    wait_for_server(client.redis, max(0.0, deadline - time.monotonic()), args.url)
-    return client
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     from ..tasks import AppCore
 
@@ -395,29 +373,6 @@ async def _run_async_worker(args: argparse.Namespace, handler: Any, settings: di
     finally:
         await client.aclose()
     return stats
-
-
-def load_handler(spec: str) -> Callable[..., object]:
-    """``package.module:function`` (or ``module:object.method``) → the callable; CliError saying why not."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"handler must be MODULE:FUNCTION, e.g. tasks:send, not {spec!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the project's own modules import
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise CliError(f"{module_name!r} has no {attr!r}") from None
-    from ..tasks import AppCore
-
-    if not callable(target) and not isinstance(target, AppCore):
-        raise CliError(f"{spec} is not callable (it is a {type(target).__name__})")
-    return cast("Callable[..., object]", target)
 
 
 def register(command: Command) -> None:
