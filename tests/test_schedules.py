@@ -429,6 +429,7 @@ def test_the_cli_adds_lists_and_removes(
     lines = out.splitlines()
     assert code == 0 and lines[0].split() == [
         "NAME",
+        "TASK",
         "WHEN",
         "TZ",
         "MISSED",
@@ -438,8 +439,8 @@ def test_the_cli_adds_lists_and_removes(
         "TICK",
         "FIRED",
     ]
-    assert lines[2].split()[:5] == ["beat", "every", "30000", "ms", "UTC"]
-    assert lines[3].split()[:4] == ["digest", "cron", "0", "8"]
+    assert lines[2].split()[:6] == ["beat", "-", "every", "30000", "ms", "UTC"]  # "-": a raw payload
+    assert lines[3].split()[:5] == ["digest", "-", "cron", "0", "8"]
     assert client.schedules(Q)[1].schedule.payload == b"hi"
     assert run("remove", Q, "beat")[:2] == (0, "removed 'beat' (the jobs it enqueued stay)\n")
     assert run("remove", Q, "beat")[0] == 1

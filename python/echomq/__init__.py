@@ -18,6 +18,7 @@ from ._log import configure_logging
 from ._module_so import module_path
 from ._protocol import KEEP_FOREVER
 from ._protocol.unique import Enqueued
+from ._version import __version__ as __version__
 from .cancel import Cancellation, CancelToken
 from .client import (
     ActiveJob,
@@ -128,4 +129,3 @@ __all__ = [
     "task_context",
 ]
 
-__version__ = "0.1.0"

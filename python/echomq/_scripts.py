@@ -44,8 +44,6 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-from redis.exceptions import NoScriptError
-
 BackendName = Literal["module", "scripts"]
 BackendChoice = Literal["module", "scripts", "auto"]
 BACKENDS: tuple[BackendChoice, ...] = ("auto", "module", "scripts")
@@ -403,14 +401,6 @@ def eval_form(command: Sequence[Any], table: dict[str, Script] | None = None) ->
         if script.sha == sha:
             return ("EVAL", script.source, *command[2:])
     raise KeyError(f"no script with SHA1 {sha}")
-
-
-def missing_code(error: Exception) -> bool:
-    """Does the node lack the code (the library's function, or the script), so that nothing ran?
-
-    (redis-py answers NOSCRIPT as a NoScriptError without the word.)"""
-    text = str(error)
-    return isinstance(error, NoScriptError) or text.startswith("NOSCRIPT") or "Function not found" in text
 
 
 def load_refused(error: Exception) -> bool:

@@ -42,6 +42,7 @@ from ._protocol import (
     RetryDeadResult,
     SweepResult,
 )
+from ._protocol.calls import missing_code
 from ._protocol.unique import Enqueued
 from ._scripts import (
     PROBE,
@@ -53,7 +54,6 @@ from ._scripts import (
     backend_from_probe,
     check_backend,
     load_refused,
-    missing_code,
 )
 from .cancel import Cancellation
 from .errors import EchoMQError, LeaseLost, NotReplicated, ServerUnreachable

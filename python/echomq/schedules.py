@@ -41,7 +41,7 @@ from cronsim import CronSim, CronSimError
 from redis.exceptions import ResponseError
 
 from ._protocol import Call, Enqueued, enqueue, keys_of
-from ._scripts import missing_code
+from ._protocol.calls import missing_code
 from .errors import BadSchedule
 
 log = logging.getLogger("echomq.schedules")

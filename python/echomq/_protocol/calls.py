@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Generic, Literal, NoReturn, TypeVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..errors import (
     BadArgument,
@@ -350,3 +350,11 @@ def raise_mapped(exc: ResponseError, call: Call[Any]) -> NoReturn:
         if text.startswith(_CORRUPT):
             raise CorruptQueue(f"{call.args[0]} on {where}: {text}") from None
     raise exc
+
+
+def missing_code(error: Exception) -> bool:
+    """Does the node lack the code (the library's function, or the script), so that nothing ran?
+
+    (redis-py answers NOSCRIPT as a NoScriptError without the word.)"""
+    text = str(error)
+    return isinstance(error, NoScriptError) or text.startswith("NOSCRIPT") or "Function not found" in text

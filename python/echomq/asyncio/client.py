@@ -45,6 +45,7 @@ from .._protocol import (
     RetryDeadResult,
     SweepResult,
 )
+from .._protocol.calls import missing_code
 from .._protocol.unique import Enqueued
 from .._scripts import (
     PROBE,
@@ -56,7 +57,6 @@ from .._scripts import (
     backend_from_probe,
     check_backend,
     load_refused,
-    missing_code,
 )
 from ..cancel import Cancellation
 from ..client import (

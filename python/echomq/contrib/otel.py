@@ -50,6 +50,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .._runtime.lease import TIMEOUT
 from .._runtime.shutdown import SHUTDOWN
+from .._version import __version__
 from ..asyncio.context import JobContext as AsyncJobContext
 from ..context import JobContext
 from ..errors import Cancelled, NonRetryable, RateLimited
@@ -157,8 +158,6 @@ class TaskTracing:
     """The hook ``instrument(app)`` adds (``echomq.tasks.hooks.TaskHook``): see the module docstring."""
 
     def __init__(self, tracer_provider: TracerProvider | None = None, *, parent: bool = True) -> None:
-        from .. import __version__
-
         self.tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider)
         self.parent = parent
 

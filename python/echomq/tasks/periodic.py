@@ -16,12 +16,20 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..schedules import define
 
-if TYPE_CHECKING:
-    from .task import TaskCore
+
+class TaskCore(Protocol):
+    """What a schedule needs of a task (``task.TaskCore`` has it): named here, not imported, no cycle."""
+
+    name: str
+    queue: str
+
+    def binding_problem(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None: ...
+
+    def payload(self, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None = None) -> bytes: ...
 
 __all__ = ["TaskSchedule"]
 
