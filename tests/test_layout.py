@@ -60,3 +60,18 @@ def test_the_entry_point_is_module_emq_c() -> None:
         if "RedisModule_OnLoad(" in (ROOT / "module" / name).read_text()
         and name not in ("memcheck_canary.c", "meta_probe.c")
     ]
+
+
+def test_every_python_module_is_on_the_layout_page() -> None:
+    """A file of the package is named itself, or its package folder is (``python/echomq/tasks/``)."""
+    named = named_paths()
+    package = ROOT / "python" / "echomq"
+    unnamed = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        folders = [p.relative_to(ROOT).as_posix() for p in path.parents if p != package and package in p.parents]
+        if path.name == "__init__.py" and path.parent == package:
+            continue  # the public names: every page says them
+        if rel not in named and not any(f in named for f in folders):
+            unnamed.append(rel)
+    assert unnamed == [], f"docs/development.md's layout does not name: {unnamed}"
