@@ -351,3 +351,33 @@ def test_echomq_exporter_runs_as_a_command(server: EmbeddedServer, client: echom
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_the_exporter_serves_queue_level_run_and_wait_histograms_every_worker_added(
+    client: echomq.Client, endpoint: Callable[[CollectorRegistry], str]
+) -> None:
+    # Issue 42: the run and wait histograms lived on each worker's own port; the server now holds
+    # them per queue, added to by every recording worker (here two in-process ones), for the exporter.
+    for i in range(12):
+        client.enqueue(Q, b"p", job_id=f"h{i}")
+    workers = [
+        echomq.Worker(client, Q, handler_failing_on(set(), delay=0.02), poll_interval=0.02,
+                      metrics=Metrics(registry=CollectorRegistry(), wait_sample=1.0, flush_interval=0.05))
+        for _ in range(2)
+    ]  # fmt: skip
+    for w in workers:
+        w.start()
+    try:
+        wait_until(lambda: client.counts(Q).pending == 0 and client.counts(Q).active == 0, what="drained")
+    finally:
+        for w in workers:
+            w.stop()
+    registry, _collector, _ = exporter_registry(client, [Q], cancel_latency=False)
+    samples = scrape(endpoint(registry))
+    assert value(samples, "echomq_queue_run_seconds_count", queue=Q) == 12
+    assert value(samples, "echomq_queue_run_seconds_bucket", queue=Q, le="0.01") == 0  # each ran >= 20 ms
+    assert value(samples, "echomq_queue_run_seconds_bucket", queue=Q, le="+Inf") == 12
+    assert 12 * 0.02 <= value(samples, "echomq_queue_run_seconds_sum", queue=Q) < 12 * 5
+    assert value(samples, "echomq_queue_wait_seconds_count", queue=Q) == 12  # every first claim sampled
+    buckets = [n for (name, labels), n in samples.items() if name == "echomq_queue_wait_seconds_bucket"]
+    assert buckets == sorted(buckets)  # cumulative, as Prometheus reads them

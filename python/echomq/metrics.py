@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("echomq.metrics needs prometheus_client: pip install 'echomq[metrics]'") from exc
@@ -60,10 +60,10 @@ __all__ = [
 
 log = logging.getLogger("echomq.metrics")
 
-RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-"""Seconds: a handler's run, from milliseconds to an hour."""
-WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-"""Seconds: enqueue to claim."""
+RUN_BUCKETS = proto.QUEUE_RUN_BUCKETS
+"""Seconds: a handler's run, from milliseconds to an hour (the queue-level histogram's too)."""
+WAIT_BUCKETS = proto.QUEUE_WAIT_BUCKETS
+"""Seconds: enqueue to claim (the queue-level histogram's too)."""
 CANCEL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 """Seconds: a cancel's way, bounded by the checkpoint interval (a third of the lease by default)."""
 
@@ -301,6 +301,12 @@ class Metrics:
         if self._share is not None:
             self._share.flush()
 
+    def _observe(self, queue: str, name: str, bounds: tuple[float, ...], seconds: float) -> None:
+        """One observation into the queue's shared histogram (the exporter's queue-level latency)."""
+        if self._share is not None:
+            for field, n in proto.observation(name, bounds, seconds).items():
+                self._share.add(queue, field, n)
+
     def _add(self, queue: str, field: str, n: int = 1) -> None:
         if self._share is not None and n:
             self._share.add(queue, field, n)
@@ -319,6 +325,7 @@ class Metrics:
                 self._started[(job.queue, job.id, job.token)] = time.monotonic()
         if wait_ms is not None and wait_ms >= 0:
             self.wait_seconds.labels(job.queue).observe(wait_ms / 1000)
+            self._observe(job.queue, "wait", WAIT_BUCKETS, wait_ms / 1000)
         self._add(job.queue, "claimed")
 
     def claimed_with_wait(self, client: Client, job: Job) -> None:
@@ -393,6 +400,7 @@ class Metrics:
         else:
             label = "lost"
         self.run_seconds.labels(queue, label).observe(max(0.0, run_seconds))
+        self._observe(queue, "run", RUN_BUCKETS, max(0.0, run_seconds))
 
     def swept(self, queue: str, result: SweepResult) -> None:
         """What a reaper's sweep (or tick) of ``queue`` did."""
@@ -445,6 +453,7 @@ class _QueueView:
     counts: Any
     head: Any
     counters: Any
+    histograms: dict[str, Any]
 
 
 class QueueCollector(Collector):
@@ -502,7 +511,10 @@ class QueueCollector(Collector):
         try:
             head = self.client.pending(queue, count=1)
             return _QueueView(
-                self.client.counts(queue), head[0] if head else None, self.client.counters(queue)
+                self.client.counts(queue),
+                head[0] if head else None,
+                self.client.counters(queue),
+                self.client._read(proto.shared_histograms(queue)),
             )
         except Exception as exc:
             self.errors += 1
@@ -536,6 +548,18 @@ class QueueCollector(Collector):
             )
             for name in proto.COUNTER_FIELDS
         }
+        latency = {
+            "run": HistogramMetricFamily(
+                "echomq_queue_run_seconds",
+                "A handler's run, claim to end, as every recording worker added it (server-held).",
+                labels=["queue"],
+            ),
+            "wait": HistogramMetricFamily(
+                "echomq_queue_wait_seconds",
+                "Enqueue to first claim, sampled, as every recording worker added it (server-held).",
+                labels=["queue"],
+            ),
+        }
         exported = 0
         for queue in self.queues():
             view = self._view(queue)
@@ -557,7 +581,12 @@ class QueueCollector(Collector):
             dead_lettered.add_metric([queue], view.counters.dead_lettered)
             for name, family in shared.items():
                 family.add_metric([queue], getattr(view.counters, name))
-        yield from (jobs, lapsed, paused, oldest, dead_lettered, *shared.values())
+            for name, histogram in latency.items():
+                held = view.histograms[name]
+                histogram.add_metric(
+                    [queue], [(_bound(b), n) for b, n in held.buckets], sum_value=held.sum_seconds
+                )
+        yield from (jobs, lapsed, paused, oldest, dead_lettered, *shared.values(), *latency.values())
         yield GaugeMetricFamily("echomq_exporter_queues", "Queues exported by this scrape.", value=exported)
         yield CounterMetricFamily(
             "echomq_exporter_errors",
@@ -569,6 +598,11 @@ class QueueCollector(Collector):
             "How long this scrape's reads took.",
             value=time.monotonic() - started,
         )
+
+
+def _bound(bound: float) -> str:
+    """A bucket's ``le`` as Prometheus writes it: ``+Inf``, ``0.005``, ``1.0``."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 class CancelWatch:

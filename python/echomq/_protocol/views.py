@@ -393,10 +393,89 @@ def counters(queue: str) -> Read[QueueCounters]:
     return Read(keys.pending, build, parse)
 
 
-def add_counters(queue: str, deltas: dict[str, int]) -> list[tuple[Any, ...]]:
-    """The commands that add ``deltas`` (fields of ``COUNTER_FIELDS``) to the shared counters."""
+QUEUE_RUN_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+)
+"""Seconds: the upper bounds of the queue-level run histogram's buckets (a last one, +Inf, follows).
+
+Stored on the server (``run_b<i>``, ``run_sum_us``), so changing them splits a queue's history."""
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+"""Seconds: the queue-level wait histogram's bounds (``wait_b<i>``, ``wait_sum_us``)."""
+
+
+def histogram_fields(name: str, bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """A shared histogram's fields: one count per bucket (not cumulative; the last is +Inf), the sum."""
+    return (*(f"{name}_b{i}" for i in range(len(bounds) + 1)), f"{name}_sum_us")
+
+
+HISTOGRAM_FIELDS = (
+    *histogram_fields("run", QUEUE_RUN_BUCKETS),
+    *histogram_fields("wait", QUEUE_WAIT_BUCKETS),
+)
+"""The fields of ``<base>metrics:counts`` that hold the queue-level run and wait histograms."""
+
+
+def observation(name: str, bounds: tuple[float, ...], seconds: float) -> dict[str, int]:
+    """The deltas one observation adds to a shared histogram: its bucket's count and the sum (in µs)."""
+    index = next((i for i, bound in enumerate(bounds) if seconds <= bound), len(bounds))
+    return {f"{name}_b{index}": 1, f"{name}_sum_us": max(0, round(seconds * 1_000_000))}
+
+
+@dataclass(frozen=True)
+class SharedHistogram:
+    """A queue-level histogram as the server holds it: cumulative bucket counts, as Prometheus reads them."""
+
+    buckets: list[tuple[float, int]]  # (upper bound, jobs at or under it), the last bound inf
+    sum_seconds: float
+
+    @property
+    def count(self) -> int:
+        return self.buckets[-1][1] if self.buckets else 0
+
+
+def shared_histograms(queue: str) -> Read[dict[str, SharedHistogram]]:
+    """The queue's run and wait histograms, added to by every worker that records metrics."""
     key = counters_key(queue)
-    return [("HINCRBY", key, name, n) for name, n in deltas.items() if n and name in COUNTER_FIELDS]
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        return [("HMGET", key, *HISTOGRAM_FIELDS)]
+
+    def parse(now: int, replies: list[Any]) -> dict[str, SharedHistogram]:
+        values = dict(zip(HISTOGRAM_FIELDS, (_count(v) for v in replies[0]), strict=True))
+        out = {}
+        for name, bounds in (("run", QUEUE_RUN_BUCKETS), ("wait", QUEUE_WAIT_BUCKETS)):
+            total, buckets = 0, []
+            for i, bound in enumerate((*bounds, float("inf"))):
+                total += values[f"{name}_b{i}"]
+                buckets.append((bound, total))
+            out[name] = SharedHistogram(buckets, values[f"{name}_sum_us"] / 1_000_000)
+        return out
+
+    return Read(keys_of(queue).pending, build, parse)
+
+
+def add_counters(queue: str, deltas: dict[str, int]) -> list[tuple[Any, ...]]:
+    """The commands that add ``deltas`` (``COUNTER_FIELDS``, ``HISTOGRAM_FIELDS``) to the shared counters."""
+    key = counters_key(queue)
+    known = (*COUNTER_FIELDS, *HISTOGRAM_FIELDS)
+    return [("HINCRBY", key, name, n) for name, n in deltas.items() if n and name in known]
 
 
 QUEUE_KEYS = ("pending", "priority", "delayed", "active", "dead")
