@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -152,12 +153,28 @@ def async_handler(history: History) -> Any:
     return handler
 
 
+def announce_ready(history: History) -> None:
+    """Write ``ready`` once the worker handles SIGTERM (the test's deploys wait for it).
+
+    A SIGTERM before ``run()`` installs its handler kills the process
+    outright (a slow start on a busy machine): no test of a graceful stop.
+    """
+
+    def watch() -> None:
+        while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            time.sleep(0.01)
+        history.write(event="ready")
+
+    threading.Thread(target=watch, name="test-ready", daemon=True).start()
+
+
 def main() -> None:
     global HISTORY
     url, queue, lease_ms, mode, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     slots = int(sys.argv[6]) if len(sys.argv) > 6 else (2 if mode == "sync" else 4)
-    echomq.configure_logging("warning")
+    echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
+    announce_ready(history)
     settings: dict[str, Any] = {"lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0}
     if mode == "sync":
         client = RecordingClient.from_url(url)

@@ -157,6 +157,13 @@ class Workers:
         self.histories.append(path)
         return spawn(self.url, mode, slots, path), path
 
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Every running worker handles SIGTERM (its history says ``ready``): a deploy tests a stop."""
+        return wait_until(
+            lambda: all(any(e["event"] == "ready" for e in read_history([p])) for p in self.paths),
+            timeout, step=0.05,
+        )  # fmt: skip
+
     def deploy(self, n: int, admin: redis.Redis) -> float:
         """SIGTERM worker ``n`` (busy), wait for it to exit, then check what it held; returns the seconds."""
         proc, path = self.procs[n], self.paths[n]
@@ -167,6 +174,7 @@ class Workers:
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - started
         self.outputs.append((out, err))
+        path.with_suffix(".err").write_text(err)
         self.codes.append(proc.returncode)
         claimed = {e["token"] for e in read_history([path]) if e["event"] == "claim"}
         for raw in admin.zrange(K.active, 0, -1):
@@ -180,9 +188,10 @@ class Workers:
         started = time.monotonic()
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
+        for proc, path in zip(self.procs, self.paths, strict=True):
             self.outputs.append(proc.communicate(timeout=30))
             self.codes.append(proc.returncode)
+            path.with_suffix(".err").write_text(self.outputs[-1][1])
         return time.monotonic() - started
 
 
@@ -216,6 +225,8 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
     admin = echomq.Client.from_url(server.url)
     r = admin.redis
     try:
+        assert workers.wait_ready(), "a worker did not start"
+        started = time.monotonic()
         producer.start()
         reaper.start()
         at(1.5)
@@ -281,6 +292,7 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
     states = Counter(row.get("state", "missing") for row in rows.values())
     runs = sum(len(v) for v in starts.values())
     stalls = sum(int(row.get("stalled", "0")) for row in rows.values())
+    by_stalls = Counter(row.get("stalled", "0") for row in rows.values())
     raw_rows = {jid: r.hgetall(K.job(jid)) for jid in producer.enqueued}
     resumed = check_resumes(events, raw_rows)  # a lost reply may leave the last step unstored
     claims = sum(int(row.get("attempts", "0")) for row in rows.values())  # every claim of every job
@@ -297,12 +309,17 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
         f"(poison {len(producer.poison)}, cancel asked {len(producer.cancel_asked)}); "
         f"final states {dict(states)}; claims {claims}, handler runs {runs} (re-runs {runs - len(starts)}, "
         f"claims that never ran {claims - runs}: {never_ran}); "
-        f"stalls counted {stalls}; claims resumed mid-job {resumed}; "
+        f"stalls counted {stalls} (jobs by stalls {dict(by_stalls)}); "
+        f"claims resumed mid-job {resumed}; "
         f"worker totals {dict(total)}; producer errors {len(producer.errors)}; "
         f"deploys: {workers.deploys}; workers stopped (SIGTERM) in {stop_took:.2f} s, "
         f"exit statuses {workers.codes}"
     )
 
+    held = {jid for _, jid, _ in workers.held_by_nobody}
+    for jid, row in rows.items():  # what a job that ended wrongly went through (the logs: history-*.err)
+        if (row.get("state") == "dead" and jid not in producer.poison) or jid in held:
+            print(f"{jid}: {row}; events {[e for e in events if e.get('job') == jid]}")
     assert drained, f"the queue did not drain: pending {queued(r, K)}, active {r.zcard(K.active)}"
     assert not producer.errors, producer.errors
     assert workers.held_by_nobody == [], "jobs a SIGTERMed worker was handed and neither ran nor gave back"
