@@ -116,17 +116,29 @@ class Proxy:
     a client reading a reply waits for ever, or until its own timeout.
     Connections opened later work.
 
-    Two hooks see each chunk as it passes: ``hold_reply(data)`` returns how
-    long to hold a chunk from the server (a slow network), and
+    Three hooks see each chunk as it passes: ``hold_reply(data)`` returns how
+    long to hold a chunk from the server (a slow network),
+    ``hold_request(data)`` the same for a chunk from the client, and
     ``reset_request(data)`` True closes the connection instead of
     forwarding a chunk from the client (a reset).
+
+    What the faults did is counted, for a test to assert that its fault
+    really fired (a refactor must not turn a fault test into a happy-path
+    one): ``dropped`` chunks (each way) swallowed by a half-open
+    connection, ``resets``, ``held_replies`` and ``held_requests`` (chunks
+    held a nonzero time).
     """
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.generation = 0
         self.hold_reply: Callable[[bytes], float] | None = None
+        self.hold_request: Callable[[bytes], float] | None = None
         self.reset_request: Callable[[bytes], bool] | None = None
+        self.dropped = 0
+        self.resets = 0
+        self.held_replies = 0
+        self.held_requests = 0
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -172,14 +184,21 @@ class Proxy:
                         b.shutdown(socket.SHUT_WR)
                     return
                 if self.generation != generation:  # after blackhole(): dropped on the floor
+                    self.dropped += 1
                     continue
                 if up and self.reset_request is not None and self.reset_request(data):
+                    self.resets += 1
                     for s in (a, b):
                         with contextlib.suppress(OSError):
                             s.close()
                     return
-                if not up and self.hold_reply is not None:
-                    time.sleep(self.hold_reply(data))
+                hold = self.hold_request if up else self.hold_reply
+                if hold is not None and (seconds := hold(data)) > 0:
+                    if up:
+                        self.held_requests += 1
+                    else:
+                        self.held_replies += 1
+                    time.sleep(seconds)
                 b.sendall(data)
         except OSError:
             return
