@@ -481,8 +481,9 @@ class Worker(Finisher[AsyncHandler]):
                 and held.needs_confirmation(time.monotonic())
                 and not await self._confirm(keeper)
             ):
-                self._let_go(held)
-                self._decide(held, None)  # lost: counted, nothing sent
+                if self._unconfirmed(held):  # no answer in time: given back; stale: not ours
+                    now = time.monotonic()
+                    await self._give_back(held, now + SETTLE_TRY_S, floor=now + SETTLE_TRY_S)
                 return []
             if waited is None:
                 keeper.start()
