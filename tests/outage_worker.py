@@ -1,6 +1,6 @@
 """A worker process for the outage chaos test.
 
-``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS]``:
+``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS [PREFETCH]]``:
 
 Every handler run appends lines to HISTORY (JSON): ``start`` with the
 job, its token and attempt, and the step it resumed from and the token that
@@ -12,8 +12,9 @@ its token (issue 27): a job still held with a token of a worker that has
 exited is held by nobody.  SLOTS is the worker's concurrency (default: 2
 threads, or 4 tasks).  A job runs ``STEPS`` steps from where its last
 checkpoint left off, storing each (``ctx.checkpoint_step``).  Poison jobs
-(payload ``poison``) raise every time.  The worker runs until SIGTERM (a graceful stop), then
-prints its stats as one JSON line.
+(payload ``poison``) raise every time.  The worker runs until SIGTERM (a graceful stop; a second
+one forces it), then prints its stats as one JSON line; after a forced stop it exits with
+128 + the signal, as ``run()`` raises.
 """
 
 from __future__ import annotations
@@ -175,25 +176,38 @@ def main() -> None:
     echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
     announce_ready(history)
-    settings: dict[str, Any] = {"lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0}
+    prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    settings: dict[str, Any] = {
+        "lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0, "prefetch": prefetch,
+    }  # fmt: skip
+    forced: SystemExit | None = None  # run() raises it after a second signal
     if mode == "sync":
         client = RecordingClient.from_url(url)
         worker = echomq.Worker(client, queue, sync_handler(history), concurrency=slots, **settings)
-        worker.run()
+        try:
+            worker.run()
+        except SystemExit as exc:
+            forced = exc
         stats = worker.stats
     else:
+        workers: list[emq.Worker] = []
 
-        async def run() -> echomq.WorkerStats:
+        async def run() -> None:
             aclient = AsyncRecordingClient.from_url(url)
-            aworker = emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings)
+            workers.append(emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings))
             try:
-                await aworker.run()
+                await workers[0].run()
             finally:
                 await aclient.aclose()
-            return aworker.stats
 
-        stats = asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except SystemExit as exc:
+            forced = exc
+        stats = workers[0].stats
     print(json.dumps({"pid": os.getpid(), "mode": mode, **dataclasses.asdict(stats)}), flush=True)
+    if forced is not None:
+        raise forced
 
 
 if __name__ == "__main__":
