@@ -162,11 +162,16 @@ def announce_ready(history: History) -> None:
     """
 
     def watch() -> None:
-        while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None, late_signal):
             time.sleep(0.01)
         history.write(event="ready")
 
     threading.Thread(target=watch, name="test-ready", daemon=True).start()
+
+
+def late_signal(signum: int, frame: object) -> None:
+    """SIGTERM outside ``run()``: ignored.  ``run()`` puts this back as it returns, so a forced
+    deploy's second signal that comes as the stop ends does not kill the process mid-exit."""
 
 
 def main() -> None:
@@ -175,6 +180,7 @@ def main() -> None:
     slots = int(sys.argv[6]) if len(sys.argv) > 6 else (2 if mode == "sync" else 4)
     echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
+    signal.signal(signal.SIGTERM, late_signal)
     announce_ready(history)
     prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     settings: dict[str, Any] = {

@@ -9,7 +9,7 @@ tasks of 500); ``ECHOMQ_OUTAGE_SLOTS=1,100,500`` (``make outage``) runs the
 whole scenario once per slot count, every worker at it.  A layout may also
 name one driver and options: ``asyncio:500+prefetch+forced+short`` runs
 asyncio workers of 500 slots each, with a prefetch of half their slots,
-deploys that are forced stops (a second SIGTERM 0.3 s after the first) and
+deploys that are forced stops (a second SIGTERM 0.05 s after the first) and
 a 1 s lease (``make outage`` runs such layouts too).  After each SIGTERM
 no job may still be held with a token the exited worker was handed (it
 records every claim's answer): a job a claim answered is run or given
@@ -65,7 +65,9 @@ MIXED = [("sync", 1), ("asyncio", 1), ("sync", 100), ("asyncio", 500)]
 
 
 SHORT_LEASE_MS = 1000  # a layout's "+short"
-FORCE_AFTER_S = 0.3  # a forced deploy's second SIGTERM, after the first
+# A forced deploy's second SIGTERM, this soon after the first: a busy worker
+# is still stopping (its exit status, 128 + SIGTERM, says it was forced).
+FORCE_AFTER_S = 0.05
 
 
 def layouts() -> list[str]:
@@ -228,6 +230,7 @@ class Workers:
         return took
 
     def stop_all(self) -> float:
+        self.wait_ready(30)  # a replacement still starting ignores SIGTERM (outage_worker.late_signal)
         started = time.monotonic()
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)

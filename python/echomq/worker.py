@@ -356,13 +356,29 @@ class Worker(Turns[Handler]):
                 self._sweeper.stop()
             self._join_threads()
             self._close_pool()
+            self._late_signals()
             self._settle()
+            self._late_signals()
             self._keepers.close()
             if self._listener is not None:
                 self._listener.close()
             self.client._unreserve(self._reserved)
             WATCH.release()
             self._stopped()
+
+    def _late_signals(self) -> None:
+        """Signals that came after the supervising loop ended (its threads had): a second one still
+        forces the stop, so settling is bounded by the force's budget and ``run()`` raises what the
+        signal means (a forced deploy exited 0 when its second SIGTERM came while claims settled)."""
+        with self._lock:
+            force = False
+            while self._signals:
+                force = self._on_signal(self._signals.popleft(), time.monotonic()) or force
+            stuck = self._force() if force and not self._forced else []
+        if force:
+            self._forced_event.set()
+        if stuck:
+            self._give_back_all(stuck, self._force_until, floor=time.monotonic() + SETTLE_TRY_S)
 
     def _join_threads(self) -> None:
         """Wait for the threads; after a forced stop, only for those not in a handler, within the budget.
