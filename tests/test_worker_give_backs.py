@@ -10,7 +10,9 @@ Each test failed on the code before it:
 - a claim answered late whose lease could not be confirmed within a lease
   (no answer) was dropped without a RELEASE: held by nobody until a sweep,
   which counted a stall, a try charged for a job that never ran (three
-  such and a job that is not poison ended dead).
+  such and a job that is not poison ended dead);
+- a job's end still being sent when a stop was forced was cut by the
+  force's budget: its job, its handler done, held by nobody until a sweep.
 
 The faults are real (``faults.Proxy``), and each test asserts that its fault
 fired.
@@ -20,12 +22,16 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
 
 import echomq
+from echomq._runtime import Action, HeldJob
+from echomq.cancel import CancelToken
 from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory
 from .faults import Proxy, wait_until
@@ -126,3 +132,37 @@ def test_a_late_claim_that_cannot_be_confirmed_is_given_back_not_dropped(
     job = row(r, "JOBU1")
     assert "stalled" not in job and job["tries"] == "1" and job["attempts"] == "2", job  # no try used
     assert ran == [1] and worker.stats.released == 1
+
+
+def test_an_end_in_flight_at_a_forced_stop_gets_one_real_try_past_the_budget(
+    r: redis.Redis, server: EmbeddedServer
+) -> None:
+    # A handler returned; its COMPLETE meets connection resets until just past
+    # a forced stop's 0.4 s budget.  The budget cut it: the job stayed active,
+    # held by nobody, until a sweep counted a stall for a job whose handler
+    # had succeeded.  Now an end gets one real try (SETTLE_TRY_S) past it.
+    client = echomq.Client(server.client())
+    client.enqueue(Q, b"", job_id="E")
+    job = client.claim(Q, 30_000)
+    assert job is not None
+    worker = echomq.Worker(client, Q, lambda ctx: None, lease_ms=30_000, reap=False)
+    held = HeldJob.claimed(job, CancelToken(), 30_000, claimed_at=time.monotonic())
+    finish = worker._decide(held, None)
+    assert finish.action is Action.COMPLETE
+    with worker._lock:
+        worker._force(time.monotonic())  # a second signal: the budget runs from now
+    healed_at = worker._force_until + 0.05  # the server is reachable again only past the budget
+    real = client._attempt
+    resets: list[float] = []
+
+    def flaky(call: Any, timeout: float, cutter: Any = None) -> Any:
+        if time.monotonic() < healed_at:
+            resets.append(time.monotonic())
+            raise redis.ConnectionError("connection reset by peer (the test's)")
+        return real(call, timeout, cutter)
+
+    client._attempt = flaky  # type: ignore[method-assign]
+    worker._finish(finish)
+    assert resets and resets[-1] >= worker._force_until - 0.4  # the fault fired, into the budget
+    assert row(r, "E")["state"] == "done", row(r, "E")
+    assert worker.stats.completed == 1 and worker.stats.leases_lost == 0

@@ -316,10 +316,14 @@ class Finisher(WorkerCore[Client, HandlerT]):
         each try whose reply was lost (it may have run).  With ``stop_ok``
         (a loop's claim), a stop ends the tries (``_Stopped``).  ``floor``:
         tries go on until then even after a forced stop's budget (one real
-        try to settle what a claim answered).
+        try to settle what a claim answered).  A job's end (``job``) gets
+        such a try from the moment a forced stop is seen: an end cut by the
+        budget left its job held by nobody until a sweep counted a stall.
         """
         backoff = Backoff()
         while True:
+            if floor is None and job is not None and self._forced:
+                floor = time.monotonic() + SETTLE_TRY_S
             bound = self._bounded(until)
             backoff.until = bound if floor is None or bound is None else max(bound, floor)
             if stop_ok and self._stop_requested:
