@@ -1,6 +1,6 @@
 """A worker process for the outage chaos test.
 
-``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS [PREFETCH]]``:
+``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS [PREFETCH [MAX_STALLED]]]``:
 
 Every handler run appends lines to HISTORY (JSON): ``start`` with the
 job, its token and attempt, and the step it resumed from and the token that
@@ -169,6 +169,26 @@ def announce_ready(history: History) -> None:
     threading.Thread(target=watch, name="test-ready", daemon=True).start()
 
 
+def count_signals(path: str) -> None:
+    """Every SIGTERM a handler of the worker's runs for adds a byte to ``path`` (the test's forced
+    deploys send their second signal only once the first was handled: two signals that come before
+    Python runs the handler are one).  ``os.write``: a signal handler takes no lock."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    install = signal.signal
+
+    def counting(signum: int, handler: Any) -> Any:
+        if signum != signal.SIGTERM or not callable(handler) or handler is late_signal:
+            return install(signum, handler)
+
+        def counted(number: int, frame: Any) -> Any:
+            os.write(fd, b"1")
+            return handler(number, frame)
+
+        return install(signum, counted)
+
+    signal.signal = counting  # type: ignore[assignment]
+
+
 def late_signal(signum: int, frame: object) -> None:
     """SIGTERM outside ``run()``: ignored.  ``run()`` puts this back as it returns, so a forced
     deploy's second signal that comes as the stop ends does not kill the process mid-exit."""
@@ -181,10 +201,13 @@ def main() -> None:
     echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
     signal.signal(signal.SIGTERM, late_signal)
+    count_signals(path + ".signals")
     announce_ready(history)
     prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    max_stalled = int(sys.argv[8]) if len(sys.argv) > 8 else 3
     settings: dict[str, Any] = {
         "lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0, "prefetch": prefetch,
+        "max_stalled": max_stalled,
     }  # fmt: skip
     forced: SystemExit | None = None  # run() raises it after a second signal
     if mode == "sync":
