@@ -166,3 +166,33 @@ def test_an_end_in_flight_at_a_forced_stop_gets_one_real_try_past_the_budget(
     assert resets and resets[-1] >= worker._force_until - 0.4  # the fault fired, into the budget
     assert row(r, "E")["state"] == "done", row(r, "E")
     assert worker.stats.completed == 1 and worker.stats.leases_lost == 0
+
+
+def test_a_stops_give_back_whose_lease_lapsed_still_gets_one_real_try(server_factory: ServerFactory) -> None:
+    # A handler raised after "shutdown" while the server was away (frozen for
+    # its lease, say): its RELEASE was bounded by the lease, which had ended, so
+    # its one try had a millisecond; through a network that takes 50 ms it got
+    # no answer, and the job was held by nobody until a sweep counted a stall.
+    # Not swept yet, the job is still ours: the RELEASE gets one real try.
+    own = server_factory()
+    admin = own.client()
+    proxy = Proxy(own.port)
+    proxy.hold_request = lambda data: 0.05 if b"EMQ.RELEASE" in data else 0.0
+    client = echomq.Client.from_url(f"redis://127.0.0.1:{proxy.port}/0")
+    try:
+        client.enqueue(Q, b"", job_id="L")
+        job = client.claim(Q, 30_000)
+        assert job is not None
+        worker = echomq.Worker(client, Q, lambda ctx: None, lease_ms=30_000, reap=False)
+        held = HeldJob.claimed(job, CancelToken(), 30_000, claimed_at=time.monotonic() - 31.0)  # lapsed
+        with worker._lock:
+            worker._request_stop(time.monotonic(), 0.0)
+        held.cancel.cancel("shutdown")
+        finish = worker._decide(held, echomq.Cancelled("shutdown"))
+        assert finish.action is Action.RELEASE
+        worker._finish(finish)
+    finally:
+        proxy.close()
+    assert proxy.held_requests >= 1  # the fault fired: the RELEASE met the slow network
+    assert row(admin, "L")["state"] == "pending" and row(admin, "L")["tries"] == "0", row(admin, "L")
+    assert worker.stats.released == 1 and worker.stats.leases_lost == 0
