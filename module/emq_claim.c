@@ -170,8 +170,7 @@ static int taken(Claim *c, RedisModuleString *id) {
 
 /* The counters of a job taken: its row opened for writing (the caller's
  * ACL first), and the claim's number and the try's, as HINCRBY would make
- * them.  A row that vanished while its id waited in <base>priority starts
- * at attempt 1. */
+ * them. */
 static int count_claim(Claim *c, Claimed *j) {
     int err = EMQ_OK;
     if (j->row.key == NULL) err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
@@ -185,13 +184,38 @@ static int count_claim(Claim *c, Claimed *j) {
     return EMQ_OK;
 }
 
-/* Take a job of <base>priority, or one a promotion moved (`id` is ours). */
+/* Take a job a promotion moved (`id` is ours): its row said pending. */
 static int take(Claim *c, long count, RedisModuleString *id) {
     if (taken(c, id)) {
         RedisModule_FreeString(NULL, id);
         return EMQ_OK;
     }
     return count_claim(c, add_job(c, count, id));
+}
+
+/* A member of <base>priority (`id` is ours), which leaves it either way:
+ * taken when its row exists and says pending (emq_member_live), else
+ * dropped (*live 0) -- a member with no row has nothing to run, and one
+ * whose row says otherwise (an edit by hand) is not waiting. */
+static int take_member(Claim *c, long count, RedisModuleString *id, int *live) {
+    *live = 0;
+    if (taken(c, id)) {
+        RedisModule_FreeString(NULL, id);
+        return EMQ_OK;
+    }
+    Claimed *j = add_job(c, count, id);
+    int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
+    if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    if (err) return err;
+    RedisModuleString *state = emq_hget(&j->row, emq_str.state);
+    *live = emq_member_live(state != NULL, state && emq_str_equal(state, emq_str.pending));
+    if (state) RedisModule_FreeString(NULL, state);
+    if (*live) return count_claim(c, j);
+    emq_key_close(&j->row);
+    RedisModule_FreeString(c->ctx, j->row_name);
+    RedisModule_FreeString(c->ctx, j->id);
+    c->n--;
+    return EMQ_OK;
 }
 
 /* An entry of <pending> (`id` is ours): taken when live (emq_entry_live),
@@ -293,15 +317,21 @@ static int collect(Claim *c, long long now, long count) {
     emq_sort_scored(&l->promoted_priority);
     PriorityStream ps;
     ps_open(&ps, l);
-    long index = 0, next_promoted = 0, drops = 0;
+    /* drops: every entry and member dropped (the bound); tombstones: the
+     * entries of <pending> among them (counted off `stale`). */
+    long index = 0, next_promoted = 0, drops = 0, tombstones = 0;
     while (!err && c->n < count) {
-        int more;
+        int more, live = 0;
         long long level = ps_level(&ps, &more);
         if (more && emq_priority_goes_first(level)) {
-            err = take(c, count, ps_take(&ps));
+            if (drops >= EMQ_DROP_MAX) {
+                c->bound_hit = 1;
+                break;
+            }
+            err = take_member(c, count, ps_take(&ps), &live);
+            if (!err && !live) drops++;
             continue;
         }
-        int live = 0;
         while (!err && !live) {
             if (drops >= EMQ_DROP_MAX) {
                 c->bound_hit = 1;
@@ -311,7 +341,7 @@ static int collect(Claim *c, long long now, long count) {
             if (entry == NULL) break;
             index++;
             err = take_if_live(c, count, entry, &live);
-            if (!err && !live) drops++;
+            if (!err && !live) drops++, tombstones++;
         }
         if (err || c->bound_hit) break;
         if (live) continue;
@@ -320,7 +350,8 @@ static int collect(Claim *c, long long now, long count) {
             RedisModule_RetainString(NULL, id);
             err = take(c, count, id);
         } else if (more) {
-            err = take(c, count, ps_take(&ps));
+            err = take_member(c, count, ps_take(&ps), &live);
+            if (!err && !live) drops++;
         } else {
             break;
         }
@@ -331,7 +362,7 @@ static int collect(Claim *c, long long now, long count) {
     l->pops = index + next_promoted;
     /* Never below 0 (a hand-deleted row dropped more than `stale` counted),
      * and written only when it changes. */
-    long long stale = l->stale > drops ? l->stale - drops : 0;
+    long long stale = l->stale > tombstones ? l->stale - tombstones : 0;
     if (stale != l->stale) {
         l->stale = stale;
         l->stale_changed = 1;

@@ -492,8 +492,15 @@ long long emq_priority_level(double score) {
 }
 
 long long emq_next_seq(long long seq, int lane_empty) {
-    if (lane_empty || seq < 0 || seq >= EMQ_SEQ_LIMIT - 1) return 1;
+    if (lane_empty || seq < EMQ_SEQ_TAIL_FIRST || seq >= EMQ_SEQ_LIMIT - 1) return EMQ_SEQ_TAIL_FIRST;
     return seq + 1;
+}
+
+long long emq_head_seq(long long first, int has_first, long n, long i) {
+    long long top = EMQ_SEQ_TAIL_FIRST - 1;
+    if (has_first && first - 1 < top) top = first - 1;
+    long long seq = top - (long long)(n - 1 - i);
+    return seq < 0 ? 0 : seq;
 }
 
 int emq_parse_meta_counter(const char *s, size_t len, int present, long long *out) {
@@ -505,6 +512,10 @@ int emq_parse_meta_counter(const char *s, size_t len, int present, long long *ou
 
 int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_delayed, int taken) {
     return row_exists && state_pending && !has_priority && !in_delayed && !taken;
+}
+
+int emq_member_live(int row_exists, int state_pending) {
+    return row_exists && state_pending;
 }
 
 int emq_priority_goes_first(long long level) {

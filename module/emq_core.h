@@ -355,9 +355,13 @@ EMQ_EXPORT int emq_cancel_decide(int row_exists, int in_pending, int finished);
 #define EMQ_PRIORITY_MIN (-1000)
 #define EMQ_PRIORITY_MAX 1000
 
-/* seq, <base>meta's FIFO counter within a level, stays below 2^42 so that
- * every score is an exact double: (1000 + 1024) * 2^42 + 2^42 < 2^53. */
+/* seq, a job's place within its level, stays below 2^42 so that every
+ * score is an exact double: (1000 + 1024) * 2^42 + 2^42 < 2^53.  A job
+ * entering a level's tail takes <base>meta's counter, from 2^32 up; a job
+ * put back at a level's head takes one less than the level's first job,
+ * below 2^32: the heads of a level always come before its tails. */
 #define EMQ_SEQ_LIMIT 4398046511104LL
+#define EMQ_SEQ_TAIL_FIRST 4294967296LL
 
 /* The most due members of <base>delayed one call moves to their lanes, and
  * the most tombstones of <base>pending one claim drops: each call's work is
@@ -374,15 +378,26 @@ EMQ_EXPORT int emq_parse_priority(const char *s, size_t len, long long *out);
 EMQ_EXPORT int emq_row_priority(const char *s, size_t len, int present, long long *out);
 
 /* The score of a job at `level` with `seq` in <base>priority, and the level
- * a score is at.  seq 0 is the head of its level (a job put back: RELEASE,
- * SWEEP's recoveries); a job entering its level's tail takes the next seq. */
+ * a score is at. */
 EMQ_EXPORT long long emq_priority_score(long long level, long long seq);
 EMQ_EXPORT long long emq_priority_level(double score);
 
-/* The seq after `seq`: seq + 1, or 1 again past EMQ_SEQ_LIMIT - 1 (also
- * when the lane is empty, `lane_empty`: the counter restarts where no job
- * can be overtaken). */
+/* The seq of the next job entering a level's tail, after the counter's
+ * `seq`: seq + 1; EMQ_SEQ_TAIL_FIRST when <base>priority is empty
+ * (`lane_empty`: the counter restarts where no job can be overtaken), when
+ * `seq` is below it (a counter of an older version), or past
+ * EMQ_SEQ_LIMIT - 1 (a wrap: 2^42 - 2^32 tail entries while the lane never
+ * emptied, docs/concepts/priorities.md says how long that takes). */
 EMQ_EXPORT long long emq_next_seq(long long seq, int lane_empty);
+
+/* The seq of the i-th (from 0) of the `n` jobs one call puts back at the
+ * head of a level, given the seq of the level's first job (`first`, when
+ * `has_first`): the n go before every job waiting at the level, in the
+ * call's order, so that a later call's go before an earlier call's (as
+ * LPUSH does at level 0).  One less than the first job, and below
+ * EMQ_SEQ_TAIL_FIRST; never below 0 (reaching it takes 2^32 jobs put back
+ * and waiting at one level at once: ties there go by id). */
+EMQ_EXPORT long long emq_head_seq(long long first, int has_first, long n, long i);
 
 /* <base>meta's counters, `stale` and `seq`: absent is 0; anything but a
  * canonical integer >= 0 is EMQ_ERR_META_NOT_INTEGER. */
@@ -393,6 +408,11 @@ EMQ_EXPORT int emq_parse_meta_counter(const char *s, size_t len, int present, lo
  * then), it is not delayed, and this claim has not taken its id already.
  * Anything else is a tombstone: dropped, and counted off `stale`. */
 EMQ_EXPORT int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_delayed, int taken);
+
+/* Is a member of <base>priority live, a job a claim may take?  Its row
+ * exists and says pending.  Anything else is dropped: it leaves
+ * <base>priority unclaimed (a member with no row has nothing to run). */
+EMQ_EXPORT int emq_member_live(int row_exists, int state_pending);
 
 /* The next job of a claim: the head of <base>priority when its level is
  * below 0, else a live entry of <base>pending, else the head of

@@ -341,8 +341,9 @@ reply:
  * The holder gives the job back without using an attempt (a graceful
  * shutdown, a handler that cannot run it now): it leaves <active>, its row's
  * `tries` goes back down by one (never below 0) and no stall is counted; it
- * waits at the head of its lane (the head of <pending>, or seq 0 of its
- * level in <base>priority), before the jobs that waited there.  A job whose
+ * waits at the head of its lane (the head of <pending>, or below the first
+ * job of its level in <base>priority), before the jobs that waited there,
+ * the last one given back first (emq_lanes.h).  A job whose
  * cancel was requested is not handed out again: it ends cancelled (and is
  * announced on <base>done:<id>).
  * With BACKOFF (a handler's 429, emq_flow.h), the same call also stops

@@ -65,8 +65,9 @@ static void drop_window(EmqLanes *l) {
 
 void emq_lanes_close(EmqLanes *l) {
     drop_window(l);
-    EmqIds *all[] = {&l->leave_delayed, &l->tails, &l->heads, &l->priority_add, &l->delayed_add,
-                     &l->leave_priority, &l->promoted_tails, &l->promoted_priority};
+    EmqIds *all[] = {&l->leave_delayed, &l->tails,          &l->heads,           &l->priority_add,
+                     &l->delayed_add,   &l->leave_priority, &l->promoted_tails, &l->promoted_priority,
+                     &l->priority_heads};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) emq_ids_free(all[i]);
     if (l->opened & EMQ_LANE_META) emq_key_close(&l->meta);
     if (l->opened & EMQ_LANE_DELAYED) emq_key_close(&l->delayed);
@@ -120,14 +121,14 @@ int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end
     }
     int err = emq_lanes_open(l, end == EMQ_AT_HEAD ? EMQ_LANE_PRIORITY : EMQ_LANE_PRIORITY | EMQ_LANE_META);
     if (err) return err;
-    long long seq = 0;
-    if (end == EMQ_AT_TAIL) {
-        /* The counter restarts where no job waits in the lane to be overtaken. */
-        l->seq = emq_next_seq(l->seq, l->priority_card == 0 && l->priority_add.n == 0);
-        l->seq_changed = 1;
-        seq = l->seq;
+    if (end == EMQ_AT_HEAD) {
+        emq_ids_add(&l->priority_heads, id, level); /* its seq needs the call's other heads: settle_heads */
+        return EMQ_OK;
     }
-    emq_ids_add(&l->priority_add, id, emq_priority_score(level, seq));
+    /* The counter restarts where no job waits in the lane to be overtaken. */
+    l->seq = emq_next_seq(l->seq, l->priority_card == 0 && l->priority_add.n == 0 && l->priority_heads.n == 0);
+    l->seq_changed = 1;
+    emq_ids_add(&l->priority_add, id, emq_priority_score(level, l->seq));
     return EMQ_OK;
 }
 
@@ -272,7 +273,54 @@ RedisModuleString *emq_lanes_entry(EmqLanes *l, long index) {
     return s;
 }
 
+/* The seq of the level's first job in <base>priority as it stands (*has 0:
+ * none).  O(log n). */
+static long long first_seq(EmqLanes *l, long long level, int *has) {
+    *has = 0;
+    if (emq_key_empty(&l->priority)) return 0;
+    double from = (double)emq_priority_score(level, 0), to = (double)emq_priority_score(level + 1, 0);
+    long long seq = 0;
+    if (RedisModule_ZsetFirstInScoreRange(l->priority.key, from, to, 0, 1) == REDISMODULE_OK) {
+        if (!RedisModule_ZsetRangeEndReached(l->priority.key)) {
+            double score;
+            RedisModuleString *id = RedisModule_ZsetRangeCurrentElement(l->priority.key, &score);
+            RedisModule_FreeString(NULL, id);
+            *has = 1;
+            seq = (long long)score - emq_priority_score(level, 0);
+        }
+        RedisModule_ZsetRangeStop(l->priority.key);
+    }
+    return seq;
+}
+
+/* The jobs put back at levels other than 0 take their seqs (emq_head_seq):
+ * per level, how many this call puts back and the level's first job. */
+static void settle_heads(EmqLanes *l) {
+    EmqIds *h = &l->priority_heads;
+    if (h->n == 0) return;
+    typedef struct {
+        long count, seen;
+        long long first;
+        int has;
+    } Level;
+    const size_t levels = EMQ_PRIORITY_MAX - EMQ_PRIORITY_MIN + 1;
+    Level *at = RedisModule_Alloc(levels * sizeof *at);
+    memset(at, 0, levels * sizeof *at);
+    for (long i = 0; i < h->n; i++) {
+        Level *v = &at[h->scores[i] - EMQ_PRIORITY_MIN];
+        if (v->count++ == 0) v->first = first_seq(l, h->scores[i], &v->has);
+    }
+    for (long i = 0; i < h->n; i++) {
+        Level *v = &at[h->scores[i] - EMQ_PRIORITY_MIN];
+        long long seq = emq_head_seq(v->first, v->has, v->count, v->seen++);
+        emq_ids_add(&l->priority_add, h->ids[i], emq_priority_score(h->scores[i], seq));
+    }
+    RedisModule_Free(at);
+    emq_ids_free(h);
+}
+
 void emq_lanes_apply(EmqLanes *l, EmqFx *fx) {
+    settle_heads(l); /* reads <base>priority: before the first write */
     if (l->leave_delayed.n) emq_fx_zrem_many(fx, &l->delayed, l->leave_delayed.ids, l->leave_delayed.n);
     if (l->tails.n) emq_fx_push(fx, l->pending, 0, l->tails.ids, l->tails.n);
     if (l->heads.n) {

@@ -11,7 +11,12 @@
  *
  * A job enters a lane at its tail (a new turn: ENQUEUE, FAIL, RETRY, a
  * promotion; the next `seq` of <base>meta in <base>priority) or at its head
- * (given back: RELEASE, SWEEP's recoveries; seq 0).
+ * (given back: RELEASE, SWEEP's recoveries).  The head is one rule at every
+ * level: before every job waiting there, the jobs of a later call before
+ * those of an earlier one, one call's in its order -- LPUSH of the call's
+ * ids reversed at level 0, seqs below the level's first job in
+ * <base>priority (emq_head_seq, settled when the call applies: the one read
+ * of the apply, before its first write).
  *
  * Tombstones.  Removing an id from the middle of a list is O(n), so CANCEL
  * of a job waiting in <pending> leaves its entry and counts it in
@@ -19,7 +24,10 @@
  * EMQ_DROP_MAX per call) and counts them off.  An entry is live when its
  * row exists, says pending, has no priority and is not delayed
  * (emq_entry_live); `stale` = LLEN(<pending>) - the pending jobs that wait
- * in it, under every verb.
+ * in it, under every verb.  No verb leaves a member of <base>priority
+ * without a pending row, but one written by hand is dropped by the claim
+ * that meets it (emq_member_live; within the same EMQ_DROP_MAX), never
+ * claimed: it has no payload to run.
  *
  * A verb decides first (emq_lanes_place, _delay, _remove, _promote: the
  * keys opened and checked, the rows read, nothing written) and writes last,
@@ -68,6 +76,7 @@ typedef struct {
     long priority_card;        /* ZCARD <base>priority when opened */
     /* the writes, in emq_lanes_apply's order */
     EmqIds leave_delayed, tails, heads, priority_add, delayed_add, leave_priority;
+    EmqIds priority_heads; /* put back at a level other than 0, scored with the level until settled */
     long pops;
     /* what a promotion moved, for a claim that takes from it in the same call */
     EmqIds promoted_tails, promoted_priority;
@@ -88,7 +97,7 @@ int emq_lanes_open(EmqLanes *l, int which);
 
 /* A job enters its lane: at the tail (a new turn) or the head (given
  * back).  Level 0 is <pending>; any other <base>priority, at the next seq
- * (tail) or seq 0 (head). */
+ * (tail) or below the level's first job (head). */
 int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end);
 
 /* A job waits in <base>delayed until `due`. */

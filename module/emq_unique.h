@@ -14,8 +14,11 @@
  *   FOR <ms>       a throttle: the key carries an expiry (PEXPIREAT, absolute
  *                  as replicas and the AOF get it) and is held for that time
  *                  whatever its job does; only a verb that deletes the job's
- *                  row (FORGET, PURGE, OBLITERATE, the dead retention) takes
- *                  it early.
+ *                  row (FORGET, PURGE, OBLITERATE, SWEEP's dead retention)
+ *                  takes it early -- not the end of the job, even when a
+ *                  done or cancelled retention of 0 deletes the row in the
+ *                  same step (the `ended` hook sees an end, not a deletion):
+ *                  the window then outlives its row.
  *   REPLACE        a held key whose job is still pending gets the new
  *                  payload (debounce: the newest wins); an active or ended
  *                  holder keeps its payload and the call enqueues nothing.

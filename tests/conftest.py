@@ -31,7 +31,7 @@ MODULE_DIR = ROOT / "module"
 # --- the engine: which server the suite runs on -------------------------------
 # `--engine NAME` picks the server binary (tests/engines.py says where each comes from;
 # it sets $ECHOMQ_SERVER_BIN, which echomq.testing.EmbeddedServer reads).  `make test`
-# runs the whole suite on redis and valkey and the smoke subset (Makefile: SMOKE_TESTS)
+# runs the whole suite on redis and valkey and the smoke subset (the tests marked `smoke`)
 # on redis62, valkey9 and redis8.  Without the option, $ECHOMQ_SERVER_BIN if set, else redis.
 
 

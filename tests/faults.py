@@ -116,29 +116,36 @@ class Proxy:
     a client reading a reply waits for ever, or until its own timeout.
     Connections opened later work.
 
-    Three hooks see each chunk as it passes: ``hold_reply(data)`` returns how
-    long to hold a chunk from the server (a slow network),
-    ``hold_request(data)`` the same for a chunk from the client, and
+    Four hooks see each chunk as it passes: ``hold_reply(data)`` returns how
+    long to hold a chunk from the server (a slow network), ``hold_request(data)``
+    the same for a chunk from the client, ``lose_reply(data)`` True drops one
+    (a message lost on the way: ``lost`` counts them), and
     ``reset_request(data)`` True closes the connection instead of
-    forwarding a chunk from the client (a reset).
+    forwarding a chunk from the client (a reset: ``resets`` counts them).
+    ``held_replies`` and ``held_requests`` count the chunks held a nonzero
+    time: a fault test asserts its fault fired, so that a refactor cannot
+    turn it into a happy-path one (``dropped``, ``lost``, ``refused`` too).
 
-    What the faults did is counted, for a test to assert that its fault
-    really fired (a refactor must not turn a fault test into a happy-path
-    one): ``dropped`` chunks (each way) swallowed by a half-open
-    connection, ``resets``, ``held_replies`` and ``held_requests`` (chunks
-    held a nonzero time).
+    ``drop()`` closes every connection open so far (the server sees its
+    clients leave); while ``refuse`` is True a new connection is closed as
+    soon as it is accepted (``refused`` counts them): the server is out of
+    reach, as when it restarts or the network is down.
     """
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.generation = 0
+        self.dropped = 0
         self.hold_reply: Callable[[bytes], float] | None = None
         self.hold_request: Callable[[bytes], float] | None = None
         self.reset_request: Callable[[bytes], bool] | None = None
-        self.dropped = 0
+        self.lose_reply: Callable[[bytes], bool] | None = None
+        self.lost = 0
         self.resets = 0
         self.held_replies = 0
         self.held_requests = 0
+        self.refuse = False
+        self.refused = 0
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -150,6 +157,16 @@ class Proxy:
 
     def blackhole(self) -> None:
         self.generation += 1
+        self.dropped = 0  # bytes from a client its half-open connections swallowed since
+
+    def drop(self) -> None:
+        """Close every connection open so far, both ways."""
+        sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
 
     def close(self) -> None:
         self._closed = True
@@ -163,6 +180,10 @@ class Proxy:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
+                if self.refuse:
+                    self.refused += 1
+                    client.close()
+                    continue
                 upstream = socket.create_connection(("127.0.0.1", self.target))
             except OSError:
                 if self._closed:
@@ -184,7 +205,8 @@ class Proxy:
                         b.shutdown(socket.SHUT_WR)
                     return
                 if self.generation != generation:  # after blackhole(): dropped on the floor
-                    self.dropped += 1
+                    if up:
+                        self.dropped += len(data)
                     continue
                 if up and self.reset_request is not None and self.reset_request(data):
                     self.resets += 1
@@ -192,6 +214,9 @@ class Proxy:
                         with contextlib.suppress(OSError):
                             s.close()
                     return
+                if not up and self.lose_reply is not None and self.lose_reply(data):
+                    self.lost += 1
+                    continue
                 hold = self.hold_request if up else self.hold_reply
                 if hold is not None and (seconds := hold(data)) > 0:
                     if up:

@@ -168,7 +168,7 @@ def put_waiting(
 ) -> QueueKeys:
     """A waiting job as ENQUEUE (``head``: a RELEASE or a sweep's recovery) leaves it: its row, and
     its id in its lane -- ``pending``'s tail (or head), ``priority`` at the next seq (seq 0 at the
-    head), or ``delayed`` until ``due``."""
+    head: below every seq a verb gives a job put back), or ``delayed`` until ``due``."""
     keys = queue_keys(queue)
     fields: dict[str, object] = {"state": "pending", **row}
     if priority:

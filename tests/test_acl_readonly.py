@@ -25,6 +25,8 @@ from .helpers import digest, now_ms, put_active, sweep_args
 from .test_fuzz import Resp
 from .test_metadata import SLOW, SPEC, as_text, command
 
+pytestmark = pytest.mark.smoke
+
 ACL_PAGE = (ROOT / "docs" / "reference" / "acl.md").read_text()
 VERBS = sorted(SPEC)
 

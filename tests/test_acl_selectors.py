@@ -29,7 +29,11 @@ from echomq.testing import EmbeddedServer
 from .conftest import needs
 from .helpers import digest, entries
 
-pytestmark = [pytest.mark.backends, needs("acl_keys", "ACL selectors and the module's ACL API: Redis 7.0+")]
+pytestmark = [
+    pytest.mark.backends,
+    needs("acl_keys", "ACL selectors and the module's ACL API: Redis 7.0+"),
+    pytest.mark.smoke,
+]
 
 Q = "sel"
 K = queue_keys(Q)

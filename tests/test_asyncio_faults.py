@@ -21,7 +21,7 @@ import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from .faults import frozen, no_echomq_threads, stall
+from .faults import Proxy, frozen, no_echomq_threads, stall
 
 Q = "afaults"
 K = queue_keys(Q)
@@ -253,3 +253,80 @@ def test_a_deadline_passing_while_the_server_is_frozen(
         assert seen == [LOST_DEADLINE]
         assert r.hget(K.job("J"), "state") == b"active"
     assert no_echomq_threads() == []
+
+
+def test_a_cancel_subscription_redis_py_made_again_by_itself_checkpoints_every_held_job(
+    server: EmbeddedServer, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The twin of tests/test_worker_faults.py's: redis-py subscribed again by itself after a dropped
+    # connection; the second confirmation makes every held job ask at once.
+    from echomq.asyncio._pushes import CancelListener
+
+    from .test_worker_faults import HeldJobs, subscriber_id
+
+    proxy = Proxy(server.port)
+
+    async def main() -> tuple[int, int, str | None, str | None]:
+        client = emq.Client(redis.asyncio.Redis(port=proxy.port, client_name="test-alistener"))
+        monkeypatch.setattr(client, "_bounded", lambda: False)  # the path a cluster client takes
+        held = HeldJobs()
+        listener = CancelListener(client, "afaults", held, lambda: True)  # type: ignore[arg-type]
+        listener.start()
+        try:
+            assert await until(lambda: subscriber_id(r, "test-alistener") is not None, 10)
+            first = subscriber_id(r, "test-alistener")
+            proxy.drop()
+            await until(lambda: held.asked >= 1, 20)
+            await until(lambda: subscriber_id(r, "test-alistener") not in (None, first), 10)
+            return held.asked, listener.resubscribed, first, subscriber_id(r, "test-alistener")
+        finally:
+            await listener.close()
+            await client.aclose()
+
+    try:
+        asked, resubscribed, first, now = asyncio.run(main())
+    finally:
+        proxy.close()
+    assert asked >= 1, "a cancel published meanwhile waits for a checkpoint"
+    assert resubscribed >= 1 and now not in (None, first)  # it was dropped, and is back
+
+
+async def until(predicate: Callable[[], object], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(predicate())
+
+
+def test_a_forced_stop_against_a_frozen_server_says_its_budget_ended_the_give_back(
+    server: EmbeddedServer, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 39: a forced stop whose RELEASE got no answer logged "no answer to its release
+    # before its lease ended" with seconds of the lease left; the stop's budget ended it.
+    echomq.Client(server.client()).enqueue(Q, b"", job_id="J")
+
+    async def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
+        await asyncio.sleep(30)
+
+    async def body(client: emq.Client) -> None:
+        worker = emq.Worker(client, Q, handler, lease_ms=10_000, poll_interval=0.02, grace=30)
+        task = asyncio.create_task(worker.run())
+        for _ in range(500):
+            if r.zcard(K.active) == 1:
+                break
+            await asyncio.sleep(0.01)
+        with frozen(server):
+            task.cancel()  # a forced stop: the give-back meets a server that answers nothing
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert worker.stats.released == 0 and worker.stats.leases_lost == 1
+
+    with caplog.at_level("WARNING", logger="echomq"):
+        run(server, body)
+    said = [rec.getMessage() for rec in caplog.records if "no answer to its release" in rec.getMessage()]
+    assert len(said) == 1 and "before the forced stop's budget ran out" in said[0], said
+    assert "s before its lease ends" in said[0] and "before its lease ended" not in said[0]
+    # The RELEASE sat in the frozen server's socket: it took effect once the server ran again.
+    assert r.hget(K.job("J"), "state") in (b"pending", b"active")

@@ -913,6 +913,20 @@ def grid() -> list[Step]:
         raw(lambda s: [b"SET", b(s.keys.base) + b"unique:o", b"ghost"]), uq(b"w", b"UNIQUE", b"o"),
         line("EMQ.CANCEL", key("pending"), base, b"u", b"r"), uq(b"x", b"UNIQUE", b"g"),
         line("EMQ.ENQUEUEMANY", key("pending"), base, b"1", b"y", b"p", b"UNIQUE", b"g"),
+        # the head of a level (issue 39): released in separate calls, then a sweep's recoveries,
+        # at a level above 0 and one below; a member of <base>priority without a row, dropped
+        *[line("EMQ.ENQUEUE", key("pending"), base, j, b"p", b"PRIORITY", lv)
+          for lv in (b"3", b"-3") for j in (lv + b"h1", lv + b"h2", lv + b"h3", lv + b"h4")],
+        line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
+        line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
+        *[line("EMQ.RELEASE", key("active"), key("pending"), base, j, held(j))
+          for j in (b"3h1", b"3h2", b"-3h1", b"-3h2")],
+        *[raw(lambda s, j=j, at=at: [b"ZADD", b(s.keys.active), b"XX", at, j])  # two per level, one sweep
+          for j, at in ((b"3h3", b"7"), (b"3h4", b"6"), (b"-3h3", b"9"), (b"-3h4", b"8"))],
+        line("EMQ.SWEEP", key("active"), key("pending"), key("dead"), base, b"5", b"8"),
+        raw(lambda s: [b"ZADD", b(s.keys.priority), str(1027 * 2**42).encode(), b"ghost"]),
+        line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
+        line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
     ]  # fmt: skip
     for verb in _scripts.scripts():
         steps.append(line(verb))  # no arguments at all: the server's arity error

@@ -14,6 +14,8 @@ from echomq.keyspace import queue_keys
 from .conftest import ServerFactory, wait_for_replica
 from .helpers import digest, entries, forged_token, now_ms
 
+pytestmark = pytest.mark.smoke
+
 Q = "remote"
 K = queue_keys(Q)
 CANCELLED_TTL_MS = 86_400_000  # the default cancelled retention: a day

@@ -21,6 +21,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import ServerFactory
 from .faults import pythonpath
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 Q = "surface"
 K = queue_keys(Q)
@@ -89,7 +91,9 @@ def test_inspect_refuses_a_server_without_the_module(server_factory: ServerFacto
         (["reap", Q, "--interval", "soon"], "argument --interval: expected a number of seconds, got 'soon'"),
         (["server", "--port", "99999"], "argument --port: expected a port (1-65535), got '99999'"),
         (["--log-level", "loud", "sweep", Q], "argument --log-level: invalid choice: 'loud'"),
-        (["worker", "tasks:send"], "the following arguments are required: --queue"),
+        (["worker", "nosuchmodule:send"], "error: cannot import 'nosuchmodule': ModuleNotFoundError"),
+        (["worker", "echomq:nosuch"], "error: 'echomq' has no 'nosuch'"),
+        (["worker", "json:dumps"], "error: --queue is required: json:dumps is a handler, not an echomq.App"),
     ],
 )
 def test_usage_errors_are_readable_and_exit_2(argv: list[str], words: str) -> None:
@@ -202,3 +206,31 @@ def test_worker_command_refuses_a_server_without_the_module(server_factory: Serv
             "worker", f"tests.shutdown_handlers:{handler}", "-q", Q, "--url", bare.url, "--backend", "module"
         )
         assert done.returncode == 1 and "--loadmodule" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_job_dead_and_inspect_name_a_task_jobs_call(
+    client: echomq.Client, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 42: the CLI never showed a job's task; raw jobs show "-".
+    app = echomq.App(client, queue=Q)
+
+    @app.task
+    def add(a: int, b: int, *, note: str = "") -> int:
+        return a + b
+
+    waiting = add.enqueue(2, 3, note="x" * 100)  # a payload over 64 bytes: stored in pieces
+    client.enqueue(Q, b"raw", job_id="raw")
+    assert main(["--url", server.url, "job", Q, str(waiting.id)]) == 0
+    shown = capsys.readouterr().out
+    assert '  task             add(2, 3, note="xxxxxxxxxxxxxxxxxxxx...")' in shown
+    assert main(["--url", server.url, "inspect", Q]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines.index("next to run")
+    assert lines[head + 3].split()[:2] == [str(waiting.id), "add(2,"]
+    assert lines[head + 4].split()[:2] == ["raw", "-"]
+    job = client.claim(Q, 60_000)
+    assert job is not None
+    client.fail(Q, job.id, job.token, "E: no", max_attempts=1)
+    assert main(["--url", server.url, "dead", Q]) == 0
+    row = capsys.readouterr().out.splitlines()[3]
+    assert row.split()[:2] == [str(waiting.id), "add(2,"]

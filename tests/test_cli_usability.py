@@ -28,6 +28,8 @@ from .conftest import ServerFactory
 from .examples import LOCAL_TIME
 from .test_cli_surface import echomq_cli
 
+pytestmark = pytest.mark.once
+
 Q = "usable"
 K = queue_keys(Q)
 EPOCH_MS = re.compile(r"\b1[0-9]{12}\b")

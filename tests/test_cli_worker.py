@@ -30,6 +30,7 @@ from echomq.cli.worker import WORKER_SETTINGS, worker_settings
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .conftest import ServerFactory
 from .faults import pythonpath, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,7 @@ Getter = Callable[[Any, argparse.Namespace], object]
 # other arguments it needs).  Every setting of WORKER_SETTINGS has a row: add one with the setting.
 SAMPLES: dict[str, tuple[str, object, str, object, object, Getter, list[str]]] = {
     "--concurrency": ("4", 4, "2", 2, 1, lambda w, a: w.concurrency, []),
+    "--wait-for-server": ("30", 30.0, "5", 5.0, 0.0, lambda w, a: a.wait_for_server, []),
     "--prefetch": ("8", 8, "2", 2, 0, lambda w, a: w.prefetch, []),
     "--lease-ms": ("5000", 5000, "7000", 7000, 30_000, lambda w, a: w.lease_ms, []),
     "--extend-interval": ("1.5", 1.5, "2", 2.0, None, lambda w, a: w.extend_interval, []),
@@ -286,3 +288,40 @@ def test_metrics_port_without_metrics_is_refused(
     argv = ["worker", "tests.shutdown_handlers:quick", "-q", Q, "--no-metrics", "--metrics-port", "0"]
     assert main(["--url", server.url, *argv]) == 1
     assert "--metrics-port serves the metrics: it needs --metrics" in capsys.readouterr().err
+
+
+def test_a_worker_waits_for_a_server_that_starts_late(server_factory: ServerFactory) -> None:
+    # Issue 42: a worker started before its server exited 1; --wait-for-server S waits for it.
+    probe = server_factory()
+    port = probe.port
+    probe.stop()  # a port nothing listens on now; the server comes up there later
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env["PYTHONPATH"] = pythonpath(ROOT / "python", ROOT)
+    url = f"redis://127.0.0.1:{port}/0"
+    at_once = subprocess.run(
+        [sys.executable, "-m", "echomq", "worker", "tests.shutdown_handlers:quick", "--queue", "late",
+         "--url", url, "--no-metrics"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert at_once.returncode == 1 and "cannot reach the server" in at_once.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "tests.shutdown_handlers:quick", "--queue", "late",
+         "--url", url, "--no-metrics", "--wait-for-server", "60", "--grace", "0"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        seen = ""
+        while "waiting up to 60 s" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        late = server_factory(port=port)
+        client = echomq.Client.from_url(late.url)
+        client.enqueue("late", b"x", job_id="j")
+        ran = wait_until(lambda: (i := client.job("late", "j")) is not None and i.state == "done", 60)
+        assert ran, client.job("late", "j")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0

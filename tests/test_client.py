@@ -10,6 +10,8 @@ from echomq.testing import EmbeddedServer
 
 from .conftest import ServerFactory, needs
 
+pytestmark = pytest.mark.smoke
+
 
 def test_keyspace_names() -> None:
     keys = keyspace.queue_keys("mail")

@@ -166,21 +166,48 @@ def test_a_refused_connection_to_a_server_never_reached_is_reported_at_once() ->
     url = f"redis://127.0.0.1:{_closed_port()}/0"
     client = echomq.Client.from_url(url)
     started = time.monotonic()
-    with pytest.raises(redis.ConnectionError, match="refused") as info:
+    with pytest.raises(echomq.ServerUnreachable, match="refused") as info:
         client.enqueue(Q, b"x")
     assert time.monotonic() - started < 3.0  # 6.7 s at e64777a; milliseconds now
-    assert isinstance(info.value.__context__, ConnectionRefusedError)
+    assert isinstance(info.value, redis.ConnectionError)  # what callers caught before still catches it
+    cause = info.value.__cause__
+    assert isinstance(cause, redis.ConnectionError) and isinstance(cause.__context__, ConnectionRefusedError)
+    with pytest.raises(echomq.ServerUnreachable, match="refused"):
+        client.counts(Q)  # a verb redis-py retries itself: the same public type
     assert client.redis.get_retry().get_retries() == 10  # a lost reply is still retried
 
     async def refused() -> float:
         aclient = emq.Client.from_url(url, retry=default_async_retry())
         began = time.monotonic()
-        with pytest.raises(redis.ConnectionError, match="111"):
+        with pytest.raises(echomq.ServerUnreachable, match="111"):
             await aclient.enqueue(Q, b"x")
         await aclient.aclose()
         return time.monotonic() - began
 
     assert asyncio.run(refused()) < 3.0
+
+
+def test_a_mistyped_host_is_reported_at_once_as_server_unreachable() -> None:
+    # It retried for ~30 s, then raised the private echomq._attempt.NotSent (issue 42).
+    client = echomq.Client.from_url("redis://no-such-host.invalid:6379/0")
+    started = time.monotonic()
+    with pytest.raises(echomq.ServerUnreachable, match="cannot reach the server") as info:
+        client.enqueue(Q, b"x")
+    assert time.monotonic() - started < 10.0  # at once but for the resolver's own time
+    assert type(info.value) is echomq.ServerUnreachable  # the public type itself, not a private subclass
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+
+    async def mistyped() -> BaseException:
+        aclient = emq.Client.from_url("redis://no-such-host.invalid:6379/0")
+        try:
+            await aclient.enqueue(Q, b"x")
+        except echomq.ServerUnreachable as exc:
+            return exc
+        finally:
+            await aclient.aclose()
+        raise AssertionError("the enqueue went through")
+
+    assert type(asyncio.run(mistyped())) is echomq.ServerUnreachable
 
 
 def test_a_client_that_reached_its_server_rides_out_a_restart(

@@ -30,7 +30,7 @@ from echomq.testing import EmbeddedServer
 
 from .faults import pythonpath, wait_until
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.once]
 
 ROOT = Path(__file__).resolve().parent.parent
 Q = "compat"

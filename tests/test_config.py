@@ -28,7 +28,10 @@ from echomq.testing import EmbeddedServer, server_binary, server_wrapper
 from .conftest import ServerFactory, module_command_args, needs
 from .helpers import digest, emq_configs, now_ms, put_active, sweep_args
 
-pytestmark = needs("module_configs", "the settings are load arguments only (tests/test_load.py)")
+pytestmark = [
+    needs("module_configs", "the settings are load arguments only (tests/test_load.py)"),
+    pytest.mark.smoke,
+]
 
 DEFAULTS = {
     "emq.max-limit": "10000",

@@ -24,9 +24,13 @@ import echomq
 from . import containers
 from .containers import LOOPBACK, MODULE_IN_IMAGE, ContainerServer
 
-pytestmark = pytest.mark.skipif(
-    containers.docker_unavailable() is not None, reason=str(containers.docker_unavailable())
-)
+pytestmark = [
+    pytest.mark.skipif(
+        containers.docker_unavailable() is not None, reason=str(containers.docker_unavailable())
+    ),
+    pytest.mark.once,
+    pytest.mark.image,
+]
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,8 @@ from .conftest import ROOT, ServerFactory
 from .examples import reference_text
 from .helpers import cluster_args
 
+pytestmark = pytest.mark.once
+
 cffi = pytest.importorskip("cffi", reason="cffi is in the [test] extra: pip install -e '.[test]'")
 
 HEADER = ROOT / "module" / "emq_core.h"
@@ -584,3 +586,42 @@ def test_an_enqueue_record_is_its_count(core: Core, count: int) -> None:
     out = core.ffi.new("char[24]")
     n = core.lib.emq_enqueue_record(count, out)
     assert core.ffi.unpack(out, n) == str(count).encode()
+
+
+# -- the seqs of <base>priority (emq_next_seq, emq_head_seq; docs/concepts/priorities.md) -----
+
+TAIL_FIRST, SEQ_LIMIT = 2**32, 2**42
+
+
+@pytest.mark.parametrize(
+    ("seq", "lane_empty", "expected"),
+    [
+        (0, 0, TAIL_FIRST),  # a fresh queue
+        (TAIL_FIRST - 1, 0, TAIL_FIRST),  # a counter of an older version: above its tails
+        (TAIL_FIRST, 0, TAIL_FIRST + 1),
+        (TAIL_FIRST + 41, 1, TAIL_FIRST),  # the lane emptied: no job to overtake
+        (SEQ_LIMIT - 2, 0, SEQ_LIMIT - 1),
+        (SEQ_LIMIT - 1, 0, TAIL_FIRST),  # the wrap
+        (-5, 0, TAIL_FIRST),
+    ],
+)
+def test_the_tail_counter(core: Core, seq: int, lane_empty: int, expected: int) -> None:
+    assert core.lib.emq_next_seq(seq, lane_empty) == expected
+
+
+@pytest.mark.parametrize(
+    ("first", "has_first", "n", "expected"),
+    [
+        (0, 0, 1, [TAIL_FIRST - 1]),  # an empty level: just under the tails
+        (0, 0, 3, [TAIL_FIRST - 3, TAIL_FIRST - 2, TAIL_FIRST - 1]),  # one call: in its order
+        (TAIL_FIRST + 9, 1, 2, [TAIL_FIRST - 2, TAIL_FIRST - 1]),  # before the level's tails
+        (100, 1, 3, [97, 98, 99]),  # before the heads put back by earlier calls
+        (1, 1, 3, [0, 0, 0]),  # never below the level: ties at seq 0 (2^32 heads waiting)
+    ],
+)
+def test_the_heads_seqs(core: Core, first: int, has_first: int, n: int, expected: list[int]) -> None:
+    assert [core.lib.emq_head_seq(first, has_first, n, i) for i in range(n)] == expected
+
+
+def test_a_priority_member_is_live_with_a_pending_row(core: Core) -> None:
+    assert [core.lib.emq_member_live(e, p) for e, p in [(1, 1), (1, 0), (0, 0)]] == [1, 0, 0]

@@ -268,3 +268,33 @@ def test_echomq_dashboard_runs_as_a_command(server: EmbeddedServer, client: echo
         proc.terminate()
         proc.wait(timeout=15)
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_every_listing_names_a_jobs_task_and_its_arguments_only_with_payloads(
+    start: Start, client: echomq.Client
+) -> None:
+    # Issue 42: the dashboard never showed a job's task; its arguments are payload, hidden by default.
+    app = echomq.App(client, queue=Q)
+
+    @app.task
+    def charge(card: str, cents: int) -> None: ...
+
+    waiting = charge.enqueue("4111-1111", 500)
+    charge.enqueue("4242", 1)
+    raw = client.enqueue(Q, b"raw bytes")
+    held = client.claim(Q, 60_000)  # the first: a charge
+    assert held is not None and held.id == waiting.id
+    trace = "Traceback\n  line 1\nE: x\n"
+    client.fail(Q, held.id, held.token, "Declined: no", max_attempts=1, traceback=trace)
+    hidden, shown = session(start())[0], session(start(show_payloads=True))[0]
+    body = wait_for(lambda: s if (s := state(hidden))["selected"]["dead"] else None)
+    tasks = {j["id"]: j["task"] for listing in ("pending", "dead") for j in body["selected"][listing]}
+    assert tasks[waiting.id] == "charge(...)" and tasks[raw] is None
+    assert "4111" not in str(body)
+    body = wait_for(lambda: s if (s := state(shown))["selected"]["dead"] else None)
+    tasks = {j["id"]: j["task"] for listing in ("pending", "dead") for j in body["selected"][listing]}
+    assert tasks[waiting.id] == 'charge("4111-1111", 500)'
+    info = hidden.get("/api/job", params={"queue": Q, "id": waiting.id}).json()
+    assert info["task"] == "charge(...)" and info["traceback"] == "Traceback\n  line 1\nE: x\n"
+    info = shown.get("/api/job", params={"queue": Q, "id": waiting.id}).json()
+    assert info["task"] == 'charge("4111-1111", 500)'

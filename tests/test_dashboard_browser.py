@@ -28,9 +28,13 @@ CHROMIUM_ARGS = [
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')"
 )
-pytestmark = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK), reason=f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)",
+    ),
+    pytest.mark.once,
+]
 
 Q = "browser"
 XSS_ID = '<img src=x onerror="window.__xss=1">'
@@ -136,6 +140,26 @@ def test_the_dashboard_drives_the_queue(page: Any, client: echomq.Client) -> Non
     row(tab, "dead", "doomed").wait_for()
     tab.locator("#purge-all").click()
     until(lambda: client.job(Q, "doomed") is None, what="the purge")
+
+    # A task job names its task in its row; a traceback keeps its lines (issue 42: they ran together).
+    app = echomq.App(client, queue=Q)
+
+    @app.task
+    def charge(card: str) -> None: ...
+
+    failing = charge.enqueue("4242")
+    t_job = client.claim(Q, lease_ms=60_000)
+    assert t_job is not None and t_job.id == failing.id
+    trace = 'Traceback (most recent call last):\n  File "app.py", line 3\nValueError: declined\n'
+    client.fail(Q, failing.id, t_job.token, "ValueError: declined", max_attempts=1, traceback=trace)
+    task_row = row(tab, "dead", failing.id)
+    task_row.wait_for()
+    assert task_row.locator("td.task").inner_text() == "charge(...)"  # its arguments are payload: hidden
+    task_row.locator("button.id").click()
+    tab.locator("#job-traceback").wait_for()
+    assert tab.locator("#job-traceback").inner_text().splitlines()[-1] == "ValueError: declined"
+    assert len(tab.locator("#job-traceback").inner_text().splitlines()) == 3
+    tab.locator("#job-close").click()
 
     assert tab.evaluate("window.__xss") is None
     assert tab.errors == []

@@ -15,10 +15,14 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 import echomq
 from echomq import asyncio as emq
 from echomq.dashboard import Dashboard
 from echomq.testing import EmbeddedServer
+
+pytestmark = pytest.mark.once
 
 QUEUES = [f"sampled-{i}" for i in range(6)]
 CYCLES = 150

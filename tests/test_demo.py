@@ -9,6 +9,8 @@ import pytest
 
 from echomq import _demo as demo
 
+pytestmark = pytest.mark.once
+
 
 @pytest.mark.slow
 def test_demo_tells_the_whole_story() -> None:

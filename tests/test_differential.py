@@ -55,6 +55,8 @@ from echomq.testing import server_wrapper
 from .helpers import now_ms
 from .seed_scripts import EXTEND_LUA, EXTEND_LUA_ORIGINAL, SWEEP_LUA
 
+pytestmark = pytest.mark.smoke
+
 LUA, NATIVE = queue_keys("lua"), queue_keys("native")
 IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "ünï", "with space", "x:y"]
 # The two queues' deadlines are read a step apart; under the memory checker a step takes

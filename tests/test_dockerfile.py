@@ -24,6 +24,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import ServerFactory
 from .containers import MODULE_IN_IMAGE
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 

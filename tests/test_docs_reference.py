@@ -22,6 +22,8 @@ from .conftest import needs, supports
 from .examples import DOCS, ROOT
 from .test_metadata import as_text, command_info
 
+pytestmark = pytest.mark.smoke
+
 COMMANDS = DOCS / "reference" / "commands"
 SYNTAX = re.compile(r"^    (EMQ\.[A-Z]+)( .*)?(\n {5,}\S.*)*$", re.M)  # continued: indented further
 FLAGS = re.compile(r"^Flags `([a-z -]+)`", re.M)

@@ -16,6 +16,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import ServerFactory
 from .faults import pythonpath
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -20,6 +20,8 @@ from echomq.testing import EmbeddedServer
 from . import containers
 from .conftest import FEATURE_FUNCTIONS, FEATURES, engine_version, supports
 
+pytestmark = pytest.mark.smoke
+
 EXPECTED = {
     "redis": ("redis", 7, 0),
     "valkey": ("valkey", 8, None),

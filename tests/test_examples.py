@@ -27,6 +27,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import engine_cli
 from .examples import ROOT, Block, all_blocks, compare
 
+pytestmark = pytest.mark.once
+
 PYTHON = all_blocks("python")
 CONSOLE = all_blocks("console")
 

@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .examples import ROOT, all_blocks
+
+pytestmark = pytest.mark.once
 
 
 def test_every_python_example_passes_mypy_strict(tmp_path: Path) -> None:

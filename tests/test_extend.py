@@ -10,6 +10,8 @@ from echomq.keyspace import queue_keys
 
 from .helpers import digest, extend_args, now_ms, put_active
 
+pytestmark = pytest.mark.smoke
+
 Q = "mail"
 
 

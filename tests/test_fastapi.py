@@ -24,6 +24,8 @@ uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is a test extra")
 
 from .fastapi_app import QUEUE, create_api  # noqa: E402 (after the skips: it imports fastapi)
 
+pytestmark = pytest.mark.once
+
 K = queue_keys(QUEUE)
 
 

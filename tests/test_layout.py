@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from .examples import DOCS, ROOT
+
+pytestmark = pytest.mark.once
 
 PAGE = (DOCS / "development.md").read_text()
 LAYOUT = PAGE.split("## Layout", 1)[1].split("\n## ", 1)[0]

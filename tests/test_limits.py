@@ -38,6 +38,8 @@ from echomq.testing import EmbeddedServer, server_wrapper
 from .conftest import ServerFactory, supports
 from .helpers import digest, queued
 
+pytestmark = pytest.mark.smoke
+
 Q = "lim"
 K = queue_keys(Q)
 SMALL = 3

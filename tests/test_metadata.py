@@ -32,6 +32,8 @@ from echomq.testing import EmbeddedServer
 from .conftest import MODULE_DIR, ServerFactory, engine_cli, module_command_args, needs, supports
 from .helpers import digest
 
+pytestmark = pytest.mark.smoke
+
 Q = "emq:{q}:"
 RW_UPDATE, RO_ACCESS = ["RW", "update"], ["RO", "access"]
 RW_INSERT, RW_DELETE = ["RW", "insert"], ["RW", "delete"]

@@ -39,6 +39,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 import echomq.contrib.otel as otel
 from echomq.tasks.envelope import parse_call
 
+pytestmark = pytest.mark.once
+
 Q = "traced"
 K = queue_keys(Q)
 

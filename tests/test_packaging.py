@@ -24,6 +24,8 @@ import pytest
 
 from echomq.testing import EmbeddedServer
 
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Run by the fresh environment's python: only the installed package is importable there.
@@ -126,15 +128,57 @@ def test_the_build_warns_of_nothing_and_the_wheel_states_its_license(dist: Path)
     assert "License-Expression: BSD-3-Clause" in headers
 
 
+def _no_compiler(venv: Path) -> dict[str, str]:
+    """An environment whose PATH is the venv's bin alone: no gcc, cc or make, as on a slim image."""
+    env = _clean_env()
+    env["PATH"] = str(venv / "bin")
+    for tool in ("gcc", "cc", "make"):
+        assert shutil.which(tool, path=env["PATH"]) is None, f"{tool} is on the stripped PATH"
+    return env
+
+
 @pytest.fixture(scope="module")
 def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """A fresh virtual environment outside the source tree with only the wheel (and redis-py) installed."""
+    """A fresh virtual environment outside the source tree with only the wheel (and redis-py) installed.
+
+    Installed where no compiler can be found (issue 42): a binary wheel needs none.
+    """
     home = tmp_path_factory.mktemp("user")
     venv = home / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], cwd=home)
     python = venv / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", str(_wheel(dist))], cwd=home)
+    _run([str(python), "-m", "pip", "install", "-q", str(_wheel(dist))], cwd=home, env=_no_compiler(venv))
     yield python, home
+    shutil.rmtree(venv, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_the_sdist_without_a_compiler_installs_the_client_and_says_so(
+    dist: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    home = tmp_path_factory.mktemp("slim")
+    venv = home / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=home)
+    python = venv / "bin" / "python"
+    (sdist,) = dist.glob("echomq-*.tar.gz")
+    pip = subprocess.run(
+        [str(python), "-m", "pip", "install", "-v", str(sdist)],
+        cwd=home, env=_no_compiler(venv), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = pip.stdout + pip.stderr
+    assert pip.returncode == 0, out
+    assert "the Redis module emq.so could not be built" in out and "installing without it" in out
+    missing = subprocess.run(
+        [str(python), "-m", "echomq", "module-path"],
+        cwd=home, env=_clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode != 0 and "emq.so not found" in missing.stderr
+    with EmbeddedServer(load_module=False) as server:
+        code = (
+            "import echomq, sys; c = echomq.Client.from_url(sys.argv[1]); c.enqueue('q', b'x', job_id='a'); "
+            "j = c.claim('q', lease_ms=1000); c.complete('q', j.id, j.token); print(c.backend, j.id)"
+        )
+        assert _run([str(python), "-c", code, server.url], cwd=home).split() == ["scripts", "a"]
     shutil.rmtree(venv, ignore_errors=True)
 
 

@@ -21,6 +21,8 @@ import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+pytestmark = pytest.mark.once
+
 TWINS = ("App", "Client", "JobContext", "LeaseKeeper", "Reaper", "Worker")
 # asyncio's names for the sync protocol methods.
 RENAMED = {"__enter__": "__aenter__", "__exit__": "__aexit__", "close": "aclose"}
@@ -34,6 +36,8 @@ DIFFERENT = {
     "await; `await worker.run()` or leaving `async with worker:` waits, as the sync stop() does",
     ("App", "queues"): "the queues of the app's own tasks: nothing to ask the server, plain in both "
     "(Client.queues, a coroutine, scans the server)",
+    ("App", "schedule"): "keeps a periodic task's definition, sends nothing: plain in both "
+    "(Client.schedule, a coroutine, stores one; App.register_schedules is the awaited twin)",
 }
 Q = "parity"
 K = queue_keys(Q)

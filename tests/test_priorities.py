@@ -95,19 +95,60 @@ def test_release_and_recovery_go_to_the_head_of_their_level(r: redis.Redis, clie
     assert client.release("q", "c", c.token) == "pending"  # ahead of h
     r.zadd(keys.active, {"e": 1}, xx=True)  # e's holder died: its lease lapsed
     assert client.sweep("q", max_stalled=5).recovered == ["e"]  # ahead of g, which came in after it
-    assert r.zscore(keys.priority, "a") == (5 + 1024) * SEQ_LIMIT  # seq 0: the head
+    head = r.zscore(keys.priority, "a")  # below every tail of level 5: a seq under 2^32
+    assert head is not None and (5 + 1024) * SEQ_LIMIT <= head < (5 + 1024) * SEQ_LIMIT + 2**32
     assert queue_problems(r, "q") == []
     assert claim_all(client, "q", 1) == ["e", "g", "c", "h", "a", "b", "f"]
 
 
-def test_ties_at_the_head_of_a_level_go_by_id(r: redis.Redis, client: echomq.Client) -> None:
-    """Jobs given back to the same level all get seq 0: among them the id decides (documented)."""
-    for job_id in ("m", "z", "b"):
-        client.enqueue("q", b"", job_id, priority=3)
-    held = client.claim_many("q", 60_000, 3)
-    for job in reversed(held):
-        client.release("q", job.id, job.token)
-    assert claim_all(client, "q") == ["b", "m", "z"]
+@pytest.mark.parametrize("level", [-3, 0, 3])
+def test_jobs_put_back_go_first_the_last_one_first_at_every_level(
+    r: redis.Redis, client: echomq.Client, level: int
+) -> None:
+    """One rule at every level (docs/concepts/priorities.md): a job given back goes before every
+    job waiting at its level, the last one given back first -- as level 0's LPUSH does, whatever
+    the ids (level 3 used to tie them all at seq 0 and take them in id order)."""
+    for job_id in ("m", "z", "b", "w"):
+        client.enqueue("q", b"", job_id, priority=level)
+    held = {job.id: job for job in client.claim_many("q", 60_000, 3)}
+    assert sorted(held) == ["b", "m", "z"]
+    for job_id in ("m", "z", "b"):  # three calls: m first, b last
+        assert client.release("q", job_id, held[job_id].token) == "pending"
+    assert queue_problems(r, "q") == []
+    assert claim_all(client, "q", 1) == ["b", "z", "m", "w"]
+
+
+@pytest.mark.parametrize("level", [-3, 0, 3])
+def test_a_sweep_puts_its_recovered_back_in_deadline_order_before_the_released(
+    r: redis.Redis, client: echomq.Client, level: int
+) -> None:
+    """The jobs one call puts back (a sweep's recoveries) go in that call's order, the first one
+    first, and before the jobs put back by the calls before it: the same at every level."""
+    keys = queue_keys("q")
+    for job_id in ("a", "b", "c", "d"):
+        client.enqueue("q", b"", job_id, priority=level)
+    held = {job.id: job for job in client.claim_many("q", 60_000, 3)}
+    assert client.release("q", "c", held["c"].token) == "pending"
+    r.zadd(keys.active, {"a": 2, "b": 1}, xx=True)  # both holders died; b's lease lapsed first
+    assert client.sweep("q", max_stalled=5).recovered == ["b", "a"]
+    assert queue_problems(r, "q") == []
+    assert claim_all(client, "q", 1) == ["b", "a", "c", "d"]
+
+
+def test_a_level_emptied_and_refilled_starts_its_heads_afresh(r: redis.Redis, client: echomq.Client) -> None:
+    """A head's seq is one less than its level's first job: claimed away, the next release starts
+    again just under the tails (no drift towards seq 0 while a level keeps working)."""
+    keys = queue_keys("q")
+    client.enqueue("q", b"", "a", priority=2)
+    client.enqueue("q", b"", "t", priority=2)
+    tail = r.zscore(keys.priority, "t")
+    for _ in range(3):
+        job = client.claim("q", 60_000)
+        assert job is not None and job.id == "a"
+        assert client.release("q", "a", job.token) == "pending"
+        assert r.zscore(keys.priority, "a") == (2 + 1024) * SEQ_LIMIT + 2**32 - 1
+    assert r.zscore(keys.priority, "t") == tail
+    assert claim_all(client, "q") == ["a", "t"]
 
 
 def test_retries_keep_the_level_and_go_to_its_tail(r: redis.Redis, client: echomq.Client) -> None:

@@ -24,7 +24,7 @@ from echomq.testing import queue_problems
 from .conftest import ServerFactory, supports
 from .helpers import digest, forged_token
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.smoke]
 
 SMALL = 100  # the ceilings the tests set: emq.max-payload-bytes, emq.max-result-bytes, max-state-bytes
 

@@ -38,6 +38,7 @@ from echomq._runtime import (
     LOST_STALE,
     MAX_SWEEPS_PER_TICK,
     SHUTDOWN,
+    TRY_FLOOR_S,
     Action,
     Backoff,
     ClaimStep,
@@ -52,6 +53,8 @@ from echomq._runtime import (
     takes_context,
     trouble,
 )
+
+pytestmark = pytest.mark.once
 
 JOB = Job("q", "j", "3-00000000000000aa", b"")
 
@@ -368,7 +371,10 @@ def test_backoff_waits_grow_and_stop_at_the_deadline() -> None:
     b = Backoff(until=10.0, jitter=lambda: 1.0)  # no jitter: the upper waits
     waits = [b.next_wait(0.0) for _ in range(7)]
     assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
-    assert b.timeout(0.0) == 10.0 and b.timeout(9.5) == 0.5  # never past the deadline
+    # A try waits a third of the time left at most (a lost one leaves room for another on a
+    # fresh connection), not under TRY_FLOOR_S, never past the deadline.
+    assert b.timeout(0.0) == pytest.approx(10.0 / 3) and b.timeout(9.5) == TRY_FLOOR_S == 0.25
+    assert b.timeout(9.9) == pytest.approx(0.1)
     assert Backoff(until=None).timeout(0.0) == 2.0
     assert Backoff(until=1e6, jitter=lambda: 1.0).timeout(0.0) <= ATTEMPT_TIMEOUT_CAP_S
     assert b.next_wait(9.99) == pytest.approx(0.01)
@@ -547,6 +553,14 @@ def test_a_subscription_is_pinged_only_while_jobs_are_held() -> None:
     later = 101.5 + 2 * HEALTH_EVERY_S
     assert health.next(later, holding=True) == "ping"
     assert health.next(later + PONG_WITHIN_S, holding=True) == "dead"  # half-open: subscribe again
+
+
+def test_a_subscription_confirmed_again_was_made_again() -> None:
+    from echomq._runtime import SubscriptionHealth
+
+    health = SubscriptionHealth(100.0)
+    assert not health.confirmed()  # its own subscription
+    assert health.confirmed() and health.confirmed()  # redis-py's, after a dropped connection: ask now
 
 
 # -- issue 34 and 30: slots, the idle claim, the worker's sweep, timeouts -------------------------

@@ -11,6 +11,8 @@ from echomq.testing import EmbeddedServer
 
 from .helpers import digest, entries, extend_args, now_ms, put_active, queued, sweep_args
 
+pytestmark = pytest.mark.smoke
+
 Q = "mail"
 META_NOT_INTEGER = r"^the queue's meta hash holds a setting that is not an integer$"
 

@@ -109,7 +109,8 @@ def test_what_json_cannot_carry_is_refused_by_name_and_nothing_is_sent(client: e
     assert client.counts("json").pending == 0
 
 
-def test_enqueue_by_name_unknown_task_fails_dead_after_its_tries_never_dropped(client: echomq.Client) -> None:
+def test_enqueue_by_name_unknown_task_fails_dead_at_once_never_dropped(client: echomq.Client) -> None:
+    # No retry by the same worker can find a task it does not have (issue 42): dead on the first try.
     producer = echomq.App(client, queue="named")
     handle = producer.enqueue("not_here", 1)
     worker_app = echomq.App(client, queue="named")
@@ -117,11 +118,86 @@ def test_enqueue_by_name_unknown_task_fails_dead_after_its_tries_never_dropped(c
     @worker_app.task
     def other() -> None: ...
 
-    with quick(worker_app, max_attempts=2), pytest.raises(echomq.JobFailed) as failed:
+    with quick(worker_app, max_attempts=3), pytest.raises(echomq.JobFailed) as failed:
         handle.result(timeout=20)
     assert failed.value.type == "UnknownTask" and "no task 'not_here'" in failed.value.message
     info = client.job("named", handle.id)
+    assert info is not None and info.state == "dead" and info.tries == 1
+
+
+def test_an_unknown_task_is_retried_when_the_app_says_so(client: echomq.Client) -> None:
+    # A rolling deploy: an older worker that lacks a new task leaves its job to the newer ones.
+    handle = echomq.App(client, queue="named-retry").enqueue("not_here")
+    worker_app = echomq.App(client, queue="named-retry", retry_unknown_tasks=True)
+
+    @worker_app.task
+    def other() -> None: ...
+
+    with quick(worker_app, max_attempts=2), pytest.raises(echomq.JobFailed) as failed:
+        handle.result(timeout=20)
+    assert failed.value.type == "UnknownTaskRetried" and "no task 'not_here'" in failed.value.message
+    info = client.job("named-retry", handle.id)
     assert info is not None and info.state == "dead" and info.tries == 2
+
+
+def test_arguments_that_cannot_bind_are_refused_at_enqueue_and_dead_at_once_in_the_worker(
+    client: echomq.Client,
+) -> None:
+    app = echomq.App(client, queue="binds")
+
+    @app.task(max_attempts=3)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with pytest.raises(TypeError, match=r"task 'add': missing a required argument: 'b'"):
+        app.enqueue("add", 1)  # the producer knows the task: nothing is sent
+    with pytest.raises(TypeError, match=r"task 'add': got an unexpected keyword argument 'c'"):
+        add.enqueue(1, 2, c=3)  # type: ignore[call-arg]
+    assert client.counts("binds").pending == 0
+    stranger = echomq.App(client, queue="binds").enqueue("add", 1, 2, 3)  # a producer that only has the name
+    with quick(app), pytest.raises(echomq.JobFailed) as failed:
+        stranger.result(timeout=20)
+    assert failed.value.type == "BadArguments" and "too many positional arguments" in failed.value.message
+    info = client.job("binds", stranger.id)
+    assert info is not None and info.state == "dead" and info.tries == 1
+
+
+def test_a_retry_policys_default_attempts_do_not_count_as_given(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="policy")
+    policy = echomq.RetryPolicy(backoff="fixed", base_ms=0)
+
+    @app.task(max_attempts=4, retry=policy)
+    def flaky() -> None:
+        raise RuntimeError("again")
+
+    assert flaky.settings.retry is not None and flaky.settings.retry.max_attempts == 4
+    with pytest.raises(ValueError, match="max_attempts=4 and retry's max_attempts=5: give one"):
+        app.task(name="other", max_attempts=4, retry=echomq.RetryPolicy.exponential(max_attempts=5))(
+            lambda: None
+        )
+    handle = flaky.enqueue()
+    with quick(app), pytest.raises(echomq.JobFailed):
+        handle.result(timeout=20)
+    info = client.job("policy", handle.id)
+    assert info is not None and info.tries == 4
+    worker = echomq.Worker(client, "policy", lambda ctx: None, max_attempts=4, retry=policy)
+    assert worker.max_attempts == 4
+
+
+def test_errors_name_a_job_by_its_id_not_the_enqueue_reply(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="names")
+
+    @app.task
+    def slow() -> None: ...
+
+    handle = slow.enqueue()
+    assert isinstance(handle.id, echomq.Enqueued)
+    with pytest.raises(echomq.ResultTimeout) as waited:
+        handle.result(timeout=0.05)
+    assert str(waited.value) == f"job '{handle.id}' of queue 'names' has not ended within 0.05 s"
+    assert "Enqueued(" not in repr(handle) and type(waited.value.job_id) is str
+    failed = echomq.JobFailed("names", handle.id, "E", "m", None)
+    assert "Enqueued(" not in str(failed) and type(failed.job_id) is str
 
 
 def test_non_retryable_is_dead_after_one_try_with_its_traceback_stored_and_logged(
@@ -502,3 +578,224 @@ def test_msgpack_carries_bytes_and_is_refused_by_a_json_reader(client: echomq.Cl
         client.result("packed", handle.id, timeout=1)
     with pytest.raises(SerializationError, match="argument 1: msgpack cannot carry"):
         echo.enqueue(object(), 1)  # type: ignore[arg-type]
+
+
+def test_a_cli_worker_on_a_queue_no_task_uses_warns(
+    server: EmbeddedServer, backend: str, tasks_module: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(PYTHONPATH=pythonpath(ROOT / "python", tasks_module), ECHOMQ_URL=server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "clitasks:app", "--queue", "cli-mial",
+         "--backend", backend, "--grace", "0", "--no-metrics"],
+        cwd=tasks_module, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        seen = ""
+        while "worker of" not in seen:  # the warning comes before the worker's first line
+            line = proc.stderr.readline()
+            assert line, f"the worker exited: {seen}"
+            seen += line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert "--queue cli-mial: none of clitasks:app's tasks uses it (theirs: cli-mail, cli-other)" in seen
+
+
+def test_a_task_call_is_a_unique_job_by_options_or_by_the_tasks_own_key(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="uniq")
+
+    @app.task(unique="{user_id}")
+    def welcome(user_id: int, lang: str = "en") -> str:
+        return f"{user_id}:{lang}"
+
+    @app.task
+    def plain(x: int) -> int:
+        return x
+
+    first = welcome.enqueue(7)
+    again = welcome.enqueue(7, lang="fr")  # the same key (the template names user_id only): held
+    other = welcome.enqueue(8)
+    assert first.created and not again.created and again.id == first.id and other.created
+    swapped = welcome.options(replace=True).enqueue(7, lang="de")
+    assert swapped.id == first.id and swapped.replaced and not swapped.created
+    a = plain.options(unique_key="once").enqueue(1)
+    b = plain.options(unique_key="once").enqueue(2)
+    assert a.created and not b.created and b.id == a.id
+    by_name = app.options(unique_key="once").enqueue("plain", 3)
+    assert not by_name.created and by_name.id == a.id
+    with pytest.raises(ValueError, match="need a unique key"):
+        plain.options(replace=True).enqueue(1)
+    with pytest.raises(ValueError, match=r"unique='\{nope\}' names no argument 'nope'"):
+        app.task(name="bad", unique="{nope}")(lambda x: x).enqueue(1)
+    with pytest.raises(ValueError, match="unique_for_ms needs unique="):
+        app.task(name="bad2", unique_for_ms=1000)(lambda: None)
+    assert client.counts("uniq").pending == 3  # welcome 7 and 8, plain once
+    with quick(app):
+        assert first.result(timeout=20) == "7:de"
+
+
+def test_a_unique_task_enqueued_20_times_at_once_gives_one_job(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="uniq-race")
+
+    @app.task(unique=lambda order: f"order-{order}", unique_for_ms=60_000)
+    def ship(order: int) -> None: ...
+
+    start = threading.Barrier(20)
+    handles: list[Any] = []
+
+    def go() -> None:
+        start.wait()
+        handles.append(ship.enqueue(42))
+
+    threads = [threading.Thread(target=go) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(handles) == 20 and len({h.id for h in handles}) == 1
+    assert sum(h.created for h in handles) == 1 and client.counts("uniq-race").pending == 1
+
+
+def test_an_asyncio_task_call_is_a_unique_job(server: EmbeddedServer, backend: str) -> None:
+    async def main() -> None:
+        aclient = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        try:
+            app = emq.App(aclient, queue="uniq-async")
+
+            @app.task(unique="{k}")
+            async def f(k: str) -> None: ...
+
+            one, two = await f.enqueue("a"), await f.options(unique_key="f:a").enqueue("b")
+            assert one.created and not two.created and two.id == one.id
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+
+
+def test_echomq_call_enqueues_a_task_call_and_waits_for_its_result(
+    server: EmbeddedServer, backend: str, tasks_module: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(PYTHONPATH=pythonpath(ROOT / "python", tasks_module), ECHOMQ_URL=server.url)
+
+    def call(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "echomq", "call", *argv, "--backend", backend],
+            cwd=tasks_module, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    refused = call("add", "[2]", "--app", "clitasks:app")
+    assert refused.returncode == 1 and "task 'add': missing a required argument: 'b'" in refused.stderr
+    assert call("add", "{}").stderr.endswith(
+        "ARGS_JSON must be a JSON array, e.g. '[2, 3]', not a JSON object\n"
+    )
+    nosuch = call("nope", "--app", "clitasks:app")
+    assert nosuch.returncode == 1 and "clitasks:app has no task 'nope' (it has: add, leave)" in nosuch.stderr
+    raw = subprocess.run(
+        [sys.executable, "-m", "echomq", "enqueue", "cli-mail", "raw", "--backend", backend],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    proc = cli_worker(server, tasks_module, backend)
+    try:
+        done = call("add", "[20, 3]", "--app", "clitasks:app", "--wait", "30")
+        assert done.returncode == 0 and done.stdout == "23\n", done.stderr
+        by_queue = call("add", "[1]", "--kwargs", '{"b": 1}', "--queue", "cli-mail", "--wait", "30")
+        assert by_queue.returncode == 0 and by_queue.stdout == "2\n", by_queue.stderr
+        dead = subprocess.run(
+            [sys.executable, "-m", "echomq", "result", "cli-mail", raw.stdout.strip(), "--wait", "30",
+             "--backend", backend],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert dead.returncode == 1 and "NotATask: not a task job" in dead.stderr and "echomq call" in dead.stderr
+
+
+def test_a_periodic_task_fires_each_tick_once_with_three_workers(
+    client: echomq.Client, r: redis.Redis, server: EmbeddedServer, backend: str
+) -> None:
+    # Three workers (three apps, as three processes would have), one schedule, each tick one job.
+    ran: list[tuple[str, int]] = []
+    apps = [echomq.App(client, queue="beat") for _ in range(3)]
+    for app in apps:
+
+        @app.task(cron="* * * * * *", args=("ping",), kwargs={"n": 1})  # six fields: every second
+        def beat(word: str, n: int = 0) -> None:
+            ran.append((word, n))
+
+    assert list(apps[0].periodic) == [("beat", "beat")]
+    workers = [quick(app, reap_interval=0.1) for app in apps]
+    for w in workers:
+        w.start()
+    try:
+        assert wait_until(lambda: len(ran) >= 3, timeout=30)
+    finally:
+        for w in workers:
+            w.stop()
+    ids = sorted(k.decode().rsplit(":", 1)[-1] for k in r.scan_iter("emq:{beat}:job:*"))
+    assert len(ids) == len(set(ids)) >= 3 and all(i.startswith("beat@") for i in ids)
+    ticks = [int(i.split("@")[1]) for i in ids]
+    assert all(t % 1000 == 0 for t in ticks)  # one job per second's tick, named by it
+    assert ran.count(("ping", 1)) == len(ran) and len(ran) >= 3
+    (info,) = client.schedules("beat")
+    assert info.fired == len(ids) and info.schedule.cron == "* * * * * *"
+    listed = subprocess.run(
+        [sys.executable, "-m", "echomq", "schedule", "list", "beat", "--url", server.url,
+         "--backend", backend],
+        env={**os.environ, "PYTHONPATH": pythonpath(ROOT / "python")}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    row = listed.stdout.splitlines()[2].split()
+    assert listed.returncode == 0 and row[:2] == ["beat", "beat"], listed.stdout  # NAME, TASK
+
+
+def test_app_schedule_checks_its_call_and_timing_when_made(client: echomq.Client) -> None:
+    app = echomq.App(client, queue="beat2")
+
+    @app.task
+    def report(day: str) -> None: ...
+
+    with pytest.raises(TypeError, match="task 'report': missing a required argument: 'day'"):
+        app.schedule(report, "daily", cron="0 8 * * *")
+    with pytest.raises(ValueError, match="give exactly one of cron= and every_ms="):
+        app.schedule(report, "daily", args=["mon"])
+    with pytest.raises(ValueError, match="need cron= or every_ms="):
+        app.task(name="x", tz="Europe/Berlin")(lambda: None)
+    assert "x" not in app.tasks
+    app.schedule("report", "daily", cron="0 8 * * *", tz="Europe/Berlin", args=["mon"])
+    with pytest.raises(ValueError, match="already has a schedule 'daily'"):
+        app.schedule(report, "daily", every_ms=1000, args=["tue"])
+    assert client.schedules("beat2") == []  # stored when a worker starts, not before
+    (stored,) = app.register_schedules()
+    assert stored.name == "daily" and stored.schedule.tz == "Europe/Berlin"
+    assert app.register_schedules()[0].last_ms == stored.last_ms  # again: the same schedule, its cursor kept
+
+
+def test_an_apps_worker_waits_for_its_server_when_asked(server_factory: Any) -> None:
+    probe = server_factory()
+    port = probe.port
+    probe.stop()
+    client = echomq.Client.from_url(f"redis://127.0.0.1:{port}/0")
+    app = echomq.App(client, queue="late-app")
+
+    @app.task
+    def hello() -> str:
+        return "hi"
+
+    with pytest.raises(ValueError, match="wait_for_server"):
+        app.worker(wait_for_server=-1)
+    worker = app.worker(poll_interval=0.02, grace=0.5, wait_for_server=60)
+    starter = threading.Thread(target=worker.start)
+    starter.start()
+    time.sleep(0.5)
+    assert starter.is_alive()  # still waiting: nothing answers yet
+    server_factory(port=port)
+    starter.join(60)
+    try:
+        assert hello.enqueue().result(timeout=30) == "hi"
+    finally:
+        worker.stop()

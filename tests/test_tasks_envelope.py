@@ -24,6 +24,8 @@ from echomq.tasks.envelope import (
 )
 from echomq.tasks.results import ResultWait
 
+pytestmark = pytest.mark.once
+
 NAMES = st.text(
     st.characters(blacklist_categories=("Zs", "Cc", "Zl", "Zp")), min_size=1, max_size=MAX_NAME_CHARS
 )

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from echomq.tasks import JSON, BadTaskPayload
 from echomq.tasks.envelope import MAX_HEADER_CHARS, MAX_HEADERS, encode_call, encode_headers, parse_call
 
+pytestmark = pytest.mark.once
+
 KEYS = st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True)
 VALUES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
 

@@ -17,12 +17,13 @@ import pytest
 import redis
 
 import echomq
+from echomq.cli import main
 from echomq.keyspace import queue_keys
-from echomq.testing import queue_problems
+from echomq.testing import EmbeddedServer, queue_problems
 
 from .helpers import entries, now_ms
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.smoke]
 
 BOUND = 1000  # EMQ_DROP_MAX and EMQ_PROMOTE_MAX (module/emq_core.h; the prelude's twins)
 
@@ -239,3 +240,77 @@ def test_a_blocked_claim_behind_many_tombstones_gets_the_live_job(
     waiter.join(30)
     assert [j.id for j in got if j] == ["live"]
     assert now_ms(r) > 0 and queue_problems(r, "q") == []
+
+
+# -- lanes edited by hand: what a claim does, what `echomq check` says (issue 39 item 8) ------------
+
+LEVEL_1_TAIL = (1 + 1024) * 2**42 + 2**32  # the first tail seq of level 1 (docs/reference/keyspace.md)
+
+
+def test_a_priority_member_without_a_pending_row_is_dropped_not_claimed(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    """A member of ``<base>priority`` has nothing to run without its row, and is not waiting when
+    its row says otherwise: a claim drops it from the lane (as a tombstone of the list) and
+    takes the job behind it, with its payload; no row is made up for it."""
+    keys = queue_keys("q")
+    r.zadd(keys.priority, {"ghost": LEVEL_1_TAIL - 2, "over": LEVEL_1_TAIL - 1})  # ahead of "real"
+    r.hset(keys.job("over"), mapping={"state": "done", "payload": "old"})
+    client.enqueue("q", b"real payload", "real", priority=1)
+    problems = queue_problems(r, "q")
+    assert any("b'ghost' is in priority without its row" in p for p in problems), problems
+    assert any("b'over' is in priority but its row says done" in p for p in problems), problems
+    job = client.claim("q", 60_000)
+    assert job is not None and (job.id, job.payload) == ("real", b"real payload")
+    assert r.zcard(keys.priority) == 0 and not r.exists(keys.job("ghost"))
+    assert r.hget(keys.job("over"), "state") == b"done"
+    assert queue_problems(r, "q") == []
+    r.zadd(keys.priority, {"ghost": LEVEL_1_TAIL})  # alone: the claim finds nothing, drops it
+    assert client.claim("q", 60_000) is None
+    assert r.zcard(keys.priority) == 0 and not r.exists(keys.job("ghost"))
+
+
+def test_rowless_members_are_dropped_in_bounded_steps(r: redis.Redis, client: echomq.Client) -> None:
+    keys = queue_keys("q")
+    r.zadd(keys.priority, {f"g{i:04}": LEVEL_1_TAIL - 2000 + i for i in range(BOUND + 5)})
+    client.enqueue("q", b"p", "real", priority=1)
+    assert client.claim("q", 60_000) is None  # the bound: 1,000 dropped, the rest for the next call
+    assert r.zcard(keys.priority) == 5 + 1
+    job = client.claim("q", 60_000)
+    assert job is not None and job.id == "real" and r.zcard(keys.priority) == 0
+
+
+def test_check_reports_the_rows_no_lane_holds_and_the_lane_members_without_a_row(
+    r: redis.Redis, server: EmbeddedServer, client: echomq.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Edits by hand the verbs cannot see: a queued job given a level (``HSET priority``) waits in
+    no lane -- a claim drops its list entry as a tombstone and never claims it; an entry pushed,
+    a member added, with no row; a row in a state no verb writes.  ``echomq check`` names each."""
+    keys = queue_keys("q")
+    client.enqueue("q", b"", "a")
+    r.hset(keys.job("a"), "priority", "5")
+    r.rpush(keys.pending, "x")
+    r.zadd(keys.delayed, {"y": now_ms(r) + 60_000})
+    r.hset(keys.job("z"), mapping={"state": "queued", "payload": "p"})
+    problems = queue_problems(r, "q")
+    expected = [
+        "row b'emq:{q}:job:a' says pending at level b'5' but priority does not hold it "
+        "(the list holds it: a claim drops it there)",
+        "b'y' is in delayed without its row (or the row has no state)",
+        "row b'emq:{q}:job:z' says 'queued': no lane holds it, no verb moves it",
+        "meta stale is 0: the list has 2 entries, 0 waiting jobs (entries without a row: b'x')",
+    ]
+    assert sorted(problems) == sorted(expected)
+    assert client.claim("q", 60_000) is None  # a and x dropped as tombstones: a is never claimed
+    assert r.hget(keys.job("a"), "state") == b"pending" and r.llen(keys.pending) == 0
+    after = queue_problems(r, "q")
+    assert "row b'emq:{q}:job:a' says pending at level b'5' but priority does not hold it" in after
+    capsys.readouterr()
+    assert main(["--url", server.url, "check", "q"]) == 1
+    out = capsys.readouterr().out
+    assert "job:a' says pending at level b'5' but priority does not hold it" in out
+    assert "b'y' is in delayed without its row" in out and "says 'queued'" in out
+    assert client.cancel("q", "a") == "cancelled"  # the way back: cancel, retry
+    client.retry("q", "a")
+    job = client.claim("q", 60_000)
+    assert job is not None and job.id == "a" and r.zcard(keys.priority) == 0

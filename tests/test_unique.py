@@ -214,6 +214,44 @@ def test_for_is_a_window_whatever_the_job_does(r: redis.Redis, client: echomq.Cl
     assert client.enqueue("q", b"", "b", unique_key="k", unique_for_ms=1).created
 
 
+@pytest.mark.parametrize("end", ["done", "cancelled"])
+def test_a_for_window_outlives_a_row_its_retention_of_0_deletes(
+    r: redis.Redis, client: echomq.Client, end: str
+) -> None:
+    """A done or cancelled retention of 0 deletes the row in the step that ends the job, but that
+    is the job ending, not a verb deleting a row: the FOR window runs to its expiry
+    (docs/reference/commands/enqueue.md and docs/reference/keyspace.md say so in the same words).
+    The dead retention is SWEEP's, which deletes the row and takes the window with it."""
+    client.retention("q", done_ms=0, dead_ms=0, cancelled_ms=0)
+    client.enqueue("q", b"", "a", unique_key="k", unique_for_ms=60_000)
+    job = client.claim("q", 60_000)
+    assert job is not None
+    if end == "done":
+        client.complete("q", "a", job.token)
+    else:
+        client.cancel("q", "a")
+        assert client.fail("q", "a", job.token, "E: stopped") == "cancelled"
+    assert not r.exists(queue_keys("q").job("a"))  # the row went with the end
+    assert r.get(ukey("q", "k")) == b"a" and 0 < r.pttl(ukey("q", "k")) <= 60_000
+    held = client.enqueue("q", b"", "b", unique_key="k")
+    assert (held, held.created) == ("a", False)  # held by a job that has no row, until the expiry
+    assert queue_problems(r, "q") == []  # a window with an expiry is no orphan
+
+
+def test_the_dead_retention_of_0_takes_a_for_window_at_the_next_sweep(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.retention("q", dead_ms=0)
+    client.enqueue("q", b"", "a", unique_key="k", unique_for_ms=60_000)
+    job = client.claim("q", 60_000)
+    assert job is not None
+    assert client.fail("q", "a", job.token, "E: boom", max_attempts=1) == "dead"
+    assert r.get(ukey("q", "k")) == b"a"  # dead, its row kept until a sweep applies the retention
+    client.sweep("q", max_stalled=5)
+    assert not r.exists(queue_keys("q").job("a")) and not r.exists(ukey("q", "k"))
+    assert client.enqueue("q", b"", "b", unique_key="k").created
+
+
 def test_a_for_window_ends_at_its_expiry(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue("q", b"", "a", unique_key="k", unique_for_ms=60_000)
     r.pexpire(ukey("q", "k"), 1)  # the window's end, without a wait

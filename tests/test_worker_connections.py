@@ -264,3 +264,40 @@ def test_the_keeper_outlives_a_moment_without_threads(server: EmbeddedServer) ->
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["lost"] == [] and result["leases_lost"] == 0, result
     assert result["states"] == {"first": "done", "after0": "done", "after1": "done"}, result
+
+
+def test_the_stops_lane_is_free_when_every_other_connection_is_taken(server: EmbeddedServer) -> None:
+    # Issue 39: a forced stop's give-back waited for a connection behind the traffic it was
+    # ending.  The worker keeps STOP_LANE of its connections for it: other tries cannot take
+    # them, and a lane try gets one at once while the others wait.
+    from echomq import _protocol as proto
+    from echomq.asyncio._attempt import STOP_LANE, Progress
+
+    async def main() -> None:
+        client = emq.Client.from_url(server.url)
+        try:
+            connections = client._connections()
+            connections.reserve(3 + STOP_LANE, STOP_LANE)  # limit: 3 + STOP_LANE + SPARE
+            others = connections.limit - STOP_LANE
+            let_go = asyncio.Event()
+            held = 0
+
+            async def hold() -> None:
+                nonlocal held
+                async with connections.connection(Progress()):
+                    held += 1
+                    await let_go.wait()
+
+            holders = [asyncio.create_task(hold()) for _ in range(others + 1)]
+            await asyncio.sleep(0.3)
+            assert held == others  # the last one waits: the lane's connections are not theirs
+            release = proto.release("lane", "nobody", "1-0000000000000000")  # any answer will do
+            replies = await client._attempt_many([release], 2.0, lane=True)
+            assert len(replies) == 1  # a lane try got a connection at once: the server answered
+            let_go.set()
+            await asyncio.wait(holders, timeout=5)
+            assert held == others + 1 and all(t.done() for t in holders)
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())

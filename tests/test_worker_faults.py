@@ -550,3 +550,54 @@ def test_a_claim_refused_for_good_is_logged_once_and_counted(
     assert len(errors) == 1 and expected in errors[0] and "claim refused" in errors[0]
     assert expected in (worker.stats.last_permanent_error or "")
     assert no_echomq_threads() == []
+
+
+# -- a cancel subscription redis-py made again by itself ---------------------------------
+
+
+class HeldJobs:
+    """What a ``CancelListener`` drives: the pushes it hears, and how often every held job was asked."""
+
+    def __init__(self) -> None:
+        self.pushes: list[str] = []
+        self.asked = 0
+
+    def pushed(self, job_id: str) -> None:
+        self.pushes.append(job_id)
+
+    def checkpoint_all(self) -> None:
+        self.asked += 1
+
+
+def subscriber_id(r: redis.Redis, name: str) -> str | None:
+    """The server's id of the named client that holds a subscription (None: it holds none)."""
+    ids = [c["id"] for c in r.client_list() if c.get("name") == name and str(c.get("sub")) != "0"]
+    return ids[0] if ids else None
+
+
+def test_a_cancel_subscription_redis_py_made_again_by_itself_checkpoints_every_held_job(
+    server: EmbeddedServer, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where the listener's connection is redis-py's own (a cluster client's: no bounded attempts),
+    # redis-py reconnects a dropped connection and subscribes again without a word: a cancel
+    # published meanwhile waited for the keeper's next checkpoint (a third of the lease).  Its
+    # second confirmation says so: every held job asks at once (issue 39, item 4's class).
+    from echomq._pushes import CancelListener
+
+    proxy = Proxy(server.port)
+    client = echomq.Client(redis.Redis(port=proxy.port, client_name="test-listener"))
+    monkeypatch.setattr(client, "_bounded", lambda: False)  # the path a cluster client takes
+    held = HeldJobs()
+    listener = CancelListener(client, Q, held, lambda: True)  # type: ignore[arg-type]
+    try:
+        listener.ensure()
+        assert wait_until(lambda: subscriber_id(r, "test-listener") is not None, 10)
+        first = subscriber_id(r, "test-listener")
+        proxy.drop()
+        assert wait_until(lambda: held.asked >= 1, 20), "a cancel published meanwhile waits for a checkpoint"
+        assert listener.resubscribed >= 1
+        assert wait_until(lambda: subscriber_id(r, "test-listener") not in (None, first), 10)  # dropped
+    finally:
+        listener.close()
+        proxy.close()
+        client.close()

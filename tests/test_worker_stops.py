@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,50 @@ def test_an_idle_worker_stops_soon_when_the_server_is_frozen(
     assert holder, "stop() did not return"
     assert holder[0] < grace / 2, f"an idle worker waited {holder[0]:.2f} s for a frozen server"
     assert no_echomq_threads() == []
+
+
+# -- a stop that is not stop(): a signal, a handler's SystemExit (issue 43) -------------
+
+
+def _idle_and_then(
+    server: EmbeddedServer, handler: Callable[[echomq.JobContext], object], act: Callable[[], object]
+) -> tuple[float, BaseException | None]:
+    """run() a thread worker (2 slots); ``act()`` from another thread once it idles; seconds to return."""
+    worker = echomq.Worker(echomq.Client(server.client()), Q, handler, concurrency=2, grace=8)
+    when: list[float] = []
+
+    def later() -> None:
+        time.sleep(0.5)  # both slots are in their idle claim by now
+        when.append(time.monotonic())
+        act()
+
+    threading.Thread(target=later).start()
+    raised: BaseException | None = None
+    try:
+        worker.run()
+    except BaseException as exc:  # what run() raised is the answer
+        raised = exc
+    return time.monotonic() - when[0], raised
+
+
+def test_a_signal_stops_an_idle_thread_worker_at_once(server_factory: ServerFactory, backend: str) -> None:
+    # Before: the signal asked for a stop but left the idle claims waiting on the server (5 s BLOCK).
+    server = a_server(server_factory, backend)
+    took, raised = _idle_and_then(server, lambda ctx: None, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert raised is None and took < 2, f"{took:.2f} s to stop an idle worker after SIGTERM"  # was 3.7-4.7 s
+
+
+def test_a_handlers_system_exit_stops_the_worker_at_once(server_factory: ServerFactory, backend: str) -> None:
+    # The other slot idles in its claim meanwhile: the stop must not wait for that claim either.
+    server = a_server(server_factory, backend)
+    client = echomq.Client(server.client())
+
+    def exits(ctx: echomq.JobContext) -> None:
+        raise SystemExit(3)
+
+    took, raised = _idle_and_then(server, exits, lambda: client.enqueue(Q, b"x"))
+    assert isinstance(raised, SystemExit) and raised.code == 3
+    assert took < 2, f"{took:.2f} s to stop after a handler's SystemExit"
 
 
 # -- a job given back by a forced stop is no lost lease (issue 30) ----------------------

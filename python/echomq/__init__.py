@@ -56,6 +56,7 @@ from .errors import (
     RateLimited,
     ResultTimeout,
     RetryLater,
+    ServerUnreachable,
     StaleToken,
     Unblocked,
 )
@@ -113,6 +114,7 @@ __all__ = [
     "Schedule",
     "ScheduleInfo",
     "ScriptLimits",
+    "ServerUnreachable",
     "StaleToken",
     "SweepResult",
     "Task",

@@ -31,6 +31,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
+from .errors import ServerUnreachable
+
 if TYPE_CHECKING:
     from .client import Cutter
 
@@ -47,10 +49,11 @@ SPARE = 4
 SUBSCRIBER_TIMEOUT_S = 1.0
 
 
-class NotSent(redis.ConnectionError):
+class NotSent(ServerUnreachable):
     """A try that never reached the wire: no connection was free, or none could be opened, in time.
 
-    Nothing was sent, so nothing ran: a claim's REQ is no more in doubt than it was.
+    Nothing was sent, so nothing ran: a claim's REQ is no more in doubt than it was.  The
+    clients' public calls raise it as a plain ``echomq.ServerUnreachable``.
     """
 
 
@@ -116,8 +119,12 @@ class WorkerConnections:
         for connection in idle:
             connection.disconnect()
 
-    def subscriber(self) -> Any:
-        """A PubSub on a connection of its own (a worker's pushed cancels), every step bounded."""
+    def subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub on a connection of its own (a worker's pushed cancels, a result wait), every step bounded.
+
+        ``confirmations``: hand the subscriptions' confirmations up too (a
+        result wait reads its row again on each).
+        """
         with self._cond:
             pool = self._subscribers
             if pool is None:
@@ -125,7 +132,7 @@ class WorkerConnections:
                 for name in ("socket_timeout", "socket_connect_timeout"):
                     options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
                 pool = self._subscribers = redis.ConnectionPool(connection_class=self._class, **options)
-        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         self.drop_idle()

@@ -55,7 +55,14 @@ GIVE_BACK_BATCH = 500
 
 
 class _GaveUp(Exception):
-    """No answer before the deadline (or a forced stop's budget); the cause is the last error."""
+    """No answer before the deadline (or a forced stop's budget); the cause is the last error.
+
+    ``budget_at``: when the forced stop's budget, not the deadline, ended the tries (for the log).
+    """
+
+    def __init__(self, doing: str, budget_at: float | None = None) -> None:
+        super().__init__(doing)
+        self.budget_at = budget_at
 
 
 class _Refused(Exception):
@@ -156,10 +163,10 @@ class Finisher(WorkerCore[Client, HandlerT]):
                     partial(self.client._attempt_many, calls), until, "release",
                     cap_s=min(SETTLE_TRY_S, max(0.2, self.lease_ms / 3000)), floor=floor,
                 )  # fmt: skip
-            except _GaveUp:
+            except _GaveUp as gave_up:
                 with self._lock:
                     for finish in finishes:
-                        self._unfinished(finish)
+                        self._unfinished(finish, gave_up.budget_at)
                 continue
             for finish, call, reply in zip(finishes, calls, replies, strict=True):
                 try:
@@ -342,10 +349,14 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 if refusal is not None and not reply_lost(exc) and refusal(exc):
                     raise _Refused(doing) from exc
                 kind = self._trouble(exc, doing, job)
-                wait = backoff.next_wait(time.monotonic())
+                now = time.monotonic()
+                wait = backoff.next_wait(now)
                 permanent = kind is Trouble.PERMANENT and self._stop_requested
                 if wait is None or permanent:
-                    raise _GaveUp(doing) from exc
+                    # the forced stop's budget, not ``until``, ended the tries: the log says so
+                    ended = backoff.until
+                    by_stop = wait is None and ended is not None and (until is None or ended < until)
+                    raise _GaveUp(doing, now if by_stop and self._cut_by_stop(until) else None) from exc
                 if self._forced:
                     time.sleep(wait)  # within the force's budget (backoff.until)
                 elif stop_ok:
@@ -416,9 +427,9 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 until = kept
                 self._forced_event.wait(pause.next_wait(time.monotonic()) or 0.0)
                 continue
-            except _GaveUp:
+            except _GaveUp as gave_up:
                 with self._lock:
-                    self._unfinished(finish)
+                    self._unfinished(finish, gave_up.budget_at)
                 return
             with self._lock:
                 self._landed(finish, None if finish.action is Action.COMPLETE else where)
@@ -435,9 +446,9 @@ class Finisher(WorkerCore[Client, HandlerT]):
             with self._lock:
                 self._refused(finish, exc)
             return None
-        except _GaveUp:
+        except _GaveUp as gave_up:
             with self._lock:
-                self._unfinished(finish)
+                self._unfinished(finish, gave_up.budget_at)
             return None
         return sent + self.lease_ms / 1000
 

@@ -11,7 +11,9 @@ arrives, nothing fails), so while the worker holds jobs a silent one is
 pinged, and one that does not answer is given up and made again
 (``_runtime.SubscriptionHealth``).  After any lost subscription every held
 job is checkpointed at once: a cancel published meanwhile is delivered
-then, not an interval later.  The subscription's connection is its own,
+then, not an interval later.  That includes one redis-py made again by
+itself on a connection it reconnected (where its retries are on, as on a
+cluster client's): its second confirmation says so.  The subscription's connection is its own,
 its every step bounded (``_attempt.SUBSCRIBER_TIMEOUT_S``), and ``close()``
 cuts it: a stopping worker never waits on it.
 """
@@ -92,7 +94,7 @@ class CancelListener:
             try:
                 pubsub = self._pubsub
                 if pubsub is None:
-                    pubsub = self.client._subscriber()
+                    pubsub = self.client._subscriber(confirmations=True)
                     with self._lock:
                         self._pubsub = pubsub
                     pubsub.subscribe(self._channel)
@@ -107,6 +109,9 @@ class CancelListener:
                     health.heard_from(now)
                     if message.get("type") == "message":
                         self._keepers.pushed(proto.text(message["data"]))
+                    elif message.get("type") == "subscribe" and health.confirmed():
+                        self.resubscribed += 1  # by redis-py, after a dropped connection
+                        self._keepers.checkpoint_all()
                 verdict = health.next(now, self._holding())
                 if verdict == "ping":
                     pubsub.ping()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -55,7 +56,7 @@ from ._scripts import (
     missing_code,
 )
 from .cancel import Cancellation
-from .errors import EchoMQError, LeaseLost, NotReplicated
+from .errors import EchoMQError, LeaseLost, NotReplicated, ServerUnreachable
 from .schedules import DriveResult, ScheduleInfo
 
 if TYPE_CHECKING:
@@ -121,15 +122,24 @@ def jittered_backoff() -> AbstractBackoff:
 
 
 def _refused(error: BaseException) -> bool:
-    """Was ``error`` a connection the host refused (nothing listens there; nothing was sent)?"""
+    """Was ``error`` an address nothing answers at: refused, or a host name that does not resolve?
+
+    Nothing was sent either way.
+    """
     seen: BaseException | None = error
     for _ in range(8):  # redis-py wraps the OSError once or twice; a cycle must not hang us
         if seen is None:
             return False
-        if isinstance(seen, ConnectionRefusedError):
+        if isinstance(seen, ConnectionRefusedError | socket.gaierror):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def unreachable(error: BaseException) -> ServerUnreachable:
+    """The public error for a call that reached no server (``error``, redis-py's or ours, its cause)."""
+    inner = unwrapped(error)
+    return ServerUnreachable(f"cannot reach the server: {inner}")
 
 
 def never_reached(redis_client: Any, error: BaseException, reached_here: bool) -> bool:
@@ -205,7 +215,7 @@ class _ReachedRetry(Retry):
             return super().call_with_retry(once, fail, *args, **kwargs)
         except _Unreached as stop:
             error = stop.error
-        raise error  # outside the handler: the error keeps its own cause
+        raise unreachable(error) from error
 
 
 def default_retry() -> Retry:
@@ -253,7 +263,7 @@ class _ReachedAsyncRetry(AsyncRetry):
             return cast(T, await super().call_with_retry(once, fail, *args, **kwargs))
         except _Unreached as stop:
             error = stop.error
-        raise error
+        raise unreachable(error) from error
 
 
 def default_async_retry() -> AsyncRetry:
@@ -471,16 +481,19 @@ class Client:
                 reply = self._attempt(call, window.try_s)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if never_reached(self.redis, exc, self._reached):
-                    error = unwrapped(exc)
+                    error: BaseException = exc
                     break
                 pause = window.next_pause(time.monotonic())
                 if pause is None:
+                    if isinstance(exc, NotSent):  # the server stayed away: the public type, not ours
+                        error = exc
+                        break
                     raise
                 time.sleep(pause)
             else:
                 self._reached = True
                 return reply
-        raise error  # outside the handler: the error keeps its own cause
+        raise unreachable(error) from unwrapped(error)  # outside the handler: chained to its own cause
 
     def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
         """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
@@ -576,11 +589,12 @@ class Client:
         if self._pool is not None:
             self._pool.unreserve(n)
 
-    def _subscriber(self) -> Any:
-        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+    def _subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub for a worker's pushed cancels or a result wait: bounded like the worker's attempts
+        where they are bounded (a wait then does its own reconnecting, within its deadline)."""
         if self._bounded():
-            return self._connections().subscriber()
-        return self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            return self._connections().subscriber(confirmations)
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
 
     def _distrust(self) -> None:
         """Something suggests the connections are half-open (a dead subscription): open fresh ones."""
@@ -990,9 +1004,12 @@ class Client:
     ) -> Any:
         """Wait for the job's end and return its result's value (a task's: ``echomq.tasks``).
 
-        No polling: it subscribes to the job's ``<base>done:<id>``, reads the
-        row, then waits for the announcement.  Raises ``JobFailed`` (dead:
-        type, message, traceback), ``JobCancelled``, ``JobGone`` (no row) or
+        It subscribes to the job's ``<base>done:<id>``, reads the row, then
+        waits for the announcement; it reads the row again after every new
+        subscription (a dropped connection is subscribed again, within
+        ``timeout``) and every ``echomq.tasks.results.READ_EVERY_S`` (5 s).
+        Raises ``JobFailed`` (dead: type, message, traceback),
+        ``JobCancelled``, ``JobGone`` (no row) or
         ``ResultTimeout`` (a ``TimeoutError``) after ``timeout`` seconds.
         ``serializer``: how the result was stored (default
         ``echomq.tasks.JSON``; a result stored otherwise is refused, so a

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _protocol as proto
 from ._runtime import ContextCore, Progress, progress_bytes
 from .lease import LeaseKeeper
 
@@ -88,8 +87,4 @@ class JobContext(ContextCore[LeaseKeeper]):
         this attempt has lost raises ``echomq.LeaseLost``); it extends the
         lease too.  ``TypeError`` (nothing sent) for what JSON cannot carry.
         """
-        keeper = self._keeper
-        job = self.job
-        keeper.client._run(
-            proto.checkpoint(job.queue, job.id, job.token, keeper.lease_ms, progress=progress_bytes(value))
-        )
+        self._keeper._progress(progress_bytes(value))

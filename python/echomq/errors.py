@@ -12,6 +12,8 @@ Catch at the level you care about::
     ├── Unblocked          the server ended a waiting claim without a job
     ├── NotReplicated      a claim's wait for replicas ran out; its jobs were given back
     ├── ModuleNotLoaded    the server has no emq module (start it with --loadmodule)
+    ├── ServerUnreachable  nothing could be sent: no server answers at that address (also a
+    │                      redis.ConnectionError)
     ├── BadArgument        the server refused an argument (also a ValueError)
     ├── CorruptQueue       a key or field of the queue is not what the module expects
     ├── RateLimited        raised by a handler: give the job back, stop the queue's claims for ms
@@ -27,17 +29,42 @@ The clients check argument types and ranges before sending anything and raise
 ``TypeError``/``ValueError`` naming the argument; ``BadArgument`` is for what
 only the server can tell (a lease whose deadline would be too large).
 ``BadArgument`` and ``CorruptQueue`` are ``redis.ResponseError`` subclasses too.
-Connection errors and the server's own typed refusals (``NoPermissionError``,
-``ReadOnlyError``, ``OutOfMemoryError``, ``TryAgainError``) stay redis-py's.
+A server that cannot be reached at all (a mistyped host, a wrong port, a
+server not started, or one that stayed away through every retry) raises
+``ServerUnreachable``, chained to redis-py's error; a connection lost while a
+command was on the wire, and the server's own typed refusals
+(``NoPermissionError``, ``ReadOnlyError``, ``OutOfMemoryError``,
+``TryAgainError``), stay redis-py's.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 
 class EchoMQError(Exception):
     """Base class of every exception echomq raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as made, not by calling the class with its args (RetryLater's lack delay_ms,
+        # LeaseLost's its job_id, a subclass's own __init__ may take others): so every one
+        # crosses a process isolation's pipe (echomq.isolation) as it was raised.
+        return (_rebuilt, (type(self), self.args), self.__dict__)
+
+
+class ServerUnreachable(EchoMQError, RedisConnectionError):
+    """No server could be reached, so nothing was sent (and nothing ran).
+
+    A host that does not resolve or refuses the connection before the client
+    ever reached it fails at once (no retry can help a wrong address); a
+    server reached before and gone since is retried within the call's window
+    (about 30 s for a REQ-carrying verb), then this.  The cause (redis-py's
+    ``ConnectionError``) is chained.  Connecting waits at most
+    ``socket_connect_timeout`` (5 s by default) per try.
+    """
 
 
 class LeaseLost(EchoMQError):
@@ -45,7 +72,7 @@ class LeaseLost(EchoMQError):
 
     def __init__(self, message: str, job_id: str) -> None:
         super().__init__(message)
-        self.job_id = job_id
+        self.job_id = str(job_id)
 
 
 class JobGone(LeaseLost):
@@ -61,7 +88,7 @@ class JobExists(EchoMQError):
 
     def __init__(self, message: str, job_id: str) -> None:
         super().__init__(message)
-        self.job_id = job_id
+        self.job_id = str(job_id)
 
 
 class Unblocked(EchoMQError):
@@ -129,7 +156,7 @@ class NotRetryable(EchoMQError):
 
     def __init__(self, message: str, job_id: str, state: str | None) -> None:
         super().__init__(message)
-        self.job_id = job_id
+        self.job_id = str(job_id)
         self.state = state
 
 
@@ -192,6 +219,7 @@ class JobFailed(EchoMQError):
     """
 
     def __init__(self, queue: str, job_id: str, type: str, message: str, traceback: str | None) -> None:
+        job_id = str(job_id)  # an Enqueued is the id, not its repr
         super().__init__(f"job {job_id!r} of queue {queue!r} failed: {type}: {message}")
         self.queue, self.job_id = queue, job_id
         self.type, self.message, self.traceback = type, message, traceback
@@ -202,12 +230,20 @@ class JobCancelled(Cancelled):
 
     def __init__(self, queue: str, job_id: str, reason: str | None) -> None:
         super().__init__(reason)
-        self.queue, self.job_id = queue, job_id
+        self.queue, self.job_id = queue, str(job_id)
 
 
 class ResultTimeout(EchoMQError, TimeoutError):
     """A wait for a job's result ran out of time; the job has not ended (it may still)."""
 
     def __init__(self, queue: str, job_id: str, timeout: float) -> None:
+        job_id = str(job_id)  # an Enqueued is the id, not its repr
         super().__init__(f"job {job_id!r} of queue {queue!r} has not ended within {timeout} s")
         self.queue, self.job_id, self.timeout = queue, job_id, timeout
+
+
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception unpickled without its ``__init__`` (``RetryLater.__reduce__``): its args and state."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    return exc

@@ -21,9 +21,9 @@ end; only the handler's call crosses to the child.  What that buys:
 
 The handler must be importable by name (a module-level function or an
 instance of a module-level class that pickles): the child imports it.  It
-gets a real ``echomq.JobContext``: ``checkpoint(state)`` and
-``checkpoint_step()`` are forwarded to the worker, which stores them (fenced
-by the claim's token, as always) and answers; the token is cancelled in the
+gets a real ``echomq.JobContext``: ``checkpoint(state)``,
+``checkpoint_step()`` and ``progress(value)`` are forwarded to the worker,
+which stores them (fenced by the claim's token, as always) and answers; the token is cancelled in the
 child when the worker's is (a remote cancel, a lost lease, the shutdown's
 grace, the timeout).  An exception the handler raises is the job's, as in a
 thread: pickled back to the worker and raised there (one that cannot be
@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -65,6 +64,8 @@ POLL_S = 0.05
 EXIT_GRACE_S = 2.0
 # What a child runs: it imports the package, never the worker's __main__.
 CHILD_PROGRAM = "from echomq.isolation import _child_entry; _child_entry"
+# Where an exception raised in a child keeps its traceback there: what the worker stores as the job's.
+CHILD_TRACEBACK = "_echomq_child_traceback"
 # How long a new child may take to import the package and the handler's module.
 START_TIMEOUT_S = 60.0
 
@@ -98,13 +99,16 @@ def check_isolated_handler(handler: object) -> None:
 
 
 class _ChildKeeper:
-    """In the child: what ``JobContext.checkpoint`` calls, forwarded to the worker over the pipe."""
+    """In the child: what ``JobContext.checkpoint`` and ``progress`` call, forwarded to the worker."""
 
     def __init__(self, link: _ChildLink) -> None:
         self._link = link
 
     def _store(self, state: bytes | None) -> bool:
-        return self._link.checkpoint(state)
+        return bool(self._link.ask("checkpoint", state))
+
+    def _progress(self, data: bytes) -> None:
+        self._link.ask("progress", data)
 
 
 class _ChildLink:
@@ -126,6 +130,8 @@ class _ChildLink:
                 message = self.conn.recv()
             except (EOFError, OSError):  # the worker is gone: nothing of ours may run on
                 os._exit(1)
+            except Exception as exc:  # an answer's error of a class this child cannot rebuild
+                message = ("answered", None, ChildError(f"the worker's answer could not be read: {exc}"))
             kind = message[0]
             with self._arrived:
                 if kind == "job":
@@ -133,7 +139,7 @@ class _ChildLink:
                 elif kind == "cancel":
                     if self.token is not None:
                         self.token.cancel(message[1])
-                elif kind == "checkpointed":
+                elif kind == "answered":
                     self._replies.append(message)
                 elif kind == "exit":
                     self._closing = True
@@ -151,15 +157,16 @@ class _ChildLink:
                 return self._jobs.pop(0)
             return None
 
-    def checkpoint(self, state: bytes | None) -> bool:
-        self.send(("checkpoint", state))
+    def ask(self, what: str, arg: object) -> object:
+        """The worker does ``what`` (a checkpoint, a progress) for the handler: its answer, or its error."""
+        self.send((what, arg))
         with self._arrived:
             while not self._replies:
                 self._arrived.wait()
-            _, stored, error = self._replies.pop(0)
+            _, answer, error = self._replies.pop(0)
         if error is not None:
             raise error
-        return bool(stored)
+        return answer
 
 
 def _child_entry(fd: int) -> None:
@@ -222,8 +229,14 @@ def _portable_value(value: object) -> object:
 
 
 def _portable(exc: BaseException) -> tuple[bytes, str]:
-    """``exc`` pickled (or a ``ChildError`` naming it when it will not), and the child's traceback."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """``exc`` pickled (or a ``ChildError`` naming it when it will not), and the child's traceback.
+
+    The traceback is the one a thread would store (from the handler's own
+    frames: ``traceback_text``); the worker stores it as the job's.
+    """
+    from ._runtime import traceback_text  # not at the top: _runtime imports this module
+
+    text = traceback_text(exc)
     try:
         data = pickle.dumps(exc)
         pickle.loads(data)  # an exception whose __init__ does not take its args fails here, not later
@@ -413,11 +426,25 @@ class ProcessPool:
             raise
         return child
 
-    def run(self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool) -> object:
-        """Run the handler for ``job`` in ``child`` (from ``take``); its value or its exception, as here."""
+    def run(
+        self,
+        child: _Child,
+        job: Job,
+        cancel: CancelToken,
+        keeper: Any,
+        context_style: bool,
+        kill_when: Callable[[], bool] | None = None,
+    ) -> object:
+        """Run the handler for ``job`` in ``child`` (from ``take``); its value or its exception, as here.
+
+        ``kill_when``, looked at as the token is: once it says so the child
+        is killed (``ChildCrashed``).  The task layer's own children use it
+        (``echomq.tasks.isolated``): the worker that abandons their job
+        knows nothing of them.
+        """
         child.jobs += 1
         try:
-            return self._run_in(child, job, cancel, keeper, context_style)
+            return self._run_in(child, job, cancel, keeper, context_style, kill_when)
         finally:
             self._give(child)
 
@@ -426,19 +453,28 @@ class ProcessPool:
         return self.run(self.take(), job, cancel, keeper, context_style)
 
     def _run_in(
-        self, child: _Child, job: Job, cancel: CancelToken, keeper: Any, context_style: bool
+        self,
+        child: _Child,
+        job: Job,
+        cancel: CancelToken,
+        keeper: Any,
+        context_style: bool,
+        kill_when: Callable[[], bool] | None,
     ) -> object:
         try:
             child.conn.send(("job", job, context_style))
         except (OSError, ValueError) as exc:
             raise ChildCrashed(f"the handler's process could not be given the job: {exc}") from None
-        forwarded = False
+        forwarded = killed = False
         while True:
             reason = cancel.check()
             if reason is not None and not forwarded:
                 forwarded = True
                 with contextlib.suppress(OSError, ValueError):
                     child.conn.send(("cancel", reason.reason))
+            if kill_when is not None and not killed and kill_when():
+                killed = True  # its end is the pipe's: ChildCrashed below
+                child.kill()
             if wait([child.conn], POLL_S):  # a message, or the end of the pipe: the child died
                 try:
                     message = child.conn.recv()
@@ -451,17 +487,27 @@ class ProcessPool:
                 if message[0] == "cancelled":
                     raise Cancelled(message[1])
                 if message[0] == "checkpoint":
-                    self._checkpoint(child, keeper, message[1])
+                    self._answer(child, lambda state: bool(keeper._store(state)), message[1])
+                elif message[0] == "progress":
+                    self._answer(child, keeper._progress, message[1])
 
-    def _checkpoint(self, child: _Child, keeper: Any, state: bytes | None) -> None:
+    @staticmethod
+    def _answer(child: _Child, do: Callable[[Any], object], arg: object) -> None:
+        """Do what the handler asked of its context here, where the lease is; the child gets the answer."""
         error: BaseException | None = None
-        stored = False
+        answer: object = None
         try:
-            stored = bool(keeper._store(state))
-        except Exception as exc:  # a state over the ceiling (BadArgument): raised in the handler
+            answer = do(arg)
+        except Exception as exc:  # a state over the ceiling (BadArgument), a lost lease: the handler's
             error = exc
-        with contextlib.suppress(OSError, ValueError):
-            child.conn.send(("checkpointed", stored, error))
+        try:
+            child.conn.send(("answered", answer, error))
+        except (OSError, ValueError):
+            pass  # the child is gone: its end is read as such
+        except Exception:  # an error that will not pickle: named, so that the handler's wait ends
+            text = f"{type(error).__name__}: {error}"
+            with contextlib.suppress(OSError, ValueError):
+                child.conn.send(("answered", None, ChildError(text)))
 
     @staticmethod
     def _crashed(child: _Child) -> ChildCrashed:
@@ -482,6 +528,8 @@ class ProcessPool:
         )
         if hasattr(exc, "add_note"):  # Python 3.11+: the child's traceback goes with it
             exc.add_note("in the handler's process:\n" + text.rstrip())
+        with contextlib.suppress(AttributeError):  # the job's traceback is the child's (traceback_text)
+            exc.__dict__[CHILD_TRACEBACK] = text
         return exc
 
     def kill(self, thread: threading.Thread) -> bool:

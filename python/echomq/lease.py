@@ -152,6 +152,11 @@ class LeaseKeeper(KeeperCore[Client]):
         """A handler's checkpoint: True when the server confirmed it (and stored ``state``, if given)."""
         return self._checkpoint(None, state)[0]
 
+    def _progress(self, data: bytes) -> None:
+        """A handler's ``progress``: one EMQ.CHECKPOINT ... PROGRESS, fenced by the claim's token."""
+        job = self.job
+        self.client._run(proto.checkpoint(job.queue, job.id, job.token, self.lease_ms, progress=data))
+
     def _confirm(self, timeout: float) -> bool | None:
         """Before ``start()``: one try to confirm a claim answered late.
 

@@ -14,6 +14,7 @@ The server decides where the job goes (EMQ.FAIL ... <max-attempts> [DELAY
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
@@ -23,6 +24,37 @@ from typing import Literal
 __all__ = ["RetryPolicy"]
 
 Backoff = Literal["fixed", "exponential"]
+
+
+class _Default(int):
+    """A ``max_attempts`` nobody gave: the policy's default, which a ``max_attempts=`` beside it overrides."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+def given_attempts(policy: RetryPolicy) -> bool:
+    """Whether ``policy.max_attempts`` was given by its maker (not a constructor's default)."""
+    return not isinstance(policy.max_attempts, _Default)
+
+
+def merge_attempts(max_attempts: int | None, retry: RetryPolicy) -> RetryPolicy:
+    """``retry`` with an explicit ``max_attempts`` beside it: that number, unless the policy gave another.
+
+    A policy's own default (``RetryPolicy()``'s 3, ``exponential()``'s 5)
+    is not a choice, so ``max_attempts=4, retry=RetryPolicy(backoff=...)``
+    means 4 tries with the policy's delays; two different numbers both
+    given are refused (``ValueError``: which one was meant cannot be told).
+    """
+    if max_attempts is None or (max_attempts == retry.max_attempts and given_attempts(retry)):
+        return retry
+    if given_attempts(retry):
+        raise ValueError(
+            f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
+        )
+    return dataclasses.replace(retry, max_attempts=max_attempts)
 
 
 def _int(name: str, value: object, low: int) -> int:
@@ -38,7 +70,8 @@ class RetryPolicy:
     """A retry budget and the wait before each retry.
 
     - ``max_attempts``: runs of a job in all (1 = never retried); at that many
-      failures the job is dead-lettered.
+      failures the job is dead-lettered.  Left at its default, a worker's or
+      a task's own ``max_attempts=`` beside the policy sets it instead.
     - ``backoff``: ``"fixed"`` waits ``base_ms`` before every retry;
       ``"exponential"`` waits ``base_ms * factor ** (attempt - 1)``, at most
       ``max_ms`` (which only the exponential backoff reads).
@@ -49,7 +82,7 @@ class RetryPolicy:
     Build one with ``RetryPolicy.fixed(...)`` or ``RetryPolicy.exponential(...)``.
     """
 
-    max_attempts: int = 3
+    max_attempts: int = _Default(3)
     backoff: Backoff = "exponential"
     base_ms: int = 1_000
     max_ms: int = 3_600_000
@@ -72,7 +105,7 @@ class RetryPolicy:
             raise ValueError(f"jitter must be between 0 and 1, got {self.jitter}")
 
     @classmethod
-    def fixed(cls, delay_ms: int, *, max_attempts: int = 3, jitter: float = 0.0) -> RetryPolicy:
+    def fixed(cls, delay_ms: int, *, max_attempts: int = _Default(3), jitter: float = 0.0) -> RetryPolicy:
         """Wait ``delay_ms`` before every retry."""
         return cls(max_attempts=max_attempts, backoff="fixed", base_ms=delay_ms, jitter=jitter)
 
@@ -83,7 +116,7 @@ class RetryPolicy:
         *,
         factor: float = 2.0,
         max_ms: int = 3_600_000,
-        max_attempts: int = 5,
+        max_attempts: int = _Default(5),
         jitter: float = 0.5,
     ) -> RetryPolicy:
         """Wait ``base_ms``, then ``factor`` times longer before each further retry, at most ``max_ms``."""

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ._module_so import module_path
-from .keyspace import queue_keys
+from .keyspace import QueueKeys, queue_keys
 
 __all__ = ["EmbeddedServer", "queue_problems", "server_binary", "server_wrapper"]
 
@@ -274,10 +274,13 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
       its row's level;
     - every row that says pending waits somewhere: in ``delayed``, in
       ``priority`` (a row with a level), else in the list ``pending`` (its
-      lane); one that says active or dead is in that set; a ``done`` or
-      ``cancelled`` row is in none;
+      lane) -- a row edited to a level while its id is in the list waits in
+      no lane: the claims drop that entry as a tombstone; one that says
+      active or dead is in that set; a ``done`` or ``cancelled`` row is in
+      none; a row in any other state (or none) is in no lane;
     - ``meta``'s ``stale`` counts the list's tombstones exactly: the list's
-      length less the pending jobs that wait in it;
+      length less the pending jobs that wait in it (when it is short, the
+      entries without a row are named: a member added by hand);
     - no unique key is an orphan: every ``unique:<key>`` without an expiry
       (UNTIL done) names a job whose row says pending or active
       (docs/concepts/unique.md).
@@ -334,6 +337,10 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
                 continue  # not a row: nothing claims a state
             member, text_state, level = row[prefix:], (got[0] or b"").decode(), got[1]
             held = where.get(member, [])
+            if text_state not in ("pending", "active", "dead", "done", "cancelled"):
+                says = f"says {text_state!r}" if got[0] is not None else "has no state"
+                problems.append(f"row {row!r} {says}: no lane holds it, no verb moves it")
+                continue
             if text_state in ("active", "dead") and text_state not in held:
                 problems.append(f"row {row!r} says {text_state} but {text_state} does not hold it")
             if text_state == "pending":
@@ -343,17 +350,35 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
                     if member not in in_list:
                         problems.append(f"row {row!r} says pending but waits nowhere (not in the list)")
                 elif lane not in held:
+                    listed_too = " (the list holds it: a claim drops it there)" if member in in_list else ""
                     problems.append(
-                        f"row {row!r} says pending at level {level!r} but {lane} does not hold it"
+                        f"row {row!r} says pending at level {level!r} but {lane} does not hold it{listed_too}"
                     )
             if text_state in ("done", "cancelled") and held:
                 problems.append(f"row {row!r} says {text_state} but {held[0]} holds it")
     stale = r.hget(keys.meta, "stale") if r.type(keys.meta) == b"hash" else None
     if int(stale or 0) != len(entries) - resident:
-        problems.append(
+        said = (
             f"meta stale is {int(stale or 0)}: the list has {len(entries)} entries, {resident} waiting jobs"
         )
+        if int(stale or 0) < len(entries) - resident:
+            rowless = _rowless(r, keys, sorted(in_list), batch)
+            if rowless:
+                said += f" (entries without a row: {', '.join(repr(e) for e in rowless)})"
+        problems.append(said)
     return problems + unique_problems(r, queue, batch=batch)
+
+
+def _rowless(r: redis.Redis, keys: QueueKeys, ids: list[bytes], batch: int) -> list[bytes]:
+    """The ``ids`` that have no row."""
+    out: list[bytes] = []
+    for i in range(0, len(ids), batch):
+        chunk = ids[i : i + batch]
+        pipe = r.pipeline(transaction=False)
+        for member in chunk:
+            pipe.exists(keys.job(member))
+        out += [m for m, n in zip(chunk, pipe.execute(), strict=True) if not n]
+    return out
 
 
 def unique_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:

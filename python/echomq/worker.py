@@ -415,6 +415,7 @@ class Worker(Turns[Handler]):
         if stopping:
             self._wake.set()
             self._wake_threads()
+            self._claim_cutter.cut()  # a signal or a handler's SystemExit stops as promptly as stop() does
             self._give_back_ready()
             if self._sweeper is not None:
                 self._sweeper.cut()

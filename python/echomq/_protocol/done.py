@@ -6,7 +6,10 @@ and OBLITERATE, which deletes jobs that had not ended, publishes the job's id
 on ``<base>done:<id>`` (module/emq_end.c; the scripts' ``emq.ended_apply``).
 A waiter subscribes first, then reads the job's row, then waits for the
 message: a job that ended before the subscription is seen in the row, one
-that ends after it in the message, and nothing polls.
+that ends after it in the message.  A message published while nobody was
+subscribed is gone, so the waiter reads the row again after every new
+subscription, and every few seconds whatever it hears
+(``echomq.tasks.results``).
 
 The announcement is sharded pub/sub (SPUBLISH) where the server has it --
 Redis 7.0 and later, every Valkey -- so that a cluster does not broadcast it

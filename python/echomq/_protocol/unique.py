@@ -41,7 +41,9 @@ class Enqueued(str):
         return str(self)
 
     def __repr__(self) -> str:
-        return f"Enqueued({str(self)!r}, created={self.created}, replaced={self.replaced})"
+        # The id's own repr: an id formatted with !r (a log line, an error, a test's selector)
+        # is the id, whatever call returned it; .created and .replaced say the rest.
+        return repr(str(self))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Enqueued, (str(self), self.created, self.replaced))

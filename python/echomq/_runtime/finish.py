@@ -17,6 +17,7 @@ from .. import _protocol as proto
 from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
 from ..cancel import Cancellation
 from ..errors import Cancelled, LeaseLost, NonRetryable, RateLimited, RetryLater
+from ..isolation import CHILD_TRACEBACK
 from .lease import TIMEOUT, HeldJob
 from .logs import job_fields, worker_log
 from .per_job import JobSettings
@@ -79,7 +80,14 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def traceback_text(error: BaseException) -> str:
-    """What FAIL's TRACE stores (the client keeps its newest 8 KiB), from the handler's own frames."""
+    """What FAIL's TRACE stores (the client keeps its newest 8 KiB), from the handler's own frames.
+
+    A handler's exception raised in a child process (``echomq.isolation``)
+    keeps the traceback it had there: the frames that matter are the child's.
+    """
+    child = getattr(error, "__dict__", {}).get(CHILD_TRACEBACK)
+    if isinstance(child, str):
+        return child
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
         tb = tb.tb_next
@@ -240,10 +248,20 @@ class Finishing:
             self.queue, exc,
         )  # fmt: skip
 
-    def _unfinished(self, finish: Finish) -> None:
-        """The job's end could not be sent before its lease ended (the server stayed unreachable)."""
+    def _unfinished(self, finish: Finish, now: float | None = None) -> None:
+        """The job's end got no answer before its lease ended, or (``now`` given) before a forced stop's
+        budget ran out at ``now``, with that much of the lease left: the log says which."""
         self.stats.leases_lost += 1
         self._ended(finish.job, "lost")
+        left = None if now is None else finish.held.confirmed_until - now
+        if left is not None and left > 0:
+            worker_log.warning(
+                "job %s: no answer to its %s before the forced stop's budget ran out, %.1f s before its "
+                "lease ends (if it reached the server it took effect; if not, the job is recovered once "
+                "its lease lapses)",
+                finish.job.id, finish.action.value, left, extra=job_fields(finish.job),
+            )  # fmt: skip
+            return
         worker_log.warning(
             "job %s: no answer to its %s before its lease ended (if it reached the server it took "
             "effect; if not, the reaper gives the job to another worker)",

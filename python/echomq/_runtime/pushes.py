@@ -22,6 +22,17 @@ class SubscriptionHealth:
     def __init__(self, now: float) -> None:
         self.heard = now
         self.pinged: float | None = None
+        self.confirmations = 0
+
+    def confirmed(self) -> bool:
+        """The subscription's confirmation came: True when it is not its first.
+
+        redis-py subscribes again by itself when it reconnects a dropped
+        connection (where its retries are on): a cancel published meanwhile
+        was missed, and nothing failed to say so -- every held job asks now.
+        """
+        self.confirmations += 1
+        return self.confirmations > 1
 
     def heard_from(self, now: float) -> None:
         """A message or a pong came."""

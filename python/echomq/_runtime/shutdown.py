@@ -136,6 +136,10 @@ class Shutdown:
         worker_log.error("worker of %r: a handler raised %s: stopping", self.queue, type(exc).__name__)
         self._request_stop(now)
 
+    def _cut_by_stop(self, until: float | None) -> bool:
+        """Whether a forced stop's budget ends a command's tries before ``until`` would (its lease)."""
+        return self._force_until < math.inf and (until is None or self._force_until < until)
+
     def _bounded(self, until: float | None) -> float | None:
         """A command's deadline, and after a forced stop no later than its budget: bounded by stop."""
         if self._force_until == math.inf:

@@ -29,6 +29,11 @@ RETRY_FIRST_S = 0.05
 RETRY_CAP_S = 1.0
 ATTEMPT_TIMEOUT_S = 2.0
 ATTEMPT_TIMEOUT_CAP_S = 30.0
+# Near its deadline, an attempt waits at most this share of the time left (but
+# at least TRY_FLOOR_S): one lost on a half-open connection leaves room for
+# the next on a fresh connection before the job's lease (or the stop) ends.
+TRY_SHARE = 1 / 3
+TRY_FLOOR_S = 0.25
 
 
 def reply_lost(exc: BaseException) -> bool:
@@ -149,7 +154,8 @@ class Backoff:
 
     ``timeout()`` is how long to wait for the current attempt's reply
     (``ATTEMPT_TIMEOUT_S``, doubling per attempt to ``ATTEMPT_TIMEOUT_CAP_S``,
-    never past ``until``); ``next_wait(now)`` is the pause before the next
+    never more than ``TRY_SHARE`` of the time left before ``until`` unless
+    that is under ``TRY_FLOOR_S``, never past ``until``); ``next_wait(now)`` is the pause before the next
     attempt (``RETRY_FIRST_S`` doubling to ``RETRY_CAP_S``, jittered), or
     None when ``until`` has passed: give up.
     """
@@ -162,7 +168,8 @@ class Backoff:
     def timeout(self, now: float) -> float:
         wait: float = min(ATTEMPT_TIMEOUT_S * 2.0 ** min(self.attempts, 16), ATTEMPT_TIMEOUT_CAP_S)
         if self.until is not None:
-            wait = min(wait, self.until - now)
+            left = self.until - now
+            wait = min(wait, max(left * TRY_SHARE, TRY_FLOOR_S), left)
         return max(wait, 0.001)
 
     def next_wait(self, now: float) -> float | None:

@@ -9,7 +9,7 @@ from .. import _protocol as proto
 from .._protocol import MAX_MS, Call, Job, keys_of
 from ..errors import NotReplicated
 from ..isolation import ISOLATIONS
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, merge_attempts
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .finish import Finishing
 from .lease import LOST_UNCONFIRMED, HeldJob, Leases
@@ -104,10 +104,8 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, 
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
-            if max_attempts not in (3, retry.max_attempts):  # 3: the default, not given
-                raise ValueError(
-                    f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
-                )
+            # The worker's 3 is its default, not a choice: the policy's number then stands.
+            retry = merge_attempts(None if max_attempts == 3 else max_attempts, retry)
             max_attempts = retry.max_attempts
         self.client, self.queue, self.handler = client, queue, handler
         self.metrics = metrics  # echomq.metrics.Metrics: told of every claim, lease and end
@@ -165,9 +163,11 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, 
 
         ``landed``: its claim was answered before the stop was requested
         (the asyncio claimer hands jobs to its runners a loop turn later):
-        it runs, within the grace, as a job already started would.
+        it runs, within the grace, as a job already started would; not once
+        the stop was forced.
         """
-        if self._stop_requested and not landed:
+        # After a forced stop nothing starts, landed or not: nobody would stop it again.
+        if self._forced or (self._stop_requested and not landed):
             held.given_back = True
             return False
         held.metrics = self.metrics

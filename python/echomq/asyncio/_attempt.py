@@ -8,6 +8,11 @@ connects, sends and reads, all under one deadline (the caller's
 ``asyncio.timeout``).  A try that timed out before anything was sent, or
 could not connect, is ``NotSent``: nothing ran.  After a timeout the idle
 connections are given up as well (they may be half-open), when next taken.
+
+A worker keeps ``STOP_LANE`` of its connections for its stop (``lane``
+tries: the batches that give its jobs back): no other try takes them, and a
+lane try waiting for a connection goes before every other waiter, so a
+forced stop's give-back never queues behind the traffic it is ending.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ try:
 except ImportError:  # the fast extra is not installed
     _hiredis_pack = None
 
-__all__ = ["Progress", "WorkerConnections"]
+__all__ = ["STOP_LANE", "Progress", "WorkerConnections"]
+
+# Connections of a worker's reservation only its stop's give-backs use (``lane``).
+STOP_LANE = 2
 
 
 class Progress:
@@ -74,21 +82,32 @@ class WorkerConnections:
         self.cap = max(1, int(getattr(base, "max_connections", 0) or 2**31))
         self._idle: list[tuple[Any, int]] = []
         self._busy = 0
+        self._lane_busy = 0  # of _busy: lane tries on the lane's own connections
         self._reserved = 0
+        self._lanes = 0  # of _reserved: kept for lane tries
         self._generation = 0  # bumped by drop_idle(): older idle connections are closed when taken
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._lane_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._subscribers: aioredis.ConnectionPool | None = None
 
     @property
     def limit(self) -> int:
         return self.cap if self._reserved == 0 else min(self.cap, self._reserved + SPARE)
 
-    def reserve(self, n: int) -> None:
+    @property
+    def lane(self) -> int:
+        """Connections of ``limit`` only lane tries take (never all of them: others need one too)."""
+        return min(self._lanes, self.limit - 1)
+
+    def reserve(self, n: int, lanes: int = 0) -> None:
+        """``n`` more connections, ``lanes`` of them (counted in ``n``) kept for lane tries."""
         self._reserved += n
+        self._lanes += lanes
         self._wake()
 
-    def unreserve(self, n: int) -> None:
+    def unreserve(self, n: int, lanes: int = 0) -> None:
         self._reserved = max(0, self._reserved - n)
+        self._lanes = max(0, self._lanes - lanes)
 
     def drop_idle(self) -> None:
         """The idle connections may be half-open: each is closed, not used, when next taken."""
@@ -101,35 +120,54 @@ class WorkerConnections:
         if self._subscribers is not None:
             await self._subscribers.disconnect()
 
-    def subscriber(self) -> Any:
-        """A PubSub on a connection of its own (a worker's pushed cancels), every step bounded."""
+    def subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub on a connection of its own (a worker's pushed cancels, a result wait), every step bounded.
+
+        ``confirmations``: hand the subscriptions' confirmations up too (a
+        result wait reads its row again on each).
+        """
         if self._subscribers is None:
             options = dict(self._options)
             for name in ("socket_timeout", "socket_connect_timeout"):
                 options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
             self._subscribers = aioredis.ConnectionPool(connection_class=self._class, **options)
-        return aioredis.Redis(connection_pool=self._subscribers).pubsub(ignore_subscribe_messages=True)
+        return aioredis.Redis(connection_pool=self._subscribers).pubsub(
+            ignore_subscribe_messages=not confirmations
+        )
+
+    def _room(self, lane: bool) -> bool:
+        """Whether a try may take a connection now: a lane try any of ``limit``, others all but the lane's."""
+        if lane:
+            return self._busy < self.limit
+        return self._busy - self._lane_busy < self.limit - self.lane
 
     def _wake(self) -> None:
-        while self._waiters and self._busy < self.limit:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        for waiters, lane in ((self._lane_waiters, True), (self._waiters, False)):
+            while waiters and self._room(lane):
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
 
     @asynccontextmanager
-    async def connection(self, progress: Progress) -> AsyncIterator[Any]:
-        """A connected connection (the caller's timeout bounds the wait); ``NotSent`` if it cannot connect."""
-        while self._busy >= self.limit:
+    async def connection(self, progress: Progress, lane: bool = False) -> AsyncIterator[Any]:
+        """A connected connection (the caller's timeout bounds the wait); ``NotSent`` if it cannot connect.
+
+        ``lane``: a stop's try (see the module docstring).
+        """
+        while not self._room(lane):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
+            (self._lane_waiters if lane else self._waiters).append(waiter)
             try:
                 await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # our turn came as we were cancelled: the next one's
                 raise
+        # A lane try counts on the lane's connections only when the others' are all taken.
+        on_lane = lane and self._busy - self._lane_busy >= self.limit - self.lane
         self._busy += 1
+        self._lane_busy += on_lane
         generation = self._generation
         connection: Any = None
         clean = False
@@ -150,6 +188,7 @@ class WorkerConnections:
             clean = True
         finally:
             self._busy -= 1
+            self._lane_busy -= on_lane
             self._wake()
             if connection is not None:
                 if clean and generation == self._generation:

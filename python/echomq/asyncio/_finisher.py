@@ -8,6 +8,12 @@ maxmemory keeps its lease with EXTEND.  And what the worker does as it ends
 (``_settle``): a claim whose answer was lost is asked again by its REQ,
 and every job a claim answered that no runner took (``_unowned``), or whose
 caller was cancelled (``_orphaned``), is given back.
+
+Jobs given back together (a forced stop's, the prefetched ones waiting for
+a runner, the unowned ones at the end) go as one pipeline of RELEASEs per
+try (``_give_back_batch``), on the connections the worker keeps for its
+stop (``_attempt.STOP_LANE``): many RELEASEs at once, each waiting for a
+connection of its own, do not fit a forced stop's budget on a busy machine.
 """
 
 from __future__ import annotations
@@ -55,7 +61,14 @@ SETTLE_TRY_S = 1.0
 
 
 class _GaveUp(Exception):
-    """No answer before the deadline (or a forced stop's budget); the cause is the last error."""
+    """No answer before the deadline (or a forced stop's budget); the cause is the last error.
+
+    ``budget_at``: when the forced stop's budget, not the deadline, ended the tries (for the log).
+    """
+
+    def __init__(self, doing: str, budget_at: float | None = None) -> None:
+        super().__init__(doing)
+        self.budget_at = budget_at
 
 
 class _Refused(Exception):
@@ -89,7 +102,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
         except Exception as exc:
             if not isinstance(exc, NotReplicated):  # a bug, not the replicas: logged, the jobs given back
                 self._trouble(exc, "waiting for replicas")
-                await self._give_back_these(jobs, claimed_at)
+                await self._give_back_these([(job, claimed_at) for job in jobs])
                 return []
             for job in jobs:  # given back by the client (or left to their leases): not ours any more
                 self._unowned.pop(job.token, None)
@@ -115,7 +128,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
         if not jobs:
             return
         task = asyncio.get_running_loop().create_task(
-            self._give_back_these(jobs, claimed_at), name="echomq-give-back"
+            self._give_back_these([(job, claimed_at) for job in jobs]), name="echomq-give-back"
         )
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
@@ -154,27 +167,105 @@ class Finisher(WorkerCore[Client, HandlerT]):
         self._hand(jobs, step.since)
 
     async def _give_back_unowned(self) -> None:
-        """Every job a claim answered that no runner took (the runners have ended)."""
-        while self._unowned:
-            _, (job, claimed_at) = self._unowned.popitem()
-            await self._give_back_these([job], claimed_at)
+        """Every job a claim answered that no runner took (the runners have ended), in one batch."""
+        unowned, self._unowned = list(self._unowned.values()), {}
+        if unowned:
+            await self._give_back_these(unowned)
 
-    async def _give_back_these(self, jobs: list[Job], claimed_at: float) -> None:
-        """Give back ``jobs``, claimed at ``claimed_at``, unrun (no try used); none is a runner's."""
-        for job in jobs:
+    async def _give_back_these(self, jobs: list[tuple[Job, float]]) -> None:
+        """Give back ``jobs`` (each with when it was claimed) unrun, no try used; none is a runner's."""
+        held: list[HeldJob] = []
+        for job, claimed_at in jobs:
             self._unowned.pop(job.token, None)
             waited = self._waiting.pop(job.token, None)
-            if waited is not None:  # prefetched: its keeper stops before the job goes back
-                await waited.stop()
-            held = HeldJob.claimed(
+            one = HeldJob.claimed(
                 job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
             )
-            held.given_back = True
+            if waited is not None:  # prefetched: its keeper stops before the job goes back
+                with waited._lock:  # a checkpoint answered stale after the RELEASE is not a lost lease
+                    waited._held.given_back = True
+                    one.confirmed_until = max(one.confirmed_until, waited._held.confirmed_until)
+                await waited.stop()
+            one.given_back = True
             self._settled_unrun(job)
+            held.append(one)
+        now = time.monotonic()
+        await self._give_back_batch(held, floor=now + SETTLE_TRY_S)
+
+    async def _give_back_batch(self, held: list[HeldJob], *, floor: float | None = None) -> None:
+        """RELEASE every job of ``held`` (not run, or not to be finished): one pipeline per try.
+
+        Each job is tried until its lease ends (``confirmed_until``), and
+        after a forced stop no later than its budget (``_bounded``) unless
+        ``floor`` is later (one real try to give back what a claim answered).
+        The tries take the connections kept for the stop (``lane``), each at
+        most a share of the time left (``Backoff``): one lost on a half-open
+        connection leaves room for the next on a fresh one.  RELEASE is safe
+        to send again (a repeat answers its first reply).
+        """
+        pending: dict[str, tuple[Finish, proto.Call[Any], float]] = {}
+        for one in held:
+            job = one.job
+            call = proto.release(job.queue, job.id, job.token)
+            until = one.confirmed_until if floor is None else max(one.confirmed_until, floor)
+            pending[job.token] = (Finish(one, Action.RELEASE), call, until)
+
+        def deadline(until: float) -> float:
+            bound = self._bounded(until)
+            assert bound is not None
+            return bound if floor is None else max(bound, floor)
+
+        backoff = Backoff()
+        while pending:
             now = time.monotonic()
-            await self._give_back(
-                held, max(held.confirmed_until, now + SETTLE_TRY_S), floor=now + SETTLE_TRY_S
-            )
+            for token, (finish, _, until) in list(pending.items()):
+                if deadline(until) <= now:  # its tries are over: by its lease, or by the stop's budget
+                    del pending[token]
+                    self._unfinished(finish, now if deadline(until) < until else None)
+            if not pending:
+                return
+            backoff.until = max(deadline(until) for _, _, until in pending.values())
+            entries = list(pending.items())
+            doing = "release" if len(entries) == 1 else f"release of {len(entries)} jobs"
+            try:
+                replies = await self.client._attempt_many(
+                    [call for _, (_, call, _) in entries], backoff.timeout(now), lane=True
+                )
+            except Exception as exc:
+                kind = self._trouble(exc, doing)
+                if kind is Trouble.PERMANENT and self._stop_requested:
+                    for finish, _, _ in pending.values():
+                        self._unfinished(finish)
+                    return
+            else:
+                self._healed()
+                for (token, (finish, call, _)), reply in zip(entries, replies, strict=True):
+                    try:
+                        if isinstance(reply, BaseException):
+                            if isinstance(reply, ResponseError):
+                                proto.raise_mapped(reply, call)
+                            raise reply
+                        where = call.read(reply)
+                    except LeaseLost as exc:  # stale or gone: nothing written
+                        del pending[token]
+                        self._refused(finish, exc)
+                    except Exception as exc:  # refused: tried again, unless it will not heal
+                        kind = self._trouble(exc, "release", finish.job)
+                        if kind is Trouble.PERMANENT and self._stop_requested:
+                            del pending[token]
+                            self._unfinished(finish)
+                    else:
+                        del pending[token]
+                        self._landed(finish, where)
+                if not pending:
+                    return
+            wait = backoff.next_wait(time.monotonic())
+            if wait is None:
+                continue  # the deadlines passed: given up above
+            if self._forced or self._forced_event is None:
+                await asyncio.sleep(wait)  # within the force's budget (backoff.until)
+            else:
+                await wait_event(self._forced_event, wait)
 
     async def _send_until(
         self,
@@ -231,9 +322,13 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 if refusal is not None and not reply_lost(exc) and refusal(exc):
                     raise _Refused(doing) from exc
                 kind = self._trouble(exc, doing, job)
-                wait = backoff.next_wait(time.monotonic())
+                now = time.monotonic()
+                wait = backoff.next_wait(now)
                 if wait is None or (kind is Trouble.PERMANENT and self._stop_requested):
-                    raise _GaveUp(doing) from exc
+                    # the forced stop's budget, not ``until``, ended the tries: the log says so
+                    ended = backoff.until
+                    by_stop = wait is None and ended is not None and (until is None or ended < until)
+                    raise _GaveUp(doing, now if by_stop and self._cut_by_stop(until) else None) from exc
                 if self._forced:
                     await asyncio.sleep(wait)  # within the force's budget (backoff.until)
                 elif stop_ok and self._stopping is not None:
@@ -317,8 +412,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 self._trouble(cause, finish.action.value, job)
             await self._finish(finish)
             return await self._ask_again(step)
-        except _GaveUp:
-            self._unfinished(finish)
+        except _GaveUp as gave_up:
+            self._unfinished(finish, gave_up.budget_at)
             return await self._ask_again(step)
         step.answered(both.jobs)
         step.call = None
@@ -346,11 +441,11 @@ class Finisher(WorkerCore[Client, HandlerT]):
         self._hand(jobs, step.since)
         return [(j, step.since, False) for j in await self._replicated(jobs, step.since)]
 
-    async def _give_back(self, held: HeldJob, until: float, floor: float | None = None) -> None:
-        """RELEASE a job this worker will not run (or not finish): no attempt used."""
+    async def _give_back(self, held: HeldJob, until: float, *, together: bool = False) -> None:
+        """RELEASE a job this worker will not run: no attempt used (``together``: with the others' ends)."""
         job = held.job
         release = proto.release(job.queue, job.id, job.token)
-        await self._send_end(Finish(held, Action.RELEASE), release, until, floor=floor)
+        await self._send_end(Finish(held, Action.RELEASE), release, until, together=together)
 
     async def _send_end(
         self,
@@ -359,7 +454,6 @@ class Finisher(WorkerCore[Client, HandlerT]):
         until: float,
         *,
         together: bool = False,
-        floor: float | None = None,
     ) -> None:
         """Send ``call`` (the job's end) until it lands or ``until``; settle the job by how it went.
 
@@ -377,7 +471,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
             try:
                 where = await self._send_until(
                     call, until, finish.action.value, finish.job, together=together, orphan=orphan,
-                    refusal=_refusal(finish), floor=floor,
+                    refusal=_refusal(finish),
                 )  # fmt: skip
             except LeaseLost as exc:
                 self._refused(finish, exc)
@@ -404,8 +498,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 else:
                     await asyncio.sleep(wait)
                 continue
-            except _GaveUp:
-                self._unfinished(finish)
+            except _GaveUp as gave_up:
+                self._unfinished(finish, gave_up.budget_at)
                 return
             self._landed(finish, None if finish.action is Action.COMPLETE else where)
             return
@@ -420,8 +514,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
         except LeaseLost as exc:
             self._refused(finish, exc)
             return None
-        except _GaveUp:
-            self._unfinished(finish)
+        except _GaveUp as gave_up:
+            self._unfinished(finish, gave_up.budget_at)
             return None
         return sent + self.lease_ms / 1000
 

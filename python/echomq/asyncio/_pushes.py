@@ -3,7 +3,8 @@
 The twin of ``echomq._pushes``: a message checkpoints its job at once; a
 silent subscription is pinged while the worker holds jobs, and one that
 does not answer is given up and made again, every held job then
-checkpointed (``_runtime.SubscriptionHealth``); its connection is its own,
+checkpointed (``_runtime.SubscriptionHealth``), as after one redis-py made
+again by itself (its second confirmation); its connection is its own,
 every step bounded.
 """
 
@@ -61,7 +62,7 @@ class CancelListener:
             while self._listening:
                 try:
                     if pubsub is None:
-                        pubsub = self.client._subscriber()
+                        pubsub = self.client._subscriber(confirmations=True)
                         await pubsub.subscribe(self._channel)
                         health = SubscriptionHealth(time.monotonic())
                         if lost:  # a cancel published while nobody listened: every held job asks now
@@ -74,6 +75,9 @@ class CancelListener:
                         health.heard_from(now)
                         if message.get("type") == "message":
                             self._keepers.pushed(proto.text(message["data"]))
+                        elif message.get("type") == "subscribe" and health.confirmed():
+                            self.resubscribed += 1  # by redis-py, after a dropped connection
+                            self._keepers.checkpoint_all()
                     verdict = health.next(now, self._holding())
                     if verdict == "ping":
                         await pubsub.ping()

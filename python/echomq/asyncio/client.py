@@ -65,6 +65,7 @@ from ..client import (
     connection_defaults,
     default_async_retry,
     never_reached,
+    unreachable,
     unwrapped,
 )
 from ..errors import EchoMQError, LeaseLost, NotReplicated
@@ -276,40 +277,51 @@ class Client:
                 reply = await self._attempt(call, window.try_s)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if never_reached(self.redis, exc, self._reached):
-                    error = unwrapped(exc)
+                    error: BaseException = exc
                     break
                 pause = window.next_pause(loop.time())
                 if pause is None:
+                    if isinstance(exc, NotSent):  # the server stayed away: the public type, not ours
+                        error = exc
+                        break
                     raise
                 await asyncio.sleep(pause)
             else:
                 self._reached = True
                 return reply
-        raise error  # outside the handler: the error keeps its own cause
+        raise unreachable(error) from unwrapped(error)  # outside the handler: chained to its own cause
 
     async def _attempt_many(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None = None
+        self,
+        calls: list[proto.Call[Any]],
+        timeout: float,
+        progress: Progress | None = None,
+        *,
+        lane: bool = False,
     ) -> list[Any]:
         """Send ``calls`` in one round trip, once, within ``timeout`` (see ``echomq.Client._attempt_many``).
 
         Cancelled at the timeout, the connection is dropped (it may be
         half-open) and the idle ones with it; ``NotSent`` when the time ran
         out before anything was sent, or the connection could not be made.
+        ``lane``: a stopping worker's give-back, on the connections kept for
+        it (``_attempt.STOP_LANE``).
         """
         if not self._bounded():
             return await _timed(
                 lambda _: self._pipeline_run(calls), timeout, f"{len(calls)} calls", own=False
             )
-        return await self._bounded_try(calls, timeout, progress)
+        return await self._bounded_try(calls, timeout, progress, lane)
 
     async def _bounded_try(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Progress | None, lane: bool = False
     ) -> list[Any]:
         connections = self._connections()
         try:
             return await _timed(
-                lambda progress: self._try(connections, calls, progress), timeout, "a try", progress=progress
-            )
+                lambda progress: self._try(connections, calls, progress, lane), timeout, "a try",
+                progress=progress,
+            )  # fmt: skip
         except NotSent:
             raise
         except (redis.TimeoutError, redis.ConnectionError):
@@ -317,9 +329,13 @@ class Client:
             raise
 
     async def _try(
-        self, connections: WorkerConnections, calls: list[proto.Call[Any]], progress: Progress
+        self,
+        connections: WorkerConnections,
+        calls: list[proto.Call[Any]],
+        progress: Progress,
+        lane: bool = False,
     ) -> list[Any]:
-        async with connections.connection(progress) as connection:
+        async with connections.connection(progress, lane) as connection:
             rendering = self._rendering
             if rendering is None:
                 (reply,) = await connections.round_trip(connection, [PROBE], progress)
@@ -352,25 +368,29 @@ class Client:
             self._pool = WorkerConnections(cast("aioredis.Redis", self.redis).connection_pool)
         return self._pool
 
-    def _reserve(self, n: int) -> None:
-        """A worker's share of the bounded attempts' connections (see ``echomq.Client._reserve``)."""
-        if self._bounded():
-            self._connections().reserve(n)
+    def _reserve(self, n: int, lanes: int = 0) -> None:
+        """A worker's share of the bounded attempts' connections (see ``echomq.Client._reserve``).
 
-    def _unreserve(self, n: int) -> None:
+        ``lanes`` of the ``n`` are kept for its stop's give-backs (``_attempt.STOP_LANE``).
+        """
+        if self._bounded():
+            self._connections().reserve(n, lanes)
+
+    def _unreserve(self, n: int, lanes: int = 0) -> None:
         if self._pool is not None:
-            self._pool.unreserve(n)
+            self._pool.unreserve(n, lanes)
 
     def _distrust(self) -> None:
         """The connections may be half-open (a dead subscription): open fresh ones."""
         if self._pool is not None:
             self._pool.drop_idle()
 
-    def _subscriber(self) -> Any:
-        """A PubSub for a worker's pushed cancels: bounded like its attempts where they are bounded."""
+    def _subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub for a worker's pushed cancels or a result wait: bounded like the worker's attempts
+        where they are bounded (a wait then does its own reconnecting, within its deadline)."""
         if self._bounded():
-            return self._connections().subscriber()
-        return self.redis.pubsub(ignore_subscribe_messages=True)
+            return self._connections().subscriber(confirmations)
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)
 
     async def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
         """Checkpoint the lease (see ``echomq.Client.extend``)."""

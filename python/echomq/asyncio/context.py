@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import _protocol as proto
 from .._protocol import Job
 from .._runtime import ContextCore, Progress, progress_bytes
 from ..cancel import CancelToken
@@ -35,9 +34,7 @@ class JobContext(ContextCore[LeaseKeeper]):
 
     async def progress(self, value: Any) -> None:
         """Store ``value`` (JSON) as the progress anyone may read (``echomq.JobContext.progress``)."""
-        keeper, job = self._keeper, self.job
-        call = proto.checkpoint(job.queue, job.id, job.token, keeper.lease_ms, progress=progress_bytes(value))
-        await keeper.client._run(call)
+        await self._keeper._progress(progress_bytes(value))
 
 
 AsyncHandler = Callable[[JobContext], Awaitable[object]] | Callable[[Job, CancelToken], Awaitable[object]]

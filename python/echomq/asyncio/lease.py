@@ -101,6 +101,11 @@ class LeaseKeeper(KeeperCore[Client]):
         """A handler's checkpoint: True when the server confirmed it (and stored ``state``, if given)."""
         return (await self._checkpoint(own=False, state=state))[0]
 
+    async def _progress(self, data: bytes) -> None:
+        """A handler's ``progress`` (see ``echomq.LeaseKeeper._progress``)."""
+        job = self.job
+        await self.client._run(proto.checkpoint(job.queue, job.id, job.token, self.lease_ms, progress=data))
+
     async def _confirm(self, timeout: float) -> bool | None:
         """Before ``start()``: one try to confirm a late claim (see ``echomq.LeaseKeeper._confirm``)."""
         sent = self._clock()

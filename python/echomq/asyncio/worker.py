@@ -37,6 +37,7 @@ from .._runtime import (
 )
 from .._watch import WATCH
 from ..cancel import CancelToken
+from ._attempt import STOP_LANE
 from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
 from ._pushes import CancelListener
 from ._sweeper import sweep_loop
@@ -51,7 +52,8 @@ __all__ = ["Worker"]
 T = TypeVar("T")
 
 # Connections a worker needs besides one per runner: the claimer, the batches
-# sent together, the keeper's batch, a pushed cancel's checkpoint, its sweeps.
+# sent together, the keeper's batch, a pushed cancel's checkpoint, its sweeps
+# (and STOP_LANE more, kept for its stop's give-backs).
 OWN_LOOPS = 5
 
 
@@ -183,8 +185,8 @@ class Worker(Finisher[AsyncHandler]):
         self._loop_thread = threading.get_ident()
         self._wake, self._stopping, self._forced_event = asyncio.Event(), asyncio.Event(), asyncio.Event()
         WATCH.retain()
-        self._reserved = self.concurrency + OWN_LOOPS
-        self.client._reserve(self._reserved)
+        self._reserved = self.concurrency + OWN_LOOPS + STOP_LANE
+        self.client._reserve(self._reserved, STOP_LANE)
         restore = self._install_signals(loop) if handle_signals else None
         try:
             self._jobs, self._slot = asyncio.Queue(), asyncio.Event()
@@ -224,7 +226,7 @@ class Worker(Finisher[AsyncHandler]):
             if self._listener is not None:
                 await self._listener.close()
             await self._keepers.close()
-            self.client._unreserve(self._reserved)
+            self.client._unreserve(self._reserved, STOP_LANE)
             WATCH.release()
             self._stopped()
 
@@ -287,13 +289,12 @@ class Worker(Finisher[AsyncHandler]):
                 keep.append(item)
         for item in keep:
             self._jobs.put_nowait(item)
-        for job, claimed_at in waited:
-            self._free += 1
-            task = asyncio.get_running_loop().create_task(
-                self._give_back_these([job], claimed_at), name="echomq-give-back"
-            )
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+        if not waited:
+            return
+        self._free += len(waited)
+        task = asyncio.get_running_loop().create_task(self._give_back_these(waited), name="echomq-give-back")
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     def _abandon_overdue(self, now: float) -> None:
         """Handlers a grace past their timeout: their jobs failed without them, their tasks cancelled.
@@ -328,9 +329,11 @@ class Worker(Finisher[AsyncHandler]):
             task = self._handlers.get(held)
             if task is not None:
                 task.cancel()
-        give_back = [
-            asyncio.create_task(self._give_back(h, self._force_until), name="echomq-give-back") for h in stuck
-        ]
+        # One batch of RELEASEs on the stop's own connections, each job until its lease
+        # ends or the budget does (``_give_back_batch``), not one try per job.
+        give_back = (
+            [asyncio.create_task(self._give_back_batch(stuck), name="echomq-give-back")] if stuck else []
+        )
         if give_back:
             await asyncio.wait(give_back, timeout=FORCE_BUDGET_S + FORCE_AFTER_S / 2)
         pending: set[asyncio.Task[None]] = set()
@@ -401,7 +404,8 @@ class Worker(Finisher[AsyncHandler]):
         """One of ``concurrency`` tasks: run the jobs the claimer hands over, one at a time."""
         assert self._jobs is not None and self._slot is not None and self._wake is not None
         try:
-            while (item := await self._jobs.get()) is not None:
+            # After a forced stop the jobs still queued are left to _settle (one batch back).
+            while not self._forced and (item := await self._jobs.get()) is not None:
                 # A job's end may bring the next jobs (EMQ.COMPLETECLAIM): this
                 # runner runs them before it is free for the claimer again.
                 chain: list[tuple[Job, float, bool]] = [item]
@@ -472,7 +476,9 @@ class Worker(Finisher[AsyncHandler]):
             if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
                 if waited is not None:
                     await keeper.stop()
-                await self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+                await self._give_back(
+                    held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S), together=True
+                )  # with the other runners' (a claim of many answered as the stop came)
                 return []
             if self.metrics is not None:
                 await self.metrics.aclaimed_with_wait(self.client, job)
@@ -482,8 +488,14 @@ class Worker(Finisher[AsyncHandler]):
                 and not await self._confirm(keeper)
             ):
                 if self._unconfirmed(held):  # no answer in time: given back; stale: not ours
-                    now = time.monotonic()
-                    await self._give_back(held, now + SETTLE_TRY_S, floor=now + SETTLE_TRY_S)
+                    await self._give_back_batch([held], floor=time.monotonic() + SETTLE_TRY_S)
+                return []
+            if held.given_back:
+                # A forced stop gave the job back while this runner got it ready (a
+                # wait's metric read, a confirmation): it never starts, nobody would stop it.
+                if waited is not None:
+                    await keeper.stop()
+                self._let_go(held)
                 return []
             if waited is None:
                 keeper.start()

@@ -14,8 +14,11 @@ from typing import Any
 
 from .._log import LEVELS
 from .._protocol import SweepResult
+from .._protocol.views import joined, piece_fields
 from ..client import Client
 from ..errors import ModuleNotLoaded
+from ..keyspace import queue_keys
+from ..tasks.describe import call_text
 
 DEFAULT_URL = "redis://localhost:6379/0"
 MODULE_MISSING = (
@@ -201,3 +204,15 @@ def global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         default=default(None),
         help="text or json log lines (default: $ECHOMQ_LOG_FORMAT or text)",
     )
+
+
+def task_calls(client: Any, queue: str, job_ids: list[str]) -> dict[str, str]:
+    """Each listed job's task call on one short line (``add(2, 3)``), in one round trip; raw jobs: "-"."""
+    if not job_ids:
+        return {}
+    keys, fields = queue_keys(queue), piece_fields("payload")
+    pipe = client.redis.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hmget(keys.job(job_id), fields)  # a payload of 65 B to 1 KiB is in pieces
+    payloads = [joined(values) for values in pipe.execute()]
+    return {job_id: call_text(p, 40) or "-" for job_id, p in zip(job_ids, payloads, strict=True)}

@@ -15,7 +15,7 @@ from ..tasks.results import ResultWait
 from ..tasks.serializers import JSON
 from ._common import CliError, connect, log, require_module
 
-__all__ = ["cmd_result", "run_app"]
+__all__ = ["cmd_call", "cmd_result", "run_app"]
 
 
 def run_app(
@@ -30,32 +30,57 @@ def run_app(
         raise CliError(
             f"{args.handler} has no tasks (does importing it define them?), and no --queue was given"
         )
+    unused = [q for q in queues if app.tasks and q not in app.queues()]
+    if unused:  # a typo, most often: its jobs would be failed as no task of this app
+        log.warning(
+            "--queue %s: none of %s's tasks uses it (theirs: %s); its jobs run only if they name one of "
+            "this app's tasks", ", ".join(unused), args.handler, ", ".join(app.queues()),
+        )  # fmt: skip
     log.info(
         "worker of %s for %s: tasks %s, concurrency %d per queue; SIGINT/SIGTERM stop it",
         args.handler, ", ".join(queues), ", ".join(sorted(app.tasks)) or "none", args.concurrency,
     )  # fmt: skip
     settings["metrics"] = make_metrics(args)
+    if app.import_path is None:  # where its children import it from (isolation="process")
+        app.import_path = args.handler
     if isinstance(app, AsyncApp):
         from .. import asyncio as emq
+        from ..asyncio._reach import wait_for_server as async_wait_for_server
         from ..tasks.aio import AsyncTaskWorker
 
         async def main() -> None:
             client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
             try:
-                dispatcher = AsyncDispatcher(app.tasks, app.serializers, tuple(app.hooks))
-                await AsyncTaskWorker([emq.Worker(client, q, dispatcher, **settings) for q in queues]).run()
+                await async_wait_for_server(client.redis, args.wait_for_server, args.url)
+                dispatcher = AsyncDispatcher.of(app)
+                workers = [emq.Worker(client, q, dispatcher, **settings) for q in queues]
+
+                async def schedules() -> None:  # on this command's connection, not the app module's
+                    assert isinstance(app, AsyncApp)
+                    await app.register_schedules(client)
+
+                await AsyncTaskWorker(workers, schedules if app.periodic else None, dispatcher).run()
             finally:
                 await client.aclose()
 
         asyncio.run(main())
         return 0
-    from ..tasks.app import TaskWorker
+    from ..tasks.app import App, TaskWorker
     from ..worker import Worker
+    from .worker import connect_waiting
 
-    client = connect(args)
+    client = connect_waiting(args)
     require_module(client)
-    dispatcher = Dispatcher(app.tasks, app.serializers, tuple(app.hooks))
-    workers = TaskWorker([Worker(client, q, dispatcher, **settings) for q in queues])
+    dispatcher = Dispatcher.of(app)
+    try:
+        app._check_isolation(settings.get("isolation", "thread"), queues)
+    except TypeError as exc:
+        raise CliError(str(exc)) from exc
+    workers = TaskWorker(
+        [Worker(client, q, dispatcher, **settings) for q in queues],
+        (lambda: app.register_schedules(client)) if app.periodic and isinstance(app, App) else None,
+        dispatcher,
+    )
     try:
         workers.run()
     finally:
@@ -96,3 +121,52 @@ def cmd_result(args: argparse.Namespace) -> int:
         raise CliError(f"no job {args.job_id!r} in queue {args.queue!r}") from exc
     print(json.dumps(value, ensure_ascii=False))
     return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    """Enqueue a call of a task by name (JSON arguments); print its id, or with --wait its result."""
+    from ..cli.worker import load_handler
+    from ..tasks import App
+    from ..tasks.serializers import SerializationError
+
+    positional = _json_arg("ARGS_JSON", args.args, list, "a JSON array, e.g. '[2, 3]'")
+    keywords = _json_arg("--kwargs", args.kwargs, dict, 'a JSON object, e.g. \'{"to": "ada"}\'')
+    client = connect(args)
+    if args.app is not None:  # the app that defines the task: its queue, and its signature checked here
+        found = load_handler(args.app)
+        if not isinstance(found, AppCore):
+            raise CliError(f"--app {args.app} is not an echomq.App")
+        if args.task not in found.tasks:
+            known = ", ".join(sorted(found.tasks)) or "none"
+            raise CliError(f"{args.app} has no task {args.task!r} (it has: {known})")
+        app = App(client, queue=found.tasks[args.task].queue)
+        app.tasks[args.task] = found.tasks[args.task]
+    else:
+        app = App(client, queue=args.queue or "default")
+    try:
+        handle = app.options(
+            queue=args.queue, job_id=args.id, delay_ms=args.delay, priority=args.priority,
+            unique_key=args.unique_key,
+        ).enqueue(args.task, *positional, **keywords)  # fmt: skip
+    except (TypeError, ValueError, SerializationError) as exc:
+        raise CliError(str(exc)) from exc
+    if not handle.created:
+        print(f"job {handle.id} holds unique key {args.unique_key!r}: nothing enqueued", file=sys.stderr)
+    if args.wait is None:
+        print(handle.id)
+        return 0
+    args.queue, args.job_id = handle.queue, str(handle.id)
+    return cmd_result(args)
+
+
+def _json_arg(name: str, text: str | None, kind: type, example: str) -> Any:
+    if text is None:
+        return kind()
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{name} must be {example}: {exc}") from None
+    if not isinstance(value, kind):
+        kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+        raise CliError(f"{name} must be {example}, not a JSON {kinds.get(type(value), 'number')}")
+    return value

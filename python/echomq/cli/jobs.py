@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .._protocol.calls import PRIORITY_MAX, PRIORITY_MIN
 from ..errors import JobGone, NotRetryable
-from ._common import CliError, Command, ago, connect, positive, table, when
+from ..tasks.describe import call_text
+from ._common import CliError, Command, ago, connect, positive, table, task_calls, when
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -98,11 +99,13 @@ def priority(value: str) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    info = connect(args).job(args.queue, args.job_id, payload=args.payload)
+    info = connect(args).job(args.queue, args.job_id, payload=True)  # the payload names a task job's call
     if info is None:
         raise CliError(f"no job {args.job_id!r} in queue {args.queue!r}")
     now = info.server_time
-    rows: list[tuple[str, object]] = [
+    call = call_text(info.payload, 100)
+    rows: list[tuple[str, object]] = [("task", call)] if call is not None else []
+    rows += [
         ("state", info.state or "(none)"),
         ("priority", info.priority),
         ("attempts", f"{info.attempts} claims in all; {info.tries} since enqueue or the last retry"),
@@ -136,7 +139,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         print("  traceback")
         for line in info.traceback.rstrip("\n").splitlines():
             print(f"    {line}")
-    if info.payload is not None:
+    if args.payload and info.payload is not None:
         print(info.payload.decode("utf-8", "backslashreplace"))
     return 0
 
@@ -173,10 +176,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
     if not jobs:
         return 0
     now = counts.server_time
-    rows = [["job", "died", "attempts", "retries", "last error"]]
+    calls = task_calls(client, args.queue, [job.id for job in jobs])
+    rows = [["job", "task", "died", "attempts", "retries", "last error"]]
     for job in jobs:
         error = (job.last_error or "").replace("\n", " ")
-        rows.append([job.id, ago(now, job.died_at), str(job.attempts), str(job.retries), error[:80]])
+        rows.append(
+            [job.id, calls[job.id], ago(now, job.died_at), str(job.attempts), str(job.retries), error[:80]]
+        )
     table(rows, sys.stdout)
     if args.traceback:
         for job in jobs:
@@ -283,7 +289,33 @@ def register(command: Command) -> None:
     p.add_argument("job_id")
     p.add_argument("--payload", action="store_true", help="print the payload too")
 
-    from ._tasks import cmd_result
+    from ._tasks import cmd_call, cmd_result
+
+    p = command("call", "enqueue a call of a task by name (JSON arguments); prints its id", cmd_call)
+    p.add_argument("task", metavar="TASK", help="the task's name, as @app.task named it")
+    p.add_argument(
+        "args", metavar="ARGS_JSON", nargs="?", default=None, help="positional arguments: '[2, 3]'"
+    )
+    p.add_argument("--kwargs", default=None, metavar="JSON", help='keyword arguments: \'{"to": "ada"}\'')
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--queue", "-q", default=None, help="the task's queue (default: 'default', or --app's)"
+    )
+    where.add_argument(
+        "--app",
+        default=None,
+        metavar="MODULE:APP",
+        help="the app defining the task: its queue, and the arguments checked against its signature",
+    )
+    p.add_argument("--id", default=None, help="the job id (default: a new one)")
+    p.add_argument("--priority", type=priority, default=None, metavar="N", help="its level, -1000 to 1000")
+    p.add_argument(
+        "--delay", type=delay_ms, default=None, metavar="DELAY", help="claimable after: 30s, 5m, ..."
+    )
+    p.add_argument("--unique-key", default=None, metavar="KEY", help="one job per key (see enqueue)")
+    p.add_argument(
+        "--wait", type=float, default=None, metavar="S", help="wait up to S seconds and print its result"
+    )
 
     p = command("result", "a job's result (a task's value, as JSON); waits with --wait", cmd_result)
     p.add_argument("queue")

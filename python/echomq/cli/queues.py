@@ -26,6 +26,7 @@ from ._common import (
     seconds,
     stop_on_sigterm,
     table,
+    task_calls,
 )
 from .flow import describe
 
@@ -88,17 +89,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         out.write(f"  tombstones {counts.stale} (cancelled jobs' entries; claims drop them)\n")
     for line in describe(client.rate_limit(args.queue), now):  # the window's use (issue 32)
         out.write(f"  {line}\n")
+    waiting = client.pending(args.queue, count=min(args.limit, 10)) if counts.pending else []
+    if waiting:  # the head of the line: what the next claims take
+        out.write("\nnext to run\n")
+        calls = task_calls(client, args.queue, [job.id for job in waiting])
+        table([["job", "task", "priority"]] + [[j.id, calls[j.id], str(j.priority)] for j in waiting], out)
     leases = cast("list[tuple[bytes, float]]", r.zrange(keys.active, 0, args.limit - 1, withscores=True))
     if not leases:
         return 0
-    out.write("\n")
-    rows = [["job", "token", "lease left", "stalled", "cancel requested"]]
+    out.write("\nactive\n")
+    calls = task_calls(client, args.queue, [text(member) for member, _ in leases])
+    rows = [["job", "task", "token", "lease left", "stalled", "cancel requested"]]
     for member, deadline in leases:
         row = r.hmget(keys.job(wire(member)), ["token", "stalled", "cancel_requested"])
         left = int(deadline) - now
         lapse = f"{left} ms" if left > 0 else f"lapsed {-left} ms ago"
         token, stalled, cancel = (text(v or b"") for v in row)
-        rows.append([text(member), token, lapse, stalled or "0", cancel])
+        rows.append([text(member), calls[text(member)], token, lapse, stalled or "0", cancel])
     table(rows, out)
     if active > len(leases):
         out.write(f"  ... and {active - len(leases)} more (--limit)\n")

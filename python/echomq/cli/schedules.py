@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..schedules import MISSED_CHOICES, ScheduleInfo, when_text
+from ..tasks.envelope import task_name
 from ._common import Command, connect, global_options, table
 from .jobs import at_ms, delay_ms, read_payload
 
@@ -36,12 +37,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not found:
         print(f"no schedules in {args.queue!r}")
         return 0
-    rows = [["NAME", "WHEN", "TZ", "MISSED", "NEXT TICK", "LAST TICK", "FIRED"]]
+    rows = [["NAME", "TASK", "WHEN", "TZ", "MISSED", "NEXT TICK", "LAST TICK", "FIRED"]]
     for info in found:
         s = info.schedule
         rows.append(
             [
                 info.name,
+                task_name(s.payload) or "-",  # a task's schedule (@app.task(cron=...)), else a raw payload
                 _when(info),
                 s.tz,
                 s.missed,

@@ -9,9 +9,15 @@ import inspect
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
+import redis
+
+from .._reach import wait_for_server
+from ..asyncio._reach import wait_for_server as async_wait_for_server
+from ..client import Client
 from ..errors import ModuleNotLoaded
 from ..retry import RetryPolicy
 from ._common import (
@@ -57,6 +63,14 @@ def port_or_zero(value: str) -> int:
 # default and the Worker keyword it goes to ("retry.<field>": a field of its RetryPolicy).
 WORKER_SETTINGS = (
     Setting("--concurrency", positive, 1, "jobs at a time", to="concurrency", short="-c", metavar="N"),
+    Setting(
+        "--wait-for-server",
+        seconds,
+        0.0,
+        "at start, wait up to this long for the server to answer (0: exit 1 at once if it does not); "
+        "once running, a worker rides out an outage by itself",
+        metavar="S",
+    ),
     Setting(
         "--prefetch",
         whole,
@@ -169,8 +183,9 @@ WORKER_SETTINGS = (
         "--isolation",
         str,
         "thread",
-        "where a sync handler runs: in the worker's threads, or each thread's in a child process that a "
-        "timeout can kill and a crash cannot take down (the handler must be importable by name)",
+        "where a sync handler runs: in the worker's threads (a timed-out one runs on), or each thread's "
+        "in a child process that a timeout kills and a crash cannot take down (the handler, or the app, "
+        "must be importable by name: the children import MODULE:HANDLER)",
         to="isolation",
         choices=("thread", "process"),
         metavar="{thread,process}",
@@ -282,21 +297,39 @@ def make_metrics(args: argparse.Namespace) -> Any:
     return metrics
 
 
+def connect_waiting(args: argparse.Namespace) -> Client:
+    """``connect``, then ``--wait-for-server``'s wait (a cluster client connects as it is made: again)."""
+    deadline = time.monotonic() + args.wait_for_server
+    while True:
+        try:
+            client = connect(args)
+            break
+        except redis.ConnectionError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    wait_for_server(client.redis, max(0.0, deadline - time.monotonic()), args.url)
+    return client
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from ..tasks import AppCore
 
     try:
         handler = load_handler(args.handler)
     except CliError as exc:
-        if args.queue is None:  # a usage error first, as argparse would have said before apps
-            usage_error(f"the following arguments are required: --queue ({exc})")
+        if args.queue is None:  # what is wrong first: the handler, not a --queue it might have needed
+            usage_error(f"{exc} (and --queue is required unless {args.handler} is an echomq.App)")
         raise
     if isinstance(handler, AppCore):
         from ._tasks import run_app
 
         return run_app(args, handler, worker_settings(args), make_metrics)
     if args.queue is None:
-        usage_error(f"the following arguments are required: --queue ({args.handler} is not an echomq.App)")
+        usage_error(
+            f"--queue is required: {args.handler} is a handler, not an echomq.App "
+            "(whose tasks name their queues)"
+        )
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
         getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
     )
@@ -314,7 +347,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     else:
         from ..worker import Worker
 
-        client = connect(args)
+        client = connect_waiting(args)
         require_module(client)
         worker = Worker(client, args.queue, handler, **settings)
         try:
@@ -345,6 +378,7 @@ async def _run_async_worker(args: argparse.Namespace, handler: Any, settings: di
 
     client = emq.Client.from_url(args.url, cluster=args.cluster, backend=args.backend)
     try:
+        await async_wait_for_server(client.redis, args.wait_for_server, args.url)
         if args.backend == "module":  # as require_module: a server without it would look empty
             r: Any = client.redis
             options = {"target_nodes": r.get_random_node()} if hasattr(r, "get_random_node") else {}

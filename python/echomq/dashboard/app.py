@@ -48,7 +48,10 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from .. import asyncio as emq
 from .._protocol import keys_of
+from .._protocol.views import joined, piece_fields
 from ..errors import EchoMQError, JobGone, NotRetryable
+from ..keyspace import queue_keys
+from ..tasks.describe import call_text
 
 __all__ = ["Dashboard", "DashboardServer", "is_loopback"]
 
@@ -373,17 +376,33 @@ class Dashboard:
         pending = await self.client.pending(queue, count=pending_n)  # the head of the line
         dead = await self.client.dead(queue, count=n)
         sample = self._samples.get(queue)
+        rows = {"active": [asdict(j) for j in active], "pending": [asdict(j) for j in pending]}
+        rows["dead"] = [asdict(j) for j in dead]
+        await self._name_tasks(queue, [row for listed in rows.values() for row in listed])
         return {
             "name": queue,
-            "active": [asdict(j) for j in active],
-            "pending": [asdict(j) for j in pending],
-            "dead": [asdict(j) for j in dead],
+            **rows,
             "chart": _rates(sample.history) if sample is not None else _rates(deque()),
             "interval": self.interval,
             "window": self.history_seconds,
             "page_size": n,
             "pending_page_size": pending_n,
         }
+
+    async def _name_tasks(self, queue: str, rows: list[dict[str, Any]]) -> None:
+        """Each listed job's task (``task``: ``add(2, 3)``, arguments only with ``show_payloads``).
+
+        One round trip for the page: the payload's head is read (a pieced
+        payload's pieces too, at most 1 KiB); a raw job's ``task`` is None.
+        """
+        if not rows:
+            return
+        keys, fields = queue_keys(queue), piece_fields("payload")
+        pipe = self.client.redis.pipeline(transaction=False)
+        for row in rows:
+            pipe.hmget(keys.job(row["id"]), fields)
+        for row, values in zip(rows, await pipe.execute(), strict=True):
+            row["task"] = call_text(joined(values), 60, arguments=self.show_payloads)
 
     async def _job(self, request: Request) -> Response:
         refused = self._refused(request)
@@ -401,6 +420,11 @@ class Dashboard:
             return JSONResponse({"error": f"no job {job_id!r} in queue {queue!r}"}, 404)
         out = asdict(info)
         payload, result, progress = out.pop("payload"), out.pop("result"), out.pop("progress")
+        if payload is None:  # the task's name is shown whatever show_payloads says; its arguments are not
+            values = await self.client.redis.hmget(queue_keys(queue).job(job_id), piece_fields("payload"))
+            out = {"task": call_text(joined(values), 120, arguments=False), **out}
+        else:
+            out = {"task": call_text(payload, 120), **out}
         if self.show_payloads and payload is not None:
             out["payload"] = payload[:PAYLOAD_LIMIT].decode("utf-8", "backslashreplace")
             out["payload_truncated"] = len(payload) > PAYLOAD_LIMIT

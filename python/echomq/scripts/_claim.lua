@@ -124,7 +124,6 @@ end
 -- The counters of a job taken: its row opened for writing, the claim's number and the try's.
 local function count_claim(claim, id, row, rtype)
     if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
-    -- a row that vanished while its id waited in <base>priority starts at attempt 1
     local attempts = emq.incr(emq.hget(row, rtype, 'attempts'), '1', emq.E.ATTEMPTS_NOT_INTEGER)
     local tries = emq.incr(emq.hget(row, rtype, 'tries'), '1', emq.E.TRIES_NOT_INTEGER)
     local i = #claim.jobs + 1
@@ -133,11 +132,23 @@ local function count_claim(claim, id, row, rtype)
     claim.taken[id] = true
 end
 
--- Take a job of <base>priority, or one a promotion moved.
+-- Take a job a promotion moved: its row said pending.
 local function take(claim, id)
     if claim.taken[id] then return end
     local row = claim.base .. 'job:' .. id
     count_claim(claim, id, row, emq.open_derived(row, emq.READ_WRITE))
+end
+
+-- A member of <base>priority, which leaves it either way: taken when its row exists and says
+-- pending (emq_member_live), else dropped (false): no row is nothing to run.
+local function take_member(claim, id)
+    if claim.taken[id] then return false end
+    local row = claim.base .. 'job:' .. id
+    local rtype = emq.open_derived(row, emq.READ_WRITE)
+    if not emq.type_ok(rtype, 'hash') then emq.refuse(emq.E.WRONGTYPE) end
+    local live = rtype == 'hash' and emq.hget(row, rtype, 'state') == 'pending'
+    if live then count_claim(claim, id, row, rtype) end
+    return live
 end
 
 -- An entry of <pending>: taken when live (emq_entry_live), else a tombstone (false).
@@ -223,11 +234,16 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     local claim = { base = base, nonce = nonce, jobs = {}, taken = {}, lanes = lanes }
     if done then claim.taken[done] = true end
     local stream, entry = priority_stream(lanes), lanes:entries()
-    local index, next_promoted, drops, bound_hit = 0, 1, 0, false
+    -- drops: every entry and member dropped (the bound); tombstones: the <pending> entries among them
+    local index, next_promoted, drops, tombstones, bound_hit = 0, 1, 0, 0, false
     while #claim.jobs < count do
         local level = stream.level()
         if level ~= nil and level < 0 then
-            take(claim, stream.take())
+            if drops >= emq.DROP_MAX then
+                bound_hit = true
+                break
+            end
+            if not take_member(claim, stream.take()) then drops = drops + 1 end
         else
             local live = false
             while not live do
@@ -239,7 +255,7 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
                 if id == nil then break end
                 index = index + 1
                 live = take_if_live(claim, id)
-                if not live then drops = drops + 1 end
+                if not live then drops, tombstones = drops + 1, tombstones + 1 end
             end
             if bound_hit then break end
             if not live then
@@ -248,7 +264,7 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
                     next_promoted = next_promoted + 1
                     take(claim, p.id)
                 elseif level ~= nil then
-                    take(claim, stream.take())
+                    if not take_member(claim, stream.take()) then drops = drops + 1 end
                 else
                     break
                 end
@@ -258,7 +274,7 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     -- <pending> loses what was read of it, the promoted entries taken included
     lanes.pops = index + next_promoted - 1
     -- never below 0 (a hand-deleted row dropped more than `stale` counted), written only when it changes
-    local d = emq.int(drops)
+    local d = emq.int(tombstones)
     local stale = emq.dec_cmp(lanes.stale, d) > 0 and emq.dec_add(lanes.stale, '-' .. d) or '0'
     if stale ~= lanes.stale then
         lanes.stale = stale

@@ -728,6 +728,7 @@ end
 -- The v3 keyspace (emq_core.c: priorities, counters, pieces; emq_row.c; emq_lanes.c).
 -- ---------------------------------------------------------------------------
 local SEQ_LIMIT = 4398046511104 -- 2^42
+local SEQ_TAIL_FIRST = 4294967296 -- 2^32: tails from here up, heads below
 emq.PROMOTE_MAX, emq.DROP_MAX, emq.PIECE_BYTES, emq.MAX_PIECES = 1000, 1000, 64, 16
 
 -- emq_parse_priority: an integer from -1000 to 1000.
@@ -764,10 +765,21 @@ local function meta_counter(v)
     return c
 end
 
--- emq_next_seq: seq + 1, or 1 past 2^42 - 1 or when the lane is empty.
+-- emq_next_seq: seq + 1; 2^32 when the lane is empty, the counter is below 2^32 or past 2^42 - 1.
 local function next_seq(seq, lane_empty)
-    if lane_empty or emq.dec_cmp(seq, int(SEQ_LIMIT - 1)) >= 0 then return '1' end
+    if lane_empty or emq.dec_cmp(seq, int(SEQ_TAIL_FIRST)) < 0 or emq.dec_cmp(seq, int(SEQ_LIMIT - 1)) >= 0 then
+        return int(SEQ_TAIL_FIRST)
+    end
     return emq.dec_add(seq, '1')
+end
+
+-- emq_head_seq: the i-th (from 0) of the n jobs one call puts back at a level's head, below the
+-- level's first job (seq `first`, nil: none) and below 2^32, in the call's order; never below 0.
+local function head_seq(first, n, i)
+    local top = SEQ_TAIL_FIRST - 1
+    if first ~= nil and first - 1 < top then top = first - 1 end
+    local seq = top - (n - 1 - i)
+    return seq < 0 and 0 or seq
 end
 
 -- emq_pieces / emq_row_pieces: the fields that store `value` as `field` (appended to `out` as
@@ -835,6 +847,7 @@ function emq.lanes(base, pending)
         opened = {}, types = {}, priority_card = 0,
         seq = '0', stale = '0', seq_changed = false, stale_changed = false,
         leave_delayed = {}, tails = {}, heads = {}, priority_add = {}, delayed_add = {}, leave_priority = {},
+        priority_heads = {},
         pops = 0, promoted_tails = {}, promoted_priority = {}, promoted = 0, dropped = 0,
     }, Lanes)
 end
@@ -868,20 +881,21 @@ local function push(list, id, score)
     list[#list + 1] = { id = id, score = score }
 end
 
--- emq_lanes_place: the tail (a new turn, the next seq) or the head (given back, seq 0) of a lane.
+-- emq_lanes_place: the tail (a new turn, the next seq) or the head (given back: below the level's
+-- first job, settled at apply) of a lane.
 function Lanes:place(id, level, head)
     if level == 0 then
         push(head and self.heads or self.tails, id)
         return
     end
     self:open(true, false, not head)
-    local seq = 0
-    if not head then
-        self.seq = next_seq(self.seq, self.priority_card == 0 and #self.priority_add == 0)
-        self.seq_changed = true
-        seq = tonumber(self.seq)
+    if head then
+        push(self.priority_heads, id, level)
+        return
     end
-    push(self.priority_add, id, emq.priority_score(level, seq))
+    self.seq = next_seq(self.seq, self.priority_card == 0 and #self.priority_add == 0 and #self.priority_heads == 0)
+    self.seq_changed = true
+    push(self.priority_add, id, emq.priority_score(level, tonumber(self.seq)))
 end
 
 function Lanes:delay(id, due)
@@ -985,8 +999,36 @@ local function chunked(command, key, items, scored)
     end
 end
 
+-- settle_heads (emq_lanes.c): the jobs put back at levels other than 0 take their seqs, per level
+-- from how many this call puts back and the level's first job (ZRANGE BYSCORE LIMIT 0 1).
+function Lanes:settle_heads()
+    if #self.priority_heads == 0 then return end
+    local levels = {}
+    for _, h in ipairs(self.priority_heads) do
+        local v = levels[h.score]
+        if v == nil then
+            v = { count = 0, seen = 0 }
+            levels[h.score] = v
+            if self.types.priority == 'zset' then
+                local from = emq.priority_score(h.score, 0)
+                local got = redis.call('ZRANGE', self.priority, int(from), '(' .. int(from + SEQ_LIMIT), 'BYSCORE',
+                    'LIMIT', 0, 1, 'WITHSCORES')
+                if #got > 0 then v.first = math.floor(tonumber(got[2])) - from end
+            end
+        end
+        v.count = v.count + 1
+    end
+    for _, h in ipairs(self.priority_heads) do
+        local v = levels[h.score]
+        push(self.priority_add, h.id, emq.priority_score(h.score, head_seq(v.first, v.count, v.seen)))
+        v.seen = v.seen + 1
+    end
+    self.priority_heads = {}
+end
+
 -- emq_lanes_apply: the one order of every verb's lane writes.
 function Lanes:apply()
+    self:settle_heads() -- reads <base>priority: before the first write
     if #self.leave_delayed > 0 then chunked('ZREM', self.delayed, self.leave_delayed) end
     if #self.tails > 0 then chunked('RPUSH', self.pending, self.tails) end
     if #self.heads > 0 then

@@ -4,7 +4,7 @@
 --
 -- The holder gives the job back without using an attempt: it leaves <active>, its row's
 -- `tries` goes back down by one (never below 0), no stall is counted, and it waits at the
--- head of its lane (<pending>'s head, or seq 0 of its level in <base>priority).  A job whose
+-- head of its lane (<pending>'s head, or below its level's first job in <base>priority).  A job whose
 -- cancel was requested ends cancelled (announced on <base>done:<id>).  Reply: +pending or
 -- +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers as the first call did.  Not
 -- deny-oom (allow-oom): a shutdown must give jobs back under memory pressure.  BACKOFF (a

@@ -17,7 +17,7 @@ default (``serializers``).  The pieces, one idea each:
 from __future__ import annotations
 
 from .app import App, AppCore, TaskWorker
-from .dispatch import UnknownTask, context
+from .dispatch import BadArguments, NotATask, UnknownTask, UnknownTaskRetried, context
 from .envelope import BadTaskPayload, decode_result
 from .handle import AsyncTaskHandle, TaskHandle
 from .serializers import (
@@ -40,10 +40,12 @@ __all__ = [
     "AppCore",
     "AsyncTask",
     "AsyncTaskHandle",
+    "BadArguments",
     "BadTaskPayload",
     "EnqueueOptions",
     "JsonSerializer",
     "MsgpackSerializer",
+    "NotATask",
     "PickleSerializer",
     "SerializationError",
     "Serializer",
@@ -51,6 +53,7 @@ __all__ = [
     "TaskHandle",
     "TaskWorker",
     "UnknownTask",
+    "UnknownTaskRetried",
     "context",
     "decode_result",
 ]

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
-from .._runtime import JobSettings
+from .._runtime import JobSettings, check_seconds
+from ..asyncio._reach import wait_for_server
 from ..retry import RetryPolicy
-from .app import AppCore, _nothing
+from .app import AppCore, _nothing, periodic_timing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
+from .isolated import check_import_path, defined_in
+from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import AsyncTask, EnqueueOptions, TaskCore
 
 if TYPE_CHECKING:
     from ..asyncio.client import Client
     from ..asyncio.worker import Worker
+    from ..schedules import ScheduleInfo
 
 __all__ = ["AsyncApp", "AsyncTaskWorker"]
 
@@ -30,11 +34,27 @@ R = TypeVar("R")
 class AsyncTaskWorker:
     """``app.worker()``: one ``echomq.asyncio.Worker`` per queue, run together, stopped together."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(
+        self,
+        workers: list[Worker],
+        on_start: Callable[[], Awaitable[object]] | None = None,
+        dispatcher: AsyncDispatcher | None = None,
+    ) -> None:
         self.workers = workers
+        self._on_start = on_start  # the app's schedules, stored before the first claim
+        self._dispatcher = dispatcher  # its tasks' own children (isolation="process"): with the workers
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM: the first worker takes the signals, the rest follow."""
+        if self._on_start is not None:
+            await self._on_start()
+        processes = None if self._dispatcher is None else self._dispatcher.processes
+        if processes is not None:  # the children start (and import) in a thread: the loop goes on
+            try:
+                await asyncio.to_thread(processes.prestart, self.workers)
+            except BaseException:
+                await asyncio.to_thread(processes.close)
+                raise
         first, *others = self.workers
         runs = [asyncio.ensure_future(first.run(handle_signals=handle_signals))]
         runs += [asyncio.ensure_future(w.run(handle_signals=False)) for w in others]
@@ -43,6 +63,8 @@ class AsyncTaskWorker:
         finally:
             self.stop()
             outcomes = await asyncio.gather(*runs, return_exceptions=True)
+            if processes is not None:
+                await asyncio.to_thread(processes.close)
         for outcome in outcomes:  # what stopped the first to stop, raised here
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -65,7 +87,12 @@ class _AsyncDecorator:
 
 
 class AsyncApp(AppCore):
-    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``."""
+    """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``.
+
+    The asyncio worker stops a task by cancelling it at its next
+    ``await``; a task of ``isolation="process"`` runs in a child process,
+    killed at its timeout's abandon (see ``echomq.App.task``).
+    """
 
     def __init__(
         self,
@@ -74,6 +101,8 @@ class AsyncApp(AppCore):
         queue: str = "default",
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
+        retry_unknown_tasks: bool = False,
+        import_path: str | None = None,
     ) -> None:
         from ..asyncio.client import Client as AsyncClient
 
@@ -83,6 +112,9 @@ class AsyncApp(AppCore):
             )
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
+        self.retry_unknown_tasks = bool(retry_unknown_tasks)
+        self.import_path = None if import_path is None else check_import_path(import_path)
+        self._defined_in = defined_in(self)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
@@ -101,6 +133,14 @@ class AsyncApp(AppCore):
         lease_ms: int | None = None,
         timeout_ms: int | None = None,
         priority: int | None = None,
+        unique: Callable[..., str | bytes | None] | str | None = None,
+        unique_for_ms: int | None = None,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
     ) -> _AsyncDecorator: ...
     def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
         """Make a function a task (see ``echomq.App.task``)."""
@@ -110,13 +150,48 @@ class AsyncApp(AppCore):
 
     def _register(self, fn: Callable[..., Any], **kwargs: Any) -> AsyncTask[Any, Any]:
         keys = ("name", "queue", "max_attempts", "retry", "lease_ms", "timeout_ms", "priority")
-        unknown = set(kwargs) - set(keys)
+        periodic: tuple[str, ...] = ("cron", "every_ms", "tz", "args", "kwargs", "missed")
+        timing = {k: kwargs.pop(k) for k in periodic if k in kwargs}
+        unknown = set(kwargs) - {*keys, "unique", "unique_for_ms", "isolation", "max_jobs_per_child"}
         if unknown:
             raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
         name, queue, settings, priority = self._settings(fn, *(kwargs.get(k) for k in keys))
         task: AsyncTask[Any, Any] = AsyncTask(self, fn, name, queue, settings, priority)
+        task.set_unique(kwargs.get("unique"), kwargs.get("unique_for_ms"))
+        task.set_isolation(kwargs.get("isolation"), kwargs.get("max_jobs_per_child"))
         self.tasks[name] = task
+        if timing:
+            try:
+                self._periodic(task, None, **periodic_timing(timing))
+            except BaseException:
+                del self.tasks[name]  # a task whose schedule is refused is not half made
+                raise
         return task
+
+    def schedule(
+        self,
+        task: AsyncTask[Any, Any] | str,
+        name: str | None = None,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
+        start_at: int | datetime.datetime | None = None,
+        end_at: int | datetime.datetime | None = None,
+    ) -> TaskSchedule:
+        """Call ``task`` on every tick (see ``echomq.App.schedule``); stored as a worker of the app starts."""
+        return self._periodic(
+            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
+            start_at=start_at, end_at=end_at,
+        )  # fmt: skip
+
+    async def register_schedules(self, client: Client | None = None) -> list[ScheduleInfo]:
+        """Store this app's schedules on the server (idempotent); what ``app.worker()`` does as it runs."""
+        client = self.client if client is None else client
+        return [await client.schedule(**p.schedule_args()) for p in self.periodic.values()]
 
     async def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> AsyncTaskHandle[Any]:
         """Enqueue a call of the task ``name``; a handle on its job (see ``echomq.App.enqueue``)."""
@@ -130,9 +205,14 @@ class AsyncApp(AppCore):
         delay_ms: int | None = None,
         at: datetime.datetime | float | None = None,
         priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
     ) -> _AsyncByName:
         """Enqueue options for ``.enqueue(name, ...)`` (see ``echomq.App.options``)."""
-        return _AsyncByName(self, queue, EnqueueOptions(job_id, delay_ms, at, priority))
+        return _AsyncByName(
+            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+        )
 
     def handle(self, queue: str, job_id: str) -> AsyncTaskHandle[Any]:
         """A handle on a job enqueued earlier."""
@@ -143,10 +223,18 @@ class AsyncApp(AppCore):
         """An asyncio worker for every task of ``queues`` (see ``echomq.App.worker``); ``await ....run()``."""
         from ..asyncio.worker import Worker
 
-        dispatcher = AsyncDispatcher(self.tasks, self.serializers, tuple(self.hooks))
-        return AsyncTaskWorker(
-            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
-        )
+        chosen = self._worker_queues(queues)
+        dispatcher = AsyncDispatcher.of(self)
+        self._check_isolation("thread", chosen)  # its tasks' own: the asyncio Worker refuses the rest
+        wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
+        workers = [Worker(self.client, q, dispatcher, **settings) for q in chosen]
+
+        async def on_start() -> None:
+            await wait_for_server(self.client.redis, wait_s)
+            if self.periodic:
+                await self.register_schedules()
+
+        return AsyncTaskWorker(workers, on_start if wait_s or self.periodic else None, dispatcher)
 
 
 class _AsyncByName:

@@ -20,22 +20,26 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import MAX_MS, JobId
-from .._runtime import JobSettings, check_int
-from ..retry import RetryPolicy
+from .._reach import wait_for_server
+from .._runtime import JobSettings, check_int, check_seconds
+from ..retry import RetryPolicy, merge_attempts
 from .dispatch import Dispatcher
 from .envelope import check_name
 from .handle import TaskHandle
 from .hooks import TaskHook
+from .isolated import check_import_path, defined_in, import_path_of, importable_tasks
+from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import EnqueueOptions, Task, TaskCore
 
 if TYPE_CHECKING:
     from ..client import Client
+    from ..schedules import ScheduleInfo
     from ..worker import Worker
 
 __all__ = ["App", "AppCore", "TaskWorker"]
@@ -57,6 +61,12 @@ class AppCore:
         self.serializers: dict[str, Serializer] = {s.name: s for s in (JSON, *accept, serializer)}
         self.tasks: dict[str, TaskCore] = {}
         self.hooks: list[TaskHook] = []
+        self.retry_unknown_tasks = False
+        self.periodic: dict[tuple[str, str], TaskSchedule] = {}  # (queue, name): stored as workers start
+        # Where a child process imports the app from ("module:attr"; isolated.py): given, set by the
+        # CLI that loaded it, else looked up in the module that made it (_defined_in).
+        self.import_path: str | None = None
+        self._defined_in: str | None = None
 
     def add_hook(self, hook: TaskHook) -> None:
         """Add an integration's hook (``echomq.tasks.hooks``): headers at enqueue, a context per run.
@@ -93,16 +103,30 @@ class AppCore:
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
                 raise TypeError(f"retry must be an echomq.RetryPolicy, not {type(retry).__name__}")
-            if max_attempts is not None and max_attempts != retry.max_attempts:
-                raise ValueError(
-                    f"max_attempts={max_attempts} and retry's max_attempts={retry.max_attempts}: give one"
-                )
+            retry = merge_attempts(max_attempts, retry)
+            max_attempts = None if max_attempts is None else retry.max_attempts
         if lease_ms is not None:
             check_int("lease_ms", lease_ms, 1, MAX_MS)
         if timeout_ms is not None:
             check_int("timeout_ms", timeout_ms, 1, MAX_MS)
         proto.priority_args(priority)
         return name, queue, JobSettings(lease_ms, timeout_ms, max_attempts, retry), priority
+
+    def _periodic(self, task: TaskCore | str, name: str | None, **timing: Any) -> TaskSchedule:
+        """A task schedule of this app, checked and kept (its workers store it as they start)."""
+        if isinstance(task, str):
+            found = self.tasks.get(task)
+            if found is None:
+                raise ValueError(f"this app has no task {task!r} (it has: {', '.join(sorted(self.tasks))})")
+            task = found
+        if self.tasks.get(task.name) is not task:
+            raise ValueError(f"task {task.name!r} is not one of this app's")
+        periodic = TaskSchedule.of(task, name, **timing)
+        key = (periodic.queue, periodic.name)
+        if key in self.periodic:
+            raise ValueError(f"this app already has a schedule {periodic.name!r} on queue {periodic.queue!r}")
+        self.periodic[key] = periodic
+        return periodic
 
     def queues(self) -> list[str]:
         """Every queue the app's tasks use, in the order they were first used."""
@@ -116,6 +140,21 @@ class AppCore:
             return task, queue
         return task, task.queue if task is not None else self.queue
 
+    def _check_isolation(self, isolation: str, queues: Iterable[str]) -> None:
+        """A worker of ``queues`` whose tasks (or itself) ask for a process: TypeError if it cannot.
+
+        The children import the app and its tasks by name: said now, before
+        anything starts, rather than as a child that cannot start.
+        """
+        chosen = set(queues)
+        if isolation == "process":
+            wanting = [t for t in self.tasks.values() if t.queue in chosen]
+        else:
+            wanting = [t for t in self.tasks.values() if t.isolation == "process" and t.queue in chosen]
+        if wanting:
+            import_path_of(self)
+            importable_tasks(wanting)
+
     def _worker_queues(self, queues: Iterable[str] | None) -> list[str]:
         chosen = self.queues() if queues is None else list(queues)
         if not chosen:
@@ -128,8 +167,31 @@ class AppCore:
 class TaskWorker:
     """``app.worker()``: one ``echomq.Worker`` per queue, run together, stopped together."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(
+        self,
+        workers: list[Worker],
+        on_start: Callable[[], object] | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        if not workers:
+            raise ValueError("a TaskWorker needs at least one worker: no queue was given")
         self.workers = workers
+        self._on_start = on_start  # the app's schedules, stored before the first claim
+        self._dispatcher = dispatcher  # its tasks' own children (isolation="process"): with the workers
+
+    def _starting(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
+        if self._dispatcher is not None:
+            try:
+                self._dispatcher.processes.prestart(self.workers)
+            except BaseException:  # a child that cannot start (its app's import failed): none left behind
+                self._dispatcher.processes.close()
+                raise
+
+    def _stopped(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.processes.close()
 
     def run(self, *, handle_signals: bool = True) -> None:
         """Work until ``stop()``, SIGINT or SIGTERM (see ``echomq.Worker.run``).
@@ -138,6 +200,7 @@ class TaskWorker:
         of them stops (a task's ``sys.exit``, say), they all stop, and what
         stopped it is raised here.
         """
+        self._starting()
         first, *others = self.workers
         for w in others:
             w.start()
@@ -149,11 +212,13 @@ class TaskWorker:
         finally:
             for w in others:
                 w.stop()
+            self._stopped()
         for w in others:
             if w._interrupt is not None:
                 raise w._interrupt
 
     def start(self) -> TaskWorker:
+        self._starting()
         for w in self.workers:
             w.start()
         return self
@@ -161,6 +226,7 @@ class TaskWorker:
     def stop(self, grace: float | None = None) -> None:
         for w in self.workers:
             w.stop(grace)
+        self._stopped()
 
     def __enter__(self) -> TaskWorker:
         return self.start()
@@ -190,12 +256,17 @@ class _Decorator:
 class App(AppCore):
     """Tasks by name over an ``echomq.Client`` (``echomq.asyncio.App`` for asyncio).
 
-    ``App(client, *, queue="default", serializer=echomq.tasks.JSON, accept=())``:
+    ``App(client, *, queue="default", serializer=echomq.tasks.JSON, accept=(), import_path=None)``:
     ``queue`` is where a task without its own goes (and ``enqueue`` by a name
     this process does not know); ``serializer`` encodes arguments and
     results (JSON by default; ``echomq.tasks.PICKLE`` is unsafe: see
     ``echomq.tasks.serializers``); ``accept``, more serializers this app's
-    workers decode.
+    workers decode; ``retry_unknown_tasks=True``, a job naming a task this
+    app's workers do not know is retried (a rolling deploy's older workers)
+    instead of ending dead at once; ``import_path``, ``"module:attr"``, where
+    a child process imports this app from (``isolation="process"``: by
+    default the global of the module that made it, or the ``echomq worker``
+    target).
     """
 
     def __init__(
@@ -205,6 +276,8 @@ class App(AppCore):
         queue: str = "default",
         serializer: Serializer = JSON,
         accept: Iterable[Serializer] = (),
+        retry_unknown_tasks: bool = False,
+        import_path: str | None = None,
     ) -> None:
         from ..client import Client as SyncClient
 
@@ -214,6 +287,9 @@ class App(AppCore):
             )
         super().__init__(queue=queue, serializer=serializer, accept=accept)
         self.client = client
+        self.retry_unknown_tasks = bool(retry_unknown_tasks)
+        self.import_path = None if import_path is None else check_import_path(import_path)
+        self._defined_in = defined_in(self)
 
     @overload
     def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
@@ -232,6 +308,16 @@ class App(AppCore):
         lease_ms: int | None = None,
         timeout_ms: int | None = None,
         priority: int | None = None,
+        unique: Callable[..., str | bytes | None] | str | None = None,
+        unique_for_ms: int | None = None,
+        isolation: str | None = None,
+        max_jobs_per_child: int | None = None,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
     ) -> _Decorator: ...
     def task(self, fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
         """Make a function a task: ``@app.task`` or ``@app.task(queue=..., max_attempts=..., ...)``.
@@ -240,7 +326,16 @@ class App(AppCore):
         and ``app.enqueue`` takes; ``queue`` (default: the app's);
         ``max_attempts`` or ``retry`` (an ``echomq.RetryPolicy``), ``lease_ms``
         and ``timeout_ms`` apply to this task's jobs in any worker of the app
-        (default: the worker's); ``priority`` is its jobs' default level.
+        (default: the worker's); ``priority`` is its jobs' default level;
+        ``unique`` makes its calls unique jobs: a key template of the
+        function's argument names (``"{user_id}"``: the key is the task's
+        name, a colon, then the template filled) or a function of the
+        call's arguments returning the key (None: not unique), held for
+        ``unique_for_ms`` or until the job ends (docs/concepts/unique.md);
+        ``isolation="process"`` runs its jobs in a child process even when
+        the worker runs threads (or asyncio), so that its timeout kills it (the app must
+        be importable: ``import_path``), each child replaced after
+        ``max_jobs_per_child`` jobs.
         """
         if fn is None:
             return _Decorator(self, kwargs)
@@ -257,13 +352,59 @@ class App(AppCore):
         lease_ms: int | None = None,
         timeout_ms: int | None = None,
         priority: int | None = None,
+        unique: Callable[..., str | bytes | None] | str | None = None,
+        unique_for_ms: int | None = None,
+        isolation: str | None = None,
+        max_jobs_per_child: int | None = None,
+        **timing: Any,  # cron=, every_ms=, tz=, args=, kwargs=, missed=: a periodic task
     ) -> Task[Any, Any]:
         name, queue, settings, priority = self._settings(
             fn, name, queue, max_attempts, retry, lease_ms, timeout_ms, priority
         )
         task: Task[Any, Any] = Task(self, fn, name, queue, settings, priority)
+        task.set_unique(unique, unique_for_ms)
+        task.set_isolation(isolation, max_jobs_per_child)
         self.tasks[name] = task
+        if timing:
+            try:
+                self._periodic(task, None, **periodic_timing(timing))
+            except BaseException:
+                del self.tasks[name]  # a task whose schedule is refused is not half made
+                raise
         return task
+
+    def schedule(
+        self,
+        task: Task[Any, Any] | str,
+        name: str | None = None,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
+        start_at: int | datetime.datetime | None = None,
+        end_at: int | datetime.datetime | None = None,
+    ) -> TaskSchedule:
+        """Call ``task`` (a task of this app, or its name) with ``args`` and ``kwargs`` on every tick.
+
+        ``name`` (default: the task's) names the schedule in its queue;
+        ``cron``/``every_ms``, ``tz``, ``missed``, ``start_at`` and ``end_at``
+        are ``client.schedule``'s.  Checked now (``BadSchedule``,
+        ``TypeError`` for arguments the task cannot take); stored on the
+        server when a worker of this app starts (or ``register_schedules()``):
+        many workers, one schedule, each tick once.
+        """
+        return self._periodic(
+            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
+            start_at=start_at, end_at=end_at,
+        )  # fmt: skip
+
+    def register_schedules(self, client: Client | None = None) -> list[ScheduleInfo]:
+        """Store this app's schedules on the server (idempotent); what ``app.worker()`` does as it starts."""
+        client = self.client if client is None else client
+        return [client.schedule(**p.schedule_args()) for p in self.periodic.values()]
 
     def enqueue(self, name: str, /, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         """Enqueue a call of the task ``name`` (no import of its function needed); a handle on its job."""
@@ -277,9 +418,14 @@ class App(AppCore):
         delay_ms: int | None = None,
         at: datetime.datetime | float | None = None,
         priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
     ) -> _ByName:
         """Enqueue options for ``.enqueue(name, ...)``; ``queue`` defaults to the task's, else the app's."""
-        return _ByName(self, queue, EnqueueOptions(job_id, delay_ms, at, priority))
+        return _ByName(
+            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+        )
 
     def handle(self, queue: str, job_id: str) -> TaskHandle[Any]:
         """A handle on a job enqueued earlier (its id kept somewhere): ``.result()``, ``.info()``."""
@@ -291,14 +437,28 @@ class App(AppCore):
 
         ``settings`` are ``echomq.Worker``'s (``concurrency``, ``lease_ms``,
         ...): each task's own ``lease_ms``, ``timeout_ms`` and tries win over
-        them for its jobs.  ``run()`` it, or ``start()`` ... ``stop()``.
+        them for its jobs.  ``isolation="process"`` runs every task in child
+        processes, which a timeout kills (the children import the app by its
+        ``import_path``); a task of its own ``isolation="process"`` runs in
+        one even when the worker runs threads.  ``run()`` it, or
+        ``start()`` ... ``stop()``.  ``wait_for_server=S``: as it starts,
+        wait up to S seconds for the server to answer (default 0:
+        ``ServerUnreachable`` at once); the app's schedules are stored then.
         """
         from ..worker import Worker
 
-        dispatcher = Dispatcher(self.tasks, self.serializers, tuple(self.hooks))
-        return TaskWorker(
-            [Worker(self.client, q, dispatcher, **settings) for q in self._worker_queues(queues)]
-        )
+        chosen = self._worker_queues(queues)
+        dispatcher = Dispatcher.of(self)
+        self._check_isolation(settings.get("isolation", "thread"), chosen)
+        wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
+        workers = [Worker(self.client, q, dispatcher, **settings) for q in chosen]
+
+        def on_start() -> None:
+            wait_for_server(self.client.redis, wait_s)
+            if self.periodic:
+                self.register_schedules()
+
+        return TaskWorker(workers, on_start if wait_s or self.periodic else None, dispatcher)
 
 
 class _ByName:
@@ -317,5 +477,17 @@ class _ByName:
         return TaskHandle(app.client, queue, job_id, app.serializer)
 
 
-def _nothing() -> None:
+def periodic_timing(given: dict[str, Any]) -> dict[str, Any]:
+    """``@app.task``'s schedule settings as ``TaskSchedule.of`` takes them (a cron or every_ms needed)."""
+    known = {"cron", "every_ms", "tz", "args", "kwargs", "missed"}
+    unknown = set(given) - known
+    if unknown:
+        raise TypeError(f"unknown task settings: {', '.join(sorted(unknown))}")
+    if given.get("cron") is None and given.get("every_ms") is None:
+        raise ValueError(f"{', '.join(sorted(given))} need cron= or every_ms= (a periodic task)")
+    timing = {"tz": "UTC", "args": (), "kwargs": None, "missed": "skip", "cron": None, "every_ms": None}
+    return {**timing, **given, "start_at": None, "end_at": None}
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
     """The function of a task known here only by name (never called)."""

@@ -8,10 +8,20 @@ stores it with the job's completion (COMPLETE ... RESULT, one atomic
 step).  ``job_settings`` gives the worker each job's own lease, timeout
 and tries (the task's).
 
-A job whose task this worker does not know fails like any failure
-(``UnknownTask``: retried, then dead, its error naming the task and the
-tasks known): never dropped.  A payload that is not a task call cannot be
-fixed by a retry: ``BadTaskPayload`` ends it dead at once (``NonRetryable``).
+A job whose task this worker does not know, or whose arguments do not
+bind its function's signature, cannot succeed on a retry by the same
+worker: it ends dead at once (``UnknownTask``, ``BadArguments``, both
+``NonRetryable``), its error naming the task and the tasks known, never
+dropped.  During a rolling deploy, when older workers may claim a new
+task's jobs, the app's ``retry_unknown_tasks=True`` makes an unknown task
+an ordinary failure instead (``UnknownTaskRetried``: retried, then dead).
+A payload that is not a task call ends dead at once too (``NonRetryable``).
+
+A dispatcher crosses to a child process by its app's import path
+(``__reduce__``, ``isolated.py``): a worker with ``isolation="process"``
+runs it in its children, and a task that asks for a process
+(``@app.task(isolation="process")``) has its jobs run in the dispatcher's
+own children even when the worker runs threads or asyncio.
 """
 
 from __future__ import annotations
@@ -20,21 +30,28 @@ import asyncio
 import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._protocol import Job
 from .._runtime import JobSettings, StoredResult
 from ..errors import NonRetryable
 from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call, task_name
+from .isolated import TaskProcesses, child_dispatcher, import_path_of
 from .serializers import Serializer
 
 if TYPE_CHECKING:
     from ..asyncio.context import JobContext as AsyncJobContext
     from ..context import JobContext
+    from .app import AppCore
     from .hooks import TaskHook
     from .task import TaskCore
 
-__all__ = ["AsyncDispatcher", "Dispatcher", "UnknownTask", "async_context", "context"]
+__all__ = [
+    "AsyncDispatcher", "BadArguments", "Dispatcher", "NotATask", "UnknownTask", "UnknownTaskRetried",
+    "async_context", "context",
+]  # fmt: skip
+
+D = TypeVar("D", bound="DispatchCore")
 
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("echomq_task_context")
 
@@ -79,24 +96,79 @@ def async_context() -> AsyncJobContext:
     return ctx
 
 
-class UnknownTask(Exception):
-    """A job names a task this worker does not know (the job fails; dead after its tries)."""
+class UnknownTask(NonRetryable):
+    """A job names a task this worker does not know: it ends dead at once (no retry can help)."""
 
 
-class _NotATask(NonRetryable):
-    """A payload that is not a task call this worker can read: dead at once."""
+class UnknownTaskRetried(Exception):
+    """``UnknownTask`` of an app made with ``retry_unknown_tasks=True``: a failure, dead after its tries."""
+
+
+class BadArguments(NonRetryable):
+    """A job's arguments do not bind its task's signature: it ends dead at once."""
+
+
+class NotATask(NonRetryable):
+    """A job whose payload is not a task call this worker can read (a raw ``enqueue``?): dead at once.
+
+    ``echomq call TASK ...`` (or ``app.enqueue("TASK", ...)``) enqueues a
+    task call; ``echomq enqueue QUEUE PAYLOAD`` puts a raw payload, for a
+    handler worker.
+    """
 
 
 class DispatchCore:
-    """The rules both dispatchers share (no I/O)."""
+    """The rules both dispatchers share (no I/O), and how they cross to a child process.
+
+    ``Dispatcher.of(app)``; it pickles as its app's import path (see the
+    module docstring), and ``processes`` are the children of its tasks that
+    ask for one (``prestart``/``close`` them with the workers).
+    """
+
+    kind = "threads"  # what the child runs it as (isolated.child_dispatcher)
 
     def __init__(
         self,
         tasks: Mapping[str, TaskCore],
         serializers: Mapping[str, Serializer],
         hooks: Sequence[TaskHook] = (),
+        *,
+        retry_unknown: bool = False,
+        app: AppCore | None = None,
+        in_child: bool = False,
     ) -> None:
         self.tasks, self.serializers, self.hooks = tasks, serializers, hooks
+        self.retry_unknown = retry_unknown
+        self.app = app
+        self.in_child = in_child  # in a child process: every task runs here, none asks for another
+        self.processes = TaskProcesses(self)
+
+    @classmethod
+    def of(cls: type[D], app: AppCore, *, in_child: bool = False) -> D:
+        """The dispatcher of ``app``'s tasks (the hooks it has now)."""
+        return cls(
+            app.tasks, app.serializers, tuple(app.hooks), retry_unknown=app.retry_unknown_tasks, app=app,
+            in_child=in_child,
+        )  # fmt: skip
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.app is None:
+            raise TypeError("a dispatcher crosses to a child process by its app: make it Dispatcher.of(app)")
+        path = import_path_of(self.app)
+        crossing = [t for t in self.tasks.values() if t._fn.__module__ != "__main__"]
+        modules = dict.fromkeys(t._fn.__module__ for t in crossing)
+        modules.pop(path.partition(":")[0], None)
+        return (child_dispatcher, (path, tuple(modules), tuple(t.name for t in crossing), self.kind))
+
+    def __repr__(self) -> str:
+        return f"<echomq.tasks.{type(self).__name__} of tasks {', '.join(sorted(self.tasks)) or 'none'}>"
+
+    def in_process(self, call: TaskCall) -> TaskCore | None:
+        """The task of ``call`` when it asks for a process of its own and this is not one (None: run here)."""
+        task = self.tasks.get(call.name)
+        if task is not None and task.isolation == "process" and not self.in_child:
+            return task
+        return None
 
     def job_settings(self, job: Job) -> JobSettings | None:
         """The task's lease, timeout and tries for ``job`` (None: not a task this worker knows)."""
@@ -109,7 +181,9 @@ class DispatchCore:
         try:
             return parse_call(job.payload)
         except BadTaskPayload as exc:
-            raise _NotATask(str(exc)) from None
+            raise NotATask(
+                f"{exc} (a task call is enqueued by `echomq call TASK ARGS_JSON` or app.enqueue)"
+            ) from None
 
     @contextmanager
     def hooked(self, ctx: Any, call: TaskCall) -> Iterator[Any]:
@@ -123,14 +197,18 @@ class DispatchCore:
         task = self.tasks.get(call.name)
         if task is None:
             known = ", ".join(sorted(self.tasks)) or "none"
-            raise UnknownTask(
+            kind = UnknownTaskRetried if self.retry_unknown else UnknownTask
+            raise kind(
                 f"this worker has no task {call.name!r} (it knows: {known}); is the worker running "
                 "the code that defines it?"
             )
         try:
             args, kwargs = call.arguments(self.serializers)
         except BadTaskPayload as exc:
-            raise _NotATask(str(exc)) from None
+            raise NotATask(str(exc)) from None
+        problem = task.binding_problem(args, kwargs)
+        if problem is not None:
+            raise BadArguments(f"the arguments do not fit task {call.name!r}: {problem}")
         return task, args, kwargs
 
     @staticmethod
@@ -143,6 +221,9 @@ class Dispatcher(DispatchCore):
 
     def __call__(self, ctx: JobContext) -> StoredResult:
         call = self.parse(ctx.job)
+        isolated = self.in_process(call)
+        if isolated is not None:  # the whole dispatch, the app's hooks included, happens in the child
+            return cast("StoredResult", self.processes.run(ctx, isolated))
         with self.hooked(ctx, call) as seen:
             task, args, kwargs = self.resolve(call)
             token = CURRENT.set(seen)
@@ -158,8 +239,13 @@ class Dispatcher(DispatchCore):
 class AsyncDispatcher(DispatchCore):
     """The asyncio worker's handler: an ``async def`` task is awaited, a plain one runs in a thread."""
 
+    kind = "asyncio"
+
     async def __call__(self, ctx: AsyncJobContext) -> StoredResult:
         call = self.parse(ctx.job)
+        isolated = self.in_process(call)
+        if isolated is not None:  # as the threads dispatcher's; the wait on the child in a thread
+            return cast("StoredResult", await self.processes.run_async(ctx, isolated))
         with self.hooked(ctx, call) as seen:
             task, args, kwargs = self.resolve(call)
             token = CURRENT.set(seen)

@@ -26,7 +26,7 @@ class TaskHandle(Generic[R]):
         self._client, self.queue, self.id, self._serializer = client, queue, job_id, serializer
 
     def result(self, timeout: float | None = None) -> R:
-        """Wait for the job's end (no polling: its ``done`` announcement) and return the task's value.
+        """Wait for the job's end (its ``done`` announcement; a lost one is made good) and return its value.
 
         Raises ``echomq.JobFailed`` (type, message, traceback) when the job is
         dead, ``echomq.JobCancelled`` when it was cancelled, ``echomq.JobGone``
@@ -45,8 +45,18 @@ class TaskHandle(Generic[R]):
         """Cancel the job (``client.cancel``)."""
         return self._client.cancel(self.queue, self.id, reason)
 
+    @property
+    def created(self) -> bool:
+        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
+        return bool(getattr(self.id, "created", True))
+
+    @property
+    def replaced(self) -> bool:
+        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
+        return bool(getattr(self.id, "replaced", False))
+
     def __repr__(self) -> str:
-        return f"TaskHandle(queue={self.queue!r}, id={self.id!r})"
+        return f"TaskHandle(queue={self.queue!r}, id={str(self.id)!r})"
 
 
 class AsyncTaskHandle(Generic[R]):
@@ -70,5 +80,15 @@ class AsyncTaskHandle(Generic[R]):
         """Cancel the job (``client.cancel``)."""
         return await self._client.cancel(self.queue, self.id, reason)
 
+    @property
+    def created(self) -> bool:
+        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
+        return bool(getattr(self.id, "created", True))
+
+    @property
+    def replaced(self) -> bool:
+        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
+        return bool(getattr(self.id, "replaced", False))
+
     def __repr__(self) -> str:
-        return f"AsyncTaskHandle(queue={self.queue!r}, id={self.id!r})"
+        return f"AsyncTaskHandle(queue={self.queue!r}, id={str(self.id)!r})"

@@ -1,17 +1,33 @@
-"""Waiting for a job's end, without polling: the rules (sans I/O) both drivers follow.
+"""Waiting for a job's end on its announcement: the rules (sans I/O) both drivers follow.
 
 1. Subscribe to ``<base>done:<id>`` (SSUBSCRIBE where the server announces
    with SPUBLISH, else SUBSCRIBE: ``echomq._protocol.done_subscription``)
    and wait for the server to confirm it;
-2. read the row with one HMGET (``ResultWait.read``): a job that ended
-   before the subscription is seen here;
+2. read the row with one HMGET (``ResultWait.read``) after every
+   confirmation: the first one (a job that ended before the subscription
+   is seen here), and every one after redis-py subscribed again by itself
+   on a connection that dropped -- an announcement published while the
+   subscription was away is gone, the row is not;
 3. else wait for the message (a job that ends after the subscription is
-   announced there), then read the row again.
+   announced there), then read the row again;
+4. read it again anyway once ``READ_EVERY_S`` passed without a read: a
+   message lost some other way (a half-open subscription hears nothing)
+   delays the wait's end by that much, never by the whole wait;
+5. a connection that fails -- subscribing, listening or reading -- once
+   the server has answered the wait is given up, and the wait subscribes
+   again on a fresh one after a pause (``_runtime.Backoff``: 50 ms
+   doubling to 1 s), never past the deadline; that subscription's
+   confirmation reads the row (2).  A wait with no timeout tries on; one
+   whose deadline passes raises ``ResultTimeout``, its ``__cause__`` the
+   last connection error.  A refused connection to a server that neither
+   the wait nor its client ever reached (a wrong address, a server not
+   started: ``echomq.client.never_reached``) is the caller's at once, as
+   any call's would be.
 
-So a wait sends a subscription, one HMGET, and one more per announcement:
-nothing polls.  ``settle`` turns the row into the value, ``JobFailed``
-(dead), ``JobCancelled`` or ``JobGone`` (no row: an unknown id, or one
-whose row expired after its retention).
+So a quiet wait sends a subscription, one HMGET, and one more per
+announcement and per ``READ_EVERY_S``.  ``settle`` turns the row into the
+value, ``JobFailed`` (dead), ``JobCancelled`` or ``JobGone`` (no row: an
+unknown id, or one whose row expired after its retention).
 """
 
 from __future__ import annotations
@@ -22,13 +38,17 @@ from typing import Any
 
 from .. import _protocol as proto
 from .._protocol.views import joined, piece_fields
+from .._runtime.troubles import Backoff
 from ..errors import JobCancelled, JobFailed, JobGone, ResultTimeout
 from .envelope import decode_result
 from .serializers import JSON, Serializer
 
-__all__ = ["ENDED", "ResultWait", "Settled"]
+__all__ = ["ENDED", "READ_EVERY_S", "ResultWait", "Settled"]
 
 ENDED = ("done", "dead", "cancelled")
+# A wait reads the row at least this often, whatever it hears: the bound on
+# what a lost announcement costs.
+READ_EVERY_S = 5.0
 _FIELDS = ("state", "last_error", "traceback", "cancel_requested", *piece_fields("result"))
 
 
@@ -53,12 +73,22 @@ class ResultWait:
         self.queue, self.job_id, self.timeout = queue, job_id, timeout
         self.deadline = math.inf if timeout is None else now + timeout
         self.serializer = serializer
+        self.read_by = now + READ_EVERY_S  # the safety net's next read (before any confirmation, too)
+        self._backoff = Backoff(None if timeout is None else self.deadline)
+        self._error: BaseException | None = None  # the last connection error, since the last read
+        self.reached = False  # the server answered this wait once: a refusal after is it restarting
 
     def channel(self) -> bytes:
         return proto.done_channel(self.queue, self.job_id)
 
-    def read(self) -> tuple[Any, ...]:
-        """The one command that reads what settling needs from the row."""
+    def read(self, now: float | None = None) -> tuple[Any, ...]:
+        """The one command that reads what settling needs from the row.
+
+        ``now``: a driver's wait sends it now; the next safety-net read
+        counts from here.
+        """
+        if now is not None:
+            self.read_by = now + READ_EVERY_S
         return ("HMGET", proto.keys_of(self.queue).job(proto.wire(self.job_id)), *_FIELDS)
 
     def settle(self, values: list[Any]) -> Settled | None:
@@ -70,6 +100,8 @@ class ResultWait:
                 "after the queue's retention)",
                 self.job_id,
             )
+        self._backoff, self._error = Backoff(self._backoff.until), None  # it was answered: the path works
+        self.reached = True
         if state == "done":
             return Settled(decode_result(joined(values[4:]), self.serializer))
         if state == "dead":
@@ -88,8 +120,30 @@ class ResultWait:
             return None
         left = self.deadline - now
         if left <= 0:
-            raise ResultTimeout(self.queue, self.job_id, self.timeout or 0.0)
+            timed_out = ResultTimeout(self.queue, self.job_id, self.timeout or 0.0)
+            if self._error is not None:  # the server was out of reach when time ran out: say why
+                raise timed_out from self._error
+            raise timed_out
         return left
+
+    def listen(self, now: float) -> float:
+        """How long the driver may wait for its next message: to the safety net's read, or the deadline."""
+        left = self.remaining(now)
+        until_read = max(self.read_by - now, 0.0)
+        return until_read if left is None else min(left, until_read)
+
+    def heard(self, message: Any, now: float) -> bool:
+        """Whether to read the row now: a (re)subscription's confirmation, the announcement, or time."""
+        if message is not None:
+            self.reached = True
+        return is_confirmation(message) or is_announcement(message) or now >= self.read_by
+
+    def lost(self, error: BaseException, now: float) -> float:
+        """The connection failed: the pause before subscribing again (``ResultTimeout`` at the deadline)."""
+        self._error = error
+        self.remaining(now)
+        pause = self._backoff.next_wait(now)
+        return 0.0 if pause is None else pause
 
 
 def is_announcement(message: Any) -> bool:

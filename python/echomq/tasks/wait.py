@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .. import _protocol as proto
-from .results import ResultWait, is_announcement, is_confirmation
+from ..client import never_reached
+from ..errors import ResultTimeout
+from .results import ResultWait
 from .serializers import JSON, Serializer
 
 if TYPE_CHECKING:
@@ -16,8 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["await_result", "wait_result"]
 
-# A wait looks up from its socket at least this often (no command is sent: it only reads).
-LOOK_UP_S = 5.0
+# What a wait takes for a lost connection (then it subscribes again): redis-py's, and the OS's.
+_LOST = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 # Whether a server announces ends with SPUBLISH, per redis client: asked once (INFO server).
 _SHARDED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
@@ -38,6 +44,15 @@ def _sharded(redis_client: Any) -> bool:
     return known
 
 
+async def _asharded(redis_client: Any) -> bool:
+    known = _SHARDED.get(redis_client)
+    if known is None:
+        known = _SHARDED[redis_client] = proto.sharded_announcements(
+            _server_info(await redis_client.info("server"))
+        )
+    return known
+
+
 def _subscribe(pubsub: Any, wait: ResultWait, sharded: bool) -> None:
     if sharded:
         pubsub.ssubscribe(wait.channel())
@@ -52,6 +67,13 @@ def _next_message(pubsub: Any, sharded: bool, timeout: float) -> Any:
     return pubsub.get_message(timeout=timeout)
 
 
+async def _asubscribe(pubsub: Any, wait: ResultWait, sharded: bool) -> None:
+    if sharded:
+        await pubsub.ssubscribe(wait.channel())
+    else:
+        await pubsub.subscribe(wait.channel())
+
+
 async def _anext_message(pubsub: Any, sharded: bool, timeout: float) -> Any:
     if sharded and hasattr(pubsub, "get_sharded_message"):
         return await pubsub.get_sharded_message(timeout=timeout)
@@ -61,29 +83,32 @@ async def _anext_message(pubsub: Any, sharded: bool, timeout: float) -> Any:
 def wait_result(
     client: Client, queue: str, job_id: str, timeout: float | None, serializer: Serializer = JSON
 ) -> Any:
-    """``client.result``'s body: subscribe, read the row, wait for the announcement (never a poll)."""
+    """``client.result``'s body: subscribe, read the row on every confirmation, announcement, and
+    ``READ_EVERY_S``; a lost connection is subscribed again (the rules: ``results.py``)."""
     wait = ResultWait(queue, job_id, timeout, time.monotonic(), serializer)
     redis_client: Any = client.redis
-    sharded = _sharded(redis_client)
-    pubsub = redis_client.pubsub()
-    try:
-        _subscribe(pubsub, wait, sharded)
-        confirmed = False
-        while not confirmed:  # the subscription holds before the row is read: no end slips between
-            left = wait.remaining(time.monotonic())
-            message = _next_message(pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S))
-            confirmed = is_confirmation(message)
-        while True:
-            settled = wait.settle(redis_client.execute_command(*wait.read()))
-            if settled is not None:
-                return settled.value
-            while True:
-                left = wait.remaining(time.monotonic())
-                message = _next_message(pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S))
-                if is_announcement(message):
-                    break
-    finally:
-        pubsub.close()
+    while True:
+        pubsub = None
+        try:
+            sharded = _sharded(redis_client)
+            pubsub = client._subscriber(confirmations=True)
+            _subscribe(pubsub, wait, sharded)
+            while True:  # the subscription holds before the row is read: no end slips between
+                message = _next_message(pubsub, sharded, wait.listen(time.monotonic()))
+                if wait.heard(message, time.monotonic()):
+                    settled = wait.settle(redis_client.execute_command(*wait.read(time.monotonic())))
+                    if settled is not None:
+                        return settled.value
+        except ResultTimeout:
+            raise
+        except _LOST as exc:
+            if never_reached(redis_client, exc, wait.reached):
+                raise  # nothing listens there: waiting would only hide it (for ever, with no timeout)
+            time.sleep(wait.lost(exc, time.monotonic()))
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
 
 
 async def await_result(
@@ -92,34 +117,30 @@ async def await_result(
     """The asyncio twin of ``wait_result``."""
     wait = ResultWait(queue, job_id, timeout, time.monotonic(), serializer)
     redis_client: Any = client.redis
-    sharded = _SHARDED.get(redis_client)
-    if sharded is None:
-        sharded = _SHARDED[redis_client] = proto.sharded_announcements(
-            _server_info(await redis_client.info("server"))
-        )
-    pubsub = redis_client.pubsub()
-    try:
-        if sharded:
-            await pubsub.ssubscribe(wait.channel())
-        else:
-            await pubsub.subscribe(wait.channel())
-        confirmed = False
-        while not confirmed:
-            left = wait.remaining(time.monotonic())
-            message = await _anext_message(
-                pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S)
-            )
-            confirmed = is_confirmation(message)
-        while True:
-            settled = wait.settle(await redis_client.execute_command(*wait.read()))
-            if settled is not None:
-                return settled.value
+    while True:
+        pubsub = None
+        try:
+            sharded = await _asharded(redis_client)
+            pubsub = client._subscriber(confirmations=True)
+            await _asubscribe(pubsub, wait, sharded)
             while True:
-                left = wait.remaining(time.monotonic())
-                message = await _anext_message(
-                    pubsub, sharded, LOOK_UP_S if left is None else min(left, LOOK_UP_S)
-                )
-                if is_announcement(message):
-                    break
-    finally:
-        await pubsub.aclose()
+                message = await _anext_message(pubsub, sharded, wait.listen(time.monotonic()))
+                if wait.heard(message, time.monotonic()):
+                    settled = wait.settle(await redis_client.execute_command(*wait.read(time.monotonic())))
+                    if settled is not None:
+                        return settled.value
+        except ResultTimeout:
+            raise
+        except _LOST as exc:
+            if never_reached(redis_client, exc, wait.reached):
+                raise  # nothing listens there: waiting would only hide it (for ever, with no timeout)
+            await asyncio.sleep(wait.lost(exc, time.monotonic()))
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await _aclose(pubsub)
+
+
+async def _aclose(pubsub: Any) -> None:
+    closing = getattr(pubsub, "aclose", None) or pubsub.close  # aclose() from redis-py 5.0.1
+    await closing()

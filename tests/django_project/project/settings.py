@@ -38,6 +38,18 @@ TASKS = {
         "QUEUES": ["later"],
         "OPTIONS": {"URL": URL, "ENQUEUE_ON_COMMIT": True},
     },
+    # Django's rule: no QUEUES listed, any queue name is valid (a worker is told which to work)
+    "anyqueue": {
+        "BACKEND": "echomq.contrib.django.EchoMQBackend",
+        "QUEUES": [],
+        "OPTIONS": {"URL": URL},
+    },
+    # a worker of its own (tests/test_django.py): its tasks raise SystemExit and KeyboardInterrupt
+    "exits": {
+        "BACKEND": "echomq.contrib.django.EchoMQBackend",
+        "QUEUES": ["exits"],
+        "OPTIONS": {"URL": URL},
+    },
     # not echomq's: manage.py echomq_worker --backend inline refuses it
     "inline": {"BACKEND": f"{(BACKPORT or ['django.tasks'])[0]}.backends.immediate.ImmediateBackend"},
 }

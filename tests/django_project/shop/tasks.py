@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 try:
     from django.tasks import TaskContext, task
 except ImportError:
@@ -38,3 +40,29 @@ def out_of_stock(sku: str) -> None:
 @task(backend="oncommit", queue_name="later")
 def welcome(order_id: int) -> None:
     """Only ever enqueued here (the on-commit test); no worker runs the "later" queue."""
+
+
+@task(backend="anyqueue", queue_name="anywhere")
+def shout(word: str) -> str:
+    """Of the backend that lists no QUEUES: enqueued to whatever queue ``using`` names."""
+    return word.upper()
+
+
+@task
+def gives_a_set() -> set[int]:
+    return {1, 2}  # JSON cannot carry it: the task fails with TypeError, as in Django's own backends
+
+
+@task(backend="exits", queue_name="exits")
+def exits(code: int) -> None:
+    sys.exit(code)
+
+
+@task(backend="exits", queue_name="exits")
+def interrupts() -> None:
+    raise KeyboardInterrupt
+
+
+@task(backend="exits", queue_name="exits")
+def carries_on(n: int) -> int:
+    return n + 1

@@ -135,13 +135,23 @@
     const fields = document.getElementById("job-fields");
     const payload = document.getElementById("job-payload");
     document.getElementById("job-title").textContent = `job ${id}`;
+    const trace = document.getElementById("job-traceback");
+    const traceTitle = document.getElementById("job-traceback-title");
     fields.replaceChildren();
     payload.hidden = true;
+    trace.hidden = traceTitle.hidden = true;
     if (!response.ok) {
       fields.append(el("dt", {}, "error"), el("dd", {}, info.error || response.status));
     } else {
       for (const [key, value] of Object.entries(info)) {
         if (key === "payload" || key === "payload_truncated") continue;
+        if (key === "traceback") { // its own lines, as Python printed them
+          if (typeof value === "string" && value) {
+            trace.textContent = value;
+            trace.hidden = traceTitle.hidden = false;
+          }
+          continue;
+        }
         fields.append(el("dt", {}, key.replaceAll("_", " ")), el("dd", {}, fieldText(key, value, info.server_time)));
       }
       if (typeof info.payload === "string") {
@@ -213,6 +223,7 @@
       bar.firstChild.style.width = `${Math.round(share * 100)}%`;
       return el("tr", { "data-job": j.id },
         el("td", {}, jobLink(queue, j.id)),
+        el("td", { class: "task" }, j.task || ""),
         el("td", {}, el("div", { class: "lease" }, bar,
           el("span", { class: "left" }, j.lease_left_ms > 0 ? duration(j.lease_left_ms) : "lapsed"))),
         el("td", { class: "num" }, `${j.tries}/${j.attempts}`),
@@ -228,6 +239,7 @@
     if (!changed("pending", [queue, jobs.map((j) => [j.id, j.priority, j.delayed, Math.round(j.waiting_ms / 1000)])])) return;
     document.querySelector("#pending tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
+      el("td", { class: "task" }, j.task || ""),
       el("td", { class: "num" }, j.priority),
       el("td", { class: "when", title: j.delayed ? localTime(j.due_at) : "" },
         j.delayed ? `due in ${duration(j.due_at - lastState.server_time)}` : duration(j.waiting_ms)),
@@ -242,6 +254,7 @@
     if (!changed("dead", [queue, jobs, Math.round(now / 5000)])) return;
     document.querySelector("#dead tbody").replaceChildren(...jobs.map((j) => el("tr", { "data-job": j.id },
       el("td", {}, jobLink(queue, j.id)),
+      el("td", { class: "task" }, j.task || ""),
       el("td", { class: "when", title: localTime(j.died_at) }, age(now, j.died_at)),
       el("td", { class: "num" }, `${j.tries}/${j.attempts}`),
       el("td", { class: "num" }, j.retries),

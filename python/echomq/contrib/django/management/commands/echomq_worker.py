@@ -14,7 +14,10 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--backend", default="default", help="the TASKS alias (default: default)")
         parser.add_argument(
-            "--queue", action="append", dest="queues", help="a queue to work (repeat it; default: all)"
+            "--queue",
+            action="append",
+            dest="queues",
+            help="a queue to work (repeat it; default: the backend's QUEUES, required when it lists none)",
         )
         parser.add_argument("--concurrency", type=int, default=4, help="tasks run at once per queue")
         parser.add_argument("--lease-ms", type=int, default=None, help="each job's lease (ms)")
@@ -38,7 +41,10 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
         for key in ("lease_ms", "max_attempts"):
             if options[key] is not None:
                 settings[key] = options[key]
-        worker = backend.worker(options["queues"], **settings)
+        try:
+            worker = backend.worker(options["queues"], **settings)
+        except ValueError as exc:  # QUEUES: [] and no --queue; a --queue not in QUEUES
+            raise CommandError(str(exc)) from exc
         queues = ", ".join(w.queue for w in worker.workers)
         self.stdout.write(f"echomq worker for {queues} ({backend.url}); SIGINT/SIGTERM stop it")
         worker.run()

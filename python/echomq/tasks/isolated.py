@@ -1,0 +1,266 @@
+"""An app's tasks in child processes: the app crosses by its import path, a job by its task's name.
+
+A thread cannot be stopped: a timed-out task's job is failed, but its thread
+runs on, and the retried job may run beside it.  A child process can be
+killed.  Process isolation (``echomq.isolation``) runs a handler in a child
+that imports it by name; an app's handler, its ``Dispatcher``, holds
+functions, locks and a client, none of which pickle.  What crosses instead
+is where the app lives, ``"module:attr"`` (``App(..., import_path=...)``,
+the CLI's ``echomq worker module:attr``, else found in the globals of the
+module that made the app): the child imports it (and the modules of its
+tasks) and dispatches each job by its task's name, as the worker would.
+
+Two ways in:
+
+- ``app.worker(isolation="process")`` (``echomq worker mod:app --isolation
+  process``): the worker's pool runs every job of the app in its children;
+- ``@app.task(isolation="process", max_jobs_per_child=N)`` in a worker of
+  threads (or an asyncio worker): the dispatcher runs that task's jobs in
+  children of its own (``TaskProcesses``), killed when the worker abandons
+  the job (its timeout and grace) or gives it back (a forced stop),
+  recycled after N jobs.
+
+An asyncio app's task runs in its child as in an asyncio worker (an
+``echomq.asyncio.JobContext``, ``async def`` awaited in the child's own
+loop); its checkpoints and progress are sent to the worker's loop, where
+the lease is (``_LoopKeeper``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from ..isolation import ProcessPool
+
+if TYPE_CHECKING:
+    from .._protocol import Job
+    from ..asyncio.context import JobContext as AsyncJobContext
+    from ..cancel import CancelToken
+    from ..context import JobContext
+    from .app import AppCore
+    from .dispatch import AsyncDispatcher, DispatchCore, Dispatcher
+    from .task import TaskCore
+
+__all__ = ["TaskProcesses", "check_import_path", "defined_in", "import_path_of", "load_app"]
+
+HOW = 'give the app its import path: echomq.App(client, ..., import_path="myapp.tasks:app")'
+
+
+def check_import_path(path: object) -> str:
+    """``"package.module:attr"`` (``attr`` may be dotted), as ``echomq worker`` takes it; else ValueError."""
+    if not isinstance(path, str):
+        raise TypeError(f"import_path must be a str like 'myapp.tasks:app', not {type(path).__name__}")
+    module, _, attr = path.partition(":")
+    if not module or not attr or not all(p.isidentifier() for p in (*module.split("."), *attr.split("."))):
+        raise ValueError(f"import_path must be MODULE:ATTR, e.g. 'myapp.tasks:app', not {path!r}")
+    return path
+
+
+def defined_in(app: object) -> str | None:
+    """The module whose code made ``app`` (its ``__init__``'s caller, past subclasses' ``__init__``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is app:
+        frame = frame.f_back
+    return None if frame is None else frame.f_globals.get("__name__")
+
+
+def import_path_of(app: AppCore) -> str:
+    """Where a child imports ``app`` from: its own ``import_path``, else its name in its module.
+
+    TypeError saying what to do when there is none: an app made in
+    ``__main__`` (a child does not run your script) or not held by a
+    module-level name (made in a function).
+    """
+    if app.import_path is not None:
+        return app.import_path
+    module = app._defined_in
+    if module is None or module == "__main__":
+        raise TypeError(
+            "isolation='process' needs an app the child processes can import: this one is made in "
+            f"__main__ (they do not run your script); define it in a module, or {HOW}"
+        )
+    names = [name for name, value in vars(sys.modules.get(module, object())).items() if value is app]
+    if not names:
+        raise TypeError(
+            f"isolation='process' needs an app the child processes can import: no global of {module!r} "
+            f"holds this one (made in a function?); {HOW}"
+        )
+    return f"{module}:{names[0]}"
+
+
+def importable_tasks(tasks: Iterable[TaskCore]) -> list[TaskCore]:
+    """The tasks a child can import; TypeError naming one whose function is in ``__main__``."""
+    found = list(tasks)
+    for task in found:
+        if task._fn.__module__ == "__main__":
+            raise TypeError(
+                f"isolation='process': task {task.name!r} is defined in __main__, which the child "
+                "processes do not run; put it in a module of its own"
+            )
+    return found
+
+
+def load_app(path: str) -> AppCore:
+    """The app at ``path`` (``module:attr``), imported here; TypeError if it is no ``echomq.App``."""
+    from .app import AppCore
+
+    module, _, attr = check_import_path(path).partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not isinstance(target, AppCore):
+        raise TypeError(f"{path} is not an echomq.App (it is a {type(target).__name__})")
+    return target
+
+
+def child_dispatcher(
+    path: str, modules: tuple[str, ...], names: tuple[str, ...], kind: str = "threads"
+) -> Dispatcher | InChild:
+    """In a child (``Dispatcher.__reduce__``): the app imported, its tasks' modules too, its dispatcher.
+
+    A task the worker knows but the child does not find is said here, at the
+    child's start (the worker refuses to run), not as a job's UnknownTask.
+    ``kind="asyncio"``: an asyncio app's dispatcher, run in the child's loop.
+    """
+    from .dispatch import AsyncDispatcher, Dispatcher
+
+    app = load_app(path)
+    for module in modules:  # tasks defined beside the app, in modules that import it
+        importlib.import_module(module)
+    missing = [name for name in names if name not in app.tasks]
+    if missing:
+        raise LookupError(
+            f"{path} has no task {', '.join(map(repr, missing))} in the child process (importing "
+            f"{', '.join((path.partition(':')[0], *modules))} did not define it)"
+        )
+    if kind == "asyncio":
+        return InChild(AsyncDispatcher.of(app, in_child=True))
+    return Dispatcher.of(app, in_child=True)
+
+
+class InChild:
+    """In a child: an asyncio app's dispatcher behind the plain handler the child calls.
+
+    The task sees an ``echomq.asyncio.JobContext`` whose checkpoints and
+    progress, awaited, ask the worker over the pipe (``_AsyncChildKeeper``).
+    """
+
+    def __init__(self, dispatcher: AsyncDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def __call__(self, ctx: JobContext) -> object:
+        from ..asyncio.context import JobContext as AsyncContext
+
+        keeper: Any = _AsyncChildKeeper(ctx._keeper)
+        return asyncio.run(self.dispatcher(AsyncContext(ctx.job, ctx.cancel, keeper)))
+
+
+class _AsyncChildKeeper:
+    """In a child: the pipe's keeper (``echomq.isolation``) awaited, as an asyncio context awaits its own."""
+
+    def __init__(self, keeper: Any) -> None:
+        self._keeper = keeper
+
+    async def _store(self, state: bytes | None) -> bool:
+        return bool(self._keeper._store(state))  # a round trip on the pipe: brief, the child's loop waits
+
+    async def _progress(self, data: bytes) -> None:
+        self._keeper._progress(data)
+
+
+class _LoopKeeper:
+    """In an asyncio worker: its job's keeper, called from the thread that waits on the child.
+
+    The keeper's commands are coroutines of the worker's loop: each call is
+    run there and waited for here.
+    """
+
+    def __init__(self, keeper: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._keeper, self._loop = keeper, loop
+
+    def _store(self, state: bytes | None) -> bool:
+        return bool(asyncio.run_coroutine_threadsafe(self._keeper._store(state), self._loop).result())
+
+    def _progress(self, data: bytes) -> None:
+        asyncio.run_coroutine_threadsafe(self._keeper._progress(data), self._loop).result()
+
+
+class _Slots(Protocol):
+    queue: str
+    concurrency: int
+    isolation: str
+
+
+class TaskProcesses:
+    """A dispatcher's children for its tasks that ask for a process (in a worker of threads or asyncio).
+
+    One pool per ``max_jobs_per_child`` (a child counts every job it ran);
+    made on a first job, or ``prestart``ed as the workers start (a child's
+    start, an interpreter's imports, is not a job's time).
+    """
+
+    def __init__(self, dispatcher: DispatchCore) -> None:
+        self._dispatcher = dispatcher
+        self._pools: dict[int | None, ProcessPool] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, max_jobs_per_child: int | None) -> ProcessPool:
+        with self._lock:
+            pool = self._pools.get(max_jobs_per_child)
+            if pool is None:
+                handler = cast("Callable[..., object]", self._dispatcher)  # Dispatcher or AsyncDispatcher
+                pool = ProcessPool(handler, max_jobs_per_child=max_jobs_per_child)
+                self._pools[max_jobs_per_child] = pool
+            return pool
+
+    def run(self, ctx: JobContext, task: TaskCore) -> object:
+        """The job of ``ctx`` dispatched in a child: the task's value, or what it raised, as here."""
+        return self._run(ctx.job, ctx.cancel, ctx._keeper, getattr(ctx._keeper, "_held", None), task)
+
+    async def run_async(self, ctx: AsyncJobContext, task: TaskCore) -> object:
+        """``run`` for an asyncio worker: the wait on the child in a thread, the keeper's calls on the loop.
+
+        The worker's abandon cancels this coroutine, not the thread: the
+        thread sees the job abandoned and kills the child (``kill_when``).
+        """
+        keeper = _LoopKeeper(ctx._keeper, asyncio.get_running_loop())
+        held = getattr(ctx._keeper, "_held", None)
+        return await asyncio.to_thread(self._run, ctx.job, ctx.cancel, keeper, held, task)
+
+    def _run(self, job: Job, cancel: CancelToken, keeper: Any, held: Any, task: TaskCore) -> object:
+        pool = self.pool(task.max_jobs_per_child)
+        child = pool.take()
+
+        def kill_when() -> bool:  # the worker failed the job without it, or gave it back: stop it for real
+            return held is not None and (held.abandoned or held.given_back)
+
+        return pool.run(child, job, cancel, keeper, True, kill_when)
+
+    def prestart(self, workers: Iterable[_Slots]) -> None:
+        """Start, and wait for, a child per slot that may run a process task: each worker's concurrency."""
+        wanted: dict[int | None, int] = {}
+        for worker in workers:
+            if worker.isolation == "process":  # its own pool runs every task: none of ours
+                continue
+            limits = {
+                t.max_jobs_per_child
+                for t in self._dispatcher.tasks.values()
+                if t.isolation == "process" and t.queue == worker.queue
+            }
+            for limit in limits:
+                wanted[limit] = wanted.get(limit, 0) + worker.concurrency
+        for limit, n in wanted.items():
+            self.pool(limit).prestart(n)
+
+    def close(self) -> None:
+        """Stop every child (one still running a handler is killed); a later job starts new ones."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()

@@ -1,0 +1,106 @@
+"""``make test``'s stages, run in order (the small ones side by side), each one's time printed at the end.
+
+Which tests a stage runs is said next to the tests, by markers (pyproject.toml):
+``smoke`` (every verb's contract: also on Redis 6.2, Valkey 9, Redis 8 and in the
+Docker image), ``once`` (what does not depend on the engine: Redis 7.0 only) and
+``image`` (the image's own tests).  Adding a test file never means editing this
+file or the Makefile.
+
+    python -m tests.stages            # every stage (make test)
+    python -m tests.stages valkey     # the stages named
+
+Every stage runs even when one before it failed, so one run shows every failure;
+the exit status is 1 when any failed.  A stage's output is printed as it runs;
+the stages run side by side print theirs when each ends, whole.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PYTEST = [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile"]
+SMALL = [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadfile"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    argv: list[str]
+    what: str
+
+
+def stages() -> list[list[Stage]]:
+    """The stages, as groups: the stages of one group run side by side, the groups one after another.
+
+    Side by side, each smoke stage takes one test process (SMALL): four stages on two cores.
+    """
+    make = os.environ.get("MAKE", "make")
+    return [
+        [Stage("redis", [*PYTEST, "--engine", "redis", "tests"], "the whole suite on Redis 7.0")],
+        [Stage("valkey", [*PYTEST, "--engine", "valkey", "-m", "not once", "tests"],
+               "everything that depends on the engine, on Valkey 8")],
+        [
+            *(Stage(engine, [*SMALL, "--engine", engine, "-m", "smoke", "tests"], f"the smoke subset, {name}")
+              for engine, name in (("redis62", "Redis 6.2"), ("valkey9", "Valkey 9"), ("redis8", "Redis 8"))),
+            Stage("compat", [sys.executable, "-m", "tests.compat.run", "--short"],
+                  "the oldest and newest redis-py on the oldest and newest Python"),
+        ],
+        [Stage("container", [make, "--no-print-directory", "test-container"],
+               "the Docker image's tests, then the smoke subset against a container of it")],
+        [Stage("memcheck", [make, "--no-print-directory", "-C", "module", "check",
+                            f"CHECK_PYTHON={BIN / 'python'}"], "the memory check (valgrind)")],
+    ]  # fmt: skip
+
+
+def _run(stage: Stage, capture: bool) -> tuple[Stage, int, float, str]:
+    started = time.monotonic()
+    if not capture:
+        print(f"\n=== {stage.name}: {stage.what}\n$ {' '.join(stage.argv)}", flush=True)
+        code = subprocess.call(stage.argv, cwd=ROOT)
+        return stage, code, time.monotonic() - started, ""
+    with tempfile.TemporaryFile("w+") as out:
+        code = subprocess.call(stage.argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        out.seek(0)
+        text = out.read()
+    return stage, code, time.monotonic() - started, text
+
+
+def main(argv: list[str]) -> int:
+    chosen = set(argv)
+    known = {s.name for group in stages() for s in group}
+    if chosen - known:
+        print(f"no stage {', '.join(sorted(chosen - known))}; the stages: {', '.join(sorted(known))}")
+        return 2
+    results: list[tuple[Stage, int, float]] = []
+    began = time.monotonic()
+    for group in stages():
+        group = [s for s in group if not chosen or s.name in chosen]
+        if len(group) == 1:
+            stage, code, took, _ = _run(group[0], capture=False)
+            results.append((stage, code, took))
+            continue
+        with ThreadPoolExecutor(len(group)) as pool:
+            for stage, code, took, text in pool.map(lambda s: _run(s, capture=True), group):
+                print(f"\n=== {stage.name}: {stage.what} (side by side)\n$ {' '.join(stage.argv)}")
+                print(text, end="", flush=True)
+                results.append((stage, code, took))
+    total = time.monotonic() - began
+    print("\nmake test, by stage:")
+    for stage, code, took in results:
+        print(f"  {stage.name:<10} {'ok    ' if code == 0 else 'FAILED'} {took / 60:5.1f} min   {stage.what}")
+    passed = all(code == 0 for _, code, _ in results)
+    print(f"  {'in all':<10} {'ok    ' if passed else 'FAILED'} {total / 60:5.1f} min")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
