@@ -41,7 +41,9 @@
 #   make outage set everything up, then the outage chaos test at length
 #               (tests/test_outage_chaos.py; the suite runs one layout mixing 1, 100 and 500
 #               slots): the whole scenario once per slot count (OUTAGE_SLOTS, 1,100,500),
-#               every worker at it, on Redis 7.0 and Valkey 8 (minutes)
+#               every worker at it, then asyncio (and threads) at 100 and 500 slots with
+#               prefetch, forced stops (SIGTERM twice) and 1 s leases (MODE:N+prefetch+forced
+#               +short), on Redis 7.0 and Valkey 8 (minutes)
 #
 # Set-up is idempotent: Debian's redis-server, valgrind and chromium (apt-get, only when
 # missing; chromium is the real browser of the dashboard's test, driven by Playwright),
@@ -159,7 +161,7 @@ schedules-long: setup
 	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/test_schedules.py -k "reaper or restart"
 	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/test_schedules.py -k "reaper or restart"
 
-OUTAGE_SLOTS ?= 1,100,500
+OUTAGE_SLOTS ?= 1,100,500,asyncio:100+prefetch+short,asyncio:500+prefetch+forced,asyncio:100+forced+short,sync:100+prefetch+forced
 outage: setup
 	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine redis tests/test_outage_chaos.py
 	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine valkey tests/test_outage_chaos.py

@@ -116,11 +116,15 @@ class Proxy:
     a client reading a reply waits for ever, or until its own timeout.
     Connections opened later work.
 
-    Three hooks see each chunk as it passes: ``hold_reply(data)`` returns how
-    long to hold a chunk from the server (a slow network), ``lose_reply(data)``
-    True drops one (a message lost on the way: ``lost`` counts them), and
+    Four hooks see each chunk as it passes: ``hold_reply(data)`` returns how
+    long to hold a chunk from the server (a slow network), ``hold_request(data)``
+    the same for a chunk from the client, ``lose_reply(data)`` True drops one
+    (a message lost on the way: ``lost`` counts them), and
     ``reset_request(data)`` True closes the connection instead of
-    forwarding a chunk from the client (a reset).
+    forwarding a chunk from the client (a reset: ``resets`` counts them).
+    ``held_replies`` and ``held_requests`` count the chunks held a nonzero
+    time: a fault test asserts its fault fired, so that a refactor cannot
+    turn it into a happy-path one (``dropped``, ``lost``, ``refused`` too).
 
     ``drop()`` closes every connection open so far (the server sees its
     clients leave); while ``refuse`` is True a new connection is closed as
@@ -133,9 +137,13 @@ class Proxy:
         self.generation = 0
         self.dropped = 0
         self.hold_reply: Callable[[bytes], float] | None = None
+        self.hold_request: Callable[[bytes], float] | None = None
         self.reset_request: Callable[[bytes], bool] | None = None
         self.lose_reply: Callable[[bytes], bool] | None = None
         self.lost = 0
+        self.resets = 0
+        self.held_replies = 0
+        self.held_requests = 0
         self.refuse = False
         self.refused = 0
         self._listener = socket.socket()
@@ -201,6 +209,7 @@ class Proxy:
                         self.dropped += len(data)
                     continue
                 if up and self.reset_request is not None and self.reset_request(data):
+                    self.resets += 1
                     for s in (a, b):
                         with contextlib.suppress(OSError):
                             s.close()
@@ -208,8 +217,13 @@ class Proxy:
                 if not up and self.lose_reply is not None and self.lose_reply(data):
                     self.lost += 1
                     continue
-                if not up and self.hold_reply is not None:
-                    time.sleep(self.hold_reply(data))
+                hold = self.hold_request if up else self.hold_reply
+                if hold is not None and (seconds := hold(data)) > 0:
+                    if up:
+                        self.held_requests += 1
+                    else:
+                        self.held_replies += 1
+                    time.sleep(seconds)
                 b.sendall(data)
         except OSError:
             return

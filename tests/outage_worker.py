@@ -1,6 +1,6 @@
 """A worker process for the outage chaos test.
 
-``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS]``:
+``python outage_worker.py URL QUEUE LEASE_MS sync|asyncio HISTORY [SLOTS [PREFETCH [MAX_STALLED]]]``:
 
 Every handler run appends lines to HISTORY (JSON): ``start`` with the
 job, its token and attempt, and the step it resumed from and the token that
@@ -12,8 +12,9 @@ its token (issue 27): a job still held with a token of a worker that has
 exited is held by nobody.  SLOTS is the worker's concurrency (default: 2
 threads, or 4 tasks).  A job runs ``STEPS`` steps from where its last
 checkpoint left off, storing each (``ctx.checkpoint_step``).  Poison jobs
-(payload ``poison``) raise every time.  The worker runs until SIGTERM (a graceful stop), then
-prints its stats as one JSON line.
+(payload ``poison``) raise every time.  The worker runs until SIGTERM (a graceful stop; a second
+one forces it), then prints its stats as one JSON line; after a forced stop it exits with
+128 + the signal, as ``run()`` raises.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -152,31 +154,89 @@ def async_handler(history: History) -> Any:
     return handler
 
 
+def announce_ready(history: History) -> None:
+    """Write ``ready`` once the worker handles SIGTERM (the test's deploys wait for it).
+
+    A SIGTERM before ``run()`` installs its handler kills the process
+    outright (a slow start on a busy machine): no test of a graceful stop.
+    """
+
+    def watch() -> None:
+        while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None, late_signal):
+            time.sleep(0.01)
+        history.write(event="ready")
+
+    threading.Thread(target=watch, name="test-ready", daemon=True).start()
+
+
+def count_signals(path: str) -> None:
+    """Every SIGTERM a handler of the worker's runs for adds a byte to ``path`` (the test's forced
+    deploys send their second signal only once the first was handled: two signals that come before
+    Python runs the handler are one).  ``os.write``: a signal handler takes no lock."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    install = signal.signal
+
+    def counting(signum: int, handler: Any) -> Any:
+        if signum != signal.SIGTERM or not callable(handler) or handler is late_signal:
+            return install(signum, handler)
+
+        def counted(number: int, frame: Any) -> Any:
+            os.write(fd, b"1")
+            return handler(number, frame)
+
+        return install(signum, counted)
+
+    signal.signal = counting  # type: ignore[assignment]
+
+
+def late_signal(signum: int, frame: object) -> None:
+    """SIGTERM outside ``run()``: ignored.  ``run()`` puts this back as it returns, so a forced
+    deploy's second signal that comes as the stop ends does not kill the process mid-exit."""
+
+
 def main() -> None:
     global HISTORY
     url, queue, lease_ms, mode, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     slots = int(sys.argv[6]) if len(sys.argv) > 6 else (2 if mode == "sync" else 4)
-    echomq.configure_logging("warning")
+    echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
-    settings: dict[str, Any] = {"lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0}
+    signal.signal(signal.SIGTERM, late_signal)
+    count_signals(path + ".signals")
+    announce_ready(history)
+    prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    max_stalled = int(sys.argv[8]) if len(sys.argv) > 8 else 3
+    settings: dict[str, Any] = {
+        "lease_ms": lease_ms, "max_attempts": 3, "poll_interval": 0.02, "grace": 2.0, "prefetch": prefetch,
+        "max_stalled": max_stalled,
+    }  # fmt: skip
+    forced: SystemExit | None = None  # run() raises it after a second signal
     if mode == "sync":
         client = RecordingClient.from_url(url)
         worker = echomq.Worker(client, queue, sync_handler(history), concurrency=slots, **settings)
-        worker.run()
+        try:
+            worker.run()
+        except SystemExit as exc:
+            forced = exc
         stats = worker.stats
     else:
+        workers: list[emq.Worker] = []
 
-        async def run() -> echomq.WorkerStats:
+        async def run() -> None:
             aclient = AsyncRecordingClient.from_url(url)
-            aworker = emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings)
+            workers.append(emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings))
             try:
-                await aworker.run()
+                await workers[0].run()
             finally:
                 await aclient.aclose()
-            return aworker.stats
 
-        stats = asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except SystemExit as exc:
+            forced = exc
+        stats = workers[0].stats
     print(json.dumps({"pid": os.getpid(), "mode": mode, **dataclasses.asdict(stats)}), flush=True)
+    if forced is not None:
+        raise forced
 
 
 if __name__ == "__main__":

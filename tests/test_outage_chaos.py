@@ -6,9 +6,14 @@ deploy) and are replaced.
 The workers run at 1, 100 and 500 slots: ``make test`` runs one layout
 mixing them (a thread worker and an asyncio one of 1 slot, threads of 100,
 tasks of 500); ``ECHOMQ_OUTAGE_SLOTS=1,100,500`` (``make outage``) runs the
-whole scenario once per slot count, every worker at it.  After each SIGTERM
+whole scenario once per slot count, every worker at it.  A layout may also
+name one driver and options: ``asyncio:500+prefetch+forced+short`` runs
+asyncio workers of 500 slots each, with a prefetch of half their slots,
+deploys that are forced stops (a second SIGTERM 0.05 s after the worker handled the first) and
+a 1 s lease (``make outage`` runs such layouts too).  After each SIGTERM
 no job may still be held with a token the exited worker was handed (it
-records every claim's answer): a job a claim answered is run or given back.
+records every claim's answer): a job a claim answered is run or given
+back, a second signal or not.
 
 Afterwards every job is done, dead (only the poison ones, after running) or
 cancelled (only those the test asked to cancel), and no job was completed
@@ -30,6 +35,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +64,50 @@ BUDGET_S = 45.0
 MIXED = [("sync", 1), ("asyncio", 1), ("sync", 100), ("asyncio", 500)]
 
 
+SHORT_LEASE_MS = 1000  # a layout's "+short"
+PREFETCH_MAX_STALLED = 10  # a layout's "+prefetch" (Layout.max_stalled)
+# A forced deploy's second SIGTERM, this soon after the worker handled the
+# first: a busy worker is still stopping (its exit status, 128 + SIGTERM,
+# says it was forced).
+FORCE_AFTER_S = 0.05
+
+
 def layouts() -> list[str]:
-    """``ECHOMQ_OUTAGE_SLOTS``: "mixed" (the default), or slot counts, one run each ("1,100,500")."""
+    """``ECHOMQ_OUTAGE_SLOTS``: "mixed" (the default), or layouts, one run each ("1,100,500",
+    "asyncio:100+prefetch+forced")."""
     return [x.strip() for x in os.environ.get("ECHOMQ_OUTAGE_SLOTS", "mixed").split(",") if x.strip()]
 
 
-def workers_of(layout: str) -> list[tuple[str, int]]:
-    if layout == "mixed":
-        return MIXED
-    return [("sync", int(layout)), ("asyncio", int(layout))] * 2
+@dataclass(frozen=True)
+class Layout:
+    """What one run's workers are: (mode, slots) each, their prefetch share, the deploys, the lease."""
+
+    workers: list[tuple[str, int]]
+    prefetch: bool = False  # each worker claims half its slots beyond them
+    forced: bool = False  # each deploy is a forced stop (SIGTERM twice)
+    lease_ms: int = LEASE_MS
+    # The reaper's and the workers' max_stalled.  Each of the scenario's outages
+    # (the freeze, the long stall, the restarts) lapses every lease it spans: a
+    # stall by design.  A prefetched job is held through more of them than one
+    # that runs at once, so with prefetch three is reached by design, and the
+    # layout checks the give-backs and the fencing, not the stall budget.
+    max_stalled: int = 3
+
+
+def layout_of(name: str) -> Layout:
+    """``mixed``, ``N`` (threads and tasks of N slots) or ``MODE:N[+prefetch][+forced][+short]``."""
+    if name == "mixed":
+        return Layout(MIXED)
+    spec, *options = name.split("+")
+    unknown = set(options) - {"prefetch", "forced", "short"}
+    assert not unknown, f"unknown layout options {unknown} in {name!r}"
+    mode, _, slots = spec.rpartition(":")
+    modes = [mode] if mode else ["sync", "asyncio"]
+    assert set(modes) <= {"sync", "asyncio"}, name
+    workers = [(m, int(slots)) for m in modes] * (4 // len(modes))
+    lease_ms = SHORT_LEASE_MS if "short" in options else LEASE_MS
+    prefetch = "prefetch" in options
+    return Layout(workers, prefetch, "forced" in options, lease_ms, PREFETCH_MAX_STALLED if prefetch else 3)
 
 
 def job_id(i: int) -> str:
@@ -126,10 +167,14 @@ class Producer(threading.Thread):
             time.sleep(ENQUEUE_EVERY_S)
 
 
-def spawn(url: str, mode: str, slots: int, history: Path) -> subprocess.Popen[str]:
+def spawn(
+    url: str, mode: str, slots: int, history: Path, lease_ms: int = LEASE_MS, prefetch: int = 0,
+    max_stalled: int = 3,
+) -> subprocess.Popen[str]:  # fmt: skip
     env = dict(os.environ, PYTHONPATH=pythonpath(ROOT / "python"))
+    args = [url, Q, str(lease_ms), mode, str(history), str(slots), str(prefetch), str(max_stalled)]
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), url, Q, str(LEASE_MS), mode, str(history), str(slots)],
+        [sys.executable, str(SCRIPT), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -137,25 +182,35 @@ def spawn(url: str, mode: str, slots: int, history: Path) -> subprocess.Popen[st
 class Workers:
     """The worker processes, each with its history; ``deploy(n)`` SIGTERMs one and starts its replacement."""
 
-    def __init__(self, url: str, layout: list[tuple[str, int]], tmp: Path) -> None:
+    def __init__(self, url: str, layout: Layout, tmp: Path) -> None:
         self.url, self.tmp = url, tmp
-        self.layout = list(layout)
+        self.spec = layout
+        self.layout = list(layout.workers)
         self.histories: list[Path] = []
         self.procs: list[subprocess.Popen[str]] = []
         self.paths: list[Path] = []  # the history of each process in procs
-        for mode, slots in layout:
+        for mode, slots in self.layout:
             proc, path = self._spawn(mode, slots)
             self.procs.append(proc)
             self.paths.append(path)
         self.outputs: list[tuple[str, str]] = []
         self.codes: list[int] = []
+        self.expected_codes: list[int] = []  # 0 after one SIGTERM; 128 + SIGTERM after a forced stop
         self.held_by_nobody: list[tuple[str, str, str]] = []
         self.deploys: list[str] = []
 
     def _spawn(self, mode: str, slots: int) -> tuple[subprocess.Popen[str], Path]:
         path = self.tmp / f"history-{len(self.histories)}.jsonl"
         self.histories.append(path)
-        return spawn(self.url, mode, slots, path), path
+        prefetch = slots // 2 if self.spec.prefetch else 0
+        return spawn(self.url, mode, slots, path, self.spec.lease_ms, prefetch, self.spec.max_stalled), path
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Every running worker handles SIGTERM (its history says ``ready``): a deploy tests a stop."""
+        return wait_until(
+            lambda: all(any(e["event"] == "ready" for e in read_history([p])) for p in self.paths),
+            timeout, step=0.05,
+        )  # fmt: skip
 
     def deploy(self, n: int, admin: redis.Redis) -> float:
         """SIGTERM worker ``n`` (busy), wait for it to exit, then check what it held; returns the seconds."""
@@ -164,25 +219,37 @@ class Workers:
         self.procs[n], self.paths[n] = self._spawn(mode, slots)  # the replacement starts at once
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        if self.spec.forced:  # a second signal: stop at once, the jobs still held given back
+            handled = Path(f"{path}.signals")  # outage_worker.count_signals: the first one was handled
+            wait_until(lambda: handled.exists() and handled.stat().st_size >= 1, timeout=10)
+            time.sleep(FORCE_AFTER_S)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - started
         self.outputs.append((out, err))
+        path.with_suffix(".err").write_text(err)
         self.codes.append(proc.returncode)
+        self.expected_codes.append(128 + signal.SIGTERM if self.spec.forced else 0)
         claimed = {e["token"] for e in read_history([path]) if e["event"] == "claim"}
         for raw in admin.zrange(K.active, 0, -1):
             token = (admin.hget(K.job(raw.decode()), "token") or b"").decode()
             if token in claimed:  # still held with a token only the exited worker had
                 self.held_by_nobody.append((f"{mode}@{slots}", raw.decode(), token))
-        self.deploys.append(f"{mode}@{slots} stopped in {took:.2f} s ({len(claimed)} claims)")
+        forced = " (forced)" if self.spec.forced else ""
+        self.deploys.append(f"{mode}@{slots} stopped{forced} in {took:.2f} s ({len(claimed)} claims)")
         return took
 
     def stop_all(self) -> float:
+        self.wait_ready(30)  # a replacement still starting ignores SIGTERM (outage_worker.late_signal)
         started = time.monotonic()
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
+        for proc, path in zip(self.procs, self.paths, strict=True):
             self.outputs.append(proc.communicate(timeout=30))
             self.codes.append(proc.returncode)
+            self.expected_codes.append(0)
+            path.with_suffix(".err").write_text(self.outputs[-1][1])
         return time.monotonic() - started
 
 
@@ -204,10 +271,13 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
     proxy = Proxy(server.port)  # the workers' only way to the server
     worker_url = f"redis://127.0.0.1:{proxy.port}/0"
     faults: Counter[str] = Counter()
-    workers = Workers(worker_url, workers_of(layout), tmp_path)
-    burst = min(BURST, 10 * sum(slots for _, slots in workers_of(layout)))
+    spec = layout_of(layout)
+    workers = Workers(worker_url, spec, tmp_path)
+    burst = min(BURST, 10 * sum(slots for _, slots in spec.workers))
     producer = Producer(server.url)
-    reaper = echomq.Reaper(echomq.Client.from_url(server.url), Q, interval=0.2, max_stalled=3, limit=100)
+    reaper = echomq.Reaper(
+        echomq.Client.from_url(server.url), Q, interval=0.2, max_stalled=spec.max_stalled, limit=100
+    )
     started = time.monotonic()
 
     def at(second: float) -> None:
@@ -216,11 +286,14 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
     admin = echomq.Client.from_url(server.url)
     r = admin.redis
     try:
+        assert workers.wait_ready(), "a worker did not start"
+        started = time.monotonic()
         producer.start()
         reaper.start()
         at(1.5)
-        stall(server, 1.0).join()  # shorter than a lease
-        faults["DEBUG SLEEP 1.0 s"] += 1
+        short = round(spec.lease_ms * 2 / 3000, 2)
+        stall(server, short).join()  # shorter than a lease
+        faults[f"DEBUG SLEEP {short} s"] += 1
         at(2.8)
         producer.burst(burst)
         proxy.blackhole()  # every worker connection open now goes half-open; new ones work
@@ -230,8 +303,8 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
         faults["SIGTERM to a busy worker (half-open), replaced"] += 1
         at(5.0)
         with frozen(server):  # as long as a lease: some holders cannot show theirs
-            time.sleep(1.5)
-        faults["SIGSTOP 1.5 s"] += 1
+            time.sleep(spec.lease_ms / 1000)
+        faults[f"SIGSTOP {spec.lease_ms / 1000} s"] += 1
         at(7.5)
         restart(server, down_for=1.0)  # SIGTERM: the AOF is flushed; the same port and directory
         faults["restart (SIGTERM, down 1.0 s)"] += 1
@@ -281,6 +354,7 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
     states = Counter(row.get("state", "missing") for row in rows.values())
     runs = sum(len(v) for v in starts.values())
     stalls = sum(int(row.get("stalled", "0")) for row in rows.values())
+    by_stalls = Counter(row.get("stalled", "0") for row in rows.values())
     raw_rows = {jid: r.hgetall(K.job(jid)) for jid in producer.enqueued}
     resumed = check_resumes(events, raw_rows)  # a lost reply may leave the last step unstored
     claims = sum(int(row.get("attempts", "0")) for row in rows.values())  # every claim of every job
@@ -297,16 +371,21 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
         f"(poison {len(producer.poison)}, cancel asked {len(producer.cancel_asked)}); "
         f"final states {dict(states)}; claims {claims}, handler runs {runs} (re-runs {runs - len(starts)}, "
         f"claims that never ran {claims - runs}: {never_ran}); "
-        f"stalls counted {stalls}; claims resumed mid-job {resumed}; "
+        f"stalls counted {stalls} (jobs by stalls {dict(by_stalls)}); "
+        f"claims resumed mid-job {resumed}; "
         f"worker totals {dict(total)}; producer errors {len(producer.errors)}; "
         f"deploys: {workers.deploys}; workers stopped (SIGTERM) in {stop_took:.2f} s, "
         f"exit statuses {workers.codes}"
     )
 
+    held = {jid for _, jid, _ in workers.held_by_nobody}
+    for jid, row in rows.items():  # what a job that ended wrongly went through (the logs: history-*.err)
+        if (row.get("state") == "dead" and jid not in producer.poison) or jid in held:
+            print(f"{jid}: {row}; events {[e for e in events if e.get('job') == jid]}")
     assert drained, f"the queue did not drain: pending {queued(r, K)}, active {r.zcard(K.active)}"
     assert not producer.errors, producer.errors
     assert workers.held_by_nobody == [], "jobs a SIGTERMed worker was handed and neither ran nor gave back"
-    assert workers.codes == [0] * len(workers.codes), [err[-2000:] for _, err in outputs]
+    assert workers.codes == workers.expected_codes, [err[-2000:] for _, err in outputs]
     assert len(stats) == len(workers.codes) == 6
     assert set(states) <= {"done", "dead", "cancelled"}, states
     for jid, row in rows.items():

@@ -12,9 +12,6 @@ connection): by default ten times.  Each verb is safe to send twice:
 
 from __future__ import annotations
 
-import threading
-import time
-
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -23,6 +20,7 @@ from echomq import Client
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .faults import Proxy
 from .helpers import digest, queued
 
 Q = queue_keys("q")
@@ -119,29 +117,49 @@ def test_a_swept_job_is_not_mistaken_for_a_finished_one(r: redis.Redis) -> None:
 
 
 def test_redis_py_retrying_a_claim_after_a_timeout_does_not_orphan_a_job(server: EmbeddedServer) -> None:
-    # The reproduction: a server stall longer than the client's socket
-    # timeout makes redis-py send the claim again.  Both executions reach
-    # the server; the job the first one took must be the one handed out.
+    # The reproduction: a claim's reply is lost (held past the client's socket
+    # timeout by a proxy), so redis-py sends the claim again.  Both executions
+    # reach the server; the job the first one took must be the one handed out.
+    # (A server stall, DEBUG SLEEP, did not test this: the server drops what a
+    # timed-out connection sent, so only the last try ever ran.)
     admin = server.client()
     admin.flushall()
     admin_client = Client(admin)
-    for job_id in ("A", "B", "C"):
+    for job_id in ("JOB-A", "JOB-B", "JOB-C"):
         admin_client.enqueue("q", b"x", job_id=job_id)
+    proxy = Proxy(server.port)
+    held: list[bytes] = []
+
+    def hold(data: bytes) -> float:
+        if b"JOB-A" in data and not held:
+            held.append(data)
+            return 1.0  # longer than the socket timeout: this reply is lost
+        return 0.0
+
+    proxy.hold_reply = hold
     # The retry spelled out: a redis-py client retries a timed-out command by default only from
     # redis-py 6 (before it, a caller's own client raises TimeoutError; Client.from_url retries).
     slow = Client(
-        server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 3), retry_on_error=[redis.TimeoutError])
+        redis.Redis(
+            port=proxy.port,
+            socket_timeout=0.3,
+            retry=Retry(NoBackoff(), 3),
+            retry_on_error=[redis.TimeoutError],
+        )
     )
-    slow.redis.ping()
-    stall = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1"))
-    stall.start()
-    time.sleep(0.1)
-    job = slow.claim("q", lease_ms=60_000)  # times out at least once, then retried
-    stall.join()
-    assert job is not None and job.id == "A"
-    assert admin.zrange(Q.active, 0, -1) == [b"A"], "a second job was claimed by the retry"
-    assert queued(admin, Q) == 2
-    slow.complete("q", job.id, job.token)
-    assert admin.hget(Q.job("A"), "state") == b"done"
-    slow.redis.close()
-    admin.close()
+    try:
+        slow.redis.ping()
+        before = int(admin.info("commandstats").get("cmdstat_emq.claim", {}).get("calls", 0))
+        job = slow.claim("q", lease_ms=60_000)  # times out once, then retried
+        # The fault fired: the first reply was lost, and both executions reached the server.
+        assert held and proxy.held_replies == 1
+        assert int(admin.info("commandstats")["cmdstat_emq.claim"]["calls"]) - before >= 2
+        assert job is not None and job.id == "JOB-A"
+        assert admin.zrange(Q.active, 0, -1) == [b"JOB-A"], "a second job was claimed by the retry"
+        assert queued(admin, Q) == 2
+        slow.complete("q", job.id, job.token)
+        assert admin.hget(Q.job("JOB-A"), "state") == b"done"
+    finally:
+        slow.redis.close()
+        proxy.close()
+        admin.close()

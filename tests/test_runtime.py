@@ -664,6 +664,7 @@ def test_a_handler_past_its_timeout_is_told_then_abandoned_and_its_job_failed() 
     )
     assert w.stats.abandoned == 1 and not h.active and w._abandon_due(104.0) == []
     assert w._decide(h, None).action is Action.DROP  # it returned later: its job was failed already
+    assert w.stats.timed_out == 1  # an abandoned handler timed out too (it stayed 0: issue 39)
     assert h.lose("stale") is LeaseEvent.IGNORED  # its FAIL's doing, no lost lease
     plain = worker()
     assert plain._time_handler(held(), 100.0) == math.inf  # no timeout_ms: no limit

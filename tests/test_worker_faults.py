@@ -77,6 +77,7 @@ def test_a_claim_whose_reply_was_lost_runs_its_job_once_and_never_dead_letters_i
         assert row(admin, job_id)["state"] == "done", row(admin, job_id)
         assert "stalled" not in row(admin, job_id)
     assert not admin.exists(K.dead)
+    assert worker.stats.connection_errors >= 1  # the fault fired: a claim's try got no answer
 
 
 def test_enqueue_retried_after_a_lost_reply_makes_one_job(server_factory: ServerFactory) -> None:
@@ -107,6 +108,8 @@ def test_complete_retried_after_a_lost_reply_succeeds(server_factory: ServerFact
     client.complete(Q, job.id, job.token)  # no StaleToken
     stalled.join()
     assert row(server.client(), "J")["state"] == "done"
+    # The fault fired: the first COMPLETE's reply was lost, and it was sent again.
+    assert int(server.client().info("commandstats")["cmdstat_emq.complete"]["calls"]) >= 2
 
 
 @pytest.mark.parametrize("outcome", ["complete", "fail"])
@@ -188,6 +191,7 @@ def test_a_server_restart_as_a_handler_returns_loses_nothing(
     else:
         assert r["tries"] == "1"
     assert "stalled" not in r and worker.stats.leases_lost == 0
+    assert worker.stats.connection_errors >= 1  # the fault fired: the end met the server down
     assert no_echomq_threads() == []
 
 
@@ -416,6 +420,8 @@ def test_stop_does_not_wait_on_a_half_open_connection(server: EmbeddedServer, r:
         assert time.monotonic() - started < 1.5
         assert r.hget(K.job("J"), "state") == b"pending"  # given back at the stop
         assert worker.stats.released == 1 and worker.stats.leases_lost == 0
+        assert proxy.dropped >= 1, "nothing met the half-open connections: the fault did not fire"
+        assert worker.stats.connection_errors >= 1  # a checkpoint gave a half-open connection up
         assert no_echomq_threads() == []
     finally:
         proxy.close()

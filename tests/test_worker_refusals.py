@@ -52,17 +52,17 @@ def row(r: redis.Redis, job_id: str) -> dict[str, str]:
 class Running:
     """A worker of either driver running in the background (an asyncio one on a loop in a thread)."""
 
-    def __init__(self, mode: str, url: str, handler: object, **settings: object) -> None:
+    def __init__(self, mode: str, url: str, handler: object, queue: str = Q, **settings: object) -> None:
         self.mode = mode
         if mode == "sync":
-            self.sync = echomq.Worker(echomq.Client.from_url(url), Q, handler, **settings).start()  # type: ignore[arg-type]
+            self.sync = echomq.Worker(echomq.Client.from_url(url), queue, handler, **settings).start()  # type: ignore[arg-type]
             return
         ready = threading.Event()
 
         def main() -> None:
             async def run() -> None:
                 self.client = emq.Client.from_url(url)
-                self.aworker = emq.Worker(self.client, Q, handler, **settings)  # type: ignore[arg-type]
+                self.aworker = emq.Worker(self.client, queue, handler, **settings)  # type: ignore[arg-type]
                 self.loop = asyncio.get_running_loop()
                 task = asyncio.create_task(self.aworker.run(handle_signals=False))
                 ready.set()

@@ -63,7 +63,7 @@ def test_a_thread_handler_that_ignores_its_token_is_abandoned_and_its_job_failed
         assert wait_until(lambda: len(reasons) == 3, timeout=10)
     assert reasons.count("next") == 1
     assert [str(c.reason) for c in reasons if isinstance(c, echomq.Cancellation)] == ["timeout", "timeout"]
-    assert worker.stats.completed == 1 and worker.stats.abandoned == 2
+    assert worker.stats.completed == 1 and worker.stats.abandoned == 2 and worker.stats.timed_out == 2
     assert r.zcard(K.active) == 0
 
 
@@ -130,7 +130,7 @@ def test_an_asyncio_handler_past_its_grace_is_cancelled_and_its_job_failed(serve
     assert {row(r, j)["state"] for j in ("stubborn", "told")} == {"dead"}
     assert row(r, "stubborn")["last_error"] == ERROR
     assert [str(getattr(c, "reason", c)) for c in seen.values()] == ["timeout", "timeout"]
-    assert stats.abandoned == 2 and stats.failed == 2 and stats.leases_lost == 0
+    assert stats.abandoned == 2 and stats.timed_out == 2 and stats.failed == 2 and stats.leases_lost == 0
 
 
 @pytest.mark.parametrize("mode", ["sync", "asyncio"])

@@ -50,6 +50,8 @@ HandlerT = TypeVar("HandlerT")
 # A stopping thread asks a lost claim's answer again with tries of at most
 # this long each (a server that does not answer does not hold the stop long).
 SETTLE_TRY_S = 1.0
+# Jobs given back together go as pipelines of at most this many RELEASEs.
+GIVE_BACK_BATCH = 500
 
 
 class _GaveUp(Exception):
@@ -116,15 +118,72 @@ class Finisher(WorkerCore[Client, HandlerT]):
         step.call = None
         return jobs
 
-    def _give_back_unrun(self, job: Job, claimed_at: float) -> None:
-        held = HeldJob.claimed(
-            job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
-        )
-        self._settled_unrun(job)
+    def _give_back_unrun(self, jobs: list[Job], claimed_at: float) -> None:
+        """Jobs a claim answered that no keeper holds: given back together, one real try at least."""
+        helds = [
+            HeldJob.claimed(
+                job, CancelToken(), self.lease_ms, claimed_at=claimed_at, interval=self.extend_interval
+            )
+            for job in jobs
+        ]
+        for held in helds:
+            self._settled_unrun(held.job)
         with self._lock:
-            held.given_back = True
+            for held in helds:
+                held.given_back = True
         now = time.monotonic()
-        self._give_back(held, max(held.confirmed_until, now + SETTLE_TRY_S), floor=now + SETTLE_TRY_S)
+        until = max(claimed_at + self.lease_ms / 1000, now + SETTLE_TRY_S)
+        self._give_back_all(helds, until, floor=now + SETTLE_TRY_S)
+
+    def _give_back_all(self, helds: list[HeldJob], until: float, floor: float | None = None) -> None:
+        """RELEASE jobs this worker will not run (or not finish), a pipeline per ``GIVE_BACK_BATCH``.
+
+        One round trip gives back what one claim brought: a claim of a hundred
+        jobs answered as the worker stops was given back one RELEASE after
+        another, and on a short lease the last went out after the jobs'
+        leases had lapsed and a sweep had counted each a stall (a try
+        charged for a job that never ran), or after a forced stop's budget
+        (held by nobody).  Sent again after a lost reply (each RELEASE is
+        fenced by its token, and a repeat answers its first reply) until
+        ``until``, with one real try at least until ``floor``; an end the
+        batch could not settle (refused other than stale) goes the ordinary
+        way (``_give_back``).
+        """
+        for first in range(0, len(helds), GIVE_BACK_BATCH):
+            chunk = helds[first : first + GIVE_BACK_BATCH]
+            if len(chunk) == 1:
+                self._give_back(chunk[0], until, floor)
+                continue
+            finishes = [Finish(held, Action.RELEASE) for held in chunk]
+            calls: list[proto.Call[Any]] = [
+                proto.release(held.job.queue, held.job.id, held.job.token) for held in chunk
+            ]
+            try:
+                replies = self._send_until(
+                    partial(self.client._attempt_many, calls), until, "release",
+                    cap_s=min(SETTLE_TRY_S, max(0.2, self.lease_ms / 3000)), floor=floor,
+                )  # fmt: skip
+            except _GaveUp as gave_up:
+                with self._lock:
+                    for finish in finishes:
+                        self._unfinished(finish, gave_up.budget_at)
+                continue
+            for finish, call, reply in zip(finishes, calls, replies, strict=True):
+                try:
+                    if isinstance(reply, BaseException):
+                        if isinstance(reply, ResponseError):
+                            proto.raise_mapped(reply, call)
+                        raise reply
+                    where = call.read(reply)
+                except LeaseLost as exc:
+                    with self._lock:
+                        self._refused(finish, exc)
+                    continue
+                except Exception:  # refused (loading, say): this one the ordinary way
+                    self._give_back(finish.held, until, floor)
+                    continue
+                with self._lock:
+                    self._landed(finish, where)
 
     def _send_batch(self, batch: list[Finish], count: int) -> Sent:
         """One round trip: every end in ``batch`` and a claim of ``count`` jobs, pipelined.
@@ -264,10 +323,14 @@ class Finisher(WorkerCore[Client, HandlerT]):
         each try whose reply was lost (it may have run).  With ``stop_ok``
         (a loop's claim), a stop ends the tries (``_Stopped``).  ``floor``:
         tries go on until then even after a forced stop's budget (one real
-        try to settle what a claim answered).
+        try to settle what a claim answered).  A job's end (``job``) gets
+        such a try from the moment a forced stop is seen: an end cut by the
+        budget left its job held by nobody until a sweep counted a stall.
         """
         backoff = Backoff()
         while True:
+            if floor is None and job is not None and self._forced:
+                floor = time.monotonic() + SETTLE_TRY_S
             bound = self._bounded(until)
             backoff.until = bound if floor is None or bound is None else max(bound, floor)
             if stop_ok and self._stop_requested:
@@ -305,9 +368,20 @@ class Finisher(WorkerCore[Client, HandlerT]):
             return reply
 
     def _finish(self, finish: Finish) -> None:
-        """Send the job's end, again after connection trouble, until it lands or its lease ends."""
-        if finish.action is not Action.DROP:
-            self._send_end(finish, self._end_call(finish), finish.held.confirmed_until)
+        """Send the job's end, again after connection trouble, until it lands or its lease ends.
+
+        A stop's give-back (RELEASE after "shutdown") gets one real try past
+        the lease if need be: a job whose lease lapsed is still ours until a
+        sweep takes it (RELEASE is fenced by its token: a swept one answers
+        stale), and given back then it costs no stall and no try.
+        """
+        if finish.action is Action.DROP:
+            return
+        until, floor = finish.held.confirmed_until, None
+        if finish.action is Action.RELEASE and self._stop_requested:
+            now = time.monotonic()
+            until, floor = max(until, now + SETTLE_TRY_S), now + SETTLE_TRY_S
+        self._send_end(finish, self._end_call(finish), until, floor)
 
     def _give_back(self, held: HeldJob, until: float, floor: float | None = None) -> None:
         """RELEASE a job this worker will not run (or not finish): no attempt used."""

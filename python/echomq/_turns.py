@@ -28,8 +28,18 @@ import threading
 import time
 from typing import TypeVar
 
-from ._finisher import Finisher, Sent, _GaveUp, _Stopped
-from ._runtime import Action, Backoff, ClaimStep, Finish, IdleWait, Slots, count_of
+from ._finisher import SETTLE_TRY_S, Finisher, Sent, _GaveUp, _Stopped
+from ._runtime import (
+    ATTEMPT_TIMEOUT_S,
+    Action,
+    Backoff,
+    ClaimStep,
+    Finish,
+    HeldJob,
+    IdleWait,
+    Slots,
+    count_of,
+)
 from .client import Job
 from .lease import LeaseKeeper
 
@@ -74,7 +84,7 @@ class Turns(Finisher[HandlerT]):
     ) -> tuple[list[Job], float]:
         raise NotImplementedError
 
-    def _adopt(self, job: Job, claimed_at: float) -> LeaseKeeper | None:
+    def _adopt(self, job: Job, claimed_at: float, unrun: list[HeldJob] | None = None) -> LeaseKeeper | None:
         raise NotImplementedError
 
     def _replicated(self, jobs: list[Job], claimed_at: float, *, loop: bool = True) -> list[Job]:
@@ -235,11 +245,16 @@ class Turns(Finisher[HandlerT]):
         with self._turns_lock:
             self._slots.answered(0, len(jobs))
         kept = self._replicated(jobs, claimed_at)
-        keepers = [keeper for job in kept if (keeper := self._adopt(job, claimed_at)) is not None]
+        unrun: list[HeldJob] = []  # the worker stops: given back together, in one round trip
+        keepers = [keeper for job in kept if (keeper := self._adopt(job, claimed_at, unrun)) is not None]
         with self._turns_lock:
             self._slots.ended(len(jobs) - len(keepers))
             self._ready.extend(keepers)
             self._turns.notify_all()
+        if unrun:
+            now = time.monotonic()
+            until = max(max(held.confirmed_until for held in unrun), now + ATTEMPT_TIMEOUT_S)
+            self._give_back_all(unrun, until, floor=now + SETTLE_TRY_S)
 
     def _give_back_ready(self) -> None:
         """At a stop, the jobs waiting for a thread are given back, by a thread of their own.
@@ -254,8 +269,7 @@ class Turns(Finisher[HandlerT]):
             self._ready.clear()
 
         def give_back() -> None:
-            for keeper in waiting:
-                self._run(keeper)
+            self._give_back_waiting(waiting)
 
         thread = threading.Thread(
             target=give_back,
@@ -264,6 +278,33 @@ class Turns(Finisher[HandlerT]):
         )
         self._threads.append(thread)
         thread.start()
+
+    def _give_back_waiting(self, keepers: list[LeaseKeeper]) -> None:
+        """Jobs that waited for a thread as the worker stopped: given back unrun, together.
+
+        One round trip for all of them (``_give_back_all``), not one per job
+        in turn: a claim's hundred jobs are back before their leases lapse.
+        """
+        unrun: list[HeldJob] = []
+        for keeper in keepers:
+            held = keeper._held
+            keeper.stop()
+            with self._lock:
+                self._let_go(held)
+                give_back = not held.given_back and held.lost is None
+                held.given_back = held.given_back or give_back
+                if not give_back and held.lost is not None:
+                    self._decide(held, None)  # lost while it waited: counted, nothing sent
+            if give_back:
+                self._settled_unrun(held.job)
+                unrun.append(held)
+        with self._turns_lock:
+            self._slots.ended(len(keepers))
+            self._turns.notify_all()
+        if unrun:
+            now = time.monotonic()
+            until = max(max(held.confirmed_until for held in unrun), now + ATTEMPT_TIMEOUT_S)
+            self._give_back_all(unrun, until, floor=now + SETTLE_TRY_S)
 
     def _settle(self) -> None:
         """The threads have ended: what a claim answered and nobody ran is given back.
@@ -275,13 +316,13 @@ class Turns(Finisher[HandlerT]):
             waiting = list(self._ready)
             self._ready.clear()
             pending, self._pending = self._pending, []
-        for keeper in waiting:
-            self._run(keeper)
+        if waiting:
+            self._give_back_waiting(waiting)
         for finish in pending:  # no thread was left to send them (abandoned handlers')
             self._finish(finish)
         with self._lock:
             doubts = [self._claim_step, *self._doubts]
             self._doubts.clear()
         for step in doubts:
-            for job in self._resolve(step):
-                self._give_back_unrun(job, step.since)
+            if jobs := self._resolve(step):
+                self._give_back_unrun(jobs, step.since)

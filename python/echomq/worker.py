@@ -40,7 +40,7 @@ from functools import partial
 from types import FrameType, TracebackType
 from typing import TypeVar, cast
 
-from ._finisher import _GaveUp
+from ._finisher import SETTLE_TRY_S, _GaveUp
 from ._log import CURRENT_JOB
 from ._pushes import CancelListener
 from ._runtime import (
@@ -48,6 +48,7 @@ from ._runtime import (
     Backoff,
     ClaimStep,
     Finish,
+    HeldJob,
     WorkerStats,
     error_text,
 )
@@ -230,8 +231,7 @@ class Worker(Turns[Handler]):
         except Exception as exc:
             if not isinstance(exc, NotReplicated):  # a bug, not the replicas: logged, the jobs given back
                 self._trouble(exc, "waiting for replicas")
-                for job in jobs:
-                    self._give_back_unrun(job, claimed_at)
+                self._give_back_unrun(jobs, claimed_at)
                 return []
             self._not_replicated(exc)
             if not loop:
@@ -356,13 +356,29 @@ class Worker(Turns[Handler]):
                 self._sweeper.stop()
             self._join_threads()
             self._close_pool()
+            self._late_signals()
             self._settle()
+            self._late_signals()
             self._keepers.close()
             if self._listener is not None:
                 self._listener.close()
             self.client._unreserve(self._reserved)
             WATCH.release()
             self._stopped()
+
+    def _late_signals(self) -> None:
+        """Signals that came after the supervising loop ended (its threads had): a second one still
+        forces the stop, so settling is bounded by the force's budget and ``run()`` raises what the
+        signal means (a forced deploy exited 0 when its second SIGTERM came while claims settled)."""
+        with self._lock:
+            force = False
+            while self._signals:
+                force = self._on_signal(self._signals.popleft(), time.monotonic()) or force
+            stuck = self._force() if force and not self._forced else []
+        if force:
+            self._forced_event.set()
+        if stuck:
+            self._give_back_all(stuck, self._force_until, floor=time.monotonic() + SETTLE_TRY_S)
 
     def _join_threads(self) -> None:
         """Wait for the threads; after a forced stop, only for those not in a handler, within the budget.
@@ -381,8 +397,8 @@ class Worker(Turns[Handler]):
                 continue
             with self._lock:
                 in_handler = t in self._handling
-            if not in_handler:
-                t.join(max(0.0, self._force_until - time.monotonic()) + 0.2)
+            if not in_handler:  # its give-backs get one real try past the budget (SETTLE_TRY_S)
+                t.join(max(0.0, self._force_until + SETTLE_TRY_S - time.monotonic()) + 0.2)
 
     def _supervise_step(self) -> bool:
         """One look at signals, the grace and the threads; True when the worker is done."""
@@ -458,8 +474,8 @@ class Worker(Turns[Handler]):
         self._forced_event.set()
         self._wake.set()
         self._wake_threads()
-        for held in stuck:
-            self._give_back(held, self._force_until)
+        if stuck:  # in one pipeline, one real try at least: the budget cut the last of one-by-one ones
+            self._give_back_all(stuck, self._force_until, floor=time.monotonic() + SETTLE_TRY_S)
 
     # -- a job -----------------------------------------------------------------
 
@@ -515,19 +531,27 @@ class Worker(Turns[Handler]):
         step.answered(jobs)
         return jobs, claimed_at
 
-    def _adopt(self, job: Job, claimed_at: float) -> LeaseKeeper | None:
+    def _adopt(self, job: Job, claimed_at: float, unrun: list[HeldJob] | None = None) -> LeaseKeeper | None:
         """``job``'s lease keeper, started; None when the worker does not run it (given back).
 
         Not started for a claim answered so late that its lease may have
         lapsed: the thread that runs the job confirms it first (``_start``),
-        each in its own thread, not one after another here.
+        each in its own thread, not one after another here.  A job not run
+        because the worker stops is given back now, or added to ``unrun``
+        for the caller to give back with the rest of its claim.
         """
         keeper = self._keeper(job, claimed_at)
         held = keeper._held
         with self._lock:
             took = self._took(held)
         if not took:  # the claim was in flight when stop() came: give it back unrun
-            self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+            if unrun is not None:
+                unrun.append(held)
+            else:
+                now = time.monotonic()
+                self._give_back(
+                    held, max(held.confirmed_until, now + ATTEMPT_TIMEOUT_S), floor=now + SETTLE_TRY_S
+                )
             return None
         if held.needs_confirmation(time.monotonic()):
             return keeper
@@ -538,8 +562,10 @@ class Worker(Turns[Handler]):
         held = keeper._held
         if held.needs_confirmation(time.monotonic()) and not self._confirm(keeper):
             with self._lock:
-                self._let_go(held)
-                self._decide(held, None)  # lost: counted, nothing sent
+                give_back = self._unconfirmed(held)  # no answer in time: given back; stale: not ours
+            if give_back:
+                now = time.monotonic()
+                self._give_back(held, now + SETTLE_TRY_S, floor=now + SETTLE_TRY_S)
             return False
         try:
             keeper.start()
@@ -591,7 +617,9 @@ class Worker(Turns[Handler]):
                 keeper.stop()
                 if give_back:
                     self._settled_unrun(job)
-                    self._give_back(held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S))
+                    now = time.monotonic()
+                    until = max(held.confirmed_until, now + ATTEMPT_TIMEOUT_S)
+                    self._give_back(held, until, floor=now + SETTLE_TRY_S)
                 elif held.lost is not None:
                     with self._lock:
                         self._decide(held, None)  # lost: counted, nothing sent

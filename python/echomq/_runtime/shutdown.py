@@ -26,7 +26,10 @@ SHUTDOWN = "shutdown"
 # a process exits within grace + 1 s.
 FORCE_AFTER_S = 0.5
 # After a forced stop, how long the worker's commands still in flight or to
-# send (the jobs given back, a claim's answer to settle) may take.
+# send (the jobs given back, a claim's answer to settle) may take.  A give-back
+# still gets one real try past it (the drivers' SETTLE_TRY_S, in one pipeline
+# for all the jobs): against a server that answers, the exit is no later; one
+# that does not costs that try.
 FORCE_BUDGET_S = 0.4
 
 

@@ -105,6 +105,8 @@ class Timing:
         (``_abandon_handler``).
         """
         held.abandoned = held.finishing = True
+        # It timed out too: counted here, since its end, whenever it comes, is DROPped uncounted.
+        self.stats.timed_out += 1
         self.stats.abandoned += 1
         limit = self._timeout_for(held.job)
         error = limit.error if limit is not None else "TimeoutError: the handler was abandoned"

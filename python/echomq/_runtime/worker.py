@@ -12,7 +12,7 @@ from ..isolation import ISOLATIONS
 from ..retry import RetryPolicy, merge_attempts
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .finish import Finishing
-from .lease import HeldJob, Leases
+from .lease import LOST_UNCONFIRMED, HeldJob, Leases
 from .logs import worker_log
 from .per_job import PerJob, settings_hook
 from .shutdown import SHUTDOWN, Shutdown
@@ -179,6 +179,24 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, 
     def _let_go(self, held: HeldJob) -> None:
         """The handler ended (however it ended) and its keeper stopped."""
         self._held.discard(held)
+
+    def _unconfirmed(self, held: HeldJob) -> bool:
+        """A claim answered late whose lease could not be confirmed: True when the driver gives it back.
+
+        No answer within a lease (``LOST_UNCONFIRMED``) does not make the job
+        someone else's: on the server it may still be ours, and left there it
+        is held by nobody until a sweep, which counts a stall (a try charged
+        for a job that never ran; three and it is dead).  So it is given back
+        (RELEASE is fenced by its token: a job another worker holds now
+        answers stale, nothing written).  Stale or gone: not ours, counted
+        as lost, nothing sent.
+        """
+        self._let_go(held)
+        if held.lost == LOST_UNCONFIRMED and not held.given_back:
+            held.given_back = True
+            return True
+        self._decide(held, None)
+        return False
 
     def _stopped(self) -> None:
         """The worker has stopped: what the metrics still hold goes out now."""

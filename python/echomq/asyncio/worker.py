@@ -487,8 +487,8 @@ class Worker(Finisher[AsyncHandler]):
                 and held.needs_confirmation(time.monotonic())
                 and not await self._confirm(keeper)
             ):
-                self._let_go(held)
-                self._decide(held, None)  # lost: counted, nothing sent
+                if self._unconfirmed(held):  # no answer in time: given back; stale: not ours
+                    await self._give_back_batch([held], floor=time.monotonic() + SETTLE_TRY_S)
                 return []
             if held.given_back:
                 # A forced stop gave the job back while this runner got it ready (a

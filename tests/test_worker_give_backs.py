@@ -1,0 +1,198 @@
+"""A job a claim answered is run or given back (issue 39, 5): the paths the outage chaos test found.
+
+Each test failed on the code before it:
+
+- a forced stop gave its stuck handlers' jobs back one RELEASE after
+  another within the force's budget: with a slow network the budget ended
+  after the first few, and the rest stayed active, held by nobody until
+  their leases lapsed and a sweep counted each a stall (the outage test's
+  ``jobs a SIGTERMed worker was handed and neither ran nor gave back``);
+- a claim answered late whose lease could not be confirmed within a lease
+  (no answer) was dropped without a RELEASE: held by nobody until a sweep,
+  which counted a stall, a try charged for a job that never ran (three
+  such and a job that is not poison ended dead);
+- a job's end still being sent when a stop was forced was cut by the
+  force's budget: its job, its handler done, held by nobody until a sweep.
+
+The faults are real (``faults.Proxy``), and each test asserts that its fault
+fired.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import echomq
+from echomq._runtime import Action, HeldJob
+from echomq.cancel import CancelToken
+from echomq.keyspace import queue_keys
+from echomq.testing import EmbeddedServer
+
+from .conftest import ServerFactory
+from .faults import Proxy, wait_until
+from .test_worker_refusals import Running, sync_or_async
+
+Q = "givebacks"
+K = queue_keys(Q)
+
+
+def row(r: redis.Redis, job_id: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in r.hgetall(K.job(job_id)).items()}
+
+
+def test_a_forced_stop_gives_back_every_stuck_job_in_one_round_trip(server_factory: ServerFactory) -> None:
+    # 30 handlers that ignore "shutdown"; each round trip carrying a RELEASE
+    # is held 0.3 s (a slow network): one RELEASE per job ran the 0.4 s budget
+    # out after the first two, and 28 jobs stayed active.
+    own = server_factory()
+    admin = own.client()
+    proxy = Proxy(own.port)
+    n = 30
+    running = threading.Semaphore(0)
+    let_go = threading.Event()
+
+    def handler(ctx: echomq.JobContext) -> None:
+        running.release()
+        let_go.wait(30)  # deaf to "shutdown": the stop is forced
+
+    echomq.Client(admin).enqueue_many(Q, [(f"S{i:02}", b"") for i in range(n)])
+    client = echomq.Client.from_url(f"redis://127.0.0.1:{proxy.port}/0")
+    worker = echomq.Worker(client, Q, handler, concurrency=n, lease_ms=30_000, grace=0.1, reap=False)
+    try:
+        worker.start()
+        for _ in range(n):
+            assert running.acquire(timeout=20)
+        proxy.hold_request = lambda data: 0.3 if b"EMQ.RELEASE" in data else 0.0
+        worker.stop()
+    finally:
+        let_go.set()
+        proxy.close()
+    assert proxy.held_requests >= 1  # the fault fired: the give-backs met the slow network
+    active = admin.zrange(K.active, 0, -1)
+    assert active == [], f"{len(active)} jobs held by nobody after the forced stop"
+    assert all(row(admin, f"S{i:02}")["state"] == "pending" for i in range(n))
+    assert worker.stats.released == n and worker.stats.leases_lost == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_a_late_claim_that_cannot_be_confirmed_is_given_back_not_dropped(
+    server_factory: ServerFactory, mode: str
+) -> None:
+    # A 3 s lease; a claim try waits 1.5 s.  The claim's first reply is held
+    # 2 s (lost: the worker asks again by its REQ), the second 0.9 s: answered
+    # 2.5 s after the first send, the claim must be confirmed before it runs.
+    # Every confirming checkpoint meets a reset, for a whole lease.  The job
+    # was dropped, held by nobody: with no sweep it stayed active for good (a
+    # sweep would have counted a stall, a try charged).  Now it is given back
+    # (RELEASE, fenced by its token), no try used, and runs again.
+    server = server_factory()
+    r = server.client()
+    proxy = Proxy(server.port)
+    ran: list[int] = []
+    fired: dict[str, int] = {"held": 0, "reset before it ran": 0, "released": 0}
+
+    def hold(data: bytes) -> float:
+        if b"JOBU1" in data and fired["held"] < 2:
+            fired["held"] += 1
+            return 2.0 if fired["held"] == 1 else 0.9
+        return 0.0
+
+    def reset(data: bytes) -> bool:
+        if b"JOBU1" not in data or fired["released"]:
+            return False
+        if b"EMQ.RELEASE" in data:
+            fired["released"] += 1
+        elif b"EMQ.CHECKPOINT" in data or b"EMQ.EXTEND" in data:
+            fired["reset before it ran"] += not ran  # a confirmation: the handler has not started
+            return True
+        return False
+
+    proxy.hold_reply, proxy.reset_request = hold, reset
+    try:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        handler = sync_or_async(mode, lambda ctx: ran.append(ctx.attempt))
+        worker = Running(mode, url, handler, Q, lease_ms=3000, grace=0.5, reap=False)
+        try:
+            time.sleep(0.3)
+            echomq.Client(r).enqueue(Q, b"", job_id="JOBU1")
+            done = wait_until(lambda: r.hget(K.job("JOBU1"), "state") == b"done", 20)
+            assert done, (row(r, "JOBU1"), fired)
+        finally:
+            worker.stop()
+    finally:
+        proxy.close()
+    # The faults fired: the claim was answered late, its confirmation reset, and it was given back.
+    assert fired["held"] == 2 and fired["reset before it ran"] >= 1 and fired["released"] == 1, fired
+    assert proxy.resets >= 1 and proxy.held_replies == 2
+    job = row(r, "JOBU1")
+    assert "stalled" not in job and job["tries"] == "1" and job["attempts"] == "2", job  # no try used
+    assert ran == [1] and worker.stats.released == 1
+
+
+def test_an_end_in_flight_at_a_forced_stop_gets_one_real_try_past_the_budget(
+    r: redis.Redis, server: EmbeddedServer
+) -> None:
+    # A handler returned; its COMPLETE meets connection resets until just past
+    # a forced stop's 0.4 s budget.  The budget cut it: the job stayed active,
+    # held by nobody, until a sweep counted a stall for a job whose handler
+    # had succeeded.  Now an end gets one real try (SETTLE_TRY_S) past it.
+    client = echomq.Client(server.client())
+    client.enqueue(Q, b"", job_id="E")
+    job = client.claim(Q, 30_000)
+    assert job is not None
+    worker = echomq.Worker(client, Q, lambda ctx: None, lease_ms=30_000, reap=False)
+    held = HeldJob.claimed(job, CancelToken(), 30_000, claimed_at=time.monotonic())
+    finish = worker._decide(held, None)
+    assert finish.action is Action.COMPLETE
+    with worker._lock:
+        worker._force(time.monotonic())  # a second signal: the budget runs from now
+    healed_at = worker._force_until + 0.05  # the server is reachable again only past the budget
+    real = client._attempt
+    resets: list[float] = []
+
+    def flaky(call: Any, timeout: float, cutter: Any = None) -> Any:
+        if time.monotonic() < healed_at:
+            resets.append(time.monotonic())
+            raise redis.ConnectionError("connection reset by peer (the test's)")
+        return real(call, timeout, cutter)
+
+    client._attempt = flaky  # type: ignore[method-assign]
+    worker._finish(finish)
+    assert resets and resets[-1] >= worker._force_until - 0.4  # the fault fired, into the budget
+    assert row(r, "E")["state"] == "done", row(r, "E")
+    assert worker.stats.completed == 1 and worker.stats.leases_lost == 0
+
+
+def test_a_stops_give_back_whose_lease_lapsed_still_gets_one_real_try(server_factory: ServerFactory) -> None:
+    # A handler raised after "shutdown" while the server was away (frozen for
+    # its lease, say): its RELEASE was bounded by the lease, which had ended, so
+    # its one try had a millisecond; through a network that takes 50 ms it got
+    # no answer, and the job was held by nobody until a sweep counted a stall.
+    # Not swept yet, the job is still ours: the RELEASE gets one real try.
+    own = server_factory()
+    admin = own.client()
+    proxy = Proxy(own.port)
+    proxy.hold_request = lambda data: 0.05 if b"EMQ.RELEASE" in data else 0.0
+    client = echomq.Client.from_url(f"redis://127.0.0.1:{proxy.port}/0")
+    try:
+        client.enqueue(Q, b"", job_id="L")
+        job = client.claim(Q, 30_000)
+        assert job is not None
+        worker = echomq.Worker(client, Q, lambda ctx: None, lease_ms=30_000, reap=False)
+        held = HeldJob.claimed(job, CancelToken(), 30_000, claimed_at=time.monotonic() - 31.0)  # lapsed
+        with worker._lock:
+            worker._request_stop(time.monotonic(), 0.0)
+        held.cancel.cancel("shutdown")
+        finish = worker._decide(held, echomq.Cancelled("shutdown"))
+        assert finish.action is Action.RELEASE
+        worker._finish(finish)
+    finally:
+        proxy.close()
+    assert proxy.held_requests >= 1  # the fault fired: the RELEASE met the slow network
+    assert row(admin, "L")["state"] == "pending" and row(admin, "L")["tries"] == "0", row(admin, "L")
+    assert worker.stats.released == 1 and worker.stats.leases_lost == 0
