@@ -12,11 +12,10 @@ from .._protocol import JobId
 from .._runtime import JobSettings, check_seconds
 from ..asyncio._reach import wait_for_server
 from ..retry import RetryPolicy
-from .app import AppCore, _nothing, periodic_timing
+from .app import AppCore, _nothing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
 from .isolated import check_import_path, defined_in
-from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 from .task import AsyncTask, EnqueueOptions, TaskCore
 
@@ -159,34 +158,8 @@ class AsyncApp(AppCore):
         task: AsyncTask[Any, Any] = AsyncTask(self, fn, name, queue, settings, priority)
         task.set_unique(kwargs.get("unique"), kwargs.get("unique_for_ms"))
         task.set_isolation(kwargs.get("isolation"), kwargs.get("max_jobs_per_child"))
-        self.tasks[name] = task
-        if timing:
-            try:
-                self._periodic(task, None, **periodic_timing(timing))
-            except BaseException:
-                del self.tasks[name]  # a task whose schedule is refused is not half made
-                raise
+        self._adopt(task, timing)
         return task
-
-    def schedule(
-        self,
-        task: AsyncTask[Any, Any] | str,
-        name: str | None = None,
-        *,
-        cron: str | None = None,
-        every_ms: int | None = None,
-        tz: str = "UTC",
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        missed: str = "skip",
-        start_at: int | datetime.datetime | None = None,
-        end_at: int | datetime.datetime | None = None,
-    ) -> TaskSchedule:
-        """Call ``task`` on every tick (see ``echomq.App.schedule``); stored as a worker of the app starts."""
-        return self._periodic(
-            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
-            start_at=start_at, end_at=end_at,
-        )  # fmt: skip
 
     async def register_schedules(self, client: Client | None = None) -> list[ScheduleInfo]:
         """Store this app's schedules on the server (idempotent); what ``app.worker()`` does as it runs."""

@@ -112,6 +112,44 @@ class AppCore:
         proto.priority_args(priority)
         return name, queue, JobSettings(lease_ms, timeout_ms, max_attempts, retry), priority
 
+    def _adopt(self, task: TaskCore, timing: dict[str, Any]) -> None:
+        """A new task joins the app, with its schedule when ``@app.task`` gave one (or neither does)."""
+        self.tasks[task.name] = task
+        if timing:
+            try:
+                self._periodic(task, None, **periodic_timing(timing))
+            except BaseException:
+                del self.tasks[task.name]  # a task whose schedule is refused is not half made
+                raise
+
+    def schedule(
+        self,
+        task: TaskCore | str,
+        name: str | None = None,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "skip",
+        start_at: int | datetime.datetime | None = None,
+        end_at: int | datetime.datetime | None = None,
+    ) -> TaskSchedule:
+        """Call ``task`` (a task of this app, or its name) with ``args`` and ``kwargs`` on every tick.
+
+        ``name`` (default: the task's) names the schedule in its queue;
+        ``cron``/``every_ms``, ``tz``, ``missed``, ``start_at`` and ``end_at``
+        are ``client.schedule``'s.  Checked now (``BadSchedule``,
+        ``TypeError`` for arguments the task cannot take); stored on the
+        server when a worker of this app starts (or ``register_schedules()``):
+        many workers, one schedule, each tick once.
+        """
+        return self._periodic(
+            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
+            start_at=start_at, end_at=end_at,
+        )  # fmt: skip
+
     def _periodic(self, task: TaskCore | str, name: str | None, **timing: Any) -> TaskSchedule:
         """A task schedule of this app, checked and kept (its workers store it as they start)."""
         if isinstance(task, str):
@@ -364,42 +402,8 @@ class App(AppCore):
         task: Task[Any, Any] = Task(self, fn, name, queue, settings, priority)
         task.set_unique(unique, unique_for_ms)
         task.set_isolation(isolation, max_jobs_per_child)
-        self.tasks[name] = task
-        if timing:
-            try:
-                self._periodic(task, None, **periodic_timing(timing))
-            except BaseException:
-                del self.tasks[name]  # a task whose schedule is refused is not half made
-                raise
+        self._adopt(task, timing)
         return task
-
-    def schedule(
-        self,
-        task: Task[Any, Any] | str,
-        name: str | None = None,
-        *,
-        cron: str | None = None,
-        every_ms: int | None = None,
-        tz: str = "UTC",
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        missed: str = "skip",
-        start_at: int | datetime.datetime | None = None,
-        end_at: int | datetime.datetime | None = None,
-    ) -> TaskSchedule:
-        """Call ``task`` (a task of this app, or its name) with ``args`` and ``kwargs`` on every tick.
-
-        ``name`` (default: the task's) names the schedule in its queue;
-        ``cron``/``every_ms``, ``tz``, ``missed``, ``start_at`` and ``end_at``
-        are ``client.schedule``'s.  Checked now (``BadSchedule``,
-        ``TypeError`` for arguments the task cannot take); stored on the
-        server when a worker of this app starts (or ``register_schedules()``):
-        many workers, one schedule, each tick once.
-        """
-        return self._periodic(
-            task, name, cron=cron, every_ms=every_ms, tz=tz, args=args, kwargs=kwargs, missed=missed,
-            start_at=start_at, end_at=end_at,
-        )  # fmt: skip
 
     def register_schedules(self, client: Client | None = None) -> list[ScheduleInfo]:
         """Store this app's schedules on the server (idempotent); what ``app.worker()`` does as it starts."""

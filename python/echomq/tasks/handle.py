@@ -17,7 +17,24 @@ __all__ = ["AsyncTaskHandle", "TaskHandle"]
 R = TypeVar("R")
 
 
-class TaskHandle(Generic[R]):
+class _Outcome:
+    """What the enqueue did, read off its reply (an ``Enqueued``): the handles' created, replaced."""
+
+    __slots__ = ()
+    id: str
+
+    @property
+    def created(self) -> bool:
+        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
+        return bool(getattr(self.id, "created", True))
+
+    @property
+    def replaced(self) -> bool:
+        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
+        return bool(getattr(self.id, "replaced", False))
+
+
+class TaskHandle(_Outcome, Generic[R]):
     """One enqueued job (``queue``, ``id``); ``result()`` is typed by the task's return type."""
 
     __slots__ = ("_client", "_serializer", "id", "queue")
@@ -45,21 +62,11 @@ class TaskHandle(Generic[R]):
         """Cancel the job (``client.cancel``)."""
         return self._client.cancel(self.queue, self.id, reason)
 
-    @property
-    def created(self) -> bool:
-        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
-        return bool(getattr(self.id, "created", True))
-
-    @property
-    def replaced(self) -> bool:
-        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
-        return bool(getattr(self.id, "replaced", False))
-
     def __repr__(self) -> str:
         return f"TaskHandle(queue={self.queue!r}, id={str(self.id)!r})"
 
 
-class AsyncTaskHandle(Generic[R]):
+class AsyncTaskHandle(_Outcome, Generic[R]):
     """``TaskHandle`` for asyncio: ``await handle.result(timeout=...)``."""
 
     __slots__ = ("_client", "_serializer", "id", "queue")
@@ -79,16 +86,6 @@ class AsyncTaskHandle(Generic[R]):
     async def cancel(self, reason: str | None = None) -> CancelOutcome:
         """Cancel the job (``client.cancel``)."""
         return await self._client.cancel(self.queue, self.id, reason)
-
-    @property
-    def created(self) -> bool:
-        """Whether the enqueue made this job (False: a holder of its unique key was there: its id)."""
-        return bool(getattr(self.id, "created", True))
-
-    @property
-    def replaced(self) -> bool:
-        """Whether the enqueue gave the pending holder of its unique key its payload (``replace=True``)."""
-        return bool(getattr(self.id, "replaced", False))
 
     def __repr__(self) -> str:
         return f"AsyncTaskHandle(queue={self.queue!r}, id={str(self.id)!r})"

@@ -31,6 +31,7 @@ class TaskCore(Protocol):
 
     def payload(self, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None = None) -> bytes: ...
 
+
 __all__ = ["TaskSchedule"]
 
 
