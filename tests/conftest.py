@@ -21,7 +21,7 @@ import redis
 import echomq
 from echomq.testing import EmbeddedServer, server_binary, server_wrapper
 
-from . import containers, engines
+from . import calibration, containers, engines
 from .engines import ENGINES, system_redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
         found = system_redis_server()
         if found is not None:
             os.environ["ECHOMQ_SERVER_BIN"] = found
+    # Measured once, by the process that prints the header; pytest-xdist's workers, started
+    # after this, read the figure from the environment (tests/calibration.py).
+    if not hasattr(config, "workerinput"):
+        calibration.calibrate()
 
 
 @functools.cache
@@ -164,7 +168,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     except FileNotFoundError as exc:
         return f"engine: none ({exc})"
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
-    header = f"engine: {binary}: {version}"
+    header = f"engine: {binary}: {version}\n{calibration.calibrate().describe()}"
     if containers.selected():
         found = containers.suite_engine_version()
         shown = f"{found[0]} {'.'.join(map(str, found[1]))}" if found else containers.docker_unavailable()

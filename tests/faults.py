@@ -21,6 +21,8 @@ from pathlib import Path
 
 from echomq.testing import EmbeddedServer
 
+from .calibration import budget
+
 AOF = ["--appendonly", "yes", "--appendfsync", "always"]
 
 
@@ -32,7 +34,13 @@ def pythonpath(*dirs: str | os.PathLike[str]) -> str:
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it holds, for ``timeout`` seconds as an idle machine counts them.
+
+    The timeout scales with the machine (``calibration.budget``): a worker process that takes
+    20 s to start on a loaded machine is no failure of what the test checks.  A wait for
+    something that must not happen only watches longer.
+    """
+    deadline = time.monotonic() + budget(timeout)
     while time.monotonic() < deadline:
         if predicate():
             return True

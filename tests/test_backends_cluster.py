@@ -26,7 +26,7 @@ from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from .clusters import owner, queue_in_slot, start_cluster
+from .clusters import flush, owner, queue_in_slot, start_cluster
 from .conftest import ServerFactory, needs
 from .helpers import digest, queued
 from .test_resharding import SlotMove
@@ -117,6 +117,7 @@ MODULES_WORDS = "a key of this queue is moving between cluster nodes; retry"
 
 def test_a_claim_on_the_source_does_not_stub_a_head_whose_row_moved(nodes: list[EmbeddedServer]) -> None:
     """The heads of a claim are found at run time: the script itself answers TRYAGAIN."""
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(111, "sstub"))
     src = owner(nodes, keys.base).client()
     for job_id in ("j1", "j2"):
@@ -136,6 +137,7 @@ def test_a_claim_on_the_source_does_not_stub_a_head_whose_row_moved(nodes: list[
 
 def test_named_rows_on_a_moving_slot_are_refused_by_the_server(nodes: list[EmbeddedServer]) -> None:
     """ENQUEUE's and CANCEL's row is declared: the server refuses the call (its own TRYAGAIN)."""
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(222, "smoved"))
     src = owner(nodes, keys.base).client()
     src.execute_command(*as_eval("EMQ.ENQUEUE", keys.pending, keys.base, "j1", "payload"))
@@ -152,6 +154,7 @@ def test_a_sweep_on_the_importing_node_does_not_guess_that_rows_are_gone(nodes: 
     """The set moved, the lapsed rows did not yet: after ASKING the target serves any single
     key of the slot, so a script probing one row would find it absent and re-create it.
     The script asks about each absent row beside a declared key: TRYAGAIN, nothing written."""
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(333, "sask"))
     src = owner(nodes, keys.base).client()
     src.hset(keys.job("j1"), mapping={"state": "active", "attempts": 1, "token": "1"})
@@ -176,6 +179,7 @@ def test_a_sweep_on_the_importing_node_does_not_guess_that_rows_are_gone(nodes: 
 
 
 def test_a_claim_on_the_importing_node_waits_for_the_heads_rows(nodes: list[EmbeddedServer]) -> None:
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(444, "sclaim"))
     src = owner(nodes, keys.base).client()
     src.execute_command(*as_eval("EMQ.ENQUEUE", keys.pending, keys.base, "j1", "payload"))

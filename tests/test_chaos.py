@@ -27,6 +27,7 @@ import echomq
 from echomq.keyspace import queue_keys
 
 from . import chaos_worker
+from .calibration import budget, slowness
 from .conftest import ServerFactory
 from .helpers import check_resumes, queued
 
@@ -39,7 +40,13 @@ POISON_EVERY = 25  # 12 poison jobs
 MAX_STALLED = 3
 LEASE_MS = 400
 WORKERS = 3
-TIME_BUDGET_S = 150.0
+# The chaos runs at most this long, and then stops (no more kills or freezes) while the
+# queue drains, within DRAIN_BUDGET_S: what the test checks is what the chaos left, not how
+# fast the workers get through it.  On a loaded machine (issue 39) the chaos came at its
+# idle pace while a replaced worker took seconds to start: 146 processes started, 45 jobs
+# done in 150 s.  So it comes as much slower as the machine is (calibration.slowness).
+CHAOS_S = 150.0
+DRAIN_BUDGET_S = budget(60.0)
 WORKER_SCRIPT = Path(__file__).with_name("chaos_worker.py")
 
 
@@ -98,6 +105,7 @@ def completions_in_the_aof(directory: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(CHAOS_S + DRAIN_BUDGET_S + 120)
 def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str) -> None:
     server = server_factory(
         ["--appendonly", "yes", "--auto-aof-rewrite-percentage", "0"], load_module=backend == "module"
@@ -116,7 +124,8 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
     pool = Pool(server.url, backend, history)
     pool.procs = [pool.spawn() for _ in range(WORKERS)]
     reaper = echomq.Reaper(client, Q, interval=0.05, max_stalled=MAX_STALLED, limit=50)
-    deadline = time.monotonic() + TIME_BUDGET_S
+    deadline = time.monotonic() + CHAOS_S
+    pace = slowness()
     try:
         with reaper:
             while time.monotonic() < deadline:
@@ -124,7 +133,7 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
                     break
                 crashes += pool.replace_dead()
                 pool.resume_due()
-                time.sleep(rng.uniform(0.05, 0.3))
+                time.sleep(rng.uniform(0.05, 0.3) * pace)
                 victim = rng.choice(pool.procs)
                 roll = rng.random()
                 if roll < 0.4 and victim.poll() is None and victim.pid not in pool.frozen:
@@ -137,6 +146,11 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
                     os.kill(victim.pid, signal.SIGSTOP)
                     pool.frozen[victim.pid] = time.monotonic() + LEASE_MS * 2.5 / 1000
                     freezes += 1
+            calm = time.monotonic() + DRAIN_BUDGET_S  # no more chaos: the workers finish what it left
+            while time.monotonic() < calm and not (queued(r, K) == 0 and r.zcard(K.active) == 0):
+                crashes += pool.replace_dead()  # a poison job still kills its worker
+                pool.resume_due()
+                time.sleep(0.05)
             finished = queued(r, K) == 0 and r.zcard(K.active) == 0
     finally:
         pool.stop_all()
@@ -170,7 +184,7 @@ def test_no_job_is_lost_under_chaos(server_factory: ServerFactory, backend: str)
         f"runs={sum(e['event'] == 'start' for e in events)} resumed-mid-job={resumed} backend={backend}"
     )
 
-    assert finished, "the queue did not drain within the time budget"
+    assert finished, "the queue did not drain within the time budget (the chaos's, then the calm's)"
     assert done | dead == set(rows), "every job is done or dead"
     assert not r.exists(K.pending) and not r.exists(K.active)
     assert {m.decode() for m in r.zrange(K.dead, 0, -1)} == dead

@@ -19,6 +19,8 @@ import echomq
 from echomq.dashboard import Dashboard, DashboardServer
 from echomq.testing import EmbeddedServer
 
+from .calibration import budget
+
 CHROMIUM = os.environ.get("ECHOMQ_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--headless=new", "--disable-gpu", "--no-first-run",
@@ -163,7 +165,7 @@ def test_the_dashboard_drives_the_queue(page: Any, client: echomq.Client) -> Non
 
     assert tab.evaluate("window.__xss") is None
     assert tab.errors == []
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < budget(60)
 
 
 def test_read_only_shows_no_action(server: EmbeddedServer, client: echomq.Client) -> None:

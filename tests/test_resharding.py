@@ -30,7 +30,7 @@ import echomq.asyncio as aemq
 from echomq.keyspace import QueueKeys, queue_keys
 from echomq.testing import EmbeddedServer
 
-from .clusters import cluster_cli, node_id, owner, queue_in_slot, start_cluster
+from .clusters import cluster_cli, flush, node_id, owner, queue_in_slot, start_cluster
 from .conftest import ServerFactory
 from .helpers import queued
 
@@ -95,6 +95,7 @@ def digest(conn: redis.Redis) -> bytes:
 
 
 def test_claim_on_the_source_writes_no_stub_for_a_row_that_moved(nodes: list[EmbeddedServer]) -> None:
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(101, "stub"))
     src = owner(nodes, keys.base).client()
     for job_id in ("j1", "j2"):
@@ -113,6 +114,7 @@ def test_claim_on_the_source_writes_no_stub_for_a_row_that_moved(nodes: list[Emb
 
 
 def test_enqueue_and_cancel_on_the_source_see_a_row_that_moved(nodes: list[EmbeddedServer]) -> None:
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(202, "moved"))
     src = owner(nodes, keys.base).client()
     src.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "j1", "payload")
@@ -128,6 +130,7 @@ def test_enqueue_and_cancel_on_the_source_see_a_row_that_moved(nodes: list[Embed
 
 
 def test_cancel_on_the_target_after_asking_does_not_guess(nodes: list[EmbeddedServer]) -> None:
+    flush(nodes)  # the digests below see this test's keys only
     keys = queue_keys(queue_in_slot(303, "ask"))
     src = owner(nodes, keys.base).client()
     src.execute_command("EMQ.ENQUEUE", keys.pending, keys.base, "j1", "payload")

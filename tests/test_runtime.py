@@ -127,10 +127,27 @@ def test_stale_and_gone_lose_the_lease(exc: Exception, reason: str) -> None:
 
 @pytest.mark.parametrize("exc", [ConnectionError("reset"), TimeoutError("slow"), OSError("unreachable")])
 def test_connection_trouble_is_retried_an_interval_later(exc: Exception) -> None:
-    h = held(lease_ms=3000, claimed_at=100.0)
-    assert h.failed(exc, now=101.2) is LeaseEvent.RETRY
+    h = held(lease_ms=30_000, claimed_at=100.0)  # interval 10 s
+    assert h.failed(exc, now=110.0) is LeaseEvent.RETRY
     assert h.lost is None and h.cancel.check() is None
-    assert h.next_checkpoint == 102.2 and h.confirmed_until == 103.0  # the deadline did not move
+    assert h.next_checkpoint == 111.0 and h.confirmed_until == 130.0  # CHECKPOINT_RETRY_S; the deadline stays
+    h = held(lease_ms=3000, claimed_at=100.0)
+    assert h.failed(exc, now=101.0) is LeaseEvent.RETRY
+    assert h.next_checkpoint == 102.0  # an interval: half-way to the deadline or sooner
+
+
+def test_a_late_checkpoint_leaves_time_to_retry_before_the_deadline() -> None:
+    # The asyncio keeper on a loaded machine (issue 39): a 1.5 s lease, its checkpoint sent at
+    # 0.5 s and given up at the end of its timeout (an interval) at 1.0 s.  The retry came an
+    # interval later, at the deadline itself: one slow answer lost the lease.
+    h = held(lease_ms=1500, claimed_at=100.0)
+    assert h.wait_before_checkpoint(100.5) == 0.0
+    assert h.checkpoint_timeout(100.5) == pytest.approx(0.5)
+    assert h.failed(TimeoutError("no reply to a try within 0.500 s"), now=101.0) is LeaseEvent.RETRY
+    assert h.next_checkpoint == pytest.approx(101.25)  # half-way to the deadline (101.5)
+    assert h.wait_before_checkpoint(101.25) == 0.0  # sent, not expired
+    assert h.checkpoint_timeout(101.25) == pytest.approx(0.25)  # answered before the deadline, or lost
+    assert h.confirmed(101.25, 101.3) is LeaseEvent.CONFIRMED and h.lost is None
 
 
 def test_a_remote_cancel_is_delivered_and_the_lease_kept() -> None:

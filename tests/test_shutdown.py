@@ -29,6 +29,7 @@ import echomq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .calibration import budget
 from .faults import Proxy, pythonpath, wait_until
 
 pytestmark = pytest.mark.once
@@ -76,7 +77,7 @@ def signal_and_time(proc: subprocess.Popen[str], *signals: tuple[float, int]) ->
             first = time.monotonic()
         proc.send_signal(signum)
     try:
-        _, err = proc.communicate(timeout=40)
+        _, err = proc.communicate(timeout=budget(40))
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
@@ -109,9 +110,8 @@ def test_a_signal_stops_claiming_gives_the_grace_then_releases_the_jobs(
     states = rows(r, ids)
     report(f"{signal.Signals(signum).name} {handler} grace {grace}", took, code, given_back(r, ids))
     assert code == 0, err
-    assert grace <= took <= grace + 1.0, (
-        err
-    )  # the handlers had their grace, and no more than a second after it
+    # the handlers had their grace, and no more than a second after it (on an idle machine)
+    assert grace <= took <= grace + budget(1.0), err
     assert states == ["pending/0"] * 5  # two given back unused, three never claimed
     assert given_back(r, ids) == 2
     assert held(r) == 0
@@ -134,7 +134,7 @@ def test_handlers_that_finish_within_the_grace_complete_their_jobs(
         if proc.poll() is None:
             proc.kill()
     report(f"SIGTERM {handler} grace 5", took, code, 0)
-    assert code == 0 and took < 2.0, err  # the grace is a maximum, not a wait
+    assert code == 0 and took < budget(2.0, under=5), err  # the grace is a maximum, not a wait
     states = rows(r, ids)
     assert sorted(states) == ["done/1", "done/1", "pending/0", "pending/0"]
     assert held(r) == 0
@@ -158,9 +158,9 @@ def test_a_second_signal_exits_at_once(server_factory: object, handler: str, sig
     after_second = took - 0.3
     report(f"2x {signal.Signals(signum).name} {handler} grace 30", took, code, given_back(r, ids))
     assert code == 128 + signum, err
-    assert after_second < 1.0, (after_second, err)
+    assert after_second < budget(1.0, under=30), (after_second, err)
     assert rows(r, ids) == ["pending/0", "pending/0"] and given_back(r, ids) == 2
-    assert held(r) == 0 and time.monotonic() - started < 5
+    assert held(r) == 0 and time.monotonic() - started < budget(5, under=30)
 
 
 @pytest.mark.parametrize("handler", ["stubborn", "astubborn"])
@@ -183,7 +183,7 @@ def test_a_handler_that_ignores_the_shutdown_does_not_hold_the_process(
     assert code == 0, err
     # The grace, the force's half second and the process's exit: far from the handler's 30 s
     # (a loaded machine took 2.03 s for grace 1; the bound is not a speed measurement).
-    assert took <= grace + 5.0, err
+    assert took <= grace + budget(5.0, under=29), err
     assert rows(r, ["j0"]) == ["pending/0"]  # given back by the worker itself
     assert "did not stop in time" in err or "giving" in err
 

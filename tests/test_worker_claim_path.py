@@ -15,6 +15,7 @@ import echomq.asyncio as emq
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .calibration import budget
 from .faults import wait_until
 
 Q = "claimpath"
@@ -31,7 +32,7 @@ def test_an_idle_thread_worker_claims_a_new_job_at_once(r: redis.Redis, client: 
         client.enqueue(Q, b"", job_id="J")
         assert wait_until(lambda: bool(started), timeout=5)
         worker.stop(grace=5)
-    assert started[0] - enqueued < 0.5
+    assert started[0] - enqueued < budget(0.5, under=3.0)
     assert r.hget(K.job("J"), "state") == b"done"
 
 
@@ -58,7 +59,7 @@ def test_an_idle_asyncio_worker_claims_a_new_job_at_once(r: redis.Redis, server:
         return enqueued
 
     enqueued = asyncio.run(main())
-    assert started and started[0] - enqueued < 0.5
+    assert started and started[0] - enqueued < budget(0.5, under=3.0)
     assert r.hget(K.job("A"), "state") == b"done"
 
 

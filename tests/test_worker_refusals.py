@@ -31,6 +31,7 @@ from echomq.asyncio._together import Coalescer
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
+from .calibration import budget
 from .conftest import ServerFactory
 from .faults import Proxy, stall, wait_until
 
@@ -305,4 +306,4 @@ def test_a_half_open_cancel_subscription_is_noticed(server_factory: ServerFactor
             worker.stop(grace=0.5)
     finally:
         proxy.close()
-    assert seen["stop it"] - asked < 4.0, f"the cancel took {seen['stop it'] - asked:.2f} s"
+    assert seen["stop it"] - asked < budget(4.0), f"the cancel took {seen['stop it'] - asked:.2f} s"

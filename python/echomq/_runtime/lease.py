@@ -214,7 +214,12 @@ class HeldJob:
         """The checkpoint raised ``exc``: StaleToken/JobGone lose the lease, anything else is retried.
 
         The retry comes an interval later, or ``CHECKPOINT_RETRY_S`` if that
-        is sooner: a long lease should not wait a third of itself to try again.
+        is sooner (a long lease should not wait a third of itself to try
+        again), and never later than half-way to the deadline: a checkpoint
+        that waited its whole timeout (an interval) is late already, and a
+        retry an interval after it would come at the deadline itself (a
+        default interval is a third of the lease) -- one slow answer would
+        lose the lease with a third of it left.
         """
         reason = lost_reason(exc)
         if reason is not None:
@@ -223,7 +228,7 @@ class HeldJob:
             return LeaseEvent.IGNORED
         lease_log.debug("checkpoint of %s failed: %r", self.job.id, exc, extra=job_fields(self.job))
         self.failures += 1
-        self.next_checkpoint = now + min(self.interval, CHECKPOINT_RETRY_S)
+        self.next_checkpoint = now + min(self.interval, CHECKPOINT_RETRY_S, max(0.0, self.time_left(now)) / 2)
         return LeaseEvent.RETRY
 
     def lose(self, reason: str) -> LeaseEvent:
