@@ -185,7 +185,7 @@ def test_a_refused_connection_to_a_server_never_reached_is_reported_at_once() ->
         await aclient.aclose()
         return time.monotonic() - began
 
-    assert asyncio.run(refused()) < 3.0
+    assert asyncio.run(refused()) < budget(3.0, under=6.7)
 
 
 def test_a_mistyped_host_is_reported_at_once_as_server_unreachable() -> None:
@@ -194,7 +194,7 @@ def test_a_mistyped_host_is_reported_at_once_as_server_unreachable() -> None:
     started = time.monotonic()
     with pytest.raises(echomq.ServerUnreachable, match="cannot reach the server") as info:
         client.enqueue(Q, b"x")
-    assert time.monotonic() - started < 10.0  # at once but for the resolver's own time
+    assert time.monotonic() - started < budget(5.0, under=25.0)  # at once, but for the resolver (was ~30 s)
     assert type(info.value) is echomq.ServerUnreachable  # the public type itself, not a private subclass
     assert isinstance(info.value.__cause__, redis.ConnectionError)
 

@@ -254,7 +254,10 @@ def test_a_signal_stops_an_idle_thread_worker_at_once(server_factory: ServerFact
     # Before: the signal asked for a stop but left the idle claims waiting on the server (5 s BLOCK).
     server = a_server(server_factory, backend)
     took, raised = _idle_and_then(server, lambda ctx: None, lambda: os.kill(os.getpid(), signal.SIGTERM))
-    assert raised is None and took < 2, f"{took:.2f} s to stop an idle worker after SIGTERM"  # was 3.7-4.7 s
+    # was 3.7-4.7 s: the idle claim's 5 s BLOCK waited out
+    assert raised is None and took < budget(1.0, under=3.7), (
+        f"{took:.2f} s to stop an idle worker after SIGTERM"
+    )
 
 
 def test_a_handlers_system_exit_stops_the_worker_at_once(server_factory: ServerFactory, backend: str) -> None:
@@ -267,7 +270,7 @@ def test_a_handlers_system_exit_stops_the_worker_at_once(server_factory: ServerF
 
     took, raised = _idle_and_then(server, exits, lambda: client.enqueue(Q, b"x"))
     assert isinstance(raised, SystemExit) and raised.code == 3
-    assert took < 2, f"{took:.2f} s to stop after a handler's SystemExit"
+    assert took < budget(1.0, under=3.7), f"{took:.2f} s to stop after a handler's SystemExit"
 
 
 # -- a job given back by a forced stop is no lost lease (issue 30) ----------------------
