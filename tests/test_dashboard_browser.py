@@ -163,6 +163,12 @@ def test_the_dashboard_drives_the_queue(page: Any, client: echomq.Client) -> Non
     assert len(tab.locator("#job-traceback").inner_text().splitlines()) == 3
     tab.locator("#job-close").click()
 
+    # Finished jobs, on demand: "appears" was cancelled while it waited.
+    tab.locator("#show-finished").click()
+    finished = tab.locator('#finished tbody tr[data-job="appears"]')
+    finished.wait_for()
+    assert "cancelled" in finished.inner_text()
+
     assert tab.evaluate("window.__xss") is None
     assert tab.errors == []
     assert time.monotonic() - started < budget(60)
@@ -178,8 +184,9 @@ def test_read_only_shows_no_action(server: EmbeddedServer, client: echomq.Client
             tab.goto(web.url + "#queue=" + Q)
             row(tab, "pending", "quiet").wait_for()
             assert tab.locator("#mode").inner_text() == "read-only"
-            assert tab.locator("button.action").count() == 0
+            assert tab.locator("button.action:not(.view)").count() == 0  # a view (Show finished) stays
             assert tab.locator("#retry-all, #purge-all").count() == 0
+            assert tab.locator("#show-finished").count() == 1
             assert tab.evaluate("document.body.innerText").count("Cancel") == 0
             browser.close()
     finally:

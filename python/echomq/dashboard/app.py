@@ -62,6 +62,15 @@ AUTH_COOKIE = "emq_auth"
 CSRF_HEADER = "x-csrf-token"
 TOKEN_ENV = "ECHOMQ_DASHBOARD_TOKEN"
 PAYLOAD_LIMIT = 64 * 1024
+FINISHED_SCAN = 20_000
+"""The most keys one "Show finished" request's SCAN examines (the dashboard's only scan of rows)."""
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a SCAN MATCH pattern (a queue name may hold ``*``, ``?``, ``[``)."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
 ACTIONS = ("pause", "resume", "cancel", "retry", "retry-dead", "purge-dead")
 
 SECURITY_HEADERS = [
@@ -265,6 +274,7 @@ class Dashboard:
             Route("/static/{name}", self._asset, methods=["GET"]),
             Route("/api/state", self._state, methods=["GET"]),
             Route("/api/job", self._job, methods=["GET"]),
+            Route("/api/finished", self._finished, methods=["GET"]),
             Route("/api/action/{action}", self._action, methods=["POST"]),
         ]
         return _SecurityHeaders(Starlette(routes=routes, lifespan=lifespan))
@@ -388,6 +398,50 @@ class Dashboard:
             "page_size": n,
             "pending_page_size": pending_n,
         }
+
+    async def _finished(self, request: Request) -> Response:
+        """The queue's newest finished rows (done, cancelled) still within their retention, on demand.
+
+        No set holds finished jobs (their rows expire by themselves), so this
+        is a bounded SCAN of the queue's rows: at most ``FINISHED_SCAN`` keys
+        examined per request, only when the page asks (its "Show finished"
+        button), never in the sampler.  On a queue with more rows than that,
+        it shows those the scan met, said as ``complete: false``.
+        """
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        try:
+            queue = self._queue_arg(request.query_params.get("queue"))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        if queue is None:
+            return JSONResponse({"error": "give queue"}, 400)
+        r, keys = self.client.redis, queue_keys(queue)
+        prefix, cursor, seen, ids = keys.job(""), 0, 0, []
+        while True:
+            cursor, found = await r.scan(cursor, match=_glob_escape(prefix) + "*", count=500, _type="hash")
+            seen += 500
+            ids += [k.decode()[len(prefix) :] if isinstance(k, bytes) else k[len(prefix) :] for k in found]
+            if cursor == 0 or seen >= FINISHED_SCAN:
+                break
+        pipe = r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(keys.job(job_id), ["state", "finished_at", "attempts", "last_error"])
+        rows = []
+        for job_id, (state, finished_at, attempts, error) in zip(ids, await pipe.execute(), strict=True):
+            if state in (b"done", b"cancelled") and finished_at is not None:
+                rows.append(
+                    {
+                        "id": job_id, "state": state.decode(), "finished_at": int(finished_at),
+                        "attempts": int(attempts or 0),
+                        "last_error": (error or b"").decode("utf-8", "replace"),
+                    }
+                )  # fmt: skip
+        rows.sort(key=lambda row: row["finished_at"], reverse=True)
+        rows = rows[: self.page_size]
+        await self._name_tasks(queue, rows)
+        return JSONResponse({"queue": queue, "finished": rows, "complete": cursor == 0})
 
     async def _name_tasks(self, queue: str, rows: list[dict[str, Any]]) -> None:
         """Each listed job's task (``task``: ``add(2, 3)``, arguments only with ``show_payloads``).

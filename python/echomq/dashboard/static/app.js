@@ -17,7 +17,7 @@
   if (READ_ONLY) {
     document.body.classList.add("read-only");
     document.getElementById("mode").textContent = "read-only";
-    for (const node of document.querySelectorAll("button.action")) node.remove();
+    for (const node of document.querySelectorAll("button.action:not(.view)")) node.remove();
   }
 
   // -- building the page from text -------------------------------------------------
@@ -336,8 +336,33 @@
     drawDead(d.name, d.dead, state.server_time, Math.max(d.dead.length, counts.dead || 0));
   }
 
+  // Finished jobs have no set of their own: the page asks for them when told to (a bounded scan).
+  async function showFinished() {
+    const queue = selected;
+    const note = document.getElementById("finished-note");
+    const response = await fetch(`/api/finished?${new URLSearchParams({ queue })}`, { credentials: "same-origin" });
+    const answer = await response.json().catch(() => ({ error: response.statusText }));
+    const body = document.querySelector("#finished tbody");
+    if (!response.ok) {
+      note.textContent = answer.error || `failed (${response.status})`;
+      return;
+    }
+    const now = lastState.server_time;
+    note.textContent = answer.complete ? `(${answer.finished.length})` : `(${answer.finished.length}, from a partial scan of a large queue)`;
+    body.replaceChildren(...answer.finished.map((j) => el("tr", { "data-job": j.id },
+      el("td", {}, jobLink(queue, j.id)),
+      el("td", { class: "task" }, j.task || ""),
+      el("td", {}, j.state),
+      el("td", { class: "when", title: localTime(j.finished_at) }, age(now, j.finished_at)),
+      el("td", { class: "num" }, j.attempts))));
+    document.getElementById("finished").hidden = false;
+  }
+  document.getElementById("show-finished").addEventListener("click", () => { if (selected) showFinished(); });
+
   function select(name, quiet) {
     selected = name;
+    document.getElementById("finished").hidden = true;
+    document.getElementById("finished-note").textContent = "";
     history.replaceState(null, "", `#${new URLSearchParams({ queue: name })}`);
     drawn.clear();
     if (!quiet) refresh();
