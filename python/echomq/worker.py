@@ -191,8 +191,14 @@ class Worker(Turns[Handler]):
         restore = self._install_signals() if handle_signals else None
         self._supervisor_ident = threading.get_ident()
         try:
-            self._spawn_loops()
-            self._supervise()
+            # A Ctrl-C while the threads start (no handler of ours: it would raise anywhere in
+            # the spawning, which nothing would clean up) is held until the supervisor runs.
+            held = self._hold_interrupts() if restore is None else None
+            try:
+                self._spawn_loops()
+            finally:
+                interrupts = held() if held is not None else 0
+            self._supervise(interrupts)
         finally:
             if restore is not None:
                 restore()
@@ -335,21 +341,46 @@ class Worker(Turns[Handler]):
         finally:
             self._done.set()
 
-    def _supervise(self) -> None:
+    def _hold_interrupts(self) -> Callable[[], int] | None:
+        """While the threads start, count Ctrl-Cs instead of raising them; the returned call puts
+        Python's handler back and says how many came.  Only where Python's own handler is set (in
+        the main thread): an application's SIGINT handler is left alone."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None
+        came: list[int] = []
+        signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+
+        def release() -> int:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            return len(came)
+
+        return release
+
+    def _keyboard_interrupt(self, exc: KeyboardInterrupt) -> bool:
+        """Ctrl-C without our SIGINT handler: the first stops gracefully, a second forces; True then."""
+        with self._lock:
+            if self._interrupt is None:
+                self._interrupt = exc
+            first = self._request_stop(time.monotonic())
+        self._wake.set()
+        self._wake_threads()
+        if not first:
+            self._go_forced()
+        return not first
+
+    def _supervise(self, interrupts: int = 0) -> None:
         try:
+            for _ in range(interrupts):  # the Ctrl-Cs held while the threads started
+                if self._keyboard_interrupt(KeyboardInterrupt()):
+                    return
             while True:
                 try:
                     if self._supervise_step():
                         return
                 except KeyboardInterrupt as exc:  # Ctrl-C without our SIGINT handler
-                    with self._lock:
-                        if self._interrupt is None:
-                            self._interrupt = exc
-                        first = self._request_stop(time.monotonic())
-                    self._wake.set()
-                    self._wake_threads()
-                    if not first:
-                        self._go_forced()
+                    if self._keyboard_interrupt(exc):
                         return
         finally:
             if self._sweeper is not None:
