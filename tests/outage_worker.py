@@ -94,9 +94,9 @@ class AsyncRecordingClient(emq.Client):
         return reply
 
     async def _attempt_many(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None, *, lane: bool = False
     ) -> list[Any]:
-        replies = await super()._attempt_many(calls, timeout, progress)
+        replies = await super()._attempt_many(calls, timeout, progress, lane=lane)
         record_claims(calls, replies)
         return replies
 
