@@ -20,6 +20,7 @@ fired.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -29,6 +30,7 @@ import redis
 
 import echomq
 from echomq._runtime import Action, HeldJob
+from echomq.asyncio._attempt import Progress
 from echomq.cancel import CancelToken
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
@@ -196,3 +198,32 @@ def test_a_stops_give_back_whose_lease_lapsed_still_gets_one_real_try(server_fac
     assert proxy.held_requests >= 1  # the fault fired: the RELEASE met the slow network
     assert row(admin, "L")["state"] == "pending" and row(admin, "L")["tries"] == "0", row(admin, "L")
     assert worker.stats.released == 1 and worker.stats.leases_lost == 0
+
+
+def test_stretching_a_try_whose_timeout_is_expiring_does_not_raise() -> None:
+    # A forced stop stretches the coalescer's batch on the wire so it may hear
+    # its answers (Worker._force_stop).  When that batch's timeout had fired
+    # and its task was not yet woken to see it, asyncio refused to move the
+    # timer (RuntimeError: Cannot change state of expiring Timeout): the forced
+    # stop crashed before it gave any job back.
+    async def main() -> tuple[bool, bool]:
+        progress = Progress()
+
+        async def attempt() -> None:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.01) as progress.timer:
+                    await asyncio.sleep(5)
+
+        task = asyncio.create_task(attempt())
+        await asyncio.sleep(0)  # the try is in its block
+        time.sleep(0.05)  # its timeout is due; the loop runs it next turn, then wakes the task a turn later
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        expiring = progress.timer is not None and progress.timer.expired() and not task.done()
+        progress.stretch(time.monotonic() + 5)  # raised RuntimeError
+        await task
+        progress.stretch(time.monotonic() + 5)  # the try left its block: nothing to stretch
+        return expiring, task.done()
+
+    expiring, ended = asyncio.run(main())
+    assert expiring and ended  # the fault: the timer had fired and its task had not seen it yet

@@ -58,14 +58,24 @@ class Progress:
         self.timer: Any = None
 
     def stretch(self, until: float) -> None:
-        """Let the try wait until ``until`` (``time.monotonic``) if that is later than its own end."""
+        """Let the try wait until ``until`` (``time.monotonic``) if that is later than its own end.
+
+        A try whose timeout already fired (the task not yet woken to see it)
+        or that left its block is not stretched: it has ended, and asyncio
+        refuses to move such a timer (RuntimeError).
+        """
         timer = self.timer
-        when = None if timer is None else timer.when()
+        if timer is None or timer.expired():
+            return
+        when = timer.when()
         if when is None:
             return
         loop_until = asyncio.get_running_loop().time() + (until - time.monotonic())
         if loop_until > when:
-            timer.reschedule(loop_until)
+            try:
+                timer.reschedule(loop_until)
+            except RuntimeError:  # the try left its block (an exited timer): nothing in flight
+                return
 
 
 class WorkerConnections:
