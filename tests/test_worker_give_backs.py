@@ -29,6 +29,7 @@ import pytest
 import redis
 
 import echomq
+import echomq.asyncio as emq
 from echomq._runtime import Action, HeldJob
 from echomq.asyncio._attempt import Progress
 from echomq.cancel import CancelToken
@@ -227,3 +228,46 @@ def test_stretching_a_try_whose_timeout_is_expiring_does_not_raise() -> None:
 
     expiring, ended = asyncio.run(main())
     assert expiring and ended  # the fault: the timer had fired and its task had not seen it yet
+
+
+def test_an_asyncio_forced_stops_give_back_gets_one_real_try_past_the_budget(
+    server_factory: ServerFactory,
+) -> None:
+    # Five handlers deaf to "shutdown"; the stop is forced.  Every RELEASE
+    # meets a connection reset until just past the force's 0.4 s budget.  The
+    # asyncio worker's batch give-back was cut by the budget: the five jobs
+    # stayed active, held by nobody until a sweep counted each a stall (the
+    # outage test's forced asyncio deploys).  The thread worker's gets one real
+    # try past it (SETTLE_TRY_S); so does the asyncio one's now.
+    own = server_factory()
+    admin = own.client()
+    proxy = Proxy(own.port)
+    n = 5
+    started: list[str] = []
+
+    async def handler(ctx: emq.JobContext) -> None:
+        started.append(ctx.id)
+        await asyncio.sleep(30)  # deaf to "shutdown": the stop is forced, the task cancelled
+
+    echomq.Client(admin).enqueue_many(Q, [(f"F{i}", b"") for i in range(n)])
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    worker = Running("asyncio", url, handler, Q, concurrency=n, lease_ms=30_000, grace=0.1, reap=False)
+    fired: list[float] = []
+
+    def reset(data: bytes) -> bool:
+        if b"EMQ.RELEASE" in data and time.monotonic() < worker.aworker._force_until + 0.1:
+            fired.append(time.monotonic())
+            return True
+        return False
+
+    try:
+        assert wait_until(lambda: len(started) == n, 20)
+        proxy.reset_request = reset
+        worker.stop()
+    finally:
+        proxy.close()
+    assert fired and proxy.resets >= 1  # the fault fired: the give-backs met resets into the budget
+    active = admin.zrange(K.active, 0, -1)
+    assert active == [], f"{len(active)} jobs held by nobody after the forced stop"
+    assert all(row(admin, f"F{i}")["state"] == "pending" for i in range(n))
+    assert worker.stats.released == n and worker.stats.leases_lost == 0

@@ -330,12 +330,17 @@ class Worker(Finisher[AsyncHandler]):
             if task is not None:
                 task.cancel()
         # One batch of RELEASEs on the stop's own connections, each job until its lease
-        # ends or the budget does (``_give_back_batch``), not one try per job.
+        # ends or the budget does (``_give_back_batch``), not one try per job; with one
+        # real try past the budget (SETTLE_TRY_S), as the thread worker's: a job cut off
+        # by the budget stays held by nobody until a sweep counts it a stall.
+        floor = time.monotonic() + SETTLE_TRY_S
         give_back = (
-            [asyncio.create_task(self._give_back_batch(stuck), name="echomq-give-back")] if stuck else []
+            [asyncio.create_task(self._give_back_batch(stuck, floor=floor), name="echomq-give-back")]
+            if stuck
+            else []
         )
         if give_back:
-            await asyncio.wait(give_back, timeout=FORCE_BUDGET_S + FORCE_AFTER_S / 2)
+            await asyncio.wait(give_back, timeout=max(FORCE_BUDGET_S, SETTLE_TRY_S) + FORCE_AFTER_S / 2)
         pending: set[asyncio.Task[None]] = set()
         if self._loops:
             _, pending = await asyncio.wait(self._loops, timeout=FORCE_AFTER_S / 2)
