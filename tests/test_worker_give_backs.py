@@ -21,6 +21,8 @@ fired.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -271,3 +273,54 @@ def test_an_asyncio_forced_stops_give_back_gets_one_real_try_past_the_budget(
     assert active == [], f"{len(active)} jobs held by nobody after the forced stop"
     assert all(row(admin, f"F{i}")["state"] == "pending" for i in range(n))
     assert worker.stats.released == n and worker.stats.leases_lost == 0
+
+
+def test_a_second_signal_while_an_asyncio_worker_settles_forces_the_stop(
+    server_factory: ServerFactory,
+) -> None:
+    # An idle asyncio worker gets a SIGTERM: its waiting claim is cut and
+    # asked again by its REQ as it settles (held 1 s here: a slow network).  A
+    # second SIGTERM then went to the handler installed before run(), which
+    # had been put back before the settling: run() returned, the process
+    # exited 0 instead of 143 (the outage test's forced asyncio deploys).  The
+    # thread worker forces the stop then; so does the asyncio one now.
+    own = server_factory()
+    proxy = Proxy(own.port)
+    before: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: before.append(signum))
+    signals: threading.Thread | None = None
+    try:
+
+        async def handler(ctx: emq.JobContext) -> None:
+            pass
+
+        async def main() -> BaseException | None:
+            client = emq.Client.from_url(f"redis://127.0.0.1:{proxy.port}/0")
+            worker = emq.Worker(client, Q, handler, lease_ms=30_000, reap=False)
+            try:
+                await worker.run()
+            except BaseException as exc:  # what run() raised is the result
+                return exc
+            finally:
+                await client.aclose()
+            return None
+
+        def send() -> None:
+            time.sleep(0.5)  # the worker waits on the server for a job
+            proxy.hold_request = lambda data: 1.0 if b"EMQ.CLAIM" in data else 0.0
+            os.kill(os.getpid(), signal.SIGTERM)
+            wait_until(lambda: proxy.held_requests >= 1, 5)  # the claim asked again, settling
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signals = threading.Thread(target=send, name="test-signals")
+        signals.start()
+        raised = asyncio.run(main())
+    finally:
+        if signals is not None:
+            signals.join(10)
+        signal.signal(signal.SIGTERM, previous)
+        proxy.close()
+    assert proxy.held_requests >= 1  # the fault fired: the second signal came as the claim settled
+    assert before == []  # neither signal reached the handler installed before run()
+    assert isinstance(raised, SystemExit) and raised.code == 128 + signal.SIGTERM, repr(raised)

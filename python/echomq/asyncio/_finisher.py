@@ -146,7 +146,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
             if step.unresolved:
                 await self._resolve(step)
         await self._give_back_unowned()
-        if self._settling:
+        while self._settling:  # a second signal meanwhile may add a give-back (Worker._force_late)
             await asyncio.wait(list(self._settling))
 
     async def _resolve(self, step: ClaimStep) -> None:

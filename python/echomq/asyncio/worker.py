@@ -116,6 +116,7 @@ class Worker(Finisher[AsyncHandler]):
         self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
         self._sweeps: asyncio.Task[None] | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
+        self._supervised = False  # the supervisor has ended: the worker settles (``_signal``)
 
     # -- control ---------------------------------------------------------------
 
@@ -215,14 +216,20 @@ class Worker(Finisher[AsyncHandler]):
                 await self._force_stop()
                 raise
         finally:
-            if restore is not None:
-                restore()
-            left = [t for t in self._loops if not t.done()]
-            for t in left:
-                t.cancel()
-            if left:
-                await asyncio.wait(left)
-            await self._settle()
+            # No supervisor from here: a second signal while the claims settle forces
+            # the stop itself (``_signal``), so the signal handlers stay until then (a
+            # forced deploy's second SIGTERM went to the handler before run(); it exited 0).
+            self._supervised = True
+            try:
+                left = [t for t in self._loops if not t.done()]
+                for t in left:
+                    t.cancel()
+                if left:
+                    await asyncio.wait(left)
+                await self._settle()
+            finally:
+                if restore is not None:
+                    restore()
             if self._listener is not None:
                 await self._listener.close()
             await self._keepers.close()
@@ -253,7 +260,22 @@ class Worker(Finisher[AsyncHandler]):
     def _signal(self, signum: int) -> None:
         if self._on_signal(signum, time.monotonic()):
             self._force_pending = True
+            if self._supervised and not self._forced:  # the claims settle: force here
+                self._force_late()
         self._poke()
+
+    def _force_late(self) -> None:
+        """A second signal after the supervisor ended: the settling is bounded by the force's budget."""
+        stuck = self._force()
+        if self._forced_event is not None:
+            self._forced_event.set()
+        if stuck:  # none is a runner's any more (the runners have ended): given back in a task
+            floor = time.monotonic() + SETTLE_TRY_S
+            task = asyncio.get_running_loop().create_task(
+                self._give_back_batch(stuck, floor=floor), name="echomq-give-back"
+            )
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
 
     async def _supervise(self) -> None:
         assert self._wake is not None
