@@ -324,3 +324,52 @@ def test_a_second_signal_while_an_asyncio_worker_settles_forces_the_stop(
     assert proxy.held_requests >= 1  # the fault fired: the second signal came as the claim settled
     assert before == []  # neither signal reached the handler installed before run()
     assert isinstance(raised, SystemExit) and raised.code == 128 + signal.SIGTERM, repr(raised)
+
+
+def test_the_asyncio_keepers_checkpoints_do_not_wait_behind_a_dry_pool(server: EmbeddedServer) -> None:
+    # A loaded asyncio worker's connections were all taken (500 handlers'
+    # own checkpoints hung on half-open connections): the one keeper's batch
+    # of EXTENDs waited behind them for a free one, got none within its
+    # timeout (NotSent: no free connection) and every held job lost its
+    # lease at once (the outage test at 500 slots).  The keeper's batch now
+    # goes on the worker's own lane (STOP_LANE), as its stop's give-backs do.
+    async def main() -> tuple[int, int, list[object]]:
+        client = emq.Client.from_url(server.url)
+        seen: list[object] = []
+        started = asyncio.Event()
+
+        async def handler(ctx: emq.JobContext) -> None:
+            started.set()
+            await asyncio.sleep(2.6)  # past the lease: only the keeper's checkpoints keep it
+            seen.append(ctx.check())  # None: never cancelled (a lost lease cancels it)
+
+        worker = emq.Worker(client, Q, handler, concurrency=2, lease_ms=1200, grace=1.0, reap=False)
+        try:
+            await client.enqueue(Q, b"", job_id="K")
+            async with worker:
+                await asyncio.wait_for(started.wait(), 10)
+                connections = client._connections()
+                let_go = asyncio.Event()
+
+                async def hold() -> None:
+                    async with connections.connection(Progress()):
+                        await let_go.wait()
+
+                holders = [asyncio.create_task(hold()) for _ in range(connections.limit)]
+                await asyncio.sleep(0.3)
+                taken = connections._busy - connections._lane_busy  # what every try but a lane one may take
+                others = connections.limit - connections.lane
+                await asyncio.sleep(1.7)  # the pool dry for them, longer than the lease
+                let_go.set()
+                await asyncio.wait(holders, timeout=5)
+                for _ in range(100):
+                    if seen:
+                        break
+                    await asyncio.sleep(0.05)
+            return taken, others, seen
+        finally:
+            await client.aclose()
+
+    taken, others, seen = asyncio.run(main())
+    assert taken >= others  # the fault fired: no connection free for any try but the lane's
+    assert seen == [None], seen  # the handler kept its lease throughout

@@ -242,7 +242,10 @@ class Keepers:
         sent = time.monotonic()
         timeout = min(keeper._held.checkpoint_timeout(sent) for keeper in batch)
         try:
-            replies = await client._attempt_many(calls, timeout)
+            # On the worker's own lane (``_attempt.STOP_LANE``): renewals that waited behind a
+            # dry pool (every handler's own checkpoint hung on a half-open connection) got
+            # none in time, and every held job lost its lease at once.
+            replies = await client._attempt_many(calls, timeout, lane=True)
         except Exception as exc:
             events = [keeper._checkpoint_failed(exc, report=False) for keeper in batch]
             if LeaseEvent.RETRY in events:  # once per batch, not once per job

@@ -52,9 +52,9 @@ __all__ = ["Worker"]
 T = TypeVar("T")
 
 # Connections a worker needs besides one per runner: the claimer, the batches
-# sent together, the keeper's batch, a pushed cancel's checkpoint, its sweeps
-# (and STOP_LANE more, kept for its stop's give-backs).
-OWN_LOOPS = 5
+# sent together, a pushed cancel's checkpoint, its sweeps (and STOP_LANE more,
+# kept for its stop's give-backs and its keeper's batch).
+OWN_LOOPS = 4
 
 
 class Worker(Finisher[AsyncHandler]):
