@@ -173,7 +173,8 @@ def count_signals(path: str) -> None:
     """Every SIGTERM a handler of the worker's runs for adds a byte to ``path`` (the test's forced
     deploys send their second signal only once the first was handled: two signals that come before
     Python runs the handler are one).  ``os.write``: a signal handler takes no lock."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    global SIGNALS_FD
+    fd = SIGNALS_FD = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     install = signal.signal
 
     def counting(signum: int, handler: Any) -> Any:
@@ -189,9 +190,15 @@ def count_signals(path: str) -> None:
     signal.signal = counting  # type: ignore[assignment]
 
 
+SIGNALS_FD: int | None = None  # count_signals's file
+
+
 def late_signal(signum: int, frame: object) -> None:
     """SIGTERM outside ``run()``: ignored.  ``run()`` puts this back as it returns, so a forced
-    deploy's second signal that comes as the stop ends does not kill the process mid-exit."""
+    deploy's second signal that comes as the stop ends does not kill the process mid-exit.  It adds
+    an ``L`` to the signals' file: the worker had stopped by itself (exit 0, not forced)."""
+    if SIGNALS_FD is not None:
+        os.write(SIGNALS_FD, b"L")
 
 
 def main() -> None:
