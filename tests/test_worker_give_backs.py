@@ -373,3 +373,54 @@ def test_the_asyncio_keepers_checkpoints_do_not_wait_behind_a_dry_pool(server: E
     taken, others, seen = asyncio.run(main())
     assert taken >= others  # the fault fired: no connection free for any try but the lane's
     assert seen == [None], seen  # the handler kept its lease throughout
+
+
+def test_an_asyncio_claim_answered_after_the_stop_is_given_back_past_a_forced_stops_budget(
+    server: EmbeddedServer,
+) -> None:
+    # A job whose claim was answered after the stop (a COMPLETECLAIM in
+    # flight, say) never runs: its runner gave it back through the batches
+    # sent together, within the force's budget, and a forced stop cancelled
+    # that runner.  Every RELEASE meeting a reset until just past the budget,
+    # the job stayed active, held by nobody (the outage test's "one job claimed
+    # after the SIGTERM was never started or given back").  Now it goes back in
+    # a batch of its own that the force does not cancel, with one real try past
+    # the budget.
+    async def handler(ctx: emq.JobContext) -> None:
+        raise AssertionError("a job claimed after the stop never runs")
+
+    async def main() -> list[float]:
+        client = emq.Client.from_url(server.url)
+        try:
+            await client.enqueue(Q, b"", job_id="A")
+            job = await client.claim(Q, 30_000)
+            assert job is not None
+            worker = emq.Worker(client, Q, handler, lease_ms=30_000, reap=False)
+            worker._request_stop(time.monotonic(), 0.0)
+            worker._force(time.monotonic())  # a second signal: the budget runs from now
+            healed_at = worker._force_until + 0.1  # reachable again only past the budget
+            real = client._attempt_many
+            resets: list[float] = []
+
+            async def flaky(calls: Any, timeout: float, progress: Any = None, *, lane: bool = False) -> Any:
+                if time.monotonic() < healed_at:
+                    resets.append(time.monotonic())
+                    raise redis.ConnectionError("connection reset by peer (the test's)")
+                return await real(calls, timeout, progress, lane=lane)
+
+            client._attempt_many = flaky  # type: ignore[method-assign]
+            runner = asyncio.create_task(worker._process(job, time.monotonic(), landed=False))
+            await asyncio.sleep(0.25)
+            runner.cancel()  # as the forced stop cancels the runners still going
+            await asyncio.wait([runner])
+            while worker._settling:
+                await asyncio.wait(list(worker._settling))
+            assert worker.stats.released == 1, worker.stats
+            return resets
+        finally:
+            await client.aclose()
+
+    resets = asyncio.run(main())
+    assert resets  # the fault fired: the give-back met resets into the budget
+    r = server.client()
+    assert r.zrange(K.active, 0, -1) == [] and row(r, "A")["state"] == "pending", row(r, "A")

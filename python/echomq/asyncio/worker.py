@@ -116,6 +116,8 @@ class Worker(Finisher[AsyncHandler]):
         self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
         self._sweeps: asyncio.Task[None] | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
+        self._soon: list[HeldJob] = []  # jobs to give back in the next batch (``_give_back_soon``)
+        self._soon_task: asyncio.Task[None] | None = None
         self._supervised = False  # the supervisor has ended: the worker settles (``_signal``)
 
     # -- control ---------------------------------------------------------------
@@ -503,9 +505,9 @@ class Worker(Finisher[AsyncHandler]):
             if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
                 if waited is not None:
                     await keeper.stop()
-                await self._give_back(
-                    held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S), together=True
-                )  # with the other runners' (a claim of many answered as the stop came)
+                # With the other runners' (a claim of many answered as the stop came), in a task a
+                # forced stop does not cancel: cut in this runner, its job was held by nobody.
+                await asyncio.shield(self._give_back_soon(held))
                 return []
             if self.metrics is not None:
                 await self.metrics.aclaimed_with_wait(self.client, job)
@@ -515,7 +517,7 @@ class Worker(Finisher[AsyncHandler]):
                 and not await self._confirm(keeper)
             ):
                 if self._unconfirmed(held):  # no answer in time: given back; stale: not ours
-                    await self._give_back_batch([held], floor=time.monotonic() + SETTLE_TRY_S)
+                    await asyncio.shield(self._give_back_soon(held))
                 return []
             if held.given_back:
                 # A forced stop gave the job back while this runner got it ready (a
@@ -560,6 +562,27 @@ class Worker(Finisher[AsyncHandler]):
             return []
         finally:
             CURRENT_JOB.reset(context)
+
+    def _give_back_soon(self, held: HeldJob) -> asyncio.Task[None]:
+        """Give back ``held`` (not to run) with the others given back this loop turn, in one batch.
+
+        The batch is a task of its own, awaited by ``_settle``: a forced stop
+        cancels the runners, not it, and its tries get one real try past the
+        force's budget (``_give_back_batch``'s ``floor``).
+        """
+        self._soon.append(held)
+        if self._soon_task is None or self._soon_task.done():
+            task = asyncio.get_running_loop().create_task(self._give_back_gathered(), name="echomq-give-back")
+            self._soon_task = task
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        return self._soon_task
+
+    async def _give_back_gathered(self) -> None:
+        await asyncio.sleep(0)  # the runners handed jobs by the same claim add theirs
+        while self._soon:
+            batch, self._soon = self._soon, []
+            await self._give_back_batch(batch, floor=time.monotonic() + SETTLE_TRY_S)
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
         lease_ms, interval = self._lease_for(job)
