@@ -424,3 +424,47 @@ def test_an_asyncio_claim_answered_after_the_stop_is_given_back_past_a_forced_st
     assert resets  # the fault fired: the give-back met resets into the budget
     r = server.client()
     assert r.zrange(K.active, 0, -1) == [] and row(r, "A")["state"] == "pending", row(r, "A")
+
+
+def test_an_asyncio_workers_sampled_wait_read_that_hangs_does_not_keep_its_handler_from_starting(
+    r: redis.Redis, server: EmbeddedServer
+) -> None:
+    # With metrics, a first claim's enqueue-to-claim wait is read with
+    # ``client.job`` through redis-py's own pool, which has no socket timeout:
+    # on a half-open connection it waited for ever, and the claimed job's
+    # handler never started until a forced stop gave it back.  Now the read
+    # is bounded (a third of the lease here) and the claim counted without it.
+    from prometheus_client import CollectorRegistry
+
+    from echomq.metrics import Metrics
+
+    async def main() -> tuple[list[str], int]:
+        client = emq.Client.from_url(server.url)
+        hung: list[str] = []
+        ran: list[str] = []
+
+        async def job_read(queue: str, job_id: str) -> Any:
+            hung.append(job_id)
+            await asyncio.Event().wait()  # a half-open connection: no answer, ever
+
+        client.job = job_read  # type: ignore[method-assign]
+
+        async def handler(ctx: emq.JobContext) -> None:
+            ran.append(ctx.id)
+
+        metrics = Metrics(CollectorRegistry(), share=False, wait_sample=1.0)
+        worker = emq.Worker(client, Q, handler, lease_ms=1500, metrics=metrics, reap=False)
+        try:
+            await client.enqueue(Q, b"", job_id="W")
+            async with worker:
+                for _ in range(100):
+                    if ran:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await client.aclose()
+        return hung, len(ran)
+
+    hung, ran = asyncio.run(main())
+    assert hung == ["W"]  # the fault fired: the wait's read never answered
+    assert ran == 1 and row(r, "W")["state"] == "done", row(r, "W")

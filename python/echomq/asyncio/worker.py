@@ -510,7 +510,7 @@ class Worker(Finisher[AsyncHandler]):
                 await asyncio.shield(self._give_back_soon(held))
                 return []
             if self.metrics is not None:
-                await self.metrics.aclaimed_with_wait(self.client, job)
+                await self._claimed_metric(job)
             if (
                 waited is None
                 and held.needs_confirmation(time.monotonic())
@@ -562,6 +562,22 @@ class Worker(Finisher[AsyncHandler]):
             return []
         finally:
             CURRENT_JOB.reset(context)
+
+    async def _claimed_metric(self, job: Job) -> None:
+        """The metrics' claim, with its sampled wait read for at most a third of the lease.
+
+        The read goes through redis-py's own pool, with no socket timeout: on a
+        half-open connection it waited for ever, and the claimed job's handler
+        never started (until a forced stop gave the job back).  Past the bound
+        the claim is counted without its wait.
+        """
+        metrics = self.metrics
+        assert metrics is not None
+        bound = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000)
+        try:
+            await asyncio.wait_for(metrics.aclaimed_with_wait(self.client, job), bound)
+        except asyncio.TimeoutError:
+            metrics.claimed(job, None)
 
     def _give_back_soon(self, held: HeldJob) -> asyncio.Task[None]:
         """Give back ``held`` (not to run) with the others given back this loop turn, in one batch.
