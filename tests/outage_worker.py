@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import os
 import random
@@ -201,6 +202,21 @@ def late_signal(signum: int, frame: object) -> None:
         os.write(SIGNALS_FD, b"L")
 
 
+LOOP: asyncio.AbstractEventLoop | None = None  # the asyncio worker's, for dump_tasks
+
+
+def dump_tasks(signum: int, frame: object) -> None:
+    """SIGUSR1: every thread's stack and every asyncio task's, to stderr (the test sends it to a
+    worker that did not exit in time, before it kills it: where it hung)."""
+    faulthandler.dump_traceback(all_threads=True)
+    loop = LOOP
+    if loop is not None:
+        for task in asyncio.all_tasks(loop):
+            print(f"task {task.get_name()}:", file=sys.stderr)
+            task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def main() -> None:
     global HISTORY
     url, queue, lease_ms, mode, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -208,6 +224,7 @@ def main() -> None:
     echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
     signal.signal(signal.SIGTERM, late_signal)
+    signal.signal(signal.SIGUSR1, dump_tasks)
     count_signals(path + ".signals")
     announce_ready(history)
     prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
@@ -229,6 +246,8 @@ def main() -> None:
         workers: list[emq.Worker] = []
 
         async def run() -> None:
+            global LOOP
+            LOOP = asyncio.get_running_loop()
             aclient = AsyncRecordingClient.from_url(url)
             workers.append(emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings))
             try:

@@ -227,7 +227,16 @@ class Workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 second = True
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # where it hung (outage_worker.dump_tasks), then killed
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            proc.kill()
+            out, err = proc.communicate(timeout=10)
+            path.with_suffix(".err").write_text(err)
+            hung = f"{mode}@{slots} did not exit 30 s after its SIGTERM"
+            raise AssertionError(f"{hung}: {err[-6000:]}") from None
         took = time.monotonic() - started
         self.outputs.append((out, err))
         path.with_suffix(".err").write_text(err)
