@@ -468,3 +468,47 @@ def test_an_asyncio_workers_sampled_wait_read_that_hangs_does_not_keep_its_handl
     hung, ran = asyncio.run(main())
     assert hung == ["W"]  # the fault fired: the wait's read never answered
     assert ran == 1 and row(r, "W")["state"] == "done", row(r, "W")
+
+
+def test_an_asyncio_end_in_flight_at_a_forced_stop_gets_one_real_try_past_the_budget(
+    server: EmbeddedServer,
+) -> None:
+    # The asyncio twin of the thread worker's test above: a handler returned,
+    # its COMPLETE meets connection resets until just past a forced stop's
+    # budget.  The budget cut it (and the force cancelled its runner): the job
+    # stayed active, held by nobody, until a sweep counted a stall for a job
+    # whose handler had succeeded.
+    async def handler(ctx: emq.JobContext) -> None:
+        pass
+
+    async def main() -> list[float]:
+        client = emq.Client.from_url(server.url)
+        try:
+            await client.enqueue(Q, b"", job_id="E")
+            job = await client.claim(Q, 30_000)
+            assert job is not None
+            worker = emq.Worker(client, Q, handler, lease_ms=30_000, reap=False)
+            held = HeldJob.claimed(job, CancelToken(), 30_000, claimed_at=time.monotonic())
+            finish = worker._decide(held, None)
+            assert finish.action is Action.COMPLETE
+            worker._force(time.monotonic())  # a second signal: the budget runs from now
+            healed_at = worker._force_until + 0.05  # reachable again only past the budget
+            real = client._attempt_many
+            resets: list[float] = []
+
+            async def flaky(calls: Any, timeout: float, progress: Any = None, *, lane: bool = False) -> Any:
+                if time.monotonic() < healed_at:
+                    resets.append(time.monotonic())
+                    raise redis.ConnectionError("connection reset by peer (the test's)")
+                return await real(calls, timeout, progress, lane=lane)
+
+            client._attempt_many = flaky  # type: ignore[method-assign]
+            await worker._finish(finish)
+            assert worker.stats.completed == 1 and worker.stats.leases_lost == 0, worker.stats
+            return resets
+        finally:
+            await client.aclose()
+
+    resets = asyncio.run(main())
+    assert resets  # the fault fired: the COMPLETE met resets into the budget
+    assert row(server.client(), "E")["state"] == "done", row(server.client(), "E")

@@ -118,6 +118,7 @@ class Worker(Finisher[AsyncHandler]):
         self._reserved = 0
         self._soon: list[HeldJob] = []  # jobs to give back in the next batch (``_give_back_soon``)
         self._soon_task: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Task[Any]] = set()  # runners sending their job's end
         self._supervised = False  # the supervisor has ended: the worker settles (``_signal``)
 
     # -- control ---------------------------------------------------------------
@@ -368,6 +369,13 @@ class Worker(Finisher[AsyncHandler]):
         pending: set[asyncio.Task[None]] = set()
         if self._loops:
             _, pending = await asyncio.wait(self._loops, timeout=FORCE_AFTER_S / 2)
+        # Runners sending their job's end: that end has one real try past the budget
+        # (``_send_until``); cancelled now, its job would be held by nobody until a sweep.
+        ending = [t for t in pending if t in self._ending]
+        if ending:
+            left = self._force_until + SETTLE_TRY_S - time.monotonic()
+            await asyncio.wait(ending, timeout=max(0.0, left) + FORCE_AFTER_S / 2)
+            pending = {t for t in pending if not t.done()}
         for t in [*pending, *give_back]:
             if not t.done():
                 t.cancel()
@@ -556,10 +564,16 @@ class Worker(Finisher[AsyncHandler]):
                 self._interrupted(error, time.monotonic())
                 self._poke()
             chained = chain and finish.action is Action.COMPLETE and self._complete_claim
-            if chained and not self._stop_requested:
-                return await self._complete_and_claim(finish)
-            await self._finish(finish)
-            return []
+            current = asyncio.current_task()
+            assert current is not None
+            self._ending.add(current)  # a forced stop lets this end have its real try (_force_stop)
+            try:
+                if chained and not self._stop_requested:
+                    return await self._complete_and_claim(finish)
+                await self._finish(finish)
+                return []
+            finally:
+                self._ending.discard(current)
         finally:
             CURRENT_JOB.reset(context)
 
