@@ -14,6 +14,15 @@ Each test failed on the code before it:
 - a job's end still being sent when a stop was forced was cut by the
   force's budget: its job, its handler done, held by nobody until a sweep.
 
+And the asyncio worker's (the outage test's asyncio layouts, ``+forced``):
+the same three, a claim answered after the stop given back from a runner the
+force cancelled, a second signal while the claims settle that reached the
+handler from before ``run()`` (exit 0, not 143), a batch's timer stretched as
+it expired (RuntimeError), the keeper's checkpoints waiting behind a dry pool
+(every lease lost at once), a metrics wait read that hung the handler's
+start; and the recording clients of the outage and failover workers, which
+refused the give-back's ``lane`` (every forced give-back failed).
+
 The faults are real (``faults.Proxy``), and each test asserts that its fault
 fired.
 """
@@ -25,6 +34,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -48,6 +58,24 @@ K = queue_keys(Q)
 
 def row(r: redis.Redis, job_id: str) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in r.hgetall(K.job(job_id)).items()}
+
+
+def lost_until(
+    healed_at: Callable[[], float], real: Any, seen: list[float], only: bytes | None = None
+) -> Callable[..., Awaitable[Any]]:
+    """An asyncio client's ``_attempt_many`` whose tries get no answer (each waits its whole timeout,
+    then times out) until ``healed_at()``; ``only``: just the pipelines with that command in them.
+    A lost reply, not a reset: the tries' spacing then does not hang on the retries' jitter."""
+
+    async def attempt(calls: Any, timeout: float, progress: Any = None, *, lane: bool = False) -> Any:
+        hit = only is None or any(only.decode() == str(call.args[0]) for call in calls)
+        if hit and time.monotonic() < healed_at():
+            seen.append(time.monotonic())
+            await asyncio.sleep(timeout)
+            raise redis.TimeoutError(f"no reply within {timeout:.3f} s (the test's)")
+        return await real(calls, timeout, progress, lane=lane)
+
+    return attempt
 
 
 def test_a_forced_stop_gives_back_every_stuck_job_in_one_round_trip(server_factory: ServerFactory) -> None:
@@ -236,7 +264,7 @@ def test_an_asyncio_forced_stops_give_back_gets_one_real_try_past_the_budget(
     server_factory: ServerFactory,
 ) -> None:
     # Five handlers deaf to "shutdown"; the stop is forced.  Every RELEASE
-    # meets a connection reset until just past the force's 0.4 s budget.  The
+    # gets no answer (its try times out) until just past the force's 0.4 s budget.  The
     # asyncio worker's batch give-back was cut by the budget: the five jobs
     # stayed active, held by nobody until a sweep counted each a stall (the
     # outage test's forced asyncio deploys).  The thread worker's gets one real
@@ -255,20 +283,16 @@ def test_an_asyncio_forced_stops_give_back_gets_one_real_try_past_the_budget(
     url = f"redis://127.0.0.1:{proxy.port}/0"
     worker = Running("asyncio", url, handler, Q, concurrency=n, lease_ms=30_000, grace=0.1, reap=False)
     fired: list[float] = []
-
-    def reset(data: bytes) -> bool:
-        if b"EMQ.RELEASE" in data and time.monotonic() < worker.aworker._force_until + 0.1:
-            fired.append(time.monotonic())
-            return True
-        return False
-
     try:
         assert wait_until(lambda: len(started) == n, 20)
-        proxy.reset_request = reset
+        client = worker.client
+        client._attempt_many = lost_until(  # type: ignore[method-assign]
+            lambda: worker.aworker._force_until + 0.1, client._attempt_many, fired, only=b"EMQ.RELEASE"
+        )
         worker.stop()
     finally:
         proxy.close()
-    assert fired and proxy.resets >= 1  # the fault fired: the give-backs met resets into the budget
+    assert fired  # the fault fired: the give-backs' replies were lost into the budget
     active = admin.zrange(K.active, 0, -1)
     assert active == [], f"{len(active)} jobs held by nobody after the forced stop"
     assert all(row(admin, f"F{i}")["state"] == "pending" for i in range(n))
@@ -402,13 +426,7 @@ def test_an_asyncio_claim_answered_after_the_stop_is_given_back_past_a_forced_st
             real = client._attempt_many
             resets: list[float] = []
 
-            async def flaky(calls: Any, timeout: float, progress: Any = None, *, lane: bool = False) -> Any:
-                if time.monotonic() < healed_at:
-                    resets.append(time.monotonic())
-                    raise redis.ConnectionError("connection reset by peer (the test's)")
-                return await real(calls, timeout, progress, lane=lane)
-
-            client._attempt_many = flaky  # type: ignore[method-assign]
+            client._attempt_many = lost_until(lambda: healed_at, real, resets)  # type: ignore[method-assign]
             runner = asyncio.create_task(worker._process(job, time.monotonic(), landed=False))
             await asyncio.sleep(0.25)
             runner.cancel()  # as the forced stop cancels the runners still going
@@ -496,13 +514,7 @@ def test_an_asyncio_end_in_flight_at_a_forced_stop_gets_one_real_try_past_the_bu
             real = client._attempt_many
             resets: list[float] = []
 
-            async def flaky(calls: Any, timeout: float, progress: Any = None, *, lane: bool = False) -> Any:
-                if time.monotonic() < healed_at:
-                    resets.append(time.monotonic())
-                    raise redis.ConnectionError("connection reset by peer (the test's)")
-                return await real(calls, timeout, progress, lane=lane)
-
-            client._attempt_many = flaky  # type: ignore[method-assign]
+            client._attempt_many = lost_until(lambda: healed_at, real, resets)  # type: ignore[method-assign]
             await worker._finish(finish)
             assert worker.stats.completed == 1 and worker.stats.leases_lost == 0, worker.stats
             return resets
@@ -512,3 +524,19 @@ def test_an_asyncio_end_in_flight_at_a_forced_stop_gets_one_real_try_past_the_bu
     resets = asyncio.run(main())
     assert resets  # the fault fired: the COMPLETE met resets into the budget
     assert row(server.client(), "E")["state"] == "done", row(server.client(), "E")
+
+
+def test_the_test_workers_recording_clients_take_every_argument_of_the_attempts_they_wrap() -> None:
+    # The outage test's asyncio workers record through a client whose
+    # _attempt_many did not take the lane the forced stop's give-back passes
+    # (a TypeError, counted permanent): every forced asyncio stop of that test
+    # gave nothing back, and the test blamed the worker.
+    import inspect
+
+    from . import failover_worker, outage_worker
+
+    for name, real in (("_attempt_many", emq.Client._attempt_many), ("_attempt", emq.Client._attempt)):
+        want = list(inspect.signature(real).parameters)
+        for module in (outage_worker, failover_worker):
+            wrapped = getattr(module.AsyncRecordingClient, name)
+            assert list(inspect.signature(wrapped).parameters) == want, (module.__name__, name)
