@@ -540,3 +540,48 @@ def test_the_test_workers_recording_clients_take_every_argument_of_the_attempts_
         for module in (outage_worker, failover_worker):
             wrapped = getattr(module.AsyncRecordingClient, name)
             assert list(inspect.signature(wrapped).parameters) == want, (module.__name__, name)
+
+
+def test_the_asyncio_keepers_close_ends_a_task_whose_cancel_was_swallowed(server: EmbeddedServer) -> None:
+    # A forced asyncio stop of the outage test never exited: its one keeper
+    # task had had the close's cancel swallowed on the way (in a try whose
+    # timeout fired as it came) and went back to sleep, and Keepers.close()
+    # waited for it for ever.  Its loop now looks at the close too.
+    from echomq.asyncio.lease import Keepers
+
+    swallowed: list[bool] = []
+    real_send = Keepers._send
+
+    async def send(batch: list[Any]) -> None:
+        try:
+            await asyncio.sleep(5)  # a try in flight as the worker ends
+        except asyncio.CancelledError:
+            swallowed.append(True)  # the fault: the cancel goes no further
+            return
+        await real_send(batch)
+
+    async def main() -> bool:
+        client = emq.Client.from_url(server.url)
+        try:
+            await client.enqueue(Q, b"", job_id="C")
+            job = await client.claim(Q, 30_000)
+            assert job is not None
+            keepers = Keepers()
+            keeper = emq.LeaseKeeper(client, job, 30_000, CancelToken(), interval=0.05)
+            keeper._shared = keepers
+            keepers._send = send  # type: ignore[method-assign, assignment]
+            keeper.start()
+            await asyncio.sleep(0.3)  # the keeper's round is in its try
+            try:
+                await asyncio.wait_for(keepers.close(), 5)
+            except asyncio.TimeoutError:
+                return False
+            finally:
+                await keeper.stop()
+            return True
+        finally:
+            await client.aclose()
+
+    closed = asyncio.run(main())
+    assert swallowed  # the fault fired: the close's cancel was swallowed
+    assert closed, "Keepers.close() waited for ever"
