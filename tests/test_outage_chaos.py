@@ -227,16 +227,7 @@ class Workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 second = True
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:  # where it hung (outage_worker.dump_tasks), then killed
-            proc.send_signal(signal.SIGUSR1)
-            time.sleep(1.0)
-            proc.kill()
-            out, err = proc.communicate(timeout=10)
-            path.with_suffix(".err").write_text(err)
-            hung = f"{mode}@{slots} did not exit 30 s after its SIGTERM"
-            raise AssertionError(f"{hung}: {err[-6000:]}") from None
+        out, err = exited(proc, path, f"{mode}@{slots}")
         took = time.monotonic() - started
         self.outputs.append((out, err))
         path.with_suffix(".err").write_text(err)
@@ -259,12 +250,26 @@ class Workers:
         started = time.monotonic()
         for proc in self.procs:
             proc.send_signal(signal.SIGTERM)
-        for proc, path in zip(self.procs, self.paths, strict=True):
-            self.outputs.append(proc.communicate(timeout=30))
+        for proc, path, (mode, slots) in zip(self.procs, self.paths, self.layout, strict=True):
+            self.outputs.append(exited(proc, path, f"{mode}@{slots}"))
             self.codes.append(proc.returncode)
             self.expected_codes.append(0)
             path.with_suffix(".err").write_text(self.outputs[-1][1])
         return time.monotonic() - started
+
+
+def exited(proc: subprocess.Popen[str], path: Path, name: str) -> tuple[str, str]:
+    """A SIGTERMed worker's (stdout, stderr) once it exits; one still running 30 s later is asked
+    where it hangs (outage_worker.dump_tasks), killed, and fails the test with that dump."""
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+        path.with_suffix(".err").write_text(err)
+        raise AssertionError(f"{name} did not exit 30 s after its SIGTERM: {err[-6000:]}") from None
 
 
 def read_history(paths: list[Path]) -> list[dict[str, Any]]:
