@@ -162,12 +162,12 @@ class RecordingClient(echomq.Client):
 
 class AsyncRecordingClient(emq.Client):
     async def _attempt_many(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None, *, lane: bool = False
     ) -> list[Any]:
         _SEEN_ASYNC.set(0)
         sent = time.time()
         try:
-            replies = await super()._attempt_many(calls, timeout, progress)
+            replies = await super()._attempt_many(calls, timeout, progress, lane=lane)
         except BaseException:
             record_pipeline(calls, None, _SEEN_ASYNC.get(), sent)
             raise

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import os
 import random
@@ -94,9 +95,9 @@ class AsyncRecordingClient(emq.Client):
         return reply
 
     async def _attempt_many(
-        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None
+        self, calls: list[proto.Call[Any]], timeout: float, progress: Any = None, *, lane: bool = False
     ) -> list[Any]:
-        replies = await super()._attempt_many(calls, timeout, progress)
+        replies = await super()._attempt_many(calls, timeout, progress, lane=lane)
         record_claims(calls, replies)
         return replies
 
@@ -173,7 +174,8 @@ def count_signals(path: str) -> None:
     """Every SIGTERM a handler of the worker's runs for adds a byte to ``path`` (the test's forced
     deploys send their second signal only once the first was handled: two signals that come before
     Python runs the handler are one).  ``os.write``: a signal handler takes no lock."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    global SIGNALS_FD
+    fd = SIGNALS_FD = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     install = signal.signal
 
     def counting(signum: int, handler: Any) -> Any:
@@ -189,9 +191,30 @@ def count_signals(path: str) -> None:
     signal.signal = counting  # type: ignore[assignment]
 
 
+SIGNALS_FD: int | None = None  # count_signals's file
+
+
 def late_signal(signum: int, frame: object) -> None:
     """SIGTERM outside ``run()``: ignored.  ``run()`` puts this back as it returns, so a forced
-    deploy's second signal that comes as the stop ends does not kill the process mid-exit."""
+    deploy's second signal that comes as the stop ends does not kill the process mid-exit.  It adds
+    an ``L`` to the signals' file: the worker had stopped by itself (exit 0, not forced)."""
+    if SIGNALS_FD is not None:
+        os.write(SIGNALS_FD, b"L")
+
+
+LOOP: asyncio.AbstractEventLoop | None = None  # the asyncio worker's, for dump_tasks
+
+
+def dump_tasks(signum: int, frame: object) -> None:
+    """SIGUSR1: every thread's stack and every asyncio task's, to stderr (the test sends it to a
+    worker that did not exit in time, before it kills it: where it hung)."""
+    faulthandler.dump_traceback(all_threads=True)
+    loop = LOOP
+    if loop is not None:
+        for task in asyncio.all_tasks(loop):
+            print(f"task {task.get_name()}:", file=sys.stderr)
+            task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def main() -> None:
@@ -201,6 +224,7 @@ def main() -> None:
     echomq.configure_logging(os.environ.get("ECHOMQ_OUTAGE_LOG", "warning"))
     history = HISTORY = History(path)
     signal.signal(signal.SIGTERM, late_signal)
+    signal.signal(signal.SIGUSR1, dump_tasks)
     count_signals(path + ".signals")
     announce_ready(history)
     prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
@@ -222,6 +246,8 @@ def main() -> None:
         workers: list[emq.Worker] = []
 
         async def run() -> None:
+            global LOOP
+            LOOP = asyncio.get_running_loop()
             aclient = AsyncRecordingClient.from_url(url)
             workers.append(emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings))
             try:

@@ -9,10 +9,12 @@ connects, sends and reads, all under one deadline (the caller's
 could not connect, is ``NotSent``: nothing ran.  After a timeout the idle
 connections are given up as well (they may be half-open), when next taken.
 
-A worker keeps ``STOP_LANE`` of its connections for its stop (``lane``
-tries: the batches that give its jobs back): no other try takes them, and a
-lane try waiting for a connection goes before every other waiter, so a
-forced stop's give-back never queues behind the traffic it is ending.
+A worker keeps ``STOP_LANE`` of its connections for its own upkeep
+(``lane`` tries: its stop's batches that give its jobs back, and its one
+keeper's batch of checkpoints): no other try takes them, and a lane try
+waiting for a connection goes before every other waiter, so a forced stop's
+give-back never queues behind the traffic it is ending, nor the renewal of
+every held lease behind a dry pool.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ except ImportError:  # the fast extra is not installed
 
 __all__ = ["STOP_LANE", "Progress", "WorkerConnections"]
 
-# Connections of a worker's reservation only its stop's give-backs use (``lane``).
-STOP_LANE = 2
+# Connections of a worker's reservation only lane tries use: its stop's give-backs (two
+# at once) and its keeper's checkpoints (one batch at a time).
+STOP_LANE = 3
 
 
 class Progress:
@@ -58,14 +61,24 @@ class Progress:
         self.timer: Any = None
 
     def stretch(self, until: float) -> None:
-        """Let the try wait until ``until`` (``time.monotonic``) if that is later than its own end."""
+        """Let the try wait until ``until`` (``time.monotonic``) if that is later than its own end.
+
+        A try whose timeout already fired (the task not yet woken to see it)
+        or that left its block is not stretched: it has ended, and asyncio
+        refuses to move such a timer (RuntimeError).
+        """
         timer = self.timer
-        when = None if timer is None else timer.when()
+        if timer is None or timer.expired():
+            return
+        when = timer.when()
         if when is None:
             return
         loop_until = asyncio.get_running_loop().time() + (until - time.monotonic())
         if loop_until > when:
-            timer.reschedule(loop_until)
+            try:
+                timer.reschedule(loop_until)
+            except RuntimeError:  # the try left its block (an exited timer): nothing in flight
+                return
 
 
 class WorkerConnections:

@@ -146,7 +146,7 @@ class Finisher(WorkerCore[Client, HandlerT]):
             if step.unresolved:
                 await self._resolve(step)
         await self._give_back_unowned()
-        if self._settling:
+        while self._settling:  # a second signal meanwhile may add a give-back (Worker._force_late)
             await asyncio.wait(list(self._settling))
 
     async def _resolve(self, step: ClaimStep) -> None:
@@ -293,6 +293,10 @@ class Finisher(WorkerCore[Client, HandlerT]):
         """
         backoff = Backoff()
         while True:
+            if floor is None and job is not None and self._forced:
+                # A job's end (or give-back) gets one real try past a forced stop's budget, as
+                # the thread worker's does: cut by it, its job was held by nobody until a sweep.
+                floor = time.monotonic() + SETTLE_TRY_S
             bound = self._bounded(until)
             backoff.until = bound if floor is None or bound is None else max(bound, floor)
             if stop_ok and self._stop_requested:

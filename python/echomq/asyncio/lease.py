@@ -172,10 +172,13 @@ class Keepers:
         self._wakes_at = math.inf
         self._task: asyncio.Task[None] | None = None
         self._pushes: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     def add(self, keeper: LeaseKeeper) -> None:
         self._keepers[keeper] = None
         self._by_id[keeper.job.id] = keeper
+        if self._closed:  # the worker has ended: no task is made that nobody would end
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="echomq-lease-keeper")
         elif keeper._held.next_checkpoint < self._wakes_at:
@@ -209,15 +212,25 @@ class Keepers:
         self._wake.set()
 
     async def close(self) -> None:
+        """End the task (and the pushed cancels' checkpoints).
+
+        Its loop also looks at ``_closed``: a cancel swallowed on the way
+        (one met a try's timeout as it fired, say) ended nothing, and a
+        forced asyncio stop waited here for ever (the outage test's worker
+        that never exited).
+        """
+        self._closed = True
+        self._wake.set()
         task, self._task = self._task, None
         tasks = [t for t in [task, *self._pushes] if t is not None and not t.done()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        while tasks:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks, timeout=1.0)
+            tasks = [t for t in tasks if not t.done()]
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             self._wake.clear()
             try:
                 batch, wait = checkpoint_round(list(self._keepers))
@@ -242,7 +255,10 @@ class Keepers:
         sent = time.monotonic()
         timeout = min(keeper._held.checkpoint_timeout(sent) for keeper in batch)
         try:
-            replies = await client._attempt_many(calls, timeout)
+            # On the worker's own lane (``_attempt.STOP_LANE``): renewals that waited behind a
+            # dry pool (every handler's own checkpoint hung on a half-open connection) got
+            # none in time, and every held job lost its lease at once.
+            replies = await client._attempt_many(calls, timeout, lane=True)
         except Exception as exc:
             events = [keeper._checkpoint_failed(exc, report=False) for keeper in batch]
             if LeaseEvent.RETRY in events:  # once per batch, not once per job

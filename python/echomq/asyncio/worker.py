@@ -52,9 +52,9 @@ __all__ = ["Worker"]
 T = TypeVar("T")
 
 # Connections a worker needs besides one per runner: the claimer, the batches
-# sent together, the keeper's batch, a pushed cancel's checkpoint, its sweeps
-# (and STOP_LANE more, kept for its stop's give-backs).
-OWN_LOOPS = 5
+# sent together, a pushed cancel's checkpoint, its sweeps (and STOP_LANE more,
+# kept for its stop's give-backs and its keeper's batch).
+OWN_LOOPS = 4
 
 
 class Worker(Finisher[AsyncHandler]):
@@ -116,6 +116,10 @@ class Worker(Finisher[AsyncHandler]):
         self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
         self._sweeps: asyncio.Task[None] | None = None  # reap=True: the worker's own sweeps
         self._reserved = 0
+        self._soon: list[HeldJob] = []  # jobs to give back in the next batch (``_give_back_soon``)
+        self._soon_task: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Task[Any]] = set()  # runners sending their job's end
+        self._supervised = False  # the supervisor has ended: the worker settles (``_signal``)
 
     # -- control ---------------------------------------------------------------
 
@@ -215,14 +219,20 @@ class Worker(Finisher[AsyncHandler]):
                 await self._force_stop()
                 raise
         finally:
-            if restore is not None:
-                restore()
-            left = [t for t in self._loops if not t.done()]
-            for t in left:
-                t.cancel()
-            if left:
-                await asyncio.wait(left)
-            await self._settle()
+            # No supervisor from here: a second signal while the claims settle forces
+            # the stop itself (``_signal``), so the signal handlers stay until then (a
+            # forced deploy's second SIGTERM went to the handler before run(); it exited 0).
+            self._supervised = True
+            try:
+                left = [t for t in self._loops if not t.done()]
+                for t in left:
+                    t.cancel()
+                if left:
+                    await asyncio.wait(left)
+                await self._settle()
+            finally:
+                if restore is not None:
+                    restore()
             if self._listener is not None:
                 await self._listener.close()
             await self._keepers.close()
@@ -253,7 +263,22 @@ class Worker(Finisher[AsyncHandler]):
     def _signal(self, signum: int) -> None:
         if self._on_signal(signum, time.monotonic()):
             self._force_pending = True
+            if self._supervised and not self._forced:  # the claims settle: force here
+                self._force_late()
         self._poke()
+
+    def _force_late(self) -> None:
+        """A second signal after the supervisor ended: the settling is bounded by the force's budget."""
+        stuck = self._force()
+        if self._forced_event is not None:
+            self._forced_event.set()
+        if stuck:  # none is a runner's any more (the runners have ended): given back in a task
+            floor = time.monotonic() + SETTLE_TRY_S
+            task = asyncio.get_running_loop().create_task(
+                self._give_back_batch(stuck, floor=floor), name="echomq-give-back"
+            )
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
 
     async def _supervise(self) -> None:
         assert self._wake is not None
@@ -330,15 +355,27 @@ class Worker(Finisher[AsyncHandler]):
             if task is not None:
                 task.cancel()
         # One batch of RELEASEs on the stop's own connections, each job until its lease
-        # ends or the budget does (``_give_back_batch``), not one try per job.
+        # ends or the budget does (``_give_back_batch``), not one try per job; with one
+        # real try past the budget (SETTLE_TRY_S), as the thread worker's: a job cut off
+        # by the budget stays held by nobody until a sweep counts it a stall.
+        floor = time.monotonic() + SETTLE_TRY_S
         give_back = (
-            [asyncio.create_task(self._give_back_batch(stuck), name="echomq-give-back")] if stuck else []
+            [asyncio.create_task(self._give_back_batch(stuck, floor=floor), name="echomq-give-back")]
+            if stuck
+            else []
         )
         if give_back:
-            await asyncio.wait(give_back, timeout=FORCE_BUDGET_S + FORCE_AFTER_S / 2)
+            await asyncio.wait(give_back, timeout=max(FORCE_BUDGET_S, SETTLE_TRY_S) + FORCE_AFTER_S / 2)
         pending: set[asyncio.Task[None]] = set()
         if self._loops:
             _, pending = await asyncio.wait(self._loops, timeout=FORCE_AFTER_S / 2)
+        # Runners sending their job's end: that end has one real try past the budget
+        # (``_send_until``); cancelled now, its job would be held by nobody until a sweep.
+        ending = [t for t in pending if t in self._ending]
+        if ending:
+            left = self._force_until + SETTLE_TRY_S - time.monotonic()
+            await asyncio.wait(ending, timeout=max(0.0, left) + FORCE_AFTER_S / 2)
+            pending = {t for t in pending if not t.done()}
         for t in [*pending, *give_back]:
             if not t.done():
                 t.cancel()
@@ -476,19 +513,19 @@ class Worker(Finisher[AsyncHandler]):
             if not self._took(held, landed):  # the claim was in flight when stop() came: give it back unrun
                 if waited is not None:
                     await keeper.stop()
-                await self._give_back(
-                    held, max(held.confirmed_until, time.monotonic() + ATTEMPT_TIMEOUT_S), together=True
-                )  # with the other runners' (a claim of many answered as the stop came)
+                # With the other runners' (a claim of many answered as the stop came), in a task a
+                # forced stop does not cancel: cut in this runner, its job was held by nobody.
+                await asyncio.shield(self._give_back_soon(held))
                 return []
             if self.metrics is not None:
-                await self.metrics.aclaimed_with_wait(self.client, job)
+                await self._claimed_metric(job)
             if (
                 waited is None
                 and held.needs_confirmation(time.monotonic())
                 and not await self._confirm(keeper)
             ):
                 if self._unconfirmed(held):  # no answer in time: given back; stale: not ours
-                    await self._give_back_batch([held], floor=time.monotonic() + SETTLE_TRY_S)
+                    await asyncio.shield(self._give_back_soon(held))
                 return []
             if held.given_back:
                 # A forced stop gave the job back while this runner got it ready (a
@@ -527,12 +564,55 @@ class Worker(Finisher[AsyncHandler]):
                 self._interrupted(error, time.monotonic())
                 self._poke()
             chained = chain and finish.action is Action.COMPLETE and self._complete_claim
-            if chained and not self._stop_requested:
-                return await self._complete_and_claim(finish)
-            await self._finish(finish)
-            return []
+            current = asyncio.current_task()
+            assert current is not None
+            self._ending.add(current)  # a forced stop lets this end have its real try (_force_stop)
+            try:
+                if chained and not self._stop_requested:
+                    return await self._complete_and_claim(finish)
+                await self._finish(finish)
+                return []
+            finally:
+                self._ending.discard(current)
         finally:
             CURRENT_JOB.reset(context)
+
+    async def _claimed_metric(self, job: Job) -> None:
+        """The metrics' claim, with its sampled wait read for at most a third of the lease.
+
+        The read goes through redis-py's own pool, with no socket timeout: on a
+        half-open connection it waited for ever, and the claimed job's handler
+        never started (until a forced stop gave the job back).  Past the bound
+        the claim is counted without its wait.
+        """
+        metrics = self.metrics
+        assert metrics is not None
+        bound = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000)
+        try:
+            await asyncio.wait_for(metrics.aclaimed_with_wait(self.client, job), bound)
+        except asyncio.TimeoutError:
+            metrics.claimed(job, None)
+
+    def _give_back_soon(self, held: HeldJob) -> asyncio.Task[None]:
+        """Give back ``held`` (not to run) with the others given back this loop turn, in one batch.
+
+        The batch is a task of its own, awaited by ``_settle``: a forced stop
+        cancels the runners, not it, and its tries get one real try past the
+        force's budget (``_give_back_batch``'s ``floor``).
+        """
+        self._soon.append(held)
+        if self._soon_task is None or self._soon_task.done():
+            task = asyncio.get_running_loop().create_task(self._give_back_gathered(), name="echomq-give-back")
+            self._soon_task = task
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        return self._soon_task
+
+    async def _give_back_gathered(self) -> None:
+        await asyncio.sleep(0)  # the runners handed jobs by the same claim add theirs
+        while self._soon:
+            batch, self._soon = self._soon, []
+            await self._give_back_batch(batch, floor=time.monotonic() + SETTLE_TRY_S)
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
         lease_ms, interval = self._lease_for(job)
