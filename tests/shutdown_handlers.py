@@ -46,6 +46,12 @@ async def astubborn(ctx: emq.JobContext) -> None:
     await asyncio.sleep(30)
 
 
+async def astubborn_seen(ctx: emq.JobContext) -> None:
+    """``astubborn`` that says it started (its progress): a test signals only once every handler runs."""
+    await ctx.progress("started")
+    await asyncio.sleep(30)
+
+
 _FLAG: list[asyncio.Event] = []  # one for the process: every aflagged handler returns in the same loop turn
 
 

@@ -228,8 +228,11 @@ def test_a_forced_stop_of_100_busy_asyncio_runners_on_a_loaded_machine_gives_eve
     load = burners(2)
     proc = None
     try:
-        proc = start_worker(server, "astubborn", "--concurrency", "100", "--grace", "1", "--no-reap")
-        assert wait_until(lambda: held(r) == 100, timeout=60), proc.stderr
+        proc = start_worker(server, "astubborn_seen", "--concurrency", "100", "--grace", "1", "--no-reap")
+        # Every runner in its handler (each said so), not only 100 jobs claimed: claimed jobs no
+        # runner had started were given back gracefully, and the forced stop never came.
+        started = lambda: sum(r.hexists(K.job(i), "progress") for i in ids)  # noqa: E731
+        assert wait_until(lambda: held(r) == 100 and started() == 100, timeout=60), proc.stderr
         code, took, err = signal_and_time(proc, *signals)
         assert all(p.poll() is None for p in load)  # the machine was busy throughout
     finally:
@@ -239,7 +242,7 @@ def test_a_forced_stop_of_100_busy_asyncio_runners_on_a_loaded_machine_gives_eve
         if proc is not None and proc.poll() is None:
             proc.kill()
     names = "+".join(signal.Signals(s).name for _, s in signals)
-    report(f"{names} astubborn x100 grace 1, 2 CPU burners", took, code, given_back(r, ids))
+    report(f"{names} astubborn_seen x100 grace 1, 2 CPU burners", took, code, given_back(r, ids))
     # 2xSIGINT: 130, or killed by the second SIGINT itself when the loaded process only read
     # both at once and was leaving when it came (the worker had restored the default handler)
     assert code in ((0,) if len(signals) == 1 else (128 + signal.SIGINT, -signal.SIGINT)), err
