@@ -325,15 +325,17 @@ def probe(conn: Any, *command: bytes) -> Any:
 
 def lanes_move(conn: Any, base: bytes) -> bool:
     """Whether a claim on `base` would write even when it takes nothing: the queue runs, and
-    <pending> has entries (tombstones are dropped) or <base>delayed due members (moved to their
-    lanes)."""
+    <pending> has entries (tombstones are dropped), <base>priority members (one whose row is
+    gone or not pending is dropped as a tombstone too) or <base>delayed due members (moved to
+    their lanes)."""
     if probe(conn, b"HEXISTS", base + b"meta", b"paused") == 1:
         return False
     entries = probe(conn, b"LLEN", base + b"pending") or 0
     seconds, micros = conn.call(b"TIME")
     now = int(seconds) * 1000 + int(micros) // 1000 + 1000  # a member due within the call counts
     due = probe(conn, b"ZCOUNT", base + b"delayed", b"-inf", str(now).encode()) or 0
-    return bool(entries or due)
+    levels = probe(conn, b"ZCARD", base + b"priority") or 0
+    return bool(entries or due or levels)
 
 
 def writes_nothing(conn: Any, command: list[bytes]) -> set[str]:
