@@ -351,14 +351,20 @@ class Dashboard:
             raise ValueError(f"queue {name!r} is not shown by this dashboard")
         return name
 
-    async def _state(self, request: Request) -> Response:
+    def _guarded_queue(self, request: Request) -> tuple[str | None, Response | None]:
+        """A read's ``?queue=`` if the request may read: (the queue or None, None), or (None, why not)."""
         refused = self._refused(request)
         if refused is not None:
-            return refused
+            return None, refused
         try:
-            selected = self._queue_arg(request.query_params.get("queue"))
+            return self._queue_arg(request.query_params.get("queue")), None
         except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, 400)
+            return None, JSONResponse({"error": str(exc)}, 400)
+
+    async def _state(self, request: Request) -> Response:
+        selected, refused = self._guarded_queue(request)
+        if refused is not None:
+            return refused
         queues = [
             {"name": s.name, "counts": s.counts, "oldest_wait_ms": s.oldest_wait_ms, "error": s.error}
             for s in sorted(self._samples.values(), key=lambda s: s.name)
@@ -408,13 +414,9 @@ class Dashboard:
         button), never in the sampler.  On a queue with more rows than that,
         it shows those the scan met, said as ``complete: false``.
         """
-        refused = self._refused(request)
+        queue, refused = self._guarded_queue(request)
         if refused is not None:
             return refused
-        try:
-            queue = self._queue_arg(request.query_params.get("queue"))
-        except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, 400)
         if queue is None:
             return JSONResponse({"error": "give queue"}, 400)
         r, keys = self.client.redis, queue_keys(queue)
@@ -459,13 +461,9 @@ class Dashboard:
             row["task"] = call_text(joined(values), 60, arguments=self.show_payloads)
 
     async def _job(self, request: Request) -> Response:
-        refused = self._refused(request)
+        queue, refused = self._guarded_queue(request)
         if refused is not None:
             return refused
-        try:
-            queue = self._queue_arg(request.query_params.get("queue"))
-        except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, 400)
         job_id = request.query_params.get("id")
         if queue is None or job_id is None:
             return JSONResponse({"error": "give queue and id"}, 400)
