@@ -9,8 +9,8 @@
 #               the Docker image (tests/test_container.py, then the smoke subset with a
 #               container of it as the server), then the memory check (module/Makefile
 #               `check`: a subset of the tests under valgrind); tests/stages.py runs the
-#               stages (the small ones side by side), every one even after a failure, and
-#               prints the time each took at the end
+#               stages, every one even after a failure, and prints the time each took at
+#               the end
 #   make compat set everything up, then the compat run: the client, both workers and the
 #               CLI on every redis-py major's lowest and newest release x Python 3.10-3.13 x
 #               hiredis or not x RESP2/RESP3, each combination in a venv of its own under

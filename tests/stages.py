@@ -1,4 +1,4 @@
-"""``make test``'s stages, run in order (the small ones side by side), each one's time printed at the end.
+"""``make test``'s stages, run in order, each one's time printed at the end.
 
 Which tests a stage runs is said next to the tests, by markers (pyproject.toml):
 ``smoke`` (every verb's contract: also on Redis 6.2, Valkey 9, Redis 8 and in the
@@ -10,8 +10,8 @@ file or the Makefile.
     python -m tests.stages valkey     # the stages named
 
 Every stage runs even when one before it failed, so one run shows every failure;
-the exit status is 1 when any failed.  A stage's output is printed as it runs;
-the stages run side by side print theirs when each ends, whole.
+the exit status is 1 when any failed.  A stage's output is printed as it runs (a
+group of stages run side by side, should one be made, prints each stage's when it ends).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PYTEST = [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile"]
-SMALL = [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadfile"]
 
 
 @dataclass(frozen=True)
@@ -41,19 +40,18 @@ class Stage:
 def stages() -> list[list[Stage]]:
     """The stages, as groups: the stages of one group run side by side, the groups one after another.
 
-    Side by side, each smoke stage takes one test process (SMALL): four stages on two cores.
+    Each is a group of its own today: the smoke stages side by side, one test process each,
+    took 4 to 8 min where one after another with two processes each take 1 to 1.5 min.
     """
     make = os.environ.get("MAKE", "make")
     return [
         [Stage("redis", [*PYTEST, "--engine", "redis", "tests"], "the whole suite on Redis 7.0")],
         [Stage("valkey", [*PYTEST, "--engine", "valkey", "-m", "not once", "tests"],
                "everything that depends on the engine, on Valkey 8")],
-        [
-            *(Stage(engine, [*SMALL, "--engine", engine, "-m", "smoke", "tests"], f"the smoke subset, {name}")
-              for engine, name in (("redis62", "Redis 6.2"), ("valkey9", "Valkey 9"), ("redis8", "Redis 8"))),
-            Stage("compat", [sys.executable, "-m", "tests.compat.run", "--short"],
-                  "the oldest and newest redis-py on the oldest and newest Python"),
-        ],
+        *([Stage(engine, [*PYTEST, "--engine", engine, "-m", "smoke", "tests"], f"the smoke subset, {name}")]
+          for engine, name in (("redis62", "Redis 6.2"), ("valkey9", "Valkey 9"), ("redis8", "Redis 8"))),
+        [Stage("compat", [sys.executable, "-m", "tests.compat.run", "--short"],
+               "the oldest and newest redis-py on the oldest and newest Python")],
         [Stage("container", [make, "--no-print-directory", "test-container"],
                "the Docker image's tests, then the smoke subset against a container of it")],
         [Stage("memcheck", [make, "--no-print-directory", "-C", "module", "check",
