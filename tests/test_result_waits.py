@@ -196,6 +196,7 @@ def test_a_wait_on_a_server_never_reached_raises_at_once(way: str) -> None:
     waiter["thread"].join(WAIT_S)
     assert not waiter["thread"].is_alive(), "the wait retries an address nothing listens at"
     assert isinstance(waiter.get("error"), redis.ConnectionError), waiter
+    assert type(waiter.get("error")) is echomq.ServerUnreachable, waiter  # the one public type (issue 42)
 
 
 # -- the rules (echomq.tasks.results), without I/O ------------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .. import _protocol as proto
-from ..client import never_reached
+from ..client import never_reached, unreachable, unwrapped
 from ..errors import ResultTimeout
 from .results import ResultWait
 from .serializers import JSON, Serializer
@@ -103,7 +103,9 @@ def wait_result(
             raise
         except _LOST as exc:
             if never_reached(redis_client, exc, wait.reached):
-                raise  # nothing listens there: waiting would only hide it (for ever, with no timeout)
+                # nothing listens there: waiting would only hide it (for ever, with no timeout); the
+                # public error every call raises for it
+                raise unreachable(exc) from unwrapped(exc)
             time.sleep(wait.lost(exc, time.monotonic()))
         finally:
             if pubsub is not None:
@@ -133,7 +135,9 @@ async def await_result(
             raise
         except _LOST as exc:
             if never_reached(redis_client, exc, wait.reached):
-                raise  # nothing listens there: waiting would only hide it (for ever, with no timeout)
+                # nothing listens there: waiting would only hide it (for ever, with no timeout); the
+                # public error every call raises for it
+                raise unreachable(exc) from unwrapped(exc)
             await asyncio.sleep(wait.lost(exc, time.monotonic()))
         finally:
             if pubsub is not None:
