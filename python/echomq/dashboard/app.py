@@ -427,6 +427,7 @@ class Dashboard:
             ids += [k.decode()[len(prefix) :] if isinstance(k, bytes) else k[len(prefix) :] for k in found]
             if cursor == 0 or seen >= FINISHED_SCAN:
                 break
+        ids = list(dict.fromkeys(ids))  # a SCAN may return a key twice
         pipe = r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(keys.job(job_id), ["state", "finished_at", "attempts", "last_error"])
