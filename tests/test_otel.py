@@ -74,12 +74,12 @@ def test_a_lost_lease_and_its_recovery_show_one_span_per_attempt_all_linked_to_t
         @app.task(lease_ms=600)
         async def export(rows: int) -> int:
             ctx = echomq.asyncio.task_context()
-            if ctx.attempt == 1:
+            if not seen:
                 # never awaits: the loop is blocked, no extend goes out, the lease lapses
                 while not ctx.cancelled:
                     time.sleep(0.05)
                 seen.append((ctx.attempt, ctx.check().reason))  # type: ignore[union-attr]
-                return -1  # the worker drops it: the job is no longer this attempt's
+                return -1  # not completed: the worker gives the job back, the lease lost
             await ctx.checkpoint_step(1, {"rows": rows})
             seen.append((ctx.attempt, None))
             return rows
@@ -90,14 +90,7 @@ def test_a_lost_lease_and_its_recovery_show_one_span_per_attempt_all_linked_to_t
             first = app.worker(lease_ms=600, poll_interval=0.05).workers[0]
             assert await first.work_one()
             assert first.stats.leases_lost == 1 and first.stats.completed == 0
-            for _ in range(200):  # the server's lease lapses; a sweep gives the job back
-                swept = await client.sweep(Q, max_stalled=3)
-                assert not swept.dead
-                if swept.recovered:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the sweep never recovered the job")
+            # Its lease lost to its deadline, the worker gave the job back (no sweep, no stall).
             recovered = await client.job(Q, handle.id, payload=True)
             assert recovered is not None and recovered.state == "pending" and recovered.payload
             payloads.append(recovered.payload)
@@ -109,20 +102,20 @@ def test_a_lost_lease_and_its_recovery_show_one_span_per_attempt_all_linked_to_t
             await client.aclose()
 
     job_id = asyncio.run(main())
-    assert [a for a, _ in seen] == [1, 2]
+    assert [a for a, _ in seen] == [1, 1]  # given back, not swept: no try used
     assert seen[0][1] is not None and seen[0][1].startswith("lease lost")
 
     request = by_name(exporter, "POST /exports")[0]
     (created,) = by_name(exporter, "create ")
-    attempts = sorted(by_name(exporter, "process "), key=lambda s: s.attributes["messaging.echomq.attempt"])
+    attempts = sorted(by_name(exporter, "process "), key=lambda s: s.start_time or 0)
     assert created.kind is SpanKind.PRODUCER and created.name == f"create {Q}"
     assert created.parent is not None and created.parent.span_id == request.context.span_id
     assert len(attempts) == 2
-    for n, span in enumerate(attempts, 1):
+    for span in attempts:
         attrs = span.attributes
         assert span.kind is SpanKind.CONSUMER and span.name == f"process {Q}"
         assert attrs["messaging.system"] == "echomq" and attrs["messaging.destination.name"] == Q
-        assert attrs["messaging.message.id"] == job_id and attrs["messaging.echomq.attempt"] == n
+        assert attrs["messaging.message.id"] == job_id and attrs["messaging.echomq.attempt"] == 1
         assert attrs["messaging.operation.type"] == "process" and attrs["messaging.echomq.task"] == "export"
         assert [link.context.span_id for link in span.links] == [created.context.span_id]
         assert span.context.trace_id == created.context.trace_id  # one trace: enqueue to done

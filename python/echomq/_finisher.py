@@ -370,17 +370,19 @@ class Finisher(WorkerCore[Client, HandlerT]):
     def _finish(self, finish: Finish) -> None:
         """Send the job's end, again after connection trouble, until it lands or its lease ends.
 
-        A stop's give-back (RELEASE after "shutdown") gets one real try past
-        the lease if need be: a job whose lease lapsed is still ours until a
+        A stop's give-back (RELEASE after "shutdown"), and that of a job whose
+        lease this worker lost to its deadline (``Finish.lapsed``), gets one
+        real try past the lease if need be: a job whose lease lapsed is still ours until a
         sweep takes it (RELEASE is fenced by its token: a swept one answers
         stale), and given back then it costs no stall and no try.
         """
         if finish.action is Action.DROP:
             return
         until, floor = finish.held.confirmed_until, None
-        if finish.action is Action.RELEASE and self._stop_requested:
+        if finish.action is Action.RELEASE and (self._stop_requested or finish.lapsed):
             now = time.monotonic()
-            until, floor = max(until, now + SETTLE_TRY_S), now + SETTLE_TRY_S
+            until = max(until, now + SETTLE_TRY_S, finish.held.give_back_until)
+            floor = now + SETTLE_TRY_S
         self._send_end(finish, self._end_call(finish), until, floor)
 
     def _give_back(self, held: HeldJob, until: float, floor: float | None = None) -> None:

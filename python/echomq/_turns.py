@@ -149,9 +149,11 @@ class Turns(Finisher[HandlerT]):
         With ``prefetch``, a thread that has a ready job to run leaves the
         sending to the sender thread: the round trip overlaps the next run.
         """
+        if finish.lapsed:  # tried past its lease, on this thread: not in a batch bounded by others'
+            self._finish(finish)
         with self._turns_lock:
             self._slots.ended()
-            if finish.action is Action.DROP:
+            if finish.action is Action.DROP or finish.lapsed:
                 self._turns.notify()
                 return
             self._pending.append(finish)
@@ -291,10 +293,12 @@ class Turns(Finisher[HandlerT]):
             keeper.stop()
             with self._lock:
                 self._let_go(held)
-                give_back = not held.given_back and held.lost is None
+                if held.lost is not None and not held.given_back:  # lost while it waited
+                    self._count_lost(held)
+                give_back = not held.given_back and held.maybe_ours  # lapsed by our reckoning: still ours
                 held.given_back = held.given_back or give_back
                 if not give_back and held.lost is not None:
-                    self._decide(held, None)  # lost while it waited: counted, nothing sent
+                    self._decide(held, None)  # stale or gone: nothing sent
             if give_back:
                 self._settled_unrun(held.job)
                 unrun.append(held)

@@ -640,7 +640,9 @@ class Worker(Turns[Handler]):
             with self._lock:
                 if self._stop_requested or not held.active:
                     self._let_go(held)
-                    give_back = not held.given_back and held.lost is None
+                    if held.lost is not None and not held.given_back:  # lost while it waited
+                        self._count_lost(held)
+                    give_back = not held.given_back and held.maybe_ours  # lapsed by our reckoning: ours
                     held.given_back = held.given_back or give_back
                 else:
                     give_back = None
@@ -653,7 +655,7 @@ class Worker(Turns[Handler]):
                     self._give_back(held, until, floor=now + SETTLE_TRY_S)
                 elif held.lost is not None:
                     with self._lock:
-                        self._decide(held, None)  # lost: counted, nothing sent
+                        self._decide(held, None)  # stale or gone: nothing sent
                 return None
             if not keeper._started and not self._start(keeper):  # a late claim not confirmed
                 return None

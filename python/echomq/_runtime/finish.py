@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+# A job lost to its own deadline is given back with tries for this long, or a lease if longer.
+LAPSED_TRY_MIN_S = 1.0
+
+
 class Action(enum.Enum):
     """What a worker does with a job whose handler has ended."""
 
@@ -60,6 +65,9 @@ class Finish:
     trace: str | None = None  # FAIL's TRACE
     dead: bool = False  # FAIL's DEAD (NonRetryable)
     delay_ms: int | None = None  # FAIL's DELAY asked by the handler (RetryLater)
+    # RELEASE of a job whose lease this worker lost to its own deadline (``HeldJob.maybe_ours``):
+    # tried a little past that deadline (the drivers' ``_finish``), never batched with the others.
+    lapsed: bool = False
 
     @property
     def job(self) -> Job:
@@ -117,7 +125,10 @@ class Finishing:
     ) -> Finish:
         """What to send for a job whose handler ended with ``error`` (None: it returned ``value``).
 
-        Nothing if the lease was lost, a forced shutdown gave the job back
+        RELEASE (``lapsed``) if the lease was lost to its own deadline
+        (``HeldJob.maybe_ours``: a sweep would count a stall for a job its
+        holder merely could not reach the server about); nothing if the
+        lease was lost otherwise (stale, gone), a forced shutdown gave the job back
         already or a timeout abandoned it; RELEASE if the handler's exception
         came after "shutdown"; COMPLETE if it returned (with ``value`` as
         its result when it is a ``StoredResult``); RELEASE with a back-off
@@ -133,7 +144,12 @@ class Finishing:
         if held.given_back or held.abandoned:  # given back, or failed, while its handler ran: nothing to send
             return Finish(held, Action.DROP)
         if held.lost is not None:
-            self.stats.leases_lost += 1
+            self._count_lost(held)
+            if held.maybe_ours:  # lost by our own reckoning: the server may hold it for us still
+                held.given_back = True
+                # Tried for another lease at least (a restart, a stall): a sweep ends it sooner (stale).
+                held.give_back_until = time.monotonic() + max(LAPSED_TRY_MIN_S, held.lease_ms / 1000)
+                return Finish(held, Action.RELEASE, held.lost, lapsed=True)
             self._ended(held.job, "lost")
             return Finish(held, Action.DROP)
         held.finishing = True
@@ -204,6 +220,12 @@ class Finishing:
             "job %s: %s refused: %s", finish.job.id, finish.action.value, exc, extra=job_fields(finish.job)
         )
 
+    def _count_lost(self, held: HeldJob) -> None:
+        """``leases_lost`` counts a job once, whichever paths its loss goes through."""
+        if not held.loss_counted:
+            held.loss_counted = True
+            self.stats.leases_lost += 1
+
     def _ended(self, job: Job, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.finished(job, outcome)
@@ -251,7 +273,7 @@ class Finishing:
     def _unfinished(self, finish: Finish, now: float | None = None) -> None:
         """The job's end got no answer before its lease ended, or (``now`` given) before a forced stop's
         budget ran out at ``now``, with that much of the lease left: the log says which."""
-        self.stats.leases_lost += 1
+        self._count_lost(finish.held)
         self._ended(finish.job, "lost")
         left = None if now is None else finish.held.confirmed_until - now
         if left is not None and left > 0:

@@ -122,6 +122,23 @@ class HeldJob:
     timeout_at: float = math.inf
     abandon_at: float = math.inf
     abandoned: bool = False
+    loss_counted: bool = False  # ``WorkerStats.leases_lost`` has this job (counted once, whatever the path)
+    # A job lost to its own deadline is given back (``maybe_ours``) with tries until then (monotonic s).
+    give_back_until: float = -math.inf
+
+    @property
+    def maybe_ours(self) -> bool:
+        """Not known to be someone else's: never lost, or lost by this worker's own reckoning only.
+
+        A deadline that passed with no checkpoint confirmed (``LOST_DEADLINE``:
+        the server stalled, froze, restarted, or the connection went half-open)
+        or a late claim that could not be confirmed (``LOST_UNCONFIRMED``) says
+        nothing about the server: until a sweep takes the job it is still held
+        with this token, and a RELEASE (fenced by the token: a swept job
+        answers stale, nothing written) gives it back with no stall counted and
+        no try used.  Stale or gone: the server said it is not ours.
+        """
+        return self.lost is None or self.lost in (LOST_DEADLINE, LOST_UNCONFIRMED)
 
     @classmethod
     def claimed(

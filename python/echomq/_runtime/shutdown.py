@@ -103,7 +103,8 @@ class Shutdown:
         self._force_until = min(self._force_until, now + FORCE_BUDGET_S)
         self._stop_requested = self._tokens_cancelled = self._forced = True
         self._held.cancel_all(SHUTDOWN)
-        out = [h for h in self._held if not h.finishing and not h.given_back and h.lost is None]
+        # Lost to its deadline (the server out of reach) is still ours: given back too (``maybe_ours``).
+        out = [h for h in self._held if not h.finishing and not h.given_back and h.maybe_ours]
         for h in out:
             h.given_back = True
         if out:

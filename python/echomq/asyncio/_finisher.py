@@ -92,6 +92,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
     _forced_event: asyncio.Event | None
     _stopping: asyncio.Event | None
     _complete_claim: bool
+    _soon: list[HeldJob]  # jobs to give back in the next batch (``_give_back_soon``)
+    _soon_task: asyncio.Task[None] | None
 
     async def _replicated(self, jobs: list[Job], claimed_at: float, *, loop: bool = True) -> list[Job]:
         """With ``replicas=``: the jobs once replicas have them (see ``echomq.Worker._replicated``)."""
@@ -192,6 +194,27 @@ class Finisher(WorkerCore[Client, HandlerT]):
         now = time.monotonic()
         await self._give_back_batch(held, floor=now + SETTLE_TRY_S)
 
+    def _give_back_soon(self, held: HeldJob) -> asyncio.Task[None]:
+        """Give back ``held`` (not to run) with the others given back this loop turn, in one batch.
+
+        The batch is a task of its own, awaited by ``_settle``: a forced stop
+        cancels the runners, not it, and its tries get one real try past the
+        force's budget (``_give_back_batch``'s ``floor``).
+        """
+        self._soon.append(held)
+        if self._soon_task is None or self._soon_task.done():
+            task = asyncio.get_running_loop().create_task(self._give_back_gathered(), name="echomq-give-back")
+            self._soon_task = task
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        return self._soon_task
+
+    async def _give_back_gathered(self) -> None:
+        await asyncio.sleep(0)  # the runners handed jobs by the same claim add theirs
+        while self._soon:
+            batch, self._soon = self._soon, []
+            await self._give_back_batch(batch, floor=time.monotonic() + SETTLE_TRY_S)
+
     async def _give_back_batch(self, held: list[HeldJob], *, floor: float | None = None) -> None:
         """RELEASE every job of ``held`` (not run, or not to be finished): one pipeline per try.
 
@@ -207,7 +230,8 @@ class Finisher(WorkerCore[Client, HandlerT]):
         for one in held:
             job = one.job
             call = proto.release(job.queue, job.id, job.token)
-            until = one.confirmed_until if floor is None else max(one.confirmed_until, floor)
+            until = max(one.confirmed_until, one.give_back_until)  # (later: lost to its deadline)
+            until = until if floor is None else max(until, floor)
             pending[job.token] = (Finish(one, Action.RELEASE), call, until)
 
         def deadline(until: float) -> float:
@@ -361,8 +385,15 @@ class Finisher(WorkerCore[Client, HandlerT]):
                 future.cancel()
 
     async def _finish(self, finish: Finish) -> None:
-        """Send the job's end, again after connection trouble, until it lands or its lease ends."""
-        if finish.action is not Action.DROP:
+        """Send the job's end, again after connection trouble, until it lands or its lease ends.
+
+        A job whose lease this worker lost to its deadline (``Finish.lapsed``)
+        is given back with the others given back this loop turn, with one
+        real try past its lease: it is ours until a sweep takes it.
+        """
+        if finish.lapsed:
+            await asyncio.shield(self._give_back_soon(finish.held))
+        elif finish.action is not Action.DROP:
             await self._send_end(finish, self._end_call(finish), finish.held.confirmed_until, together=True)
 
     async def _complete_and_claim(self, finish: Finish) -> list[tuple[Job, float, bool]]:

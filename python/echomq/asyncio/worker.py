@@ -517,6 +517,13 @@ class Worker(Finisher[AsyncHandler]):
                 # forced stop does not cancel: cut in this runner, its job was held by nobody.
                 await asyncio.shield(self._give_back_soon(held))
                 return []
+            if waited is not None and held.lost is not None:  # lost while it waited for a runner: not run
+                await keeper.stop()
+                self._let_go(held)
+                finish = self._decide(held, None)  # counted; lapsed by our own reckoning: given back
+                if finish.lapsed:
+                    await asyncio.shield(self._give_back_soon(held))
+                return []
             if self.metrics is not None:
                 await self._claimed_metric(job)
             if (
@@ -592,27 +599,6 @@ class Worker(Finisher[AsyncHandler]):
             await asyncio.wait_for(metrics.aclaimed_with_wait(self.client, job), bound)
         except asyncio.TimeoutError:
             metrics.claimed(job, None)
-
-    def _give_back_soon(self, held: HeldJob) -> asyncio.Task[None]:
-        """Give back ``held`` (not to run) with the others given back this loop turn, in one batch.
-
-        The batch is a task of its own, awaited by ``_settle``: a forced stop
-        cancels the runners, not it, and its tries get one real try past the
-        force's budget (``_give_back_batch``'s ``floor``).
-        """
-        self._soon.append(held)
-        if self._soon_task is None or self._soon_task.done():
-            task = asyncio.get_running_loop().create_task(self._give_back_gathered(), name="echomq-give-back")
-            self._soon_task = task
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
-        return self._soon_task
-
-    async def _give_back_gathered(self) -> None:
-        await asyncio.sleep(0)  # the runners handed jobs by the same claim add theirs
-        while self._soon:
-            batch, self._soon = self._soon, []
-            await self._give_back_batch(batch, floor=time.monotonic() + SETTLE_TRY_S)
 
     def _keeper(self, job: Job, claimed_at: float) -> LeaseKeeper:
         lease_ms, interval = self._lease_for(job)
