@@ -13,6 +13,7 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -106,13 +107,20 @@ class LeaseKeeper(KeeperCore[Client]):
         job = self.job
         await self.client._run(proto.checkpoint(job.queue, job.id, job.token, self.lease_ms, progress=data))
 
-    async def _confirm(self, timeout: float) -> bool | None:
-        """Before ``start()``: one try to confirm a late claim (see ``echomq.LeaseKeeper._confirm``)."""
+    async def _confirm(
+        self, timeout: float, attempt: Callable[[proto.Call[Any], float], Awaitable[Any]] | None = None
+    ) -> bool | None:
+        """Before ``start()``: one try to confirm a late claim (see ``echomq.LeaseKeeper._confirm``).
+
+        ``attempt``: how the try is sent (the worker's: in one pipeline with
+        the other calls of this loop turn, so the jobs of one late claim are
+        confirmed in one round trip, not each waiting for a connection).
+        """
         sent = self._clock()
         job = self.job
         try:
             call = proto.checkpoint(job.queue, job.id, job.token, self.lease_ms)
-            requested = await self.client._attempt(call, timeout)
+            requested = await (attempt or self.client._attempt)(call, timeout)
         except Exception as exc:
             return False if self._confirm_failed(exc) else None
         self._confirmed(sent, requested)

@@ -670,7 +670,7 @@ class Worker(Finisher[AsyncHandler]):
         while True:
             backoff.until = self._bounded(until)
             timeout = min(backoff.timeout(time.monotonic()), ATTEMPT_TIMEOUT_S)
-            confirmed = await keeper._confirm(timeout)
+            confirmed = await keeper._confirm(timeout, self._coalescer.attempt)
             if confirmed is not None:
                 return confirmed
             wait = backoff.next_wait(time.monotonic())
