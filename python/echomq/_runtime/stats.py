@@ -12,7 +12,7 @@ class WorkerStats:
     completed: int = 0
     failed: int = 0
     cancelled: int = 0  # ended by a remote cancel (EMQ.CANCEL)
-    released: int = 0  # given back without using an attempt (a shutdown)
+    released: int = 0  # given back without using an attempt (a shutdown, a lease lost to its deadline)
     leases_lost: int = 0  # the lease was lost (or could not be shown) before the job's end landed
     rejected: int = 0  # complete/fail/release refused with StaleToken/JobGone
     connection_errors: int = 0  # commands that met a connection error or timeout (each was retried)
