@@ -38,8 +38,9 @@ are interleaved (every contender once per round, order rotated); the table
 shows medians, and each ratio to BullMQ is the median of the per-round ratios.
 
 `--baseline REF` races the echomq contenders at a git revision too (the
-package's python/ from `git archive REF`, first on PYTHONPATH, against the
-same module): "before" and "after" in one run, on one machine's drift.
+package's python/ from `git archive REF`, first on PYTHONPATH, and its own
+module/ built, loaded by its servers): "before" and "after" in one run, on
+one machine's drift.
 
 Then two echomq-only measurements (extras.py): remote-cancel delivery latency
 and enqueue rate (one call per job, pipelined, and the batch verb once it
@@ -195,6 +196,7 @@ class Runtime:
     versions: dict[str, str] | None = None
     cwd: Path = CONTENDERS_DIR
     env: dict[str, str] | None = None
+    module: Path | None = None  # the emq.so its servers load (--baseline: the revision's own), else ours
 
 
 def _stamp(*files: Path) -> str:
@@ -275,23 +277,33 @@ def node_peers() -> Runtime:
 
 
 def baseline_runtime(ref: str) -> Runtime:
-    """The package at git revision ``ref``: its python/ exported to a directory put first on PYTHONPATH."""
+    """The package at git revision ``ref``: its python/ first on PYTHONPATH, its module/ built (its emq.so).
+
+    Both halves of the revision race, so a cost that moved between the
+    module and the client is seen where it is (the module's own Makefile,
+    the same compiler).
+    """
     target = RESULTS / f"baseline-{ref.replace('/', '_')}"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref, "python/echomq"], capture_output=True, timeout=120
+        ["git", "-C", str(ROOT), "archive", ref, "python/echomq", "module"], capture_output=True, timeout=120
     )
     if archive.returncode != 0:
         return Runtime(None, f"git archive {ref} failed: {tail(archive.stderr.decode(errors='replace'))}")
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True, timeout=120)
+    build = subprocess.run(["make", "-C", str(target / "module")], capture_output=True, text=True, timeout=600)
+    so = target / "module" / "emq.so"
+    if build.returncode != 0 or not so.exists():
+        return Runtime(None, f"the module at {ref} did not build: {tail(build.stdout + build.stderr)}")
     rev = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True
     )
     return Runtime(
         [sys.executable],
         versions={"echomq-baseline": rev.stdout.strip() or ref},
-        env={"PYTHONPATH": str(target / "python")},
+        env={"PYTHONPATH": str(target / "python"), "ECHOMQ_MODULE": str(so)},
+        module=so,
     )
 
 
@@ -334,7 +346,7 @@ def run_contender(c: Contender, rt: Runtime, n: int, census: bool = False) -> di
     """
     assert rt.argv is not None
     timeout = drain_timeout(n)
-    with EmbeddedServer(["--appendonly", "no"], load_module=c.module) as server:
+    with EmbeddedServer(["--appendonly", "no"], load_module=c.module, module=rt.module) as server:
         r = server.client()
         argv = [
             *rt.argv,
