@@ -194,7 +194,9 @@ class Turns(Finisher[HandlerT]):
         finally:
             with self._turns_lock:
                 self._sending = False
-                self._turns.notify_all()
+                # The next turn is one thread's (to send what came meanwhile, or the idle claim);
+                # this one looks for its own next turn itself.
+                self._turns.notify(2)
             for sent in left:
                 if sent.doubt is not None and (jobs := self._ask_again(sent.doubt)):
                     self._take(jobs, sent.doubt.since)
@@ -252,7 +254,10 @@ class Turns(Finisher[HandlerT]):
         with self._turns_lock:
             self._slots.ended(len(jobs) - len(keepers))
             self._ready.extend(keepers)
-            self._turns.notify_all()
+            # A thread per job (and prefetch's sender, which takes none): waking every thread for
+            # each claim's answer cost a quarter of a busy worker's time in waking threads that
+            # found nothing to do.  Whatever else changes notifies for itself.
+            self._turns.notify(len(keepers) + (1 if self.prefetch else 0))
         if unrun:
             now = time.monotonic()
             until = max(max(held.confirmed_until for held in unrun), now + ATTEMPT_TIMEOUT_S)
