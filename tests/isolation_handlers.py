@@ -41,6 +41,15 @@ def crash(ctx: echomq.JobContext) -> None:
     os._exit(3)
 
 
+def crash_leaving_a_grandchild(ctx: echomq.JobContext) -> None:
+    """The child exits; a process it forked lives on with every descriptor it had (the pipe too)."""
+    if os.fork() == 0:  # the grandchild: holds the worker's pipe open for 30 s, then goes
+        time.sleep(30)
+        os._exit(0)
+    note(ctx, "crashing")
+    os._exit(4)
+
+
 def fails(ctx: echomq.JobContext) -> None:
     raise ValueError(f"bad row in {ctx.id}")
 

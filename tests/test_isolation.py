@@ -100,6 +100,29 @@ def test_a_child_that_dies_fails_its_job_a_try_used_and_the_worker_goes_on(
     assert len({pid for _, pid, _ in lines(out)}) == 2  # each attempt in a new child
 
 
+def test_a_child_that_exits_leaving_a_grandchild_holding_its_pipe_is_seen_to_have_died(
+    r: redis.Redis, client: echomq.Client, tmp_path: Path
+) -> None:
+    # The worker read the child's end from its pipe only: a child that exits
+    # leaving a process of its own with the pipe open was never seen to end
+    # (without timeout_ms its job was held for ever; with one it was called a
+    # timeout).  Its end is the process's own now.
+    out = tmp_path / "out"
+    client.enqueue(Q, str(out).encode(), job_id="orphaning")
+    worker = echomq.Worker(
+        client, Q, h.crash_leaving_a_grandchild, isolation="process", max_attempts=1, reap=False
+    )
+    started = time.monotonic()
+    with worker:
+        assert wait_until(lambda: row(r, "orphaning").get("state") == "dead", timeout=15)
+    assert time.monotonic() - started < 10  # not the grandchild's 30 s
+    info = row(r, "orphaning")
+    assert info["last_error"] == (
+        "ChildCrashed: the handler's process died before it returned (exited with status 4)"
+    )
+    assert lines(out) and worker.stats.failed == 1 and worker.stats.timed_out == 0
+
+
 def test_handler_exceptions_cross_back_as_they_were(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue(Q, b"", job_id="plain")
     with echomq.Worker(client, Q, h.fails, isolation="process", max_attempts=1, reap=False):

@@ -490,6 +490,10 @@ class ProcessPool:
                     self._answer(child, lambda state: bool(keeper._store(state)), message[1])
                 elif message[0] == "progress":
                     self._answer(child, keeper._progress, message[1])
+            elif not child.process.is_alive() and not child.conn.poll(0):
+                # Ended with its pipe still open: a process it left behind holds the pipe (a fork,
+                # a daemon), so the end of the pipe would never come.  The process's end is its end.
+                raise self._crashed(child)
 
     @staticmethod
     def _answer(child: _Child, do: Callable[[Any], object], arg: object) -> None:
