@@ -292,7 +292,9 @@ def baseline_runtime(ref: str) -> Runtime:
     if archive.returncode != 0:
         return Runtime(None, f"git archive {ref} failed: {tail(archive.stderr.decode(errors='replace'))}")
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True, timeout=120)
-    build = subprocess.run(["make", "-C", str(target / "module")], capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        ["make", "-C", str(target / "module")], capture_output=True, text=True, timeout=600
+    )
     so = target / "module" / "emq.so"
     if build.returncode != 0 or not so.exists():
         return Runtime(None, f"the module at {ref} did not build: {tail(build.stdout + build.stderr)}")
