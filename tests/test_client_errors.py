@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 import echomq
 import echomq.asyncio as emq
-from echomq.client import default_async_retry
+from echomq._redis import default_async_retry
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 

@@ -37,9 +37,10 @@ SYNC = (
     "echomq._turns", "echomq._watch", "echomq.lease", "echomq.context", "echomq.reaper", "echomq.worker",
     "echomq.isolation", "echomq._schedule_io", "echomq._reach",
 )  # fmt: skip
-# Driver helpers both drivers use that belong to neither: the scripts backend's Lua and its
+# Driver helpers both drivers use that belong to neither: redis-py as both use it, the scripts
+# backend's Lua and its
 # loader, the embedded server for tests and demos.
-SHARED = ("echomq._scripts", "echomq.scripts", "echomq.testing")
+SHARED = ("echomq._redis", "echomq._scripts", "echomq.scripts", "echomq.testing")
 ASYNC = ("echomq.asyncio",)  # its package's __init__ is the asyncio public face: a tool (below)
 CAPABILITIES = ("echomq.tasks", "echomq.metrics", "echomq.contrib")
 TOOLS = ("echomq.cli", "echomq.dashboard", "echomq._demo", "echomq.__main__", "echomq")
@@ -162,19 +163,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "echomq.lease",
         }
     ),
-    frozenset(
-        {
-            "echomq._attempt",
-            "echomq._runtime.troubles",
-            "echomq._schedule_io",
-            "echomq.asyncio._attempt",
-            "echomq.asyncio._schedules",
-            "echomq.asyncio.client",
-            "echomq.client",
-            "echomq.tasks.results",
-            "echomq.tasks.wait",
-        }
-    ),
 }
 # (importer, imported): an import that runs up a layer, or across from one driver to its twin.
 KNOWN_UPWARD: set[tuple[str, str]] = {
@@ -182,14 +170,9 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("echomq._runtime.finish", "echomq.metrics"),
     ("echomq._runtime.lease", "echomq.metrics"),
     ("echomq._runtime.sweep", "echomq.metrics"),
-    ("echomq._runtime.troubles", "echomq._attempt"),
     ("echomq._runtime.worker", "echomq.isolation"),
     ("echomq._runtime.worker", "echomq.metrics"),
-    ("echomq.asyncio._attempt", "echomq._attempt"),
-    ("echomq.asyncio._finisher", "echomq._attempt"),
     ("echomq.asyncio._pushes", "echomq._pushes"),
-    ("echomq.asyncio.client", "echomq._attempt"),
-    ("echomq.asyncio.client", "echomq.client"),
     ("echomq.asyncio.client", "echomq.tasks.serializers"),
     ("echomq.asyncio.client", "echomq.tasks.wait"),
     ("echomq.asyncio.lease", "echomq._watch"),

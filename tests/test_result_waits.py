@@ -188,7 +188,7 @@ def test_a_wait_whose_announcement_is_lost_reads_the_row_again_in_time(
 def test_a_wait_on_a_server_never_reached_raises_at_once(way: str) -> None:
     # Nothing listens there (a wrong URL) and nothing ever answered: waiting out the refusal would
     # only hide the mistake, for ever with no timeout.  It raises the connection error, as any call
-    # does (echomq.client.never_reached).
+    # does (echomq._redis.never_reached).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])

@@ -24,37 +24,52 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
-from .errors import ServerUnreachable
+from ._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
 
-if TYPE_CHECKING:
-    from .client import Cutter
+__all__ = ["Cutter", "NotSent", "WorkerConnections", "read_within"]
 
-__all__ = ["NotSent", "WorkerConnections", "read_within"]
+class Cutter:
+    """The connection a bounded attempt is reading from, so another thread can cut it short.
 
-# A worker's connections connect and shake hands within this (or the try's
-# deadline, if sooner).
-WORKER_CONNECT_S = 2.0
-# Connections a client keeps beyond what its workers reserved: a lone
-# LeaseKeeper's checkpoints, the backend probe.
-SPARE = 4
-# A pushed-cancel subscription connects, shakes hands and reads within this:
-# a worker that stops never waits long for its listener.
-SUBSCRIBER_TIMEOUT_S = 1.0
-
-
-class NotSent(ServerUnreachable):
-    """A try that never reached the wire: no connection was free, or none could be opened, in time.
-
-    Nothing was sent, so nothing ran: a claim's REQ is no more in doubt than it was.  The
-    clients' public calls raise it as a plain ``echomq.ServerUnreachable``.
+    ``cut()`` (from any thread) disconnects it: a read blocked on a half-open
+    connection returns at once with an error instead of waiting out the
+    socket timeout.  After ``cut()`` no attempt starts with this cutter.
     """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self.done = False
+
+    def hold(self, connection: Any) -> bool:
+        with self._lock:
+            if self.done:
+                return False
+            self._connection = connection
+            return True
+
+    def drop(self) -> None:
+        with self._lock:
+            self._connection = None
+
+    def cut(self) -> bool:
+        """Cut the attempt in progress, if any (True then); no attempt starts with this cutter after it."""
+        # Under the lock: the owner releases its connection to the pool only
+        # after drop(), so this never disconnects a connection someone else
+        # has taken from the pool since.
+        with self._lock:
+            self.done = True
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                connection.disconnect()
+            return connection is not None
 
 
 def read_within(connection: Any, deadline: float) -> Any:

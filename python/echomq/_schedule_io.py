@@ -8,16 +8,29 @@ row first (then the row is read again, and found consumed).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 from redis.exceptions import ResponseError, WatchError
 
+from . import _protocol as proto
 from . import schedules as rules
+from ._scripts import Rendering
 from .errors import BadSchedule, JobExists
 
-if TYPE_CHECKING:
-    from .client import Client
+T = TypeVar("T")
+
+
+class Client(Protocol):
+    """What these functions use of ``echomq.Client`` (a Protocol: the client imports this module)."""
+
+    redis: Any
+
+    def _render(self) -> Rendering: ...
+
+    def _run(self, call: proto.Call[T]) -> T: ...
+
+    def _server_time(self, key: str) -> int: ...
 
 
 def add(client: Client, queue: str, schedule: rules.Schedule) -> rules.ScheduleInfo:

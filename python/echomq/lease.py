@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _protocol as proto
+from ._attempt import Cutter
 from ._runtime import (
     LOST_DEADLINE,
     LOST_GONE,
@@ -56,7 +57,7 @@ from ._runtime import (
 )
 from ._watch import HORIZON_S, WATCH
 from .cancel import Cancellation
-from .client import Client, Cutter
+from .client import Client
 from .errors import BadArgument
 
 __all__ = ["LOST_DEADLINE", "LOST_GONE", "LOST_STALE", "LeaseKeeper", "lost_reason"]

@@ -40,6 +40,7 @@ from functools import partial
 from types import FrameType, TracebackType
 from typing import TypeVar, cast
 
+from ._attempt import Cutter
 from ._finisher import SETTLE_TRY_S, _GaveUp
 from ._log import CURRENT_JOB
 from ._pushes import CancelListener
@@ -56,7 +57,7 @@ from ._sweeper import Sweeper
 from ._turns import Turns
 from ._watch import WATCH
 from .cancel import CancelToken
-from .client import Client, Cutter, Job
+from .client import Client, Job
 from .context import JobContext
 from .errors import NotReplicated
 from .isolation import ProcessPool, check_isolated_handler

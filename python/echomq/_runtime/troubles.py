@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from redis import exceptions as rx
 
-from .._attempt import NotSent
 from .._protocol import Job
 from ..errors import BadArgument, CorruptQueue, EchoMQError, ModuleNotLoaded
 from .logs import job_fields
+from .tries import NotSent
 
 if TYPE_CHECKING:
     from .stats import WorkerStats

@@ -32,7 +32,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
-from .._attempt import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
+from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:

@@ -28,7 +28,6 @@ import redis
 from redis.exceptions import ResponseError
 
 from .. import _protocol as proto
-from .._attempt import NotSent
 from .._protocol import Job
 from .._runtime import (
     ATTEMPT_TIMEOUT_S,
@@ -45,6 +44,7 @@ from .._runtime import (
     result_refused,
     state_refused,
 )
+from .._runtime.tries import NotSent
 from ..cancel import CancelToken
 from ..errors import JobGone, LeaseLost, NotReplicated
 from ._together import Coalescer, Orphan

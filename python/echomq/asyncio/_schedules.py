@@ -8,16 +8,29 @@ row first (then the row is read again, and found consumed).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 from redis.exceptions import ResponseError, WatchError
 
+from .. import _protocol as proto
 from .. import schedules as rules
+from .._scripts import Rendering
 from ..errors import BadSchedule, JobExists
 
-if TYPE_CHECKING:
-    from .client import Client
+T = TypeVar("T")
+
+
+class Client(Protocol):
+    """What these functions use of ``echomq.asyncio.Client`` (a Protocol: the client imports this module)."""
+
+    redis: Any
+
+    async def _render(self) -> Rendering: ...
+
+    async def _run(self, call: proto.Call[T]) -> T: ...
+
+    async def _server_time(self, key: str) -> int: ...
 
 
 async def add(client: Client, queue: str, schedule: rules.Schedule) -> rules.ScheduleInfo:
@@ -29,12 +42,12 @@ async def add(client: Client, queue: str, schedule: rules.Schedule) -> rules.Sch
                 await pipe.watch(row_key, set_key)
                 row = await pipe.hgetall(row_key)
                 if not row and await pipe.zcard(set_key) >= rules.MAX_SCHEDULES:
-                    await pipe.unwatch()  # type: ignore[no-untyped-call]
+                    await pipe.unwatch()
                     raise BadSchedule(
                         f"queue {queue!r} has {rules.MAX_SCHEDULES} schedules, the most it may hold"
                     )
                 commands = rules.add_commands(schedule, queue, row, now)
-                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.multi()
                 for command in commands:
                     pipe.execute_command(*command)
                 await pipe.execute()
@@ -101,12 +114,12 @@ async def fire(client: Client, queue: str, name: str, result: rules.DriveResult)
                 await pipe.watch(row_key)
                 row = await pipe.hgetall(row_key)
                 if not row:  # removed meanwhile: nothing to fire, and no entry to keep
-                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.multi()
                     pipe.zrem(set_key, name)
                     await pipe.execute()
                     return
                 firing, calls, commands = rules.decide_fire(queue, name, row, now)
-                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.multi()
                 for call in calls:
                     pipe.execute_command(*rendering.command(call.args))
                 for command in commands:

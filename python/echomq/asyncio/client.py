@@ -24,7 +24,6 @@ from redis.retry import Retry
 
 from .. import _protocol as proto
 from .. import schedules as schedule_rules
-from .._attempt import NotSent
 from .._protocol import (
     ActiveJob,
     CancelOutcome,
@@ -47,6 +46,16 @@ from .._protocol import (
 )
 from .._protocol.calls import missing_code
 from .._protocol.unique import Enqueued
+from .._redis import (
+    _missing,
+    check_redis_client,
+    connection_defaults,
+    default_async_retry,
+    never_reached,
+    unreachable,
+    unwrapped,
+)
+from .._runtime.tries import NotSent
 from .._scripts import (
     PROBE,
     BackendChoice,
@@ -59,15 +68,6 @@ from .._scripts import (
     load_refused,
 )
 from ..cancel import Cancellation
-from ..client import (
-    _missing,
-    check_redis_client,
-    connection_defaults,
-    default_async_retry,
-    never_reached,
-    unreachable,
-    unwrapped,
-)
 from ..errors import EchoMQError, LeaseLost, NotReplicated
 from ..schedules import DriveResult, ScheduleInfo
 from . import _schedules

@@ -21,7 +21,7 @@
    whose deadline passes raises ``ResultTimeout``, its ``__cause__`` the
    last connection error.  A refused connection to a server that neither
    the wait nor its client ever reached (a wrong address, a server not
-   started: ``echomq.client.never_reached``) is the caller's at once, as
+   started: ``echomq._redis.never_reached``) is the caller's at once, as
    any call's would be.
 
 So a quiet wait sends a subscription, one HMGET, and one more per

@@ -6,19 +6,31 @@ import asyncio
 import contextlib
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from .. import _protocol as proto
-from ..client import never_reached, unreachable, unwrapped
+from .._redis import never_reached, unreachable, unwrapped
 from ..errors import ResultTimeout
 from .results import ResultWait
 from .serializers import JSON, Serializer
 
-if TYPE_CHECKING:
-    from ..asyncio.client import Client as AsyncClient
-    from ..client import Client
+
+class Client(Protocol):
+    """What a wait uses of ``echomq.Client`` (a Protocol: the client's ``result`` calls this module)."""
+
+    redis: Any
+
+    def _subscriber(self, confirmations: bool = False) -> Any: ...
+
+
+class AsyncClient(Protocol):
+    """What a wait uses of ``echomq.asyncio.Client``."""
+
+    redis: Any
+
+    def _subscriber(self, confirmations: bool = False) -> Any: ...
 
 __all__ = ["await_result", "wait_result"]
 
