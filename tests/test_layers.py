@@ -34,13 +34,13 @@ CORE = (
 )  # fmt: skip
 SYNC = (
     "echomq.client", "echomq._attempt", "echomq._finisher", "echomq._pushes", "echomq._sweeper",
-    "echomq._turns", "echomq._watch", "echomq.lease", "echomq.context", "echomq.reaper", "echomq.worker",
+    "echomq._turns", "echomq.lease", "echomq.context", "echomq.reaper", "echomq.worker",
     "echomq.isolation", "echomq._schedule_io", "echomq._reach",
 )  # fmt: skip
-# Driver helpers both drivers use that belong to neither: redis-py as both use it, the scripts
-# backend's Lua and its
+# Driver helpers both drivers use that belong to neither: redis-py as both use it, the deadline
+# watch (one thread per process over the core's HeldJob), the scripts backend's Lua and its
 # loader, the embedded server for tests and demos.
-SHARED = ("echomq._redis", "echomq._scripts", "echomq.scripts", "echomq.testing")
+SHARED = ("echomq._redis", "echomq._scripts", "echomq._watch", "echomq.scripts", "echomq.testing")
 ASYNC = ("echomq.asyncio",)  # its package's __init__ is the asyncio public face: a tool (below)
 CAPABILITIES = ("echomq.tasks", "echomq.metrics", "echomq.contrib")
 TOOLS = ("echomq.cli", "echomq.dashboard", "echomq._demo", "echomq.__main__", "echomq")
@@ -151,32 +151,15 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "echomq.tasks.task",
         }
     ),
-    frozenset(
-        {
-            "echomq._runtime",
-            "echomq._runtime.finish",
-            "echomq._runtime.timeouts",
-            "echomq._runtime.worker",
-            "echomq._watch",
-            "echomq.context",
-            "echomq.isolation",
-            "echomq.lease",
-        }
-    ),
 }
 # (importer, imported): an import that runs up a layer, or across from one driver to its twin.
 KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("echomq._runtime.finish", "echomq.isolation"),
     ("echomq._runtime.finish", "echomq.metrics"),
     ("echomq._runtime.lease", "echomq.metrics"),
     ("echomq._runtime.sweep", "echomq.metrics"),
-    ("echomq._runtime.worker", "echomq.isolation"),
     ("echomq._runtime.worker", "echomq.metrics"),
-    ("echomq.asyncio._pushes", "echomq._pushes"),
     ("echomq.asyncio.client", "echomq.tasks.serializers"),
     ("echomq.asyncio.client", "echomq.tasks.wait"),
-    ("echomq.asyncio.lease", "echomq._watch"),
-    ("echomq.asyncio.worker", "echomq._watch"),
     ("echomq.client", "echomq.tasks.serializers"),
     ("echomq.client", "echomq.tasks.wait"),
 }

@@ -31,13 +31,12 @@ import redis
 
 from . import _protocol as proto
 from ._runtime import SubscriptionHealth, worker_log
+from ._runtime.pushes import CANCEL_POLL_S
 from .client import Client
 from .lease import SharedKeeper
 
 __all__ = ["CANCEL_POLL_S", "CancelListener"]
 
-# How often the listener looks up from its subscription (to see the worker stop, or ping).
-CANCEL_POLL_S = 0.2
 # How long close() waits for the thread, once it cut its connection.
 CLOSE_JOIN_S = 2.0
 

@@ -52,20 +52,18 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ._protocol import Job
+from ._runtime.isolation import CHILD_TRACEBACK, ISOLATIONS
 from .cancel import CancelToken
 from .errors import Cancelled, EchoMQError
 
 __all__ = ["ISOLATIONS", "ChildCrashed", "ChildError", "ProcessPool", "check_isolated_handler"]
 
-ISOLATIONS = ("thread", "process")
 # How often a worker's thread waiting on its child looks at the job's token (a cancel to forward).
 POLL_S = 0.05
 # How long a child told to exit (recycled, or the worker stopping) gets before it is killed.
 EXIT_GRACE_S = 2.0
 # What a child runs: it imports the package, never the worker's __main__.
 CHILD_PROGRAM = "from echomq.isolation import _child_entry; _child_entry"
-# Where an exception raised in a child keeps its traceback there: what the worker stores as the job's.
-CHILD_TRACEBACK = "_echomq_child_traceback"
 # How long a new child may take to import the package and the handler's module.
 START_TIMEOUT_S = 60.0
 

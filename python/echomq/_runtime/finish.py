@@ -18,7 +18,7 @@ from .. import _protocol as proto
 from .._protocol import Call, FailOutcome, Job, ReleaseOutcome
 from ..cancel import Cancellation
 from ..errors import Cancelled, LeaseLost, NonRetryable, RateLimited, RetryLater
-from ..isolation import CHILD_TRACEBACK
+from .isolation import CHILD_TRACEBACK
 from .lease import TIMEOUT, HeldJob
 from .logs import job_fields, worker_log
 from .per_job import JobSettings

@@ -8,6 +8,8 @@ from __future__ import annotations
 # A half-open subscription is noticed within about their sum.
 HEALTH_EVERY_S = 1.0
 PONG_WITHIN_S = 1.0
+# How often a listener looks up from its subscription (to see the worker stop, or ping): both drivers'.
+CANCEL_POLL_S = 0.2
 
 
 class SubscriptionHealth:

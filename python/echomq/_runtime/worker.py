@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from .. import _protocol as proto
 from .._protocol import MAX_MS, Call, Job, keys_of
 from ..errors import NotReplicated
-from ..isolation import ISOLATIONS
 from ..retry import RetryPolicy, merge_attempts
 from .args import check_callable, check_client, check_int, check_seconds, takes_context
 from .finish import Finishing
+from .isolation import ISOLATIONS
 from .lease import LOST_UNCONFIRMED, HeldJob, Leases
 from .logs import worker_log
 from .per_job import PerJob, settings_hook
