@@ -181,3 +181,27 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
     client.retention("q", done_ms=1, cancelled_ms=2, dead_ms=3)
     meta = {k.decode() for k in r.hkeys(keys.base + "meta")}
     assert meta == documented_fields("The queue's settings: `<base>meta`"), "keyspace.md, <base>meta"
+
+
+@pytest.mark.parametrize("name", ["echomq.Client", "echomq.asyncio.Client"])
+def test_the_python_reference_lists_every_public_method_of_the_clients(name: str) -> None:
+    # The operator's verbs are a mixin's (echomq/_operator.py, echomq/asyncio/_operator.py), so
+    # the reference page names each client's members itself, in the page's order: a verb added to
+    # either class and not to the page would be missing from the reference.
+    import importlib
+    import inspect
+
+    module, _, attr = name.rpartition(".")
+    client = getattr(importlib.import_module(module), attr)
+    page = (DOCS / "reference" / "python.md").read_text()
+    block = page.split(f"::: {name}\n", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"^        - (\w+)$", block, re.M)
+    kinds = (property, classmethod)
+    public = {
+        member
+        for klass in client.__mro__[:-1]
+        for member, value in vars(klass).items()
+        if not member.startswith("_") and (inspect.isfunction(value) or isinstance(value, kinds))
+    }
+    assert sorted(listed) == sorted(public)
+    assert len(listed) == len(set(listed))

@@ -35,7 +35,7 @@ CORE = (
 SYNC = (
     "echomq.client", "echomq._attempt", "echomq._finisher", "echomq._pushes", "echomq._sweeper",
     "echomq._turns", "echomq.lease", "echomq.context", "echomq.reaper", "echomq.worker",
-    "echomq.isolation", "echomq._schedule_io", "echomq._reach",
+    "echomq.isolation", "echomq._schedule_io", "echomq._reach", "echomq._operator",
 )  # fmt: skip
 # Driver helpers both drivers use that belong to neither: redis-py as both use it, the deadline
 # watch (one thread per process over the core's HeldJob), the scripts backend's Lua and its

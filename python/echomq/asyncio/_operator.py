@@ -1,0 +1,212 @@
+"""The operator's verbs and views of ``echomq.asyncio.Client``: the twin of ``echomq/_operator.py``.
+
+A mixin of the client's, apart from the job lifecycle (``client.py``); each
+verb one command (or one read of the server's clock and a MULTI) through
+the client's own ``_run``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from .. import _protocol as proto
+from .._protocol import (
+    ActiveJob,
+    DeadJob,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    PendingJob,
+    QueueCounters,
+    QueueCounts,
+    RateLimit,
+    Retention,
+    RetryDeadResult,
+)
+
+T = TypeVar("T")
+
+
+class OperatorVerbs:
+    """The operator's verbs of ``echomq.asyncio.Client`` (see the module docstring)."""
+
+    redis: aioredis.Redis | aioredis.RedisCluster
+
+    async def _run(self, call: proto.Call[T]) -> T:
+        raise NotImplementedError
+
+    def _node_of(self, key: str) -> dict[str, Any]:
+        if hasattr(self.redis, "get_node_from_key"):
+            return {"target_nodes": self.redis.get_node_from_key(key)}
+        return {}
+
+    async def _server_time(self, key: str) -> int:
+        return proto.server_ms(await self.redis.execute_command("TIME", **self._node_of(key)))
+
+    async def _read(self, read: proto.Read[T]) -> T:
+        now = await self._server_time(read.key)
+        pipe = self.redis.pipeline(transaction=True)
+        for args in read.build(now):
+            pipe.execute_command(*args)
+        return read.parse(now, await pipe.execute())
+
+    async def retention(
+        self,
+        queue: str,
+        *,
+        done_ms: int | None = None,
+        cancelled_ms: int | None = None,
+        dead_ms: int | None = None,
+    ) -> Retention:
+        """Read, or set, the queue's retention (see ``echomq.Client.retention``)."""
+        return await self._run(proto.retention(queue, done_ms, cancelled_ms, dead_ms))
+
+    async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
+        """The job's status, or None (see ``echomq.Client.job``)."""
+        return await self._read(proto.job_info(queue, job_id, payload))
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """The queue's numbers, pending by priority level too (see ``echomq.Client.counts``)."""
+        counts = await self._read(proto.counts(queue))
+        levels = dict(counts.by_priority)
+        n, level = await self._read(proto.priority_levels(queue, None))
+        while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:
+            n, following = await self._read(proto.priority_levels(queue, level))
+            if n:
+                levels[level] = n
+            level = following
+        return dataclasses.replace(counts, by_priority=dict(sorted(levels.items())))
+
+    async def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
+        """A page of the dead set, oldest first (see ``echomq.Client.dead``)."""
+        page = await self._read(proto.dead_page(queue, offset, count))
+        return await self._read(proto.dead_rows(queue, page)) if page else []
+
+    async def active(self, queue: str, *, offset: int = 0, count: int = 100) -> list[ActiveJob]:
+        """A page of the active set, soonest deadline first (see ``echomq.Client.active``)."""
+        page = await self._read(proto.active_page(queue, offset, count))
+        return await self._read(proto.active_rows(queue, page)) if page else []
+
+    async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
+        """A page of the waiting jobs, in claim order (see ``echomq.Client.pending``)."""
+        layout = await self._read(proto.pending_layout(queue))
+        page = await self._read(proto.pending_page(queue, offset, count, layout))
+        return await self._read(proto.pending_rows(queue, page)) if page else []
+
+    async def counters(self, queue: str) -> QueueCounters:
+        """The queue's shared counters (see ``echomq.Client.counters``)."""
+        return await self._read(proto.counters(queue))
+
+    async def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
+        """The queues that have jobs, by a bounded SCAN (see ``echomq.Client.queues``)."""
+        proto.positive_int("limit", limit)
+        proto.positive_int("scan_budget", scan_budget)
+        found: set[str] = set()
+        step = min(1000, scan_budget)
+        nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
+        for node in nodes:
+            for scan in range(len(proto.QUEUE_SCANS)):
+                target = {} if node is None else {"target_nodes": node}
+                found |= await self._scan_queues(scan, step, scan_budget, limit - len(found), target)
+        return sorted(found)[:limit]
+
+    async def _scan_queues(
+        self, scan: int, step: int, budget: int, limit: int, target: dict[str, Any]
+    ) -> set[str]:
+        """One pass of ``queues`` on one node: at most ``budget`` keys examined, ``limit`` queues found."""
+        found: set[str] = set()
+        cursor, examined = 0, 0
+        while limit > 0:
+            reply = await self.redis.execute_command(*proto.scan_queues(cursor, step, scan), **target)
+            cursor, keys = proto.scan_reply(reply)
+            found.update(q for q in map(proto.queue_of_key, keys) if q is not None)
+            examined += step
+            if cursor == 0 or examined >= budget or len(found) >= limit:
+                break
+        return found
+
+    async def retry(self, queue: str, job_id: JobId) -> None:
+        """Send a dead or cancelled job back to pending (see ``echomq.Client.retry``)."""
+        await self._run(proto.retry(queue, job_id))
+
+    async def _within_max_limit(self, make: Callable[[int], proto.Call[T]], limit: int) -> tuple[T, int]:
+        """``make(limit)``'s answer, and the step size that ran: halved while the server's
+        ``emq.max-limit`` refuses it (nothing written then: ``proto.halved_limit``)."""
+        while True:
+            try:
+                return await self._run(make(limit)), limit
+            except ResponseError as exc:
+                smaller = proto.halved_limit(exc, limit)
+                if smaller is None:
+                    raise
+                limit = smaller
+
+    async def retry_dead(self, queue: str, *, limit: int = 100) -> RetryDeadResult:
+        """Retry every job dead now, in bounded steps (see ``echomq.Client.retry_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        retried = dropped = 0
+        while True:
+            step, limit = await self._within_max_limit(lambda n: proto.retry_dead(queue, n, until), limit)
+            retried, dropped = retried + step.retried, dropped + step.dropped
+            if step.retried + step.dropped < limit:
+                return RetryDeadResult(retried, dropped)
+
+    async def purge_dead(self, queue: str, *, limit: int = 100) -> int:
+        """Delete every job dead now, in bounded steps (see ``echomq.Client.purge_dead``)."""
+        until = await self._server_time(proto.keys_of(queue).dead)
+        total = 0
+        while True:
+            step, limit = await self._within_max_limit(lambda n: proto.purge_dead(queue, n, until), limit)
+            total += step
+            if step < limit:
+                return total
+
+    async def pause(self, queue: str) -> bool:
+        """Stop handing out the queue's jobs (see ``echomq.Client.pause``)."""
+        return await self._run(proto.pause(queue))
+
+    async def resume(self, queue: str) -> bool:
+        """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
+        return await self._run(proto.resume(queue))
+
+    async def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
+        """Set or remove the queue's rate limit (see ``echomq.Client.set_rate_limit``)."""
+        return await self._run(proto.set_rate_limit(queue, max, per_ms))
+
+    async def remove_rate_limit(self, queue: str) -> RateLimit:
+        """Remove the queue's rate limit (see ``echomq.Client.remove_rate_limit``)."""
+        return await self._run(proto.set_rate_limit(queue, None))
+
+    async def rate_limit(self, queue: str) -> RateLimit:
+        """The queue's rate limit and back-off (see ``echomq.Client.rate_limit``)."""
+        return await self._run(proto.limit(queue))
+
+    async def back_off(self, queue: str, ms: int) -> RateLimit:
+        """Stop every claim of the queue for ``ms`` (see ``echomq.Client.back_off``)."""
+        return await self._run(proto.back_off(queue, ms))
+
+    async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
+        """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
+        removed = 0
+        while True:
+            (step, remaining), limit = await self._within_max_limit(
+                lambda n: proto.obliterate(queue, n, force), limit
+            )
+            removed += step
+            if remaining == 0:
+                break
+        forgotten, cursor = 0, 0
+        target = self._node_of(proto.keys_of(queue).pending)
+        while True:
+            reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
+            cursor, found = proto.scan_reply(reply)
+            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                forgotten += await self._run(call)
+            if cursor == 0:
+                await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
+                return ObliterateResult(removed, forgotten)
