@@ -119,6 +119,17 @@ def _file(name: str) -> str:
     return resources.files("echomq").joinpath("scripts").joinpath(name).read_text(encoding="utf-8")
 
 
+# What every verb shares, by concept as the C files are, read as one text in this order (one
+# function's body: its locals are each other's): emq_core.c's errors, parsing and limits;
+# emq_keys.c's keys, ACL, settings and fence; the v3 keyspace and the lanes (emq_row.c,
+# emq_lanes.c); the end hooks and unique keys (emq_end.c, emq_unique.c), which returns ``emq``.
+PRELUDE = ("_prelude.lua", "_keys.lua", "_lanes.lua", "_end.lua")
+
+
+def _prelude() -> str:
+    return "".join(_file(name) for name in PRELUDE)
+
+
 def _parts(verb: str, body: str | None) -> tuple[str, list[str], str]:
     """A verb file's shebang line, its includes and its body (after the shebang)."""
     text = body if body is not None else _file(f"{verb}.lua")
@@ -153,7 +164,7 @@ def compose(verb: str, body: str | None = None) -> Script:
     deliberately wrong script this way).
     """
     shebang, includes, rest = _parts(verb, body)
-    parts = [shebang, "local emq = (function()", _file("_prelude.lua"), "end)()"]
+    parts = [shebang, "local emq = (function()", _prelude(), "end)()"]
     parts += [_file(name) for name in includes]
     parts += ["return (function()", rest, "end)()()"]
     source = "\n".join(parts).encode()
@@ -192,7 +203,7 @@ def library() -> Library:
         "#!lua name=echomq_{version}",
         "local KEYS, ARGV",
         "local emq = (function()",
-        _file("_prelude.lua"),
+        _prelude(),
         "end)()",
         *(_file(name) for name in includes),
     ]
