@@ -2,11 +2,11 @@
 #
 #   make demo   set everything up, then run the demo on a server of its own
 #   make test   set everything up, then lint, type-check, build the docs (make docs, --strict)
-#               and run the full suite (the docs' examples included: tests/test_examples.py)
+#               and run the full suite (the docs' examples included: tests/house/test_examples.py)
 #               on Redis 7.0, then again on Valkey 8, the smoke subset on
 #               Redis 6.2, Valkey 9 and Redis 8, the compat run's short form (the oldest
 #               redis-py on the oldest Python, the newest on the newest: tests/compat/run.py),
-#               the Docker image (tests/test_container.py, then the smoke subset with a
+#               the Docker image (tests/house/test_container.py, then the smoke subset with a
 #               container of it as the server), then the memory check (module/Makefile
 #               `check`: a subset of the tests under valgrind); tests/stages.py runs the
 #               stages, every one even after a failure, and prints the time each took at
@@ -33,13 +33,13 @@
 #               queue with a short retention; memory before and after, the invariant at
 #               the end (minutes; not part of `make bench`)
 #   make chaos  set everything up, then the failover chaos test at length
-#               (tests/test_failover_chaos.py; the suite runs it with 3 kills): CHAOS_KILLS
+#               (tests/chaos/test_failover_chaos.py; the suite runs it with 3 kills): CHAOS_KILLS
 #               (12) SIGKILLed masters that three Sentinels replace, on Redis 7.0 and Valkey 8,
 #               with the workers' replicas=0 and then replicas=1, seeded (CHAOS_SEED, 20);
 #               prints the overlap of two runs of a job against its bound and the re-runs per
 #               failover (minutes; not part of `make test` or `make bench`)
 #   make outage set everything up, then the outage chaos test at length
-#               (tests/test_outage_chaos.py; the suite runs one layout mixing 1, 100 and 500
+#               (tests/chaos/test_outage_chaos.py; the suite runs one layout mixing 1, 100 and 500
 #               slots): the whole scenario once per slot count (OUTAGE_SLOTS, 1,100,500),
 #               every worker at it, then asyncio (and threads) at 100 and 500 slots with
 #               prefetch, forced stops (SIGTERM twice) and 1 s leases (MODE:N+prefetch+forced
@@ -86,7 +86,7 @@ smoke: setup
 # makes a venv per Python (pyenv's 3.10-3.13, or python3.X on PATH; a missing one is reported
 # skipped) x redis-py (each major's lowest and newest release) x hiredis or not, kept in
 # .compat/ (only the echomq wheel of this tree is installed again), `pip check`s it against
-# the declared range, and runs its subset (tests/test_compat.py, the client, both workers,
+# the declared range, and runs its subset (tests/house/test_compat.py, the client, both workers,
 # the CLI) once per RESP version on Redis 7.0.  `make test` runs the extremes (--short).
 # COMPAT_FLAGS=--docs also writes the table into docs/reference/engines.md.
 COMPAT = $(BIN)/python -m tests.compat.run
@@ -126,7 +126,7 @@ docker-tools:
 # The site is built, never fetched: every page, the Python API from docstrings
 # (mkdocstrings), the CLI from its own --help and the benchmark tables from
 # bench/RESULTS.md (docs/hooks/generated.py).  Its examples run in the suite
-# (tests/test_examples.py).
+# (tests/house/test_examples.py).
 docs: setup
 	@# not --quiet: mkdocs 1.6 then stops counting warnings, and --strict passes a broken site
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
@@ -150,21 +150,21 @@ CHAOS_KILLS ?= 12
 CHAOS_SEED  ?= 20
 CHAOS_RUN    = ECHOMQ_FAILOVER_KILLS=$(CHAOS_KILLS) ECHOMQ_FAILOVER_SEED=$(CHAOS_SEED) $(BIN)/python -m pytest -s -q
 chaos: setup
-	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine redis tests/test_failover_chaos.py
-	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine redis tests/test_failover_chaos.py
-	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
-	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine valkey tests/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine redis tests/chaos/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine redis tests/chaos/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=0 $(CHAOS_RUN) --engine valkey tests/chaos/test_failover_chaos.py
+	ECHOMQ_FAILOVER_REPLICAS=1 $(CHAOS_RUN) --engine valkey tests/chaos/test_failover_chaos.py
 
 # Schedules at length (issue 31): 60 ticks of 1 s driven by 4 workers and a reaper, and across an AOF restart.
 SCHEDULE_TICKS ?= 60
 schedules-long: setup
-	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/test_schedules.py -k "reaper or restart"
-	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/test_schedules.py -k "reaper or restart"
+	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/tasks/test_schedules.py -k "reaper or restart"
+	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/tasks/test_schedules.py -k "reaper or restart"
 
 OUTAGE_SLOTS ?= 1,100,500,asyncio:100+prefetch+short,asyncio:500+prefetch+forced,asyncio:100+forced+short,sync:100+prefetch+forced
 outage: setup
-	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine redis tests/test_outage_chaos.py
-	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine valkey tests/test_outage_chaos.py
+	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine redis tests/chaos/test_outage_chaos.py
+	ECHOMQ_OUTAGE_SLOTS=$(OUTAGE_SLOTS) $(BIN)/python -m pytest -s -q --engine valkey tests/chaos/test_outage_chaos.py
 
 lint: setup
 	$(BIN)/ruff check python tests bench docs
@@ -184,7 +184,7 @@ memchecker:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 
-# Debian's chromium for tests/test_dashboard_browser.py (Playwright drives it through
+# Debian's chromium for tests/integrations/test_dashboard_browser.py (Playwright drives it through
 # executable_path; no browser is ever downloaded). About 15 s where it is missing.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \

@@ -33,7 +33,7 @@
 /* The highest emq.max-limit a server may set: every verb that takes a count
  * or a list (SWEEP, ENQUEUEMANY, RETRYDEAD, PURGE, OBLITERATE, FORGET) is
  * run at this many jobs by the test suite, under the memory checker too
- * (tests/test_limits.py).  About 0.25 s of one SWEEP at the rate
+ * (tests/verbs/test_limits.py).  About 0.25 s of one SWEEP at the rate
  * bench/RESULTS.md measured: a stall clients survive, and 10 times the
  * default. */
 #define EMQ_MAX_LIMIT_CEILING 100000

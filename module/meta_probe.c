@@ -1,6 +1,6 @@
 /* meta_probe.c -- a module that only declares; never shipped.
  *
- * tests/test_metadata.py loads it to see that every kind of argument a table
+ * tests/verbs/test_metadata.py loads it to see that every kind of argument a table
  * row can declare (emq_meta.h) is accepted by the server and shown by
  * COMMAND DOCS and COMMAND INFO as intended, before a real verb relies on
  * it: optional tokens, a choice, a bare flag, a repeated group. */

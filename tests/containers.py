@@ -9,7 +9,7 @@ The image is ``$ECHOMQ_IMAGE`` (``make test`` and ``make image`` build it on a
 stand-in base: tests/docker_engine.py), else the top-level Dockerfile built
 now on its default base.  Where no Docker engine answers, or the image cannot
 be had (its base cannot be pulled, say), everything here is skipped with the
-reason, never passed and never an error: ``tests/test_container.py`` and, when
+reason, never passed and never an error: ``tests/house/test_container.py`` and, when
 selected, every test that uses ``server``.
 
 Every port is published on 127.0.0.1 only, and the client connects there:

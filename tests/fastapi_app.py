@@ -1,7 +1,7 @@
-"""The FastAPI app of docs/guides/fastapi.md, with knobs for tests/test_fastapi.py.
+"""The FastAPI app of docs/guides/fastapi.md, with knobs for tests/integrations/test_fastapi.py.
 
 The same shape as the guide's ``create_api`` (whose own block runs in
-tests/test_examples.py): the asyncio client and an ``echomq.asyncio.App``,
+tests/house/test_examples.py): the asyncio client and an ``echomq.asyncio.App``,
 its worker started and stopped by the app's lifespan.  ``grace`` is the
 worker's shutdown grace; ``GET /slow`` enqueues a task that sleeps
 ``seconds`` and records its end in ``ended``.

@@ -1,4 +1,4 @@
-"""Handlers for tests/test_isolation.py: importable by name, as isolation="process" needs.
+"""Handlers for tests/workers/test_isolation.py: importable by name, as isolation="process" needs.
 
 Each writes what the test must see (its process id, what its context
 showed) to the file named by the job's payload, one line per call.

@@ -1,4 +1,4 @@
-"""An app for tests/test_isolation.py's tasks in child processes: importable, as the children need.
+"""An app for tests/workers/test_isolation.py's tasks in child processes: importable, as the children need.
 
 The children import ``tests.isolation_tasks:app`` (or ``:aio_app``, found in
 this module's globals) and never use its client: the tests point ``app.client`` at their

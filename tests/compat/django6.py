@@ -1,4 +1,5 @@
-"""Django 6.0's own ``django.tasks`` on Python 3.12: the venv tests/test_django.py runs itself in.
+"""Django 6.0's own ``django.tasks`` on Python 3.12: the venv that tests/integrations/test_django.py
+runs itself in.
 
 The suite's own venv has the ``django-tasks`` backport (Django 5.2 on Python
 3.11); Django 6.0 needs Python 3.12.  As tests/compat/run.py does for its

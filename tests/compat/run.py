@@ -53,12 +53,12 @@ RESP = (2, 3)
 # (claims, checkpoints, retries, dead letters, pushed cancels, shutdown) and the CLI, on
 # the module and on the scripts backend; about 20 s per RESP version.
 SUBSET = (
-    "tests/test_compat.py",
-    "tests/test_client.py",
-    "tests/test_retry_safety.py",
-    "tests/test_worker.py",
-    "tests/test_asyncio.py",
-    "tests/test_cli.py",
+    "tests/house/test_compat.py",
+    "tests/verbs/test_client.py",
+    "tests/verbs/test_retry_safety.py",
+    "tests/workers/test_worker.py",
+    "tests/workers/test_asyncio.py",
+    "tests/integrations/test_cli.py",
 )
 TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
 # What echomq needs besides redis-py (pyproject.toml's dependencies): installed with the

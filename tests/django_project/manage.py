@@ -1,4 +1,4 @@
-"""The Django project of tests/test_django.py: ``python manage.py echomq_worker``."""
+"""The Django project of tests/integrations/test_django.py: ``python manage.py echomq_worker``."""
 
 import os
 import sys

@@ -1,4 +1,5 @@
-"""Not an installed app: a job naming it must never make the worker import it (tests/test_django.py)."""
+"""Not an installed app: a job naming it must never make the worker import it
+(tests/integrations/test_django.py)."""
 
 import os
 from pathlib import Path

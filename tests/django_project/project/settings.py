@@ -1,4 +1,4 @@
-"""A small Django project (SQLite) whose tasks run on echomq: tests/test_django.py.
+"""A small Django project (SQLite) whose tasks run on echomq: tests/integrations/test_django.py.
 
 ``ECHOMQ_URL`` is the suite's server, ``ECHOMQ_DJANGO_DB`` the SQLite file the
 test process and the worker process share.
@@ -44,7 +44,8 @@ TASKS = {
         "QUEUES": [],
         "OPTIONS": {"URL": URL},
     },
-    # a worker of its own (tests/test_django.py): its tasks raise SystemExit and KeyboardInterrupt
+    # a worker of its own (tests/integrations/test_django.py): its tasks raise SystemExit and
+    # KeyboardInterrupt
     "exits": {
         "BACKEND": "echomq.contrib.django.EchoMQBackend",
         "QUEUES": ["exits"],

@@ -2,7 +2,7 @@
 
 Each signal appends one JSON line to ``$ECHOMQ_DJANGO_DB.signals`` (the test
 process sends ``task_enqueued``, the worker ``task_started`` and
-``task_finished``): tests/test_django.py reads them back.
+``task_finished``): tests/integrations/test_django.py reads them back.
 """
 
 from __future__ import annotations

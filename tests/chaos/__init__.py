@@ -1,0 +1,1 @@
+"""Long fault scenarios: chaos, outages, failovers, resharding."""

@@ -1,0 +1,1 @@
+"""Django, FastAPI, OpenTelemetry, the metrics exporter, the dashboard, the CLI."""

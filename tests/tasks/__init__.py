@@ -1,0 +1,1 @@
+"""The task layer: tasks, results and their waits, schedules."""

@@ -1,0 +1,1 @@
+"""The module's verbs and their Lua twins: replies, errors, effects, ACL, persistence, fuzzing."""
