@@ -42,7 +42,7 @@ import redis.sentinel
 import echomq
 import echomq.asyncio as emq
 from echomq import _protocol as proto
-from echomq._attempt import Cutter
+from echomq._sync._attempt import Cutter
 
 T = TypeVar("T")
 STEP_S = 0.01

@@ -36,13 +36,13 @@ from typing import Any, TextIO, cast
 import redis
 
 from ._protocol import server_ms, text
-from .client import Client
-from .context import JobContext, Progress
+from ._sync.client import Client
+from ._sync.context import JobContext, Progress
+from ._sync.reaper import Reaper
+from ._sync.worker import Worker
 from .errors import Cancelled
 from .keyspace import queue_keys
-from .reaper import Reaper
 from .testing import EmbeddedServer
-from .worker import Worker
 
 QUEUE = "demo"
 EVENTS = "demo:events"  # a plain list beside the queue: workers report here

@@ -185,7 +185,7 @@ def _child_entry(fd: int) -> None:
 
 def _child_main(conn: Connection, handler: Callable[..., object]) -> None:
     """A child's life: run the jobs the worker sends, one at a time, until told to exit."""
-    from .context import JobContext  # the child's own import of the package
+    from ._sync.context import JobContext  # the child's own import of the package
 
     link = _ChildLink(conn)
     link.send(("ready",))  # imported and listening: the worker may send it a job

@@ -49,7 +49,7 @@ from . import _protocol as proto
 from ._protocol import Job, SweepResult
 
 if TYPE_CHECKING:
-    from .client import Client
+    from ._sync.client import Client
 
 __all__ = [
     "CancelWatch",

@@ -1,6 +1,6 @@
 """Schedules (issue 31): a job enqueued on every tick of a cron expression or a fixed period.
 
-The rules, without I/O; ``_schedule_io.py`` (threads) and
+The rules, without I/O; ``_sync/_schedules.py`` (threads) and
 ``asyncio/_schedules.py`` drive them.  A schedule lives in its queue's slot:
 
 - ``<base>schedule:<name>``, a hash: the definition (``cron`` or ``every_ms``,

@@ -185,7 +185,7 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
 
 @pytest.mark.parametrize("name", ["echomq.Client", "echomq.asyncio.Client"])
 def test_the_python_reference_lists_every_public_method_of_the_clients(name: str) -> None:
-    # The operator's verbs are a mixin's (echomq/_operator.py, echomq/asyncio/_operator.py), so
+    # The operator's verbs are a mixin's (echomq/_sync/_operator.py, echomq/asyncio/_operator.py), so
     # the reference page names each client's members itself, in the page's order: a verb added to
     # either class and not to the page would be missing from the reference.
     import importlib

@@ -33,9 +33,9 @@ CORE = (
     "echomq.cancel", "echomq.schedules", "echomq._log", "echomq._module_so", "echomq._version",
 )  # fmt: skip
 SYNC = (
-    "echomq.client", "echomq._attempt", "echomq._finisher", "echomq._pushes", "echomq._sweeper",
-    "echomq._turns", "echomq.lease", "echomq.context", "echomq.reaper", "echomq.worker",
-    "echomq.isolation", "echomq._schedule_io", "echomq._reach", "echomq._operator",
+    "echomq._sync", "echomq.isolation",
+    # the sync driver's public faces, each its _sync twin's names
+    "echomq.client", "echomq.worker", "echomq.lease", "echomq.context", "echomq.reaper",
 )  # fmt: skip
 # Driver helpers both drivers use that belong to neither: redis-py as both use it, the deadline
 # watch (one thread per process over the core's HeldJob), the scripts backend's Lua and its
@@ -160,8 +160,8 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("echomq._runtime.worker", "echomq.metrics"),
     ("echomq.asyncio.client", "echomq.tasks.serializers"),
     ("echomq.asyncio.client", "echomq.tasks.wait"),
-    ("echomq.client", "echomq.tasks.serializers"),
-    ("echomq.client", "echomq.tasks.wait"),
+    ("echomq._sync.client", "echomq.tasks.serializers"),
+    ("echomq._sync.client", "echomq.tasks.wait"),
 }
 
 

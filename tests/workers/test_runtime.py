@@ -484,8 +484,8 @@ def test_a_claim_whose_answer_was_lost_is_unresolved_until_an_answer_comes() -> 
 
 
 def test_an_error_reply_is_no_lost_reply() -> None:
-    from echomq._attempt import NotSent
     from echomq._runtime import reply_lost
+    from echomq._runtime.tries import NotSent
 
     assert reply_lost(TimeoutError("no reply")) and reply_lost(ConnectionError("reset"))
     assert not reply_lost(NotSent("no free connection"))  # nothing left

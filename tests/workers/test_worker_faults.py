@@ -583,7 +583,7 @@ def test_a_cancel_subscription_redis_py_made_again_by_itself_checkpoints_every_h
     # redis-py reconnects a dropped connection and subscribes again without a word: a cancel
     # published meanwhile waited for the keeper's next checkpoint (a third of the lease).  Its
     # second confirmation says so: every held job asks at once (issue 39, item 4's class).
-    from echomq._pushes import CancelListener
+    from echomq._sync._pushes import CancelListener
 
     proxy = Proxy(server.port)
     client = echomq.Client(redis.Redis(port=proxy.port, client_name="test-listener"))

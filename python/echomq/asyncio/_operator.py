@@ -1,4 +1,4 @@
-"""The operator's verbs and views of ``echomq.asyncio.Client``: the twin of ``echomq/_operator.py``.
+"""The operator's verbs and views of ``echomq.asyncio.Client``: the twin of ``echomq/_sync/_operator.py``.
 
 A mixin of the client's, apart from the job lifecycle (``client.py``); each
 verb one command (or one read of the server's clock and a MULTI) through

@@ -1,4 +1,4 @@
-"""Schedules over redis.asyncio: the twin of ``echomq/_schedule_io.py``, the same rules (``schedules.py``).
+"""Schedules over redis.asyncio: the twin of ``_sync/_schedules.py``, the same rules (``schedules.py``).
 
 Every write is a WATCH ... MULTI/EXEC on the schedule's row: the cursor is
 read, the decision taken (``schedules.plan``), and the jobs and the new

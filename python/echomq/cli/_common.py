@@ -19,8 +19,8 @@ import redis
 from .._log import LEVELS
 from .._protocol import SweepResult
 from .._protocol.views import joined, piece_fields
-from .._reach import wait_for_server
-from ..client import Client
+from .._sync._reach import wait_for_server
+from .._sync.client import Client
 from ..errors import ModuleNotLoaded
 from ..keyspace import queue_keys
 from ..tasks.describe import call_text

@@ -65,8 +65,8 @@ def run_app(
 
         asyncio.run(main())
         return 0
+    from .._sync.worker import Worker
     from ..tasks.app import App, TaskWorker
-    from ..worker import Worker
 
     client = connect_waiting(args)
     require_module(client)

@@ -12,7 +12,7 @@ import redis
 
 from .._protocol import SweepResult, text, wire
 from .._scripts import library, load_refused
-from ..client import Client
+from .._sync.client import Client
 from ..errors import QueueBusy
 from ..keyspace import queue_keys
 from ._common import (
@@ -119,7 +119,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
-    from ..reaper import Reaper
+    from .._sync.reaper import Reaper
 
     def report(result: SweepResult) -> None:
         print(f"{time.strftime('%H:%M:%S')} {format_sweep(result)}", flush=True)

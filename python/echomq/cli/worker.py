@@ -323,7 +323,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if is_async:
         stats = asyncio.run(_run_async_worker(args, handler, settings))
     else:
-        from ..worker import Worker
+        from .._sync.worker import Worker
 
         client = connect_waiting(args)
         require_module(client)

@@ -50,9 +50,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .._runtime.lease import TIMEOUT
 from .._runtime.shutdown import SHUTDOWN
+from .._sync.context import JobContext
 from .._version import __version__
 from ..asyncio.context import JobContext as AsyncJobContext
-from ..context import JobContext
 from ..errors import Cancelled, NonRetryable, RateLimited
 from ..tasks.app import AppCore
 from ..tasks.envelope import MAX_HEADER_CHARS, TaskCall

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import MAX_MS, JobId
-from .._reach import wait_for_server
 from .._runtime import JobSettings, check_int, check_seconds
+from .._sync._reach import wait_for_server
 from ..retry import RetryPolicy, merge_attempts
 from .dispatch import Dispatcher
 from .envelope import check_name
@@ -38,9 +38,9 @@ from .serializers import JSON, Serializer
 from .task import EnqueueOptions, Task, TaskCore
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from .._sync.client import Client
+    from .._sync.worker import Worker
     from ..schedules import ScheduleInfo
-    from ..worker import Worker
 
 __all__ = ["App", "AppCore", "TaskWorker"]
 
@@ -317,7 +317,7 @@ class App(AppCore):
         retry_unknown_tasks: bool = False,
         import_path: str | None = None,
     ) -> None:
-        from ..client import Client as SyncClient
+        from .._sync.client import Client as SyncClient
 
         if not isinstance(client, SyncClient):
             raise TypeError(
@@ -449,7 +449,7 @@ class App(AppCore):
         wait up to S seconds for the server to answer (default 0:
         ``ServerUnreachable`` at once); the app's schedules are stored then.
         """
-        from ..worker import Worker
+        from .._sync.worker import Worker
 
         chosen = self._worker_queues(queues)
         dispatcher = Dispatcher.of(self)

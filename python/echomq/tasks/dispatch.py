@@ -40,8 +40,8 @@ from .isolated import TaskProcesses, child_dispatcher, import_path_of
 from .serializers import Serializer
 
 if TYPE_CHECKING:
+    from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
-    from ..context import JobContext
     from .app import AppCore
     from .hooks import TaskHook
     from .task import TaskCore
@@ -72,7 +72,7 @@ def context() -> JobContext:
     outside a task; ``TypeError`` in a task run by an asyncio worker (use
     ``echomq.asyncio.task_context()`` there).
     """
-    from ..context import JobContext
+    from .._sync.context import JobContext
 
     ctx = _current()
     if not isinstance(ctx, JobContext):

@@ -9,8 +9,8 @@ from .wait import await_result, wait_result
 
 if TYPE_CHECKING:
     from .._protocol import CancelOutcome, JobInfo
+    from .._sync.client import Client
     from ..asyncio.client import Client as AsyncClient
-    from ..client import Client
 
 __all__ = ["AsyncTaskHandle", "TaskHandle"]
 

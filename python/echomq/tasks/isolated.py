@@ -40,9 +40,9 @@ from ..isolation import ProcessPool
 
 if TYPE_CHECKING:
     from .._protocol import Job
+    from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
     from ..cancel import CancelToken
-    from ..context import JobContext
     from .app import AppCore
     from .dispatch import AsyncDispatcher, DispatchCore, Dispatcher
     from .task import TaskCore

@@ -35,7 +35,7 @@ from django.utils.module_loading import import_string
 
 from ... import _protocol as proto
 from ..._runtime import JobSettings
-from ...client import Client
+from ..._sync.client import Client
 from ...tasks.app import App, TaskWorker
 from ...tasks.dispatch import Dispatcher, context
 from ...tasks.envelope import BadTaskPayload, decode_result, parse_call
@@ -65,7 +65,7 @@ else:
         from django_tasks.utils import normalize_json
 
 if TYPE_CHECKING:
-    from ...worker import Worker
+    from ..._sync.worker import Worker
 
 __all__ = ["EchoMQBackend", "TaskExited"]
 
@@ -328,7 +328,7 @@ class EchoMQBackend(BaseTaskBackend):
         must be told which to work (``ValueError`` otherwise); a queue that
         is not one of the listed ``QUEUES`` is refused (no task goes there).
         """
-        from ...worker import Worker
+        from ..._sync.worker import Worker
 
         if queues is None:
             if not self.queues:

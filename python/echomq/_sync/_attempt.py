@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
-from ._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
+from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
 
 __all__ = ["Cutter", "NotSent", "WorkerConnections", "read_within"]
 

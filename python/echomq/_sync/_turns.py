@@ -28,8 +28,7 @@ import threading
 import time
 from typing import TypeVar
 
-from ._finisher import SETTLE_TRY_S, Finisher, Sent, _GaveUp, _Stopped
-from ._runtime import (
+from .._runtime import (
     ATTEMPT_TIMEOUT_S,
     Action,
     Backoff,
@@ -40,6 +39,7 @@ from ._runtime import (
     Slots,
     count_of,
 )
+from ._finisher import SETTLE_TRY_S, Finisher, Sent, _GaveUp, _Stopped
 from .client import Job
 from .lease import LeaseKeeper
 

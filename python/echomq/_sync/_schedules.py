@@ -13,10 +13,10 @@ from typing import Any, Protocol, TypeVar
 import redis
 from redis.exceptions import ResponseError, WatchError
 
-from . import _protocol as proto
-from . import schedules as rules
-from ._scripts import Rendering
-from .errors import BadSchedule, JobExists
+from .. import _protocol as proto
+from .. import schedules as rules
+from .._scripts import Rendering
+from ..errors import BadSchedule, JobExists
 
 T = TypeVar("T")
 

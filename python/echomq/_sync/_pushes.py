@@ -29,9 +29,9 @@ from typing import Any
 
 import redis
 
-from . import _protocol as proto
-from ._runtime import SubscriptionHealth, worker_log
-from ._runtime.pushes import CANCEL_POLL_S
+from .. import _protocol as proto
+from .._runtime import SubscriptionHealth, worker_log
+from .._runtime.pushes import CANCEL_POLL_S
 from .client import Client
 from .lease import SharedKeeper
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis
 from redis.exceptions import ResponseError
 
-from . import _protocol as proto
-from ._protocol import (
+from .. import _protocol as proto
+from .._protocol import (
     ActiveJob,
     DeadJob,
     JobId,

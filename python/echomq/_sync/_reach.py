@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from ._runtime.reach import StartWait, ping_target
+from .._runtime.reach import StartWait, ping_target
 
 __all__ = ["wait_for_server"]
 

@@ -15,9 +15,9 @@ import threading
 import time
 from typing import Any
 
+from .._runtime import REAP_TIMEOUT_S, ReapSchedule, WorkerCore
 from ._attempt import Cutter
-from ._runtime import REAP_TIMEOUT_S, ReapSchedule, WorkerCore
-from ._schedule_io import drive_quietly
+from ._schedules import drive_quietly
 from .client import Client
 
 __all__ = ["Sweeper"]

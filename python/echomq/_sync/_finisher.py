@@ -23,9 +23,8 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
-from . import _protocol as proto
-from ._attempt import NotSent
-from ._runtime import (
+from .. import _protocol as proto
+from .._runtime import (
     ATTEMPT_TIMEOUT_S,
     Action,
     Backoff,
@@ -38,9 +37,10 @@ from ._runtime import (
     result_refused,
     state_refused,
 )
-from .cancel import CancelToken
+from ..cancel import CancelToken
+from ..errors import JobGone, LeaseLost
+from ._attempt import NotSent
 from .client import Client, Job
-from .errors import JobGone, LeaseLost
 
 __all__ = ["Finisher"]
 

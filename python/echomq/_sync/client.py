@@ -1,0 +1,815 @@
+"""The client: typed wrappers for the EMQ.* commands over redis-py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import redis
+from redis.exceptions import ResponseError
+
+from .. import _protocol as proto
+from .. import schedules as schedule_rules
+from .._protocol import (
+    ActiveJob,
+    CancelOutcome,
+    DeadJob,
+    EnqueueItem,
+    ExtendOutcome,
+    FailOutcome,
+    Job,
+    JobId,
+    JobInfo,
+    ObliterateResult,
+    PendingJob,
+    QueueCounters,
+    QueueCounts,
+    RateLimit,
+    ReleaseOutcome,
+    Retention,
+    RetryDeadResult,
+    SweepResult,
+)
+from .._protocol.calls import missing_code
+from .._protocol.unique import Enqueued
+from .._redis import _missing, check_redis_client, connection_defaults, never_reached, unreachable, unwrapped
+from .._scripts import (
+    PROBE,
+    BackendChoice,
+    BackendName,
+    ClaimPoll,
+    Rendering,
+    ScriptLimits,
+    backend_from_probe,
+    check_backend,
+    load_refused,
+)
+from ..cancel import Cancellation
+from ..errors import EchoMQError, LeaseLost, NotReplicated
+from ..schedules import DriveResult, ScheduleInfo
+from . import _schedules
+from ._attempt import Cutter, NotSent, WorkerConnections
+from ._operator import OperatorVerbs
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
+
+__all__ = [
+    "ActiveJob",
+    "Client",
+    "DeadJob",
+    "ExtendOutcome",
+    "Job",
+    "JobId",
+    "JobInfo",
+    "ObliterateResult",
+    "PendingJob",
+    "QueueCounters",
+    "QueueCounts",
+    "RateLimit",
+    "Retention",
+    "RetryDeadResult",
+    "ScriptLimits",
+    "SweepResult",
+]
+
+T = TypeVar("T")
+
+def _json() -> Any:
+    from ..tasks.serializers import JSON
+
+    return JSON
+
+
+class Client(OperatorVerbs):
+    """EchoMQ's lifecycle commands on one Redis (or Redis Cluster) connection.
+
+    ``backend`` says how the commands run: ``"module"`` (the EMQ.* commands of
+    the emq module), ``"scripts"`` (the same verbs as Lua scripts, for a server
+    without the module: any Redis 7 or Valkey 8) or ``"auto"`` (the default:
+    the module when the server has it, else the scripts; asked once, at the
+    first command).  ``client.backend`` says which one is in use.
+    ``script_limits`` are the server-side settings the scripts cannot read
+    (``ScriptLimits``: the module's defaults unless given).
+
+    >>> client = Client.from_url("redis://localhost:6379/0")   # doctest: +SKIP
+    >>> client.extend("emails", "job-42", token="3-9f2c...", lease_ms=30_000)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis | RedisCluster,
+        backend: BackendChoice = "auto",
+        *,
+        script_limits: ScriptLimits | None = None,
+    ) -> None:
+        check_redis_client(redis_client, want_async=False)
+        self.redis = redis_client
+        self._limits = script_limits if script_limits is not None else ScriptLimits()
+        choice = check_backend(backend)
+        self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
+        # For a worker's attempts (see _attempt_many): its own connections.
+        self._pool: WorkerConnections | None = None
+        self._reached = False  # a request of ours got an answer once (never_reached)
+        self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool = False,
+        backend: BackendChoice = "auto",
+        script_limits: ScriptLimits | None = None,
+        **kwargs: Any,
+    ) -> Client:
+        """Connect with ``redis.Redis.from_url(url, **kwargs)``.
+
+        With ``cluster=True``, ``url`` names any node of a Redis Cluster and the
+        client is redis-py's ``RedisCluster``: each command goes to the node
+        that owns its queue's slot.  ``backend`` and ``script_limits`` as for
+        ``Client``.
+
+        Unless ``kwargs`` say otherwise: a 5 s socket and connect timeout,
+        TCP keepalive, and a command whose reply was lost (connection error
+        or timeout) is sent again up to 10 times (50 ms, doubling to 1 s,
+        with jitter).  Every EMQ.* command is safe to send twice (see
+        docs/reference/python.md, "Retries").  Raw commands you send through ``client.redis``
+        are retried the same way: use a client of your own for commands
+        that are not safe to repeat.
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, not {type(url).__name__}")
+        options = connection_defaults(kwargs)
+        if cluster:
+            from redis.cluster import RedisCluster
+
+            return cls(RedisCluster.from_url(url, **options), backend, script_limits=script_limits)
+        return cls(redis.Redis.from_url(url, **options), backend, script_limits=script_limits)
+
+    @property
+    def backend(self) -> BackendName:
+        """``"module"`` or ``"scripts"``: how this client's commands run (asks the server once)."""
+        return self._render().name
+
+    def detect_backend(self) -> BackendName:
+        """The backend in use, asking the server once if it is "auto" (``client.backend`` does too)."""
+        return self._render().name
+
+    def _render(self) -> Rendering:
+        rendering = self._rendering
+        if rendering is None:
+            try:
+                reply = self.redis.execute_command(*PROBE, **self._any_node())  # type: ignore[no-untyped-call]
+            except ResponseError:  # COMMAND refused (an ACL): the scripts run anywhere
+                reply = None
+            rendering = self._rendering = Rendering(backend_from_probe(reply), self._limits)
+        return rendering
+
+    def _any_node(self) -> dict[str, Any]:
+        """For the backend probe: in a cluster, any node."""
+        get = getattr(self.redis, "get_random_node", None)
+        return {} if get is None else {"target_nodes": get()}
+
+    def _send(self, args: tuple[Any, ...]) -> Any:
+        """Send a module command line as the backend has it; load the Lua where a node lacks it."""
+        rendering = self._render()
+        command = rendering.command(args)
+        try:
+            return self.redis.execute_command(*command)  # type: ignore[no-untyped-call]
+        except ResponseError as exc:
+            if not missing_code(exc):
+                raise
+        # Nothing ran: the node lacks the library (or the script).  Load it there, send again.
+        load = rendering.load()
+        if load is not None:
+            try:
+                self.redis.execute_command(*load, **self._node_of_call(command))  # type: ignore[no-untyped-call]
+            except ResponseError as exc:
+                if load_refused(exc):  # the caller may not load a library: one script per verb
+                    self._rendering = rendering.as_eval()
+                    return self._send(args)
+        return self.redis.execute_command(*rendering.again(command))  # type: ignore[no-untyped-call]
+
+    def _node_of_call(self, command: tuple[Any, ...]) -> dict[str, Any]:
+        """In a cluster, the node that serves the call's first key (FUNCTION LOAD goes there)."""
+        get = getattr(self.redis, "get_node_from_key", None)
+        if get is None or not command[2]:
+            return {}
+        return {"target_nodes": get(command[3])}
+
+    def _run(self, call: proto.Call[T]) -> T:
+        try:
+            reply = self._send(call.args)
+        except ResponseError as exc:
+            proto.raise_mapped(exc, call)
+        return call.read(reply)
+
+    def _run_request(self, call: proto.Call[T]) -> T:
+        """Send a call carrying a REQ, and again after a lost reply only within its window.
+
+        The server answers a resend from the call's record while it lives
+        (``proto.RequestWindow``): so the tries are the client's own (one
+        try each, ``_attempt``), never redis-py's retries.  On Redis Cluster
+        and on a single-connection client ``_attempt`` is ``_run``: there,
+        redis-py's retries must end within the window (docs/reference/python.md).
+        """
+        window = proto.RequestWindow(time.monotonic(), proto.socket_timeout_of(self.redis))
+        while True:
+            try:
+                reply = self._attempt(call, window.try_s)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if never_reached(self.redis, exc, self._reached):
+                    error: BaseException = exc
+                    break
+                pause = window.next_pause(time.monotonic())
+                if pause is None:
+                    if isinstance(exc, NotSent):  # the server stayed away: the public type, not ours
+                        error = exc
+                        break
+                    raise
+                time.sleep(pause)
+            else:
+                self._reached = True
+                return reply
+        raise unreachable(error) from unwrapped(error)  # outside the handler: chained to its own cause
+
+    def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction); the replies, errors as values."""
+        rendering = self._render()
+        pipe = self.redis.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command(*rendering.command(call.args))
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, ResponseError) and missing_code(reply):  # nothing ran: again, loading
+                try:
+                    replies[i] = self._send(calls[i].args)
+                except ResponseError as exc:
+                    replies[i] = exc
+        return replies
+
+    def _attempt(self, call: proto.Call[T], timeout: float, cutter: Cutter | None = None) -> T:
+        """Send ``call`` once and wait at most ``timeout`` seconds for its reply (the worker's retries).
+
+        The worker retries on its own schedule, bounded by a lease, with the
+        same REQ or token each time, so each call here is one try
+        (``_attempt_many``).  On Redis Cluster (routing by slot) and on a
+        single-connection client this is ``_run``: redis-py's own timeouts
+        and retries apply.
+        """
+        if not self._bounded():
+            return self._run(call)
+        reply = self._try([call], timeout, cutter)[0]
+        if isinstance(reply, ResponseError):
+            proto.raise_mapped(reply, call)
+        return call.read(reply)
+
+    def _attempt_many(
+        self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None = None
+    ) -> list[Any]:
+        """Send ``calls`` in one round trip (no transaction), once, within ``timeout``; the replies.
+
+        Every step is bounded (``_attempt.WorkerConnections``): a free
+        connection of the worker's own, connecting and its handshake, the
+        send, each reply.  A reply that does not come in time raises
+        ``redis.TimeoutError`` and gives its connection up with the idle
+        ones (they may be half-open); ``NotSent`` says nothing left.  Error
+        replies are values, read by the caller (``Call.read``,
+        ``proto.raise_mapped``).  A node without the scripts gets them on the
+        same connection, within the same time.  ``cutter`` lets another
+        thread end the wait.  On Redis Cluster and on a single-connection
+        client this is ``_pipeline_run``.
+        """
+        if not self._bounded():
+            return self._pipeline_run(calls)
+        return self._try(calls, timeout, cutter)
+
+    def _try(self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None) -> list[Any]:
+        connections = self._connections()
+        deadline = time.monotonic() + max(timeout, 0.001)
+        try:
+            # take/give rather than connection(): a busy worker makes this call per job.
+            connection, generation = connections.take(deadline)
+            clean = False
+            try:
+                rendering = self._rendering or self._probe_on(connections, connection, deadline)
+                commands = [rendering.command(call.args) for call in calls]
+                replies = connections.round_trip(connection, commands, deadline, cutter)
+                if any(_missing(reply) for reply in replies):
+                    self._load_on(connections, connection, rendering, calls, replies, deadline)
+                clean = True
+            finally:
+                connections.give(connection, generation, clean)
+        except NotSent:
+            raise
+        except (redis.TimeoutError, redis.ConnectionError):
+            connections.drop_idle()
+            raise
+        return replies
+
+    def _bounded(self) -> bool:
+        """Whether this client's worker commands go through bounded attempts (a plain pooled Redis)."""
+        r = self.redis
+        return isinstance(r, redis.Redis) and r.connection is None
+
+    def _connections(self) -> WorkerConnections:
+        connections = self._pool
+        if connections is None:
+            connections = self._pool = WorkerConnections(cast("redis.Redis", self.redis).connection_pool)
+        return connections
+
+    def _reserve(self, n: int) -> None:
+        """A worker's share of the bounded attempts' connections (its slots and its own loops)."""
+        if self._bounded():
+            self._connections().reserve(n)
+
+    def _unreserve(self, n: int) -> None:
+        if self._pool is not None:
+            self._pool.unreserve(n)
+
+    def _subscriber(self, confirmations: bool = False) -> Any:
+        """A PubSub for a worker's pushed cancels or a result wait: bounded like the worker's attempts
+        where they are bounded (a wait then does its own reconnecting, within its deadline)."""
+        if self._bounded():
+            return self._connections().subscriber(confirmations)
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
+
+    def _distrust(self) -> None:
+        """Something suggests the connections are half-open (a dead subscription): open fresh ones."""
+        if self._pool is not None:
+            self._pool.drop_idle()
+
+    def _probe_on(self, connections: WorkerConnections, connection: Any, deadline: float) -> Rendering:
+        """``_render`` for a bounded attempt: the backend probe on the attempt's own connection."""
+        (reply,) = connections.round_trip(connection, [PROBE], deadline)
+        rendering = self._rendering = Rendering(
+            backend_from_probe(None if isinstance(reply, ResponseError) else reply), self._limits
+        )
+        return rendering
+
+    def _load_on(
+        self,
+        connections: WorkerConnections,
+        connection: Any,
+        rendering: Rendering,
+        calls: list[proto.Call[Any]],
+        replies: list[Any],
+        deadline: float,
+    ) -> None:
+        """The node lacked the scripts (nothing ran): load them on this connection, send those calls again."""
+        load = rendering.load()
+        if load is not None:
+            (loaded,) = connections.round_trip(connection, [load], deadline)
+            if isinstance(loaded, ResponseError) and load_refused(loaded):  # no FUNCTION LOAD here: EVAL
+                rendering = self._rendering = rendering.as_eval()
+        again = [i for i, reply in enumerate(replies) if _missing(reply)]
+        commands = [rendering.again(rendering.command(calls[i].args)) for i in again]
+        for i, reply in zip(again, connections.round_trip(connection, commands, deadline), strict=True):
+            replies[i] = reply
+
+    def extend(self, queue: str, job_id: JobId, token: str, lease_ms: int) -> None:
+        """Checkpoint the lease: the job's deadline becomes server-now + ``lease_ms``.
+
+        ``token`` is the fencing token the caller got when it claimed the job
+        (``Job.token``).  Raises ``JobGone`` if the row no longer exists and ``StaleToken``
+        if another attempt holds the job or it is no longer active; both are
+        ``LeaseLost``: the handler should stop.
+        """
+        self._run(proto.extend(queue, job_id, token, lease_ms))
+
+    def extend_many(
+        self, queue: str, jobs: Iterable[tuple[JobId, str]], lease_ms: int
+    ) -> list[ExtendOutcome]:
+        """Checkpoint the leases of many jobs in one round trip.
+
+        ``jobs`` is ``(job_id, token)`` pairs; the answer is one
+        ``ExtendOutcome`` (OK, GONE, STALE) per pair, in the same order.  Each
+        job is one EMQ.EXTEND with its own contract (pipelined, not a
+        transaction): a lost lease is an outcome, not an exception.  Arguments
+        are checked before anything is sent.  Any other server error
+        (WRONGTYPE, an unknown command) is raised after the round trip; the
+        extensions before it in the batch have been applied.
+        """
+        calls = proto.extend_batch(queue, jobs, lease_ms)
+        if not calls:
+            return []
+        replies = self._pipeline_run(calls)
+        return [proto.extend_outcome(call, reply) for call, reply in zip(calls, replies, strict=True)]
+
+    def checkpoint(
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        lease_ms: int,
+        *,
+        state: bytes | None = None,
+        progress: bytes | str | None = None,
+    ) -> Cancellation | None:
+        """``extend`` that also delivers remote cancels: the Cancellation requested, or None.
+
+        Same lease effect and the same ``JobGone``/``StaleToken`` as ``extend``.
+        With ``state``, the bytes are stored on the job in the same atomic
+        step (fenced like the lease): the next claim of the job, after a
+        crash, hands them back as ``Job.resume_state``.  With ``progress``
+        (bytes, or a str as UTF-8), they are stored the same way for anyone
+        to read (``JobInfo.progress``).  Each at most the server's
+        ``emq.max-state-bytes``.
+        """
+        return self._run(proto.checkpoint(queue, job_id, token, lease_ms, state, progress))
+
+    def sweep(self, queue: str, max_stalled: int = 1, limit: int = 100) -> SweepResult:
+        """Recover the jobs whose lease lapsed, dead-lettering those at ``max_stalled`` stalls.
+
+        At most ``limit`` jobs are taken per call, oldest deadline first.
+        """
+        return self._run(proto.sweep(queue, max_stalled, limit))
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: bytes | str = b"",
+        job_id: JobId | None = None,
+        *,
+        delay_ms: int | None = None,
+        run_at_ms: int | None = None,
+        priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
+    ) -> Enqueued:
+        """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
+
+        The row and the lane entry are written by one EMQ.ENQUEUE, atomically.
+        The job is claimable at once, or ``delay_ms`` after now, or from
+        ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
+        the server's clock.  ``priority`` (from -1000 to 1000, default 0):
+        smaller runs first, first in first out within a level; a delayed job
+        takes its place in its level when it comes due.  The payload is at
+        most the server's ``emq.max-payload-bytes`` (1 MiB by default).
+        Raises ``JobExists`` if a job with that id already exists.  A fresh
+        REQ per call: after a lost reply the call is sent again, within 30 s
+        of its first send, and the server answers the resend from the call's
+        record (docs/reference/python.md, "Retries").
+
+        ``unique_key`` (1 to 512 bytes): at most one job of the queue holds
+        the key -- while it is pending or active, or with ``unique_for_ms``
+        for that many ms from its enqueue whatever it does (a throttle).
+        While it is held, the call adds nothing and returns the holder's
+        id; ``replace=True`` gives a pending holder this call's payload
+        (docs/concepts/unique.md).  The returned ``Enqueued`` is a ``str``
+        (the id) with ``.created`` (this call added the job) and
+        ``.replaced``.
+        """
+        call = proto.enqueue(
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
+        )
+        return self._run_request(call)
+
+    def enqueue_many(
+        self,
+        queue: str,
+        items: Iterable[EnqueueItem],
+        *,
+        delay_ms: int | None = None,
+        priority: int | None = None,
+    ) -> list[str]:
+        """Add many jobs in few round trips; returns their ids, in order.
+
+        Each item is a payload (the job gets a new id) or a ``(job_id,
+        payload)`` pair.  One EMQ.ENQUEUEMANY per 10,000 jobs (fewer when the
+        server's ``emq.max-limit`` is lower: a refused call is halved), each
+        all or nothing: ``JobExists`` when an id of that chunk exists (the
+        chunks before it were added).  Ids must be distinct (``ValueError``
+        before anything is sent).  ``delay_ms`` and ``priority`` apply to
+        every job alike; the jobs enter their lane in the order given.
+        """
+        ids: list[str] = []
+        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority)
+        while calls:
+            call = calls.pop(0)
+            try:
+                added: list[str] = self._run_request(call)
+            except ResponseError as exc:  # emq.max-limit below 10,000: halve, nothing was written
+                if not proto.over_max_limit(exc) or int(call.args[3]) < 2:
+                    raise
+                calls[:0] = proto.enqueue_many_halves(call)
+                continue
+            ids += added
+        return ids
+
+    # -- schedules (echomq/schedules.py holds the rules) -----------------------------
+
+    def schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        payload: bytes | str = b"",
+        tz: str = "UTC",
+        start_at: int | datetime | None = None,
+        end_at: int | datetime | None = None,
+        missed: str = "skip",
+    ) -> ScheduleInfo:
+        """Add (or replace) the schedule ``name`` of ``queue``: a job on every tick.
+
+        Exactly one of ``cron`` (five fields, or six with seconds first; in
+        the time zone ``tz``, an IANA name) and ``every_ms`` (ticks at
+        multiples of the period since ``start_at``, or since the epoch).  Each
+        tick enqueues one job with ``payload`` and the id ``<name>@<tick ms>``,
+        once whatever the number of drivers (every worker's sweep and every
+        ``Reaper`` drive their queue's schedules).  No tick before
+        ``start_at`` or after ``end_at`` (epoch ms or an aware datetime), none
+        before now.  ``missed`` says what a drive does with ticks missed
+        while no driver ran (docs/concepts/schedules.md): ``"skip"`` none of
+        them, ``"one"`` only the latest, ``"all"`` every one (at most 1,000).
+        Replacing a schedule with the same timing keeps its cursor: a tick
+        already consumed never runs again (with a new timing, ticks start
+        after now).  Raises ``BadSchedule`` (a ``ValueError``) for a bad
+        definition, before anything is written.  Returns the stored schedule.
+        """
+        definition = schedule_rules.define(
+            name, cron=cron, every_ms=every_ms, payload=payload, tz=tz,
+            start_at=start_at, end_at=end_at, missed=missed,
+        )  # fmt: skip
+        proto.keys_of(queue)
+        return _schedules.add(self, queue, definition)
+
+    def unschedule(self, queue: str, name: str) -> bool:
+        """Remove the schedule ``name`` of ``queue``; False if there was none.  Jobs it enqueued stay."""
+        proto.keys_of(queue)
+        return _schedules.remove(self, queue, name)
+
+    def schedules(self, queue: str) -> list[ScheduleInfo]:
+        """The schedules of ``queue`` (by name): definition, cursor, next ticks, jobs fired."""
+        proto.keys_of(queue)
+        return _schedules.listing(self, queue)
+
+    def drive_schedules(self, queue: str) -> DriveResult:
+        """Fire the due ticks of ``queue``'s schedules now; what workers and reapers do on their sweeps.
+
+        Safe to call from any number of processes at once: each tick's job is
+        enqueued once.  Returns the ids enqueued and the count of missed
+        ticks dropped.
+        """
+        proto.keys_of(queue)
+        return _schedules.drive(self, queue)
+
+    def _claim(
+        self,
+        queue: str,
+        lease_ms: int,
+        count: int,
+        block_ms: int | None,
+        wait: proto.ReplicaWait | None = None,
+    ) -> list[Job]:
+        if wait is not None:
+            self._check_wait(wait)
+        jobs = self._claim_jobs(queue, lease_ms, count, block_ms)
+        return jobs if wait is None else self._wait_for_replicas(jobs, lease_ms, wait)
+
+    def _claim_jobs(self, queue: str, lease_ms: int, count: int, block_ms: int | None) -> list[Job]:
+        if block_ms is None:
+            return self._run(proto.claim(queue, lease_ms, count))
+        if (self._render()).name == "scripts":  # a script cannot wait: poll, with backoff
+            poll = ClaimPoll(block_ms, time.monotonic())
+            proto.claim(queue, lease_ms, count, block_ms)  # the arguments, checked before anything is sent
+            while not (jobs := self._run(proto.claim(queue, lease_ms, count))):
+                if (pause := poll.next_pause(time.monotonic())) is None:
+                    break
+                time.sleep(pause)
+            return jobs
+        plan = proto.BlockingClaim(block_ms, proto.socket_timeout_of(self.redis), time.monotonic())
+        proto.claim(queue, lease_ms, count)  # the arguments, checked before anything is sent
+        while (wait := plan.next_wait(time.monotonic())) is not None:
+            sent = time.monotonic()
+            jobs = self._run(proto.claim(queue, lease_ms, count, wait))
+            if jobs or plan.ended(wait, sent, time.monotonic()):
+                return jobs
+        return []
+
+    def claim(
+        self,
+        queue: str,
+        lease_ms: int,
+        *,
+        block_ms: int | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
+    ) -> Job | None:
+        """Take the next pending job and lease it for ``lease_ms``; None when none is claimable.
+
+        The most urgent job: smaller priorities first, first in, first out
+        within a level (a job given back or recovered at the head of its
+        level).  The Job carries its payload: one round trip.  With ``block_ms``, waits up to
+        that long (0: no limit) for a job, on the server (EMQ.CLAIM ... BLOCK):
+        waiting claims are served first come, first served, and cost no
+        commands while they wait.  A wait is cut into commands that each end
+        before the connection's ``socket_timeout`` (redis-py 8's default is
+        5 s: one command per 4 s; with ``socket_timeout=None``, one for the
+        whole wait).  Safe to retry: a claim whose reply was lost is answered
+        again with the same job, not another.  ``Unblocked`` when the server
+        ends the wait (``CLIENT UNBLOCK ... ERROR``, a failover).
+
+        The job's ``token`` is a ``str``, ``"<attempts>-<16 hex digits>"``:
+        the claim's number over the job's life and a random part the server
+        draws for this claim alone.  Hand it back unchanged to extend,
+        checkpoint, complete, fail and release; compare it only for equality.
+
+        With ``replicas=N`` (N >= 1) the claim returns only once N replicas
+        have acknowledged it (``WAIT N replicas_timeout_ms``, after an
+        extension of the job's lease on the same connection, so that the
+        wait covers the claim however it was answered; with
+        ``replicas_aof=True`` also ``WAITAOF 0 N replicas_timeout_ms``: the
+        replicas wrote it to their append-only file).  If they do not in
+        time, the job is given back (RELEASE: pending again, at the head of
+        the queue, no try used) and ``NotReplicated`` is raised.  This makes
+        a re-run after a failover less likely (the promoted replica knows
+        the claim, so the job is not handed to a second worker while the
+        first still runs it); it does not make the claim durable (a failover
+        during the wait can still lose it) and delivery stays at least once.
+        ``replicas_timeout_ms`` must be shorter than the connection's
+        ``socket_timeout``; ``replicas_aof`` needs WAITAOF (Redis 7.2+,
+        Valkey 8+: ``BadArgument`` before anything is claimed elsewhere).
+        Needs a ``redis.Redis`` client (not Redis Cluster).
+        """
+        wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        jobs = self._claim(queue, lease_ms, 1, block_ms, wait)
+        return jobs[0] if jobs else None
+
+    def claim_many(
+        self,
+        queue: str,
+        lease_ms: int,
+        count: int,
+        *,
+        block_ms: int | None = None,
+        replicas: int = 0,
+        replicas_timeout_ms: int = 1000,
+        replicas_aof: bool = False,
+    ) -> list[Job]:
+        """Take up to ``count`` jobs in one round trip (in claim order); [] when none is claimable.
+
+        ``block_ms`` waits as in ``claim``, and returns as soon as at least
+        one job is claimable.  ``replicas`` and its companions as in
+        ``claim``: one wait covers every job of the call, and a wait that
+        runs out gives them all back.
+        """
+        wait = proto.replica_wait(replicas, replicas_timeout_ms, replicas_aof)
+        return self._claim(queue, lease_ms, count, block_ms, wait)
+
+    def _check_wait(self, wait: proto.ReplicaWait) -> None:
+        """Before anything is claimed: a client and a server that can wait as asked."""
+        if not isinstance(self.redis, redis.Redis):
+            raise ValueError("replicas= needs a redis.Redis client (a master with replicas)")
+        proto.check_wait_fits(wait, proto.socket_timeout_of(self.redis))
+        if wait.aof:
+            if self._waitaof is None:
+                try:
+                    self.redis.execute_command(*proto.waitaof_probe())  # type: ignore[no-untyped-call]
+                    self._waitaof = True
+                except ResponseError as exc:
+                    if not proto.probe_says_no_waitaof(exc):
+                        raise
+                    self._waitaof = False
+            if not self._waitaof:
+                raise proto.no_waitaof()
+
+    def _wait_for_replicas(self, jobs: list[Job], lease_ms: int, wait: proto.ReplicaWait) -> list[Job]:
+        """The claimed ``jobs`` once ``wait.replicas`` replicas have them; else given back, ``NotReplicated``.
+
+        One pipeline, one connection: each job's lease extended one
+        millisecond past the claim's (a write newer than the claim, however
+        the claim was answered), then WAIT (and WAITAOF), which count the
+        replicas that acknowledged this connection's last write.
+        """
+        if not jobs:
+            return jobs
+        held, acked, cause = list(jobs), 0, None
+        try:
+            for past_ms in (1, 2):  # 2: again, past the extension that loaded the script
+                calls = proto.held_extensions(jobs, lease_ms, past_ms)
+                rendering = self._render()
+                pipe = self.redis.pipeline(transaction=False)
+                for call in calls:
+                    pipe.execute_command(*rendering.command(call.args))
+                for line in wait.commands():
+                    pipe.execute_command(*line)
+                replies = pipe.execute(raise_on_error=False)
+                missing = [c for c, r in zip(calls, replies, strict=False) if _missing(r)]
+                if not missing:
+                    break
+                self._send(missing[0].args)  # nothing ran: load the script (it extends), again
+            held = proto.still_held(jobs, calls, replies[: len(calls)])
+            acked = wait.acked(replies[len(calls) :])
+        except (redis.RedisError, EchoMQError) as exc:  # the wait failed (a dead master, a demoted one)
+            cause = exc
+        if cause is None and acked >= wait.replicas:
+            return held
+        released = []
+        for job in held:
+            try:
+                self.release(job.queue, job.id, job.token)
+                released.append(job.id)
+            except (LeaseLost, redis.RedisError):  # left to its lease (and the reaper)
+                pass
+        raise NotReplicated(
+            f"{acked} of {wait.replicas} replicas acknowledged the claim within {wait.timeout_ms} ms"
+            + (f" ({type(cause).__name__}: {cause})" if cause is not None else "")
+            + f"; given back: {released}",
+            [job.id for job in held],
+            released,
+            acked,
+            wait.replicas,
+        ) from cause
+
+    def complete(self, queue: str, job_id: JobId, token: str, *, result: bytes | str | None = None) -> None:
+        """Mark the job done; only its current holder may (``JobGone``/``StaleToken`` otherwise).
+
+        With ``result`` (bytes, or a str as UTF-8; at most the server's
+        ``emq.max-result-bytes``), it is stored with the job in the same
+        atomic step and kept for the done retention (``JobInfo.result``).
+        The job's end is announced on ``<base>done:<id>``
+        (``echomq._protocol.done_channel``).
+        """
+        self._run(proto.complete(queue, job_id, token, result))
+
+    def result(
+        self, queue: str, job_id: JobId, *, timeout: float | None = None, serializer: Any = None
+    ) -> Any:
+        """Wait for the job's end and return its result's value (a task's: ``echomq.tasks``).
+
+        It subscribes to the job's ``<base>done:<id>``, reads the row, then
+        waits for the announcement; it reads the row again after every new
+        subscription (a dropped connection is subscribed again, within
+        ``timeout``) and every ``echomq.tasks.results.READ_EVERY_S`` (5 s).
+        Raises ``JobFailed`` (dead: type, message, traceback),
+        ``JobCancelled``, ``JobGone`` (no row) or
+        ``ResultTimeout`` (a ``TimeoutError``) after ``timeout`` seconds.
+        ``serializer``: how the result was stored (default
+        ``echomq.tasks.JSON``; a result stored otherwise is refused, so a
+        pickle is read only when ``echomq.tasks.PICKLE`` is given).
+        """
+        from ..tasks.wait import wait_result
+
+        return wait_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or _json())
+
+    def fail(
+        self,
+        queue: str,
+        job_id: JobId,
+        token: str,
+        error: str,
+        max_attempts: int = 3,
+        *,
+        delay_ms: int | None = None,
+        traceback: str | None = None,
+        dead: bool = False,
+    ) -> FailOutcome:
+        """Report the handler's failure; returns where the job went.
+
+        Below ``max_attempts`` attempts it goes back to its lane (behind waiting
+        work), claimable again ``delay_ms`` after now when given (the retry's
+        backoff, e.g. ``RetryPolicy.delay_ms(job.attempt)``); else it is
+        dead-lettered -- at once with ``dead=True``, whatever its tries (the
+        handler knows a retry cannot help); a job with a cancel request ends
+        ``"cancelled"`` (not retried, not counted as failed).  ``error`` is
+        kept in the row's ``last_error`` (one line: ``"Type: message"``),
+        ``traceback`` in ``traceback`` (its newest 8 KiB).  Same fencing as
+        ``complete``.
+        """
+        return self._run(proto.fail(queue, job_id, token, error, max_attempts, delay_ms, traceback, dead))
+
+    def release(self, queue: str, job_id: JobId, token: str) -> ReleaseOutcome:
+        """Give a held job back without using an attempt: ``"pending"``, or ``"cancelled"``.
+
+        For a graceful shutdown or a handler that cannot run the job now: the
+        job waits at the head of the queue again, its retry budget is as it
+        was before this claim, and no stall is counted.  A job whose cancel
+        was requested ends ``"cancelled"`` instead.  Fenced like ``complete``
+        (``JobGone``/``StaleToken``); safe to retry.
+        """
+        return self._run(proto.release(queue, job_id, token))
+
+    def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
+        """Ask for a job to be cancelled, from anywhere; no token needed.
+
+        Returns ``"cancelled"`` if the job was pending (it will never be
+        claimed), ``"requested"`` if it is held (its handler hears of it at the
+        holder's next checkpoint), ``"finished"`` if it is already done, dead
+        or cancelled.  Idempotent; the first reason is kept.  Raises
+        ``JobGone`` for an unknown id.
+        """
+        return self._run(proto.cancel(queue, job_id, reason))
+
+    def close(self) -> None:
+        """Close the redis client's connections (and a worker's own)."""
+        if self._pool is not None:
+            self._pool.close()
+        self.redis.close()
