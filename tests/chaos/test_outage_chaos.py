@@ -66,6 +66,9 @@ MIXED = [("sync", 1), ("asyncio", 1), ("sync", 100), ("asyncio", 500)]
 
 SHORT_LEASE_MS = 1000  # a layout's "+short"
 PREFETCH_MAX_STALLED = 10  # a layout's "+prefetch" (Layout.max_stalled)
+# The scenario's outages that lapse the leases they span: the short stall (on a busy machine),
+# the freeze, the first restart, the long stall, the second restart.
+STALLING_OUTAGES = 5
 # A forced deploy's second SIGTERM, this soon after the worker handled the
 # first: a busy worker is still stopping (its exit status, 128 + SIGTERM,
 # says it was forced).
@@ -87,11 +90,16 @@ class Layout:
     forced: bool = False  # each deploy is a forced stop (SIGTERM twice)
     lease_ms: int = LEASE_MS
     # The reaper's and the workers' max_stalled.  Each of the scenario's outages
-    # (the freeze, the long stall, the restarts) lapses every lease it spans: a
-    # stall by design.  A prefetched job is held through more of them than one
-    # that runs at once, so with prefetch three is reached by design, and the
-    # layout checks the give-backs and the fencing, not the stall budget.
-    max_stalled: int = 3
+    # (the freeze, the long stall, the restarts; the short stall too, on a busy
+    # machine whose keepers run late) lapses every lease it spans: a stall by
+    # design, STALLING_OUTAGES of them.  A job slowed down by a busy machine can
+    # be held through every one (three stalls, at the old budget of 3, made a
+    # job that is not poison dead: the suite failed on a loaded machine), so the
+    # budget is one more than them: the test checks that nothing is lost, the
+    # give-backs and the fencing, and that no job stalled more often than the
+    # outages could make it, not the stall budget (tests/verbs/test_sweep.py).
+    # A prefetched job is held through more of them than one that runs at once.
+    max_stalled: int = 6
 
 
 def layout_of(name: str) -> Layout:
@@ -422,6 +430,8 @@ def test_no_job_is_lost_through_stalls_freezes_restarts_half_open_connections_an
             end = ends.get((jid, row["token"]))
             assert end is not None and end["outcome"] == "returned", (jid, end)
             assert not end["lost"], f"{jid} was completed by a holder that had lost its lease: {end}"
+    worst = max((int(row.get("stalled", "0")) for row in rows.values()), default=0)
+    assert worst <= STALLING_OUTAGES, f"a job stalled {worst} times in {STALLING_OUTAGES} outages"
     for jid in producer.poison - producer.cancel_asked:
         assert rows[jid]["state"] == "dead"
     assert all(s["rejected"] == 0 or s["leases_lost"] >= 0 for s in stats)
