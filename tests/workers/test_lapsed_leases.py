@@ -137,3 +137,68 @@ def test_a_job_swept_while_its_holder_was_cut_off_is_not_given_back_by_it(
     assert after["stalled"] == "1", after
     assert stats.released == 0 and stats.completed == 0 and stats.rejected == 1, stats
     assert no_echomq_threads() == []
+
+
+@pytest.mark.parametrize("driver", ["threads", "asyncio"])
+def test_a_running_worker_gives_back_a_lapsed_job_and_runs_it_again_without_a_stall(
+    server_factory: ServerFactory, driver: str
+) -> None:
+    # The same through run() (the thread worker's turns, the asyncio runners), not work_one():
+    # the give-back goes out on the handler's own thread or in the give-back batch, and once the
+    # server answers again the job is claimed anew and done, its row showing no stall.
+    server = server_factory()
+    r = server.client()
+    echomq.Client(r).enqueue(Q, b"", job_id="J")
+    reasons: list[str | None] = []
+    done = threading.Event()
+
+    def handler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
+        if not reasons:
+            c = cancel.sleep(10.0)
+            reasons.append(c.reason if c is not None else None)
+            return
+        done.set()
+
+    async def ahandler(job: echomq.Job, cancel: echomq.CancelToken) -> None:
+        if not reasons:
+            reasons.append((await asyncio.wait_for(cancel.wait(), 10.0)).reason)
+            return
+        done.set()
+
+    stats: list[echomq.WorkerStats] = []
+
+    def run() -> None:
+        if driver == "threads":
+            client = echomq.Client(redis.Redis.from_url(server.url, socket_timeout=0.4))
+            worker = echomq.Worker(client, Q, handler, lease_ms=LEASE_MS, concurrency=2, reap=False)
+            with worker:
+                done.wait(15.0)
+            stats.append(worker.stats)
+            return
+
+        async def main() -> None:
+            client = emq.Client(redis.asyncio.Redis.from_url(server.url, socket_timeout=0.4))
+            worker = emq.Worker(client, Q, ahandler, lease_ms=LEASE_MS, concurrency=2, reap=False)
+            task = asyncio.create_task(worker.run(handle_signals=False))
+            await asyncio.to_thread(done.wait, 15.0)
+            worker.stop()
+            await task
+            await client.aclose()
+            stats.append(worker.stats)
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 5.0
+    while row(r, "J").get("state") != "active" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(FREEZE_AT_S)
+    with frozen(server):
+        time.sleep(FREEZE_S)
+    thread.join(30.0)
+    assert not thread.is_alive()
+    assert reasons == [echomq.lease.LOST_DEADLINE] and done.is_set()  # lost to its deadline, then run
+    after = row(r, "J")
+    assert after["state"] == "done" and "stalled" not in after, after
+    assert stats[0].leases_lost == 1 and stats[0].released == 1 and stats[0].completed == 1, stats[0]

@@ -150,10 +150,16 @@ class Turns(Finisher[HandlerT]):
         sending to the sender thread: the round trip overlaps the next run.
         """
         if finish.lapsed:  # tried past its lease, on this thread: not in a batch bounded by others'
-            self._finish(finish)
+            try:
+                self._finish(finish)
+            finally:  # its slot is free once its give-back is settled, however that ended
+                with self._turns_lock:
+                    self._slots.ended()
+                    self._turns.notify()
+            return
         with self._turns_lock:
             self._slots.ended()
-            if finish.action is Action.DROP or finish.lapsed:
+            if finish.action is Action.DROP:
                 self._turns.notify()
                 return
             self._pending.append(finish)
