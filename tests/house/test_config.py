@@ -31,6 +31,7 @@ from ..helpers import digest, emq_configs, now_ms, put_active, sweep_args
 pytestmark = [
     needs("module_configs", "the settings are load arguments only (tests/workers/test_load.py)"),
     pytest.mark.smoke,
+    pytest.mark.memcheck,
 ]
 
 DEFAULTS = {

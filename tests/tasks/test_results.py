@@ -24,7 +24,7 @@ from echomq.testing import queue_problems
 from ..conftest import ServerFactory, supports
 from ..helpers import digest, forged_token
 
-pytestmark = [pytest.mark.backends, pytest.mark.smoke]
+pytestmark = [pytest.mark.backends, pytest.mark.smoke, pytest.mark.memcheck]
 
 SMALL = 100  # the ceilings the tests set: emq.max-payload-bytes, emq.max-result-bytes, max-state-bytes
 

@@ -25,7 +25,7 @@ from ..helpers import digest, now_ms, put_active, sweep_args
 from .test_fuzz import Resp
 from .test_metadata import SLOW, SPEC, as_text, command
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 ACL_PAGE = (ROOT / "docs" / "reference" / "acl.md").read_text()
 VERBS = sorted(SPEC)

@@ -31,7 +31,11 @@ from ..examples import DOCS
 from ..helpers import digest
 from .test_metadata import SPEC, as_text, command
 
-pytestmark = [needs("acl_keys", "no key specs, %R~/%W~ or ACL DRYRUN before Redis 7.0"), pytest.mark.smoke]
+pytestmark = [
+    needs("acl_keys", "no key specs, %R~/%W~ or ACL DRYRUN before Redis 7.0"),
+    pytest.mark.smoke,
+    pytest.mark.memcheck,
+]
 
 PAGE = (DOCS / "reference" / "acl.md").read_text()
 FLAG_WORDS = {"RW", "RO", "OW", "RM", "access", "update", "insert", "delete"}

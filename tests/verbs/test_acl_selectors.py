@@ -33,6 +33,7 @@ pytestmark = [
     pytest.mark.backends,
     needs("acl_keys", "ACL selectors and the module's ACL API: Redis 7.0+"),
     pytest.mark.smoke,
+    pytest.mark.memcheck,
 ]
 
 Q = "sel"

@@ -28,6 +28,8 @@ from ..helpers import digest, entries, now_ms, queued
 from .test_core_cffi import Core
 from .test_notifications import captured
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 Q = queue_keys("q")
 MAX_EXACT = 2**53
 

@@ -10,7 +10,7 @@ from echomq.testing import EmbeddedServer
 
 from ..conftest import ServerFactory, needs
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 
 def test_keyspace_names() -> None:

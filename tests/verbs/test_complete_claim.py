@@ -18,7 +18,7 @@ from echomq.keyspace import queue_keys
 from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import digest, now_ms, queued
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.memcheck]
 
 Q = "cc"
 K = queue_keys(Q)

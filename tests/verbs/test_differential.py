@@ -55,7 +55,7 @@ from echomq.testing import server_wrapper
 from ..helpers import now_ms
 from ..seed_scripts import EXTEND_LUA, EXTEND_LUA_ORIGINAL, SWEEP_LUA
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 LUA, NATIVE = queue_keys("lua"), queue_keys("native")
 IDS = ["a", "b", "c", "d", "e", "f", "g", "h", "ünï", "with space", "x:y"]

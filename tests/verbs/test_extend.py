@@ -10,7 +10,7 @@ from echomq.keyspace import queue_keys
 
 from ..helpers import digest, extend_args, now_ms, put_active
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 Q = "mail"
 

@@ -27,7 +27,7 @@ from echomq.testing import EmbeddedServer
 from ..helpers import digest, now_ms
 from .test_core_cffi import Core, core  # noqa: F401  (the session fixture, used by name)
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.memcheck]
 
 
 def limit(r: redis.Redis, queue: str, *args: object) -> list[int]:

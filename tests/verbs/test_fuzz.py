@@ -41,6 +41,8 @@ from ..conftest import debug_args
 from ..examples import reference_text
 from ..helpers import cluster_args
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_EXAMPLES", "2500"))
 BUDGET_S = float(os.environ.get("ECHOMQ_FUZZ_SECONDS", "60"))
 MIB = 1 << 20

@@ -32,6 +32,8 @@ from hypothesis import strategies as st
 from ..conftest import supports
 from .test_fuzz import BASES, GOOD_NUMBERS, IDS, MALFORMED, FuzzServer, Resp, ServerError, keyspace, short
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_CLAIM_PATH_EXAMPLES", "1200"))
 WAIT_EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_WAIT_EXAMPLES", "150"))
 BUDGET_S = float(os.environ.get("ECHOMQ_FUZZ_SECONDS", "60"))

@@ -45,6 +45,8 @@ from .test_fuzz import (
     short,
 )
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 EXAMPLES = int(os.environ.get("ECHOMQ_FUZZ_LIFECYCLE_EXAMPLES", "1500"))
 BUDGET_S = float(os.environ.get("ECHOMQ_FUZZ_SECONDS", "60"))
 STATS: Counter[str] = Counter()

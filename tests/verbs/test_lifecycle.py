@@ -11,7 +11,7 @@ from echomq.keyspace import queue_keys
 from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import assert_token, digest, entries, forged_token, now_ms, put_active, put_waiting
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 Q = "work"
 K = queue_keys(Q)

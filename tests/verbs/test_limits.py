@@ -38,7 +38,7 @@ from echomq.testing import EmbeddedServer, server_wrapper
 from ..conftest import ServerFactory, supports
 from ..helpers import digest, queued
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 Q = "lim"
 K = queue_keys(Q)

@@ -32,7 +32,7 @@ from echomq.testing import EmbeddedServer
 from ..conftest import MODULE_DIR, ServerFactory, engine_cli, module_command_args, needs, supports
 from ..helpers import digest
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 Q = "emq:{q}:"
 RW_UPDATE, RO_ACCESS = ["RW", "update"], ["RO", "access"]

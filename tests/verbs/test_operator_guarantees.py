@@ -33,6 +33,8 @@ from echomq.testing import EmbeddedServer, queue_problems
 from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import digest, now_ms
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 Q = queue_keys("q")
 MARKER = "echomq-operator-marker"
 Event = tuple[str, str]

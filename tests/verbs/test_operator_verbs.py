@@ -20,6 +20,8 @@ from echomq.testing import queue_problems
 
 from ..helpers import digest, entries, now_ms, queued
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 Q = queue_keys("q")
 
 NO_STATE = "EMQSTATE the job is {}: only a dead or cancelled job can be retried"

@@ -12,7 +12,7 @@ import echomq
 from echomq.keyspace import queue_keys
 from echomq.testing import queue_problems
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.memcheck]
 
 PAYLOADS = {
     "empty": b"",

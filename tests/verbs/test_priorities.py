@@ -21,7 +21,7 @@ from echomq.testing import EmbeddedServer, queue_problems
 
 from ..helpers import SEQ_LIMIT, digest, entries, now_ms
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.memcheck]
 
 LEVELS = [-1000, -7, -1, 0, 0, 0, 1, 2, 1000]
 

@@ -15,7 +15,7 @@ from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import digest, extend_args, now_ms, put_active, sweep_args
 from ..traffic import EXTEND_FROM_LUA, assert_covers_everything, run_traffic
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 # A replica's first sync waits 5 s by default for more replicas to join.
 FAST_SYNC = ["--repl-diskless-sync-delay", "0"]

@@ -32,7 +32,7 @@ from echomq.testing import EmbeddedServer
 from ..conftest import supports
 from ..helpers import digest, entries, queued
 
-pytestmark = [pytest.mark.backends, pytest.mark.smoke]
+pytestmark = [pytest.mark.backends, pytest.mark.smoke, pytest.mark.memcheck]
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from echomq.testing import EmbeddedServer
 
 from ..helpers import digest, entries, extend_args, now_ms, put_active, queued, sweep_args
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 Q = "mail"
 META_NOT_INTEGER = r"^the queue's meta hash holds a setting that is not an integer$"

@@ -23,7 +23,7 @@ from echomq.testing import EmbeddedServer, queue_problems
 
 from ..helpers import entries, now_ms
 
-pytestmark = [pytest.mark.backends, pytest.mark.smoke]
+pytestmark = [pytest.mark.backends, pytest.mark.smoke, pytest.mark.memcheck]
 
 BOUND = 1000  # EMQ_DROP_MAX and EMQ_PROMOTE_MAX (module/emq_core.h; the prelude's twins)
 

@@ -25,7 +25,7 @@ from echomq.testing import EmbeddedServer, queue_problems
 from ..conftest import needs
 from ..helpers import digest
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.memcheck]
 
 
 def ukey(queue: str, key: str) -> str:

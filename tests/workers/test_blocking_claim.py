@@ -38,6 +38,8 @@ from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import digest, entries, now_ms
 from ..verbs.test_notifications import captured
 
+pytestmark = pytest.mark.memcheck  # make -C module check runs it under valgrind
+
 Q = queue_keys("q")
 # Under the memory checker (tests/memcheck.py) every server is many times
 # slower: time bounds stretch, and the tests that measure time are skipped.

@@ -14,7 +14,7 @@ from echomq.keyspace import queue_keys
 from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import digest, entries, forged_token, now_ms
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 Q = "remote"
 K = queue_keys(Q)

@@ -111,6 +111,7 @@ def test_rate_limited_checks_its_argument() -> None:
     assert echomq.RateLimited(250).ms == 250
 
 
+@pytest.mark.memcheck  # make -C module check runs it under valgrind
 def test_release_backoff_is_one_atomic_step(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue(Q, b"", job_id="a")
     job = client.claim(Q, 60_000)

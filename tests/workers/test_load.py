@@ -25,7 +25,7 @@ from ..conftest import MODULE_DIR, ServerFactory, module_command_args, supports
 from ..helpers import emq_configs, put_active, sweep_args
 from ..helpers import now_ms as server_ms
 
-pytestmark = pytest.mark.smoke
+pytestmark = [pytest.mark.smoke, pytest.mark.memcheck]
 
 LIMIT_ERROR = "limit exceeds the server's emq.max-limit"  # redis-py drops the "ERR "
 
