@@ -141,17 +141,7 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 # The debts of 2026-12-02 (issue 40 pays them): each cycle as its modules.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset(
-        {
-            "echomq.tasks.aio",
-            "echomq.tasks.app",
-            "echomq.tasks.dispatch",
-            "echomq.tasks.isolated",
-            "echomq.tasks.task",
-        }
-    ),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 # (importer, imported): an import that runs up a layer, or across from one driver to its twin.
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("echomq._runtime.finish", "echomq.metrics"),

@@ -12,7 +12,7 @@ from .._protocol import JobId
 from .._runtime import JobSettings, check_seconds
 from ..asyncio._reach import wait_for_server
 from ..retry import RetryPolicy
-from .app import AppCore, _nothing
+from .core import AppCore, _nothing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
 from .isolated import check_import_path, defined_in

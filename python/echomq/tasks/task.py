@@ -14,20 +14,47 @@ import datetime
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
 from .. import _protocol as proto
 from .._protocol import JobId
 from .._runtime import JobSettings, check_int
 from .envelope import encode_call
 from .handle import AsyncTaskHandle, TaskHandle
+from .hooks import TaskHook
 from .serializers import Serializer
 
 if TYPE_CHECKING:
-    from .aio import AsyncApp
-    from .app import App, AppCore
+    from .._sync.client import Client
+    from ..asyncio.client import Client as AsyncClient
 
 __all__ = ["AsyncTask", "EnqueueOptions", "Task", "TaskCore"]
+
+
+# What a task needs of its app, named here, not imported: the apps (core.py, app.py, aio.py) make
+# tasks, so they import this module, never the other way round.
+class AppCore(Protocol):
+    """What a task needs of any app (``core.AppCore`` has it): its serializer and hooks."""
+
+    @property
+    def serializer(self) -> Serializer: ...
+
+    @property
+    def hooks(self) -> Sequence[TaskHook]: ...
+
+
+class App(AppCore, Protocol):
+    """What a ``Task`` needs of an ``echomq.App``: its client too."""
+
+    @property
+    def client(self) -> Client: ...
+
+
+class AsyncApp(AppCore, Protocol):
+    """What an ``AsyncTask`` needs of an ``echomq.asyncio.App``: its asyncio client too."""
+
+    @property
+    def client(self) -> AsyncClient: ...
 
 P = ParamSpec("P")
 R = TypeVar("R")
