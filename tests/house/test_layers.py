@@ -144,10 +144,6 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 KNOWN_CYCLES: set[frozenset[str]] = set()
 # (importer, imported): an import that runs up a layer, or across from one driver to its twin.
 KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("echomq._runtime.finish", "echomq.metrics"),
-    ("echomq._runtime.lease", "echomq.metrics"),
-    ("echomq._runtime.sweep", "echomq.metrics"),
-    ("echomq._runtime.worker", "echomq.metrics"),
     ("echomq.asyncio.client", "echomq.tasks.serializers"),
     ("echomq.asyncio.client", "echomq.tasks.wait"),
     ("echomq._sync.client", "echomq.tasks.serializers"),
