@@ -11,9 +11,10 @@
     app.enqueue("send_mail", "bob@example.com", subject="hi")     # by name, without the function
     app.worker().run()                                            # every queue of the app's tasks
 
-``AppCore`` (``core.py``) holds what both apps share (the tasks by name, the serializers,
-the checks); ``App`` and ``echomq.asyncio.App`` (``aio.py``) add the
-client's calls.
+``AppCore`` and ``TaskCore`` (``core.py``) hold what both apps and both
+kinds of task share (the tasks by name, the serializers, the checks);
+``App`` and its ``Task`` here, ``echomq.asyncio.App`` and its ``AsyncTask``
+(``aio.py``), add the client's calls.
 """
 
 from __future__ import annotations
@@ -21,26 +22,26 @@ from __future__ import annotations
 import datetime
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
 from .._runtime import JobSettings, check_seconds
 from .._sync._reach import wait_for_server
 from ..retry import RetryPolicy
-from .core import AppCore, _nothing
+from .core import AppCore, EnqueueOptions, TaskCore, _nothing
 from .dispatch import Dispatcher
 from .handle import TaskHandle
 from .isolated import check_import_path, defined_in
 from .serializers import JSON, Serializer
-from .task import EnqueueOptions, Task, TaskCore
 
 if TYPE_CHECKING:
     from .._sync.client import Client
     from .._sync.worker import Worker
     from ..schedules import ScheduleInfo
 
-__all__ = ["App", "AppCore", "TaskWorker"]
+__all__ = ["App", "AppCore", "Task", "TaskWorker"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -323,3 +324,62 @@ class _ByName:
         call = task.enqueue_args(self._options, args, kwargs, queue)
         job_id = app.client.enqueue(**call)
         return TaskHandle(app.client, queue, job_id, app.serializer)
+
+
+class Task(TaskCore, Generic[P, R]):
+    """A function of an ``echomq.App``: ``enqueue(...)`` runs it in a worker; calling it runs it here."""
+
+    app: App
+
+    def __init__(self, app: App, fn: Callable[P, Any], name: str, queue: str, settings: JobSettings,
+                 priority: int | None) -> None:  # fmt: skip
+        super().__init__(app, fn, name, queue, settings, priority)
+        self.fn: Callable[P, Any] = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Run the function here and now (no queue): what it returns (a coroutine for an ``async def``)."""
+        return self.fn(*args, **kwargs)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Enqueue a call with these arguments; a handle on its job (``.id``, ``.result()``)."""
+        return _Bound(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def options(
+        self,
+        *,
+        job_id: JobId | None = None,
+        delay_ms: int | None = None,
+        at: datetime.datetime | float | None = None,
+        priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
+    ) -> _Bound[P, R]:
+        """Enqueue options for the next ``.enqueue(...)``: the job's id, a delay or a time, a priority.
+
+        ``unique_key`` (and ``unique_for_ms``, ``replace``) make the call a
+        unique job (``client.enqueue``'s, docs/concepts/unique.md), over the
+        task's own ``unique=`` key; the handle's ``created`` and ``replaced``
+        say what the call did.
+        """
+        return _Bound(
+            self, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+        )
+
+
+class _Bound(Generic[P, R]):
+    """A task with enqueue options: ``.enqueue(*args, **kwargs)``, ``.options(...)`` again."""
+
+    __slots__ = ("_options", "_task")
+
+    def __init__(self, task: Task[P, R], options: EnqueueOptions) -> None:
+        self._task, self._options = task, options
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
+        """Enqueue a call with these arguments and the options; a handle on its job."""
+        task = self._task
+        job_id = task.app.client.enqueue(**task.enqueue_args(self._options, args, kwargs))
+        return TaskHandle(task.app.client, task.queue, job_id, task.serializer)
+
+    def options(self, **changes: Any) -> _Bound[P, R]:
+        return _Bound(self._task, replace(self._options, **changes))

@@ -18,7 +18,8 @@ an ordinary failure instead (``UnknownTaskRetried``: retried, then dead).
 A payload that is not a task call ends dead at once too (``NonRetryable``).
 
 A dispatcher crosses to a child process by its app's import path
-(``__reduce__``, ``isolated.py``): a worker with ``isolation="process"``
+(``__reduce__``, ``isolated.py``; ``child_dispatcher``, at the end of this
+module, makes it again there): a worker with ``isolation="process"``
 runs it in its children, and a task that asks for a process
 (``@app.task(isolation="process")``) has its jobs run in the dispatcher's
 own children even when the worker runs threads or asyncio.
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .._protocol import Job
 from .._runtime import JobSettings, StoredResult
 from ..errors import NonRetryable
-from .core import AppCore
+from .core import AppCore, TaskCore
 from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call, task_name
 from .isolated import TaskProcesses, check_import_path, import_path_of
 from .serializers import Serializer
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
     from .hooks import TaskHook
-    from .task import TaskCore
 
 __all__ = [
     "AsyncDispatcher", "BadArguments", "Dispatcher", "NotATask", "UnknownTask", "UnknownTaskRetried",

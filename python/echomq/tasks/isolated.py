@@ -45,12 +45,12 @@ if TYPE_CHECKING:
     from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
     from ..cancel import CancelToken
-    from .task import TaskCore
 
 __all__ = ["TaskProcesses", "check_import_path", "defined_in", "import_path_of"]
 
 
-# What this module needs of an app and of its dispatcher, named here, not imported: both use it.
+# What this module needs of an app, its tasks and its dispatcher, named here, not imported: they
+# all use it (core.py, dispatch.py).
 class AppCore(Protocol):
     """Where an app says it lives (``core.AppCore`` has it)."""
 
@@ -61,11 +61,31 @@ class AppCore(Protocol):
     def _defined_in(self) -> str | None: ...
 
 
+class TaskCore(Protocol):
+    """A task, as a child process finds it (``core.TaskCore``): its name, queue, process and function."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def isolation(self) -> str | None: ...
+
+    @property
+    def max_jobs_per_child(self) -> int | None: ...
+
+    @property
+    def _fn(self) -> Callable[..., Any]: ...
+
+
 class DispatchCore(Protocol):
     """A dispatcher (``dispatch.DispatchCore``): the tasks it knows; itself, the handler its children run."""
 
     @property
     def tasks(self) -> Mapping[str, TaskCore]: ...
+
 
 HOW = 'give the app its import path: echomq.App(client, ..., import_path="myapp.tasks:app")'
 
