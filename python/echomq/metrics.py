@@ -49,6 +49,7 @@ from . import _protocol as proto
 from ._protocol import Job, SweepResult
 
 if TYPE_CHECKING:
+    from . import _runtime
     from ._sync.client import Client
 
 __all__ = [
@@ -414,6 +415,10 @@ class Metrics:
             self._add(queue, "cancelled", len(result.cancelled))
         if result.expired:
             self.dead_expired.labels(queue).inc(result.expired)
+
+
+if TYPE_CHECKING:  # what the runtime calls (its interface, echomq._runtime.Metrics): checked by mypy here
+    _IMPLEMENTS: type[_runtime.Metrics] = Metrics
 
 
 def _wait_of(info: Any) -> int | None:

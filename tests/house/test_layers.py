@@ -5,7 +5,9 @@ from the interpreter, not from the design) and under ``TYPE_CHECKING``.  The lay
 bottom first (docs/development.md draws the same map):
 
 0. the rules without I/O: ``_protocol``, ``_runtime``, the errors, the keyspace, the retry
-   policy, cancellation, schedules' rules (``echomq.schedules``), logging, the module's path;
+   policy, cancellation, schedules' rules (``echomq.schedules``), logging, the module's path,
+   a task's serializers, its stored result and the rules of a wait for it (``_serializers``,
+   ``_results``: a client reads results too);
 1. the drivers over them: the sync driver and its asyncio twin (``echomq.asyncio``), which
    are siblings: neither imports the other, what both need lives in layer 0 (or in the
    shared driver helpers listed in ``SHARED``);
@@ -31,6 +33,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "python"
 CORE = (
     "echomq._protocol", "echomq._runtime", "echomq.errors", "echomq.keyspace", "echomq.retry",
     "echomq.cancel", "echomq.schedules", "echomq._log", "echomq._module_so", "echomq._version",
+    # a task's serializers, its stored result and the wait's rules: a client reads results too
+    "echomq._serializers", "echomq._results",
 )  # fmt: skip
 SYNC = (
     "echomq._sync", "echomq.isolation",
@@ -39,8 +43,11 @@ SYNC = (
 )  # fmt: skip
 # Driver helpers both drivers use that belong to neither: redis-py as both use it, the deadline
 # watch (one thread per process over the core's HeldJob), the scripts backend's Lua and its
-# loader, the embedded server for tests and demos.
-SHARED = ("echomq._redis", "echomq._scripts", "echomq._watch", "echomq.scripts", "echomq.testing")
+# loader, the embedded server for tests and demos; the wait for a job's end, over either client.
+SHARED = (
+    "echomq._redis", "echomq._scripts", "echomq._watch", "echomq.scripts", "echomq.testing",
+    "echomq._result_wait",
+)  # fmt: skip
 ASYNC = ("echomq.asyncio",)  # its package's __init__ is the asyncio public face: a tool (below)
 CAPABILITIES = ("echomq.tasks", "echomq.metrics", "echomq.contrib")
 TOOLS = ("echomq.cli", "echomq.dashboard", "echomq._demo", "echomq.__main__", "echomq")
@@ -140,29 +147,10 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return out
 
 
-# The debts of 2026-12-02 (issue 40 pays them): each cycle as its modules.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset(
-        {
-            "echomq.tasks.aio",
-            "echomq.tasks.app",
-            "echomq.tasks.dispatch",
-            "echomq.tasks.isolated",
-            "echomq.tasks.task",
-        }
-    ),
-}
+# The debts of 2026-12-02, all paid (issue 40): each cycle as its modules.
+KNOWN_CYCLES: set[frozenset[str]] = set()
 # (importer, imported): an import that runs up a layer, or across from one driver to its twin.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("echomq._runtime.finish", "echomq.metrics"),
-    ("echomq._runtime.lease", "echomq.metrics"),
-    ("echomq._runtime.sweep", "echomq.metrics"),
-    ("echomq._runtime.worker", "echomq.metrics"),
-    ("echomq.asyncio.client", "echomq.tasks.serializers"),
-    ("echomq.asyncio.client", "echomq.tasks.wait"),
-    ("echomq._sync.client", "echomq.tasks.serializers"),
-    ("echomq._sync.client", "echomq.tasks.wait"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:

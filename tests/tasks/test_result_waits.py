@@ -1,6 +1,6 @@
 """A result wait that loses what it listens on (issue 39, item 4): it still sees its job's end.
 
-A wait hears a job's end on ``<base>done:<id>`` (``echomq.tasks.results``); an
+A wait hears a job's end on ``<base>done:<id>`` (``echomq._results``); an
 announcement published while its subscription was away is gone.  Here the
 waiter reaches the server through a proxy (tests/faults.py) that drops its
 connections and refuses new ones while the job ends, or loses the
@@ -27,7 +27,7 @@ import redis
 import echomq
 import echomq.asyncio as emq
 from echomq import _protocol as proto
-from echomq.tasks import results
+from echomq import _results as results  # the wait's rules (echomq.tasks.results re-exports them)
 from echomq.tasks.results import ResultWait
 from echomq.testing import EmbeddedServer
 

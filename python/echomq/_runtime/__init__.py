@@ -35,6 +35,8 @@ One module per concept (h11 style: feed events, ask what next):
 - ``worker``: ``WorkerCore``, the settings and bookkeeping both ``Worker``
   classes share; each driver subclasses it and adds only its waiting and
   sending (``_init_driver`` makes its events).
+- ``metrics``: ``Metrics``, what the runtime tells a worker's metrics (the
+  interface ``echomq.metrics.Metrics`` implements).
 - ``args``, ``logs``, ``stats``: checked arguments, loggers, ``WorkerStats``.
 
 Every name is re-exported here: ``from echomq._runtime import HeldJob``.
@@ -64,6 +66,7 @@ from .lease import (
     state_refused,
 )
 from .logs import job_fields, lease_log, reaper_log, worker_log
+from .metrics import Metrics
 from .per_job import SETTINGS_HOOK, JobSettings, PerJob, settings_hook
 from .pushes import HEALTH_EVERY_S, PONG_WITHIN_S, SubscriptionHealth
 from .shutdown import FORCE_AFTER_S, FORCE_BUDGET_S, SHUTDOWN, Shutdown, forced_exit
@@ -135,6 +138,7 @@ __all__ = [
     "KeeperCore",
     "LeaseEvent",
     "Leases",
+    "Metrics",
     "PerJob",
     "Progress",
     "ReapSchedule",

@@ -27,8 +27,8 @@ from .stats import WorkerStats
 from .troubles import Troubles
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
     from ..retry import RetryPolicy
+    from .metrics import Metrics
 
 
 def error_text(error: BaseException) -> str:

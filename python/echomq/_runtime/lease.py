@@ -22,7 +22,7 @@ from .logs import job_fields, lease_log
 from .troubles import ATTEMPT_TIMEOUT_S, Troubles
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from .metrics import Metrics
 
 ClientT = TypeVar("ClientT")
 KeeperSelf = TypeVar("KeeperSelf", bound="KeeperCore[Any]")

@@ -15,7 +15,7 @@ from .stats import WorkerStats
 from .troubles import Troubles
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from .metrics import Metrics
 
 ClientT = TypeVar("ClientT")
 

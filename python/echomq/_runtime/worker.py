@@ -22,7 +22,7 @@ from .timeouts import Timing
 from .troubles import Trouble, Troubles
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from .metrics import Metrics
 
 ClientT = TypeVar("ClientT")
 HandlerT = TypeVar("HandlerT")

@@ -35,6 +35,7 @@ from .._protocol import (
 from .._protocol.calls import missing_code
 from .._protocol.unique import Enqueued
 from .._redis import _missing, check_redis_client, connection_defaults, never_reached, unreachable, unwrapped
+from .._result_wait import wait_result
 from .._scripts import (
     PROBE,
     BackendChoice,
@@ -46,6 +47,7 @@ from .._scripts import (
     check_backend,
     load_refused,
 )
+from .._serializers import JSON
 from ..cancel import Cancellation
 from ..errors import EchoMQError, LeaseLost, NotReplicated
 from ..schedules import DriveResult, ScheduleInfo
@@ -76,12 +78,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-def _json() -> Any:
-    from ..tasks.serializers import JSON
-
-    return JSON
-
 
 class Client(OperatorVerbs):
     """EchoMQ's lifecycle commands on one Redis (or Redis Cluster) connection.
@@ -756,9 +752,7 @@ class Client(OperatorVerbs):
         ``echomq.tasks.JSON``; a result stored otherwise is refused, so a
         pickle is read only when ``echomq.tasks.PICKLE`` is given).
         """
-        from ..tasks.wait import wait_result
-
-        return wait_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or _json())
+        return wait_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or JSON)
 
     def fail(
         self,

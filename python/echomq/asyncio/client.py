@@ -44,6 +44,7 @@ from .._redis import (
     unreachable,
     unwrapped,
 )
+from .._result_wait import await_result
 from .._runtime.tries import NotSent
 from .._scripts import (
     PROBE,
@@ -56,6 +57,7 @@ from .._scripts import (
     check_backend,
     load_refused,
 )
+from .._serializers import JSON
 from ..cancel import Cancellation
 from ..errors import EchoMQError, LeaseLost, NotReplicated
 from ..schedules import DriveResult, ScheduleInfo
@@ -677,9 +679,6 @@ class Client(OperatorVerbs):
         self, queue: str, job_id: JobId, *, timeout: float | None = None, serializer: Any = None
     ) -> Any:
         """Wait for the job's end and return its result's value (see ``echomq.Client.result``)."""
-        from ..tasks.serializers import JSON
-        from ..tasks.wait import await_result
-
         return await await_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or JSON)
 
     async def aclose(self) -> None:

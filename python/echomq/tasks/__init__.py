@@ -7,11 +7,14 @@ One worker runs every task of its queues (``app.worker()``,
 ``echomq worker myapp.tasks:app``).  Arguments and results are JSON by
 default (``serializers``).  The pieces, one idea each:
 
-- ``app``/``aio``: the apps and their workers; ``task``: a task and its
-  enqueue options; ``handle``: what enqueue returns;
+- ``core``: what both apps and both kinds of task share (a task's
+  enqueue options too); ``app``/``aio``: the apps, their tasks and their
+  workers; ``handle``: what enqueue returns;
 - ``envelope``: a task job's payload and a stored result, as bytes;
 - ``dispatch``: the handler a worker runs for an app;
-- ``results``: the rules of a wait for a job's end, ``wait``: its drivers.
+- ``results``: the rules of a wait for a job's end, ``wait``: its drivers
+  (a client waits too: they live in ``echomq._results`` and
+  ``echomq._result_wait``, re-exported).
 """
 
 from __future__ import annotations

@@ -1,30 +1,33 @@
-"""``echomq.asyncio.App``: ``echomq.App`` over an asyncio client (``await task.enqueue(...)``)."""
+"""``echomq.asyncio.App`` and its ``AsyncTask``: ``echomq.App`` over an asyncio client, awaited.
+
+The asyncio driver's modules are imported where they are used, not at the
+top: ``echomq.asyncio``'s face imports this module, and so does
+``echomq.tasks`` (for ``AsyncTask``), before that face may have run.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
 from .._runtime import JobSettings, check_seconds
-from ..asyncio._reach import wait_for_server
 from ..retry import RetryPolicy
-from .app import AppCore, _nothing
+from .core import AppCore, EnqueueOptions, TaskCore, _nothing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
 from .isolated import check_import_path, defined_in
 from .serializers import JSON, Serializer
-from .task import AsyncTask, EnqueueOptions, TaskCore
 
 if TYPE_CHECKING:
     from ..asyncio.client import Client
     from ..asyncio.worker import Worker
     from ..schedules import ScheduleInfo
 
-__all__ = ["AsyncApp", "AsyncTaskWorker"]
+__all__ = ["AsyncApp", "AsyncTask", "AsyncTaskWorker"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -194,6 +197,7 @@ class AsyncApp(AppCore):
 
     def worker(self, queues: Iterable[str] | None = None, **settings: Any) -> AsyncTaskWorker:
         """An asyncio worker for every task of ``queues`` (see ``echomq.App.worker``); ``await ....run()``."""
+        from ..asyncio._reach import wait_for_server
         from ..asyncio.worker import Worker
 
         chosen = self._worker_queues(queues)
@@ -224,3 +228,50 @@ class _AsyncByName:
         call = task.enqueue_args(self._options, args, kwargs, queue)
         job_id = await app.client.enqueue(**call)
         return AsyncTaskHandle(app.client, queue, job_id, app.serializer)
+
+
+class AsyncTask(TaskCore, Generic[P, R]):
+    """A function of an ``echomq.asyncio.App``: ``await task.enqueue(...)``."""
+
+    app: AsyncApp
+
+    def __init__(self, app: AsyncApp, fn: Callable[P, Any], name: str, queue: str, settings: JobSettings,
+                 priority: int | None) -> None:  # fmt: skip
+        super().__init__(app, fn, name, queue, settings, priority)
+        self.fn: Callable[P, Any] = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Run the function here and now (no queue)."""
+        return self.fn(*args, **kwargs)
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> AsyncTaskHandle[R]:
+        """Enqueue a call with these arguments; a handle on its job."""
+        return await _AsyncBound(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def options(
+        self,
+        *,
+        job_id: JobId | None = None,
+        delay_ms: int | None = None,
+        at: datetime.datetime | float | None = None,
+        priority: int | None = None,
+        unique_key: str | bytes | None = None,
+        unique_for_ms: int | None = None,
+        replace: bool = False,
+    ) -> _AsyncBound[P, R]:
+        """Enqueue options for the next ``.enqueue(...)`` (see ``Task.options``)."""
+        return _AsyncBound(
+            self, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+        )
+
+
+class _AsyncBound(Generic[P, R]):
+    __slots__ = ("_options", "_task")
+
+    def __init__(self, task: AsyncTask[P, R], options: EnqueueOptions) -> None:
+        self._task, self._options = task, options
+
+    async def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> AsyncTaskHandle[R]:
+        task = self._task
+        job_id = await task.app.client.enqueue(**task.enqueue_args(self._options, args, kwargs))
+        return AsyncTaskHandle(task.app.client, task.queue, job_id, task.serializer)

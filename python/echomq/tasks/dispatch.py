@@ -18,7 +18,8 @@ an ordinary failure instead (``UnknownTaskRetried``: retried, then dead).
 A payload that is not a task call ends dead at once too (``NonRetryable``).
 
 A dispatcher crosses to a child process by its app's import path
-(``__reduce__``, ``isolated.py``): a worker with ``isolation="process"``
+(``__reduce__``, ``isolated.py``; ``child_dispatcher``, at the end of this
+module, makes it again there): a worker with ``isolation="process"``
 runs it in its children, and a task that asks for a process
 (``@app.task(isolation="process")``) has its jobs run in the dispatcher's
 own children even when the worker runs threads or asyncio.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -35,20 +37,19 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .._protocol import Job
 from .._runtime import JobSettings, StoredResult
 from ..errors import NonRetryable
+from .core import AppCore, TaskCore
 from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call, task_name
-from .isolated import TaskProcesses, child_dispatcher, import_path_of
+from .isolated import TaskProcesses, check_import_path, import_path_of
 from .serializers import Serializer
 
 if TYPE_CHECKING:
     from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
-    from .app import AppCore
     from .hooks import TaskHook
-    from .task import TaskCore
 
 __all__ = [
     "AsyncDispatcher", "BadArguments", "Dispatcher", "NotATask", "UnknownTask", "UnknownTaskRetried",
-    "async_context", "context",
+    "async_context", "child_dispatcher", "context", "load_app",
 ]  # fmt: skip
 
 D = TypeVar("D", bound="DispatchCore")
@@ -257,3 +258,70 @@ class AsyncDispatcher(DispatchCore):
             finally:
                 CURRENT.reset(token)
             return self.stored(task, value)
+
+
+# -- in a child process: the dispatcher that crossed by its app's import path (__reduce__) ----------
+
+
+def load_app(path: str) -> AppCore:
+    """The app at ``path`` (``module:attr``), imported here; TypeError if it is no ``echomq.App``."""
+    module, _, attr = check_import_path(path).partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not isinstance(target, AppCore):
+        raise TypeError(f"{path} is not an echomq.App (it is a {type(target).__name__})")
+    return target
+
+
+def child_dispatcher(
+    path: str, modules: tuple[str, ...], names: tuple[str, ...], kind: str = "threads"
+) -> Dispatcher | InChild:
+    """In a child (``Dispatcher.__reduce__``): the app imported, its tasks' modules too, its dispatcher.
+
+    A task the worker knows but the child does not find is said here, at the
+    child's start (the worker refuses to run), not as a job's UnknownTask.
+    ``kind="asyncio"``: an asyncio app's dispatcher, run in the child's loop.
+    """
+    app = load_app(path)
+    for module in modules:  # tasks defined beside the app, in modules that import it
+        importlib.import_module(module)
+    missing = [name for name in names if name not in app.tasks]
+    if missing:
+        raise LookupError(
+            f"{path} has no task {', '.join(map(repr, missing))} in the child process (importing "
+            f"{', '.join((path.partition(':')[0], *modules))} did not define it)"
+        )
+    if kind == "asyncio":
+        return InChild(AsyncDispatcher.of(app, in_child=True))
+    return Dispatcher.of(app, in_child=True)
+
+
+class InChild:
+    """In a child: an asyncio app's dispatcher behind the plain handler the child calls.
+
+    The task sees an ``echomq.asyncio.JobContext`` whose checkpoints and
+    progress, awaited, ask the worker over the pipe (``_AsyncChildKeeper``).
+    """
+
+    def __init__(self, dispatcher: AsyncDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def __call__(self, ctx: JobContext) -> object:
+        from ..asyncio.context import JobContext as AsyncContext
+
+        keeper: Any = _AsyncChildKeeper(ctx._keeper)
+        return asyncio.run(self.dispatcher(AsyncContext(ctx.job, ctx.cancel, keeper)))
+
+
+class _AsyncChildKeeper:
+    """In a child: the pipe's keeper (``echomq.isolation``) awaited, as an asyncio context awaits its own."""
+
+    def __init__(self, keeper: Any) -> None:
+        self._keeper = keeper
+
+    async def _store(self, state: bytes | None) -> bool:
+        return bool(self._keeper._store(state))  # a round trip on the pipe: brief, the child's loop waits
+
+    async def _progress(self, data: bytes) -> None:
+        self._keeper._progress(data)

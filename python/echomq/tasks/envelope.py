@@ -13,7 +13,9 @@ recovery of the job carries them as it carries the arguments.  The name travels 
 decoding the arguments, and ``echomq job --payload`` shows what was called.
 
 A result is ``<serializer>\n<bytes>`` (``json\n42``): whoever reads it knows
-how, and refuses a pickle unless it was given the pickle serializer.
+how, and refuses a pickle unless it was given the pickle serializer.  A
+client reads results too: ``encode_result``, ``decode_result`` and
+``BadTaskPayload`` live in ``echomq._results``, re-exported here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
 
-from .serializers import JSON, Serializer
+from .._results import BadTaskPayload, decode_result, encode_result
+from .serializers import Serializer
 
 __all__ = [
     "MAX_HEADERS",
@@ -46,10 +49,6 @@ _NAME = re.compile(r"[^\s]+")
 MAX_HEADERS = 16
 MAX_HEADER_CHARS = 1024  # a key, or an encoded value (a W3C tracestate is at most 512 characters)
 _KEY = re.compile(r"[a-z][a-z0-9_.-]*")
-
-
-class BadTaskPayload(ValueError):
-    """A payload that is not a task call this worker can read (not a task job, or an unknown serializer)."""
 
 
 def check_name(name: object) -> str:
@@ -160,22 +159,3 @@ def task_name(payload: bytes) -> str | None:
         return parse_call(payload).name
     except BadTaskPayload:
         return None
-
-
-def encode_result(serializer: Serializer, value: Any, name: str) -> bytes:
-    """A task's return value as stored with its job (``SerializationError`` if it cannot be carried)."""
-    return serializer.name.encode() + b"\n" + serializer.dumps(value, f"the result of task {name!r}")
-
-
-def decode_result(data: bytes | None, serializer: Serializer = JSON) -> Any:
-    """A stored result's value: None when there is none; an error for one ``serializer`` cannot read."""
-    if data is None:
-        return None
-    name, newline, body = data.partition(b"\n")
-    if not newline or name.decode("ascii", "replace") != serializer.name:
-        shown = name.decode("ascii", "replace") if newline else "no serializer's"
-        raise BadTaskPayload(
-            f"the result was stored in {shown!r} form; read it with that serializer "
-            f"(this reader uses {serializer.name!r})"
-        )
-    return serializer.loads(body)

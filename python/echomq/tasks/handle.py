@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from .._result_wait import await_result, wait_result
 from .serializers import JSON, Serializer
-from .wait import await_result, wait_result
 
 if TYPE_CHECKING:
     from .._protocol import CancelOutcome, JobInfo

@@ -9,6 +9,9 @@ is where the app lives, ``"module:attr"`` (``App(..., import_path=...)``,
 the CLI's ``echomq worker module:attr``, else found in the globals of the
 module that made the app): the child imports it (and the modules of its
 tasks) and dispatches each job by its task's name, as the worker would.
+This module is the worker's side (the paths, the children's pools); the
+child's side, the app imported and its dispatcher made, is
+``dispatch.child_dispatcher``, beside the ``__reduce__`` it undoes.
 
 Two ways in:
 
@@ -29,10 +32,9 @@ the lease is (``_LoopKeeper``).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -43,11 +45,47 @@ if TYPE_CHECKING:
     from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
     from ..cancel import CancelToken
-    from .app import AppCore
-    from .dispatch import AsyncDispatcher, DispatchCore, Dispatcher
-    from .task import TaskCore
 
-__all__ = ["TaskProcesses", "check_import_path", "defined_in", "import_path_of", "load_app"]
+__all__ = ["TaskProcesses", "check_import_path", "defined_in", "import_path_of"]
+
+
+# What this module needs of an app, its tasks and its dispatcher, named here, not imported: they
+# all use it (core.py, dispatch.py).
+class AppCore(Protocol):
+    """Where an app says it lives (``core.AppCore`` has it)."""
+
+    @property
+    def import_path(self) -> str | None: ...
+
+    @property
+    def _defined_in(self) -> str | None: ...
+
+
+class TaskCore(Protocol):
+    """A task, as a child process finds it (``core.TaskCore``): its name, queue, process and function."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def isolation(self) -> str | None: ...
+
+    @property
+    def max_jobs_per_child(self) -> int | None: ...
+
+    @property
+    def _fn(self) -> Callable[..., Any]: ...
+
+
+class DispatchCore(Protocol):
+    """A dispatcher (``dispatch.DispatchCore``): the tasks it knows; itself, the handler its children run."""
+
+    @property
+    def tasks(self) -> Mapping[str, TaskCore]: ...
+
 
 HOW = 'give the app its import path: echomq.App(client, ..., import_path="myapp.tasks:app")'
 
@@ -104,74 +142,6 @@ def importable_tasks(tasks: Iterable[TaskCore]) -> list[TaskCore]:
                 "processes do not run; put it in a module of its own"
             )
     return found
-
-
-def load_app(path: str) -> AppCore:
-    """The app at ``path`` (``module:attr``), imported here; TypeError if it is no ``echomq.App``."""
-    from .app import AppCore
-
-    module, _, attr = check_import_path(path).partition(":")
-    target: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    if not isinstance(target, AppCore):
-        raise TypeError(f"{path} is not an echomq.App (it is a {type(target).__name__})")
-    return target
-
-
-def child_dispatcher(
-    path: str, modules: tuple[str, ...], names: tuple[str, ...], kind: str = "threads"
-) -> Dispatcher | InChild:
-    """In a child (``Dispatcher.__reduce__``): the app imported, its tasks' modules too, its dispatcher.
-
-    A task the worker knows but the child does not find is said here, at the
-    child's start (the worker refuses to run), not as a job's UnknownTask.
-    ``kind="asyncio"``: an asyncio app's dispatcher, run in the child's loop.
-    """
-    from .dispatch import AsyncDispatcher, Dispatcher
-
-    app = load_app(path)
-    for module in modules:  # tasks defined beside the app, in modules that import it
-        importlib.import_module(module)
-    missing = [name for name in names if name not in app.tasks]
-    if missing:
-        raise LookupError(
-            f"{path} has no task {', '.join(map(repr, missing))} in the child process (importing "
-            f"{', '.join((path.partition(':')[0], *modules))} did not define it)"
-        )
-    if kind == "asyncio":
-        return InChild(AsyncDispatcher.of(app, in_child=True))
-    return Dispatcher.of(app, in_child=True)
-
-
-class InChild:
-    """In a child: an asyncio app's dispatcher behind the plain handler the child calls.
-
-    The task sees an ``echomq.asyncio.JobContext`` whose checkpoints and
-    progress, awaited, ask the worker over the pipe (``_AsyncChildKeeper``).
-    """
-
-    def __init__(self, dispatcher: AsyncDispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    def __call__(self, ctx: JobContext) -> object:
-        from ..asyncio.context import JobContext as AsyncContext
-
-        keeper: Any = _AsyncChildKeeper(ctx._keeper)
-        return asyncio.run(self.dispatcher(AsyncContext(ctx.job, ctx.cancel, keeper)))
-
-
-class _AsyncChildKeeper:
-    """In a child: the pipe's keeper (``echomq.isolation``) awaited, as an asyncio context awaits its own."""
-
-    def __init__(self, keeper: Any) -> None:
-        self._keeper = keeper
-
-    async def _store(self, state: bytes | None) -> bool:
-        return bool(self._keeper._store(state))  # a round trip on the pipe: brief, the child's loop waits
-
-    async def _progress(self, data: bytes) -> None:
-        self._keeper._progress(data)
 
 
 class _LoopKeeper:
