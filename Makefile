@@ -55,7 +55,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke unasync compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -75,6 +75,11 @@ PYTEST = $(BIN)/python -m pytest -n 2 --dist loadfile
 
 test: setup lint docs memchecker browser
 	$(BIN)/python -m tests.stages
+
+# The sync twins generated from their asyncio sources (tests/unasync.py; tests/house/test_twins.py
+# fails when one is not up to date).
+unasync: setup
+	$(BIN)/python -m tests.unasync
 
 # One engine's smoke run, e.g. `make smoke ENGINE=redis62`.
 ENGINE ?= redis

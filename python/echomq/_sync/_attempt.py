@@ -16,6 +16,11 @@ with ``NotSent`` (nothing left: a claim's REQ has nothing to resolve).
 
 The read's deadline is set on the socket itself rather than passed to
 ``read_response(timeout=...)``, which redis-py before 6.0 does not take.
+
+Hand-written beside its twin ``asyncio/_attempt.py``, not generated from it
+(``tests/unasync.py``): a thread's try sets a socket timeout for each step of redis-py's
+blocking connection, a task's awaits run under one ``asyncio.timeout``; the pools differ
+as redis-py's two do.
 """
 
 from __future__ import annotations

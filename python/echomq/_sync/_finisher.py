@@ -10,6 +10,10 @@ maxmemory keeps its lease with EXTEND, ``WorkerCore._fail_refused``), and a
 claim whose answer was lost is asked again by its REQ (``_ask_again``; as
 the worker ends, ``_resolve``), its jobs run or given back.  ``worker.py``
 runs the threads; this is the part of its loop that sends, the "finisher".
+
+Hand-written beside its twin ``asyncio/_finisher.py``, not generated from it
+(``tests/unasync.py``): a thread worker's ends ride its threads' turns (``_turns.py``), an
+asyncio worker's are gathered from its runner tasks by the Coalescer (``_together.py``).
 """
 
 from __future__ import annotations

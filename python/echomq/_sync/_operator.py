@@ -5,6 +5,11 @@ A mixin of the client's, apart from the job lifecycle (``client.py``): the
 verbs an operator, the CLI and the dashboard call, each one command (or
 one read of the server's clock and a MULTI) through the client's own
 ``_run``.  ``echomq.asyncio``'s twin is ``asyncio/_operator.py``.
+
+Hand-written beside its twin ``asyncio/_operator.py``, not generated from it
+(``tests/unasync.py``): the code is the same but for ``await``; the docstrings are not
+(the asyncio client's point to the sync client's, as the API reference shows them), nor
+are the types of ``redis``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ itself on a connection it reconnected (where its retries are on, as on a
 cluster client's): its second confirmation says so.  The subscription's connection is its own,
 its every step bounded (``_attempt.SUBSCRIBER_TIMEOUT_S``), and ``close()``
 cuts it: a stopping worker never waits on it.
+
+Hand-written beside its twin ``asyncio/_pushes.py``, not generated from it
+(``tests/unasync.py``): a thread reads the subscription with blocking reads and a timeout,
+a task awaits its messages; the health rules are ``_runtime``'s.
 """
 
 from __future__ import annotations

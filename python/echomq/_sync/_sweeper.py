@@ -7,6 +7,10 @@ worker runs one thread that sweeps its queue every ``reap_interval`` seconds
 (``_runtime.Reaping``), on the worker's own connections, each try bounded
 and cut by the stop.  A separate ``Reaper`` stays optional (a bigger batch,
 its own interval, ``on_sweep``).
+
+Hand-written beside its twin ``asyncio/_sweeper.py``, not generated from it
+(``tests/unasync.py``): a thread with its stop ``Event`` where asyncio has one task,
+cancelled.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""The client: typed wrappers for the EMQ.* commands over redis-py."""
+"""The client: typed wrappers for the EMQ.* commands over redis-py.
+
+Hand-written beside its twin ``asyncio/client.py``, not generated from it
+(``tests/unasync.py``): the methods users call carry their docs in the sync client and
+point there from the asyncio one (the API reference shows both), and a worker's tries are
+bounded by socket timeouts in one and by ``asyncio.timeout`` in the other.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ A job recovered after its holder died (or retried after a failure) is
 handed the state of its last checkpoint: the next attempt goes on from
 there instead of from step 1.  The asyncio twin is
 ``echomq.asyncio.JobContext`` (``await ctx.checkpoint_step(...)``).
+
+Hand-written beside its twin ``asyncio/context.py``, not generated from it
+(``tests/unasync.py``): a sync handler's checkpoints are calls from its own thread, an
+asyncio handler's are awaited in the loop; the sync context carries the docs.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ every held job that is due in one batch: one pipeline per tick, however
 many jobs the worker holds (``_runtime.checkpoint_round``).
 
 The rules are ``_runtime.HeldJob``'s; this file only waits and sends.
+
+Hand-written beside its twin ``asyncio/lease.py``, not generated from it
+(``tests/unasync.py``): a thread per held job with its ``Event`` where asyncio has one
+task checkpointing every held job a tick (``Keepers``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Safe to run on many hosts at once: each sweep is one atomic command, so two
 reapers never recover the same job twice.  The tick's rule (a full batch:
 sweep again, bounded) and the counts are ``_runtime``'s.
+
+Hand-written beside its twin ``asyncio/reaper.py``, not generated from it
+(``tests/unasync.py``): a background thread with ``start``/``stop``/``with`` where asyncio
+has one task and ``async with``; the sync reaper carries the docs.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ by its REQ: ``_settle``); and every command is bounded, by its job's lease
 and by the stop (``WorkerCore._bounded``).  A handler past its timeout and
 its grace is abandoned (``_abandon_overdue``): Python cannot stop its
 thread, which runs on, and another takes its place.
+
+Hand-written beside its twin ``asyncio/worker.py``, not generated from it
+(``tests/unasync.py``): threads that take turns (``_turns.py``) and a supervising
+``run()`` thread, where asyncio has a claimer, runner tasks and a keeper in one loop.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ keeper's batch of checkpoints): no other try takes them, and a lane try
 waiting for a connection goes before every other waiter, so a forced stop's
 give-back never queues behind the traffic it is ending, nor the renewal of
 every held lease behind a dry pool.
+
+Hand-written beside its twin ``_sync/_attempt.py``, not generated from it
+(``tests/unasync.py``): a thread's try sets a socket timeout for each step of redis-py's
+blocking connection, a task's awaits run under one ``asyncio.timeout``; the pools differ
+as redis-py's two do.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ a runner, the unowned ones at the end) go as one pipeline of RELEASEs per
 try (``_give_back_batch``), on the connections the worker keeps for its
 stop (``_attempt.STOP_LANE``): many RELEASEs at once, each waiting for a
 connection of its own, do not fit a forced stop's budget on a busy machine.
+
+Hand-written beside its twin ``_sync/_finisher.py``, not generated from it
+(``tests/unasync.py``): a thread worker's ends ride its threads' turns (``_turns.py``), an
+asyncio worker's are gathered from its runner tasks by the Coalescer (``_together.py``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ does not answer is given up and made again, every held job then
 checkpointed (``_runtime.SubscriptionHealth``), as after one redis-py made
 again by itself (its second confirmation); its connection is its own,
 every step bounded.
+
+Hand-written beside its twin ``_sync/_pushes.py``, not generated from it
+(``tests/unasync.py``): a thread reads the subscription with blocking reads and a timeout,
+a task awaits its messages; the health rules are ``_runtime``'s.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Schedules over redis.asyncio: the twin of ``_sync/_schedules.py``, the same rules (``schedules.py``).
+"""Schedules over redis.asyncio: the I/O around ``schedules.py``'s rules.
+
+The source of its sync twin, ``_sync/_schedules.py``, which ``tests/unasync.py`` writes from it.
 
 Every write is a WATCH ... MULTI/EXEC on the schedule's row: the cursor is
 read, the decision taken (``schedules.plan``), and the jobs and the new

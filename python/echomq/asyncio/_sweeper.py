@@ -1,4 +1,9 @@
-"""An asyncio worker's own sweep (``reap=True``): see ``echomq._sweeper``; here, one task."""
+"""An asyncio worker's own sweep (``reap=True``): see ``echomq._sweeper``; here, one task.
+
+Hand-written beside its twin ``_sync/_sweeper.py``, not generated from it
+(``tests/unasync.py``): a thread with its stop ``Event`` where asyncio has one task,
+cancelled.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,11 @@
 A worker's commands go through ``_attempt``/``_attempt_many``: one try each,
 bounded, on connections of the worker's own (``_attempt.WorkerConnections``),
 as in the thread driver's client.
+
+Hand-written beside its twin ``_sync/client.py``, not generated from it
+(``tests/unasync.py``): the methods users call carry their docs in the sync client and
+point there from the asyncio one (the API reference shows both), and a worker's tries are
+bounded by socket timeouts in one and by ``asyncio.timeout`` in the other.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""What an asyncio handler gets: ``JobContext``, as ``echomq.JobContext`` with awaited checkpoints."""
+"""What an asyncio handler gets: ``JobContext``, as ``echomq.JobContext`` with awaited checkpoints.
+
+Hand-written beside its twin ``_sync/context.py``, not generated from it
+(``tests/unasync.py``): a sync handler's checkpoints are calls from its own thread, an
+asyncio handler's are awaited in the loop; the sync context carries the docs.
+"""
 
 from __future__ import annotations
 

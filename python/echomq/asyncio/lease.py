@@ -5,6 +5,10 @@ keepers share one task (``Keepers``) that checkpoints every held job that
 is due in one batch: one pipeline per tick, whatever the number of jobs
 (``_runtime.checkpoint_round``), so five hundred held jobs neither need
 five hundred connections at once nor retry in step.
+
+Hand-written beside its twin ``_sync/lease.py``, not generated from it
+(``tests/unasync.py``): a thread per held job with its ``Event`` where asyncio has one
+task checkpointing every held job a tick (``Keepers``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The reaper for asyncio: EMQ.SWEEP on an interval, in a task (see ``echomq.reaper``)."""
+"""The reaper for asyncio: EMQ.SWEEP on an interval, in a task (see ``echomq.reaper``).
+
+Hand-written beside its twin ``_sync/reaper.py``, not generated from it
+(``tests/unasync.py``): a background thread with ``start``/``stop``/``with`` where asyncio
+has one task and ``async with``; the sync reaper carries the docs.
+"""
 
 from __future__ import annotations
 

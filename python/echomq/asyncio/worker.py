@@ -7,6 +7,10 @@ back (``_unowned``: the jobs claimed and not yet taken by a runner; a claim
 whose answer was lost is asked again by its REQ; an answer whose caller was
 cancelled goes to ``_orphaned``), and every command is bounded by its job's
 lease and by the stop (``WorkerCore._bounded``).
+
+Hand-written beside its twin ``_sync/worker.py``, not generated from it
+(``tests/unasync.py``): threads that take turns (``_turns.py``) and a supervising
+``run()`` thread, where asyncio has a claimer, runner tasks and a keeper in one loop.
 """
 
 from __future__ import annotations
