@@ -555,9 +555,20 @@ def per_round_ratio(res: dict[str, Any], key: str, base: str, metric: str = "job
     return median([run[metric] / ones[run["round"]][metric] for run in runs if run["round"] in ones])
 
 
-def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    """Issue 34's goals, as ratios from this one run: (goal, measured, target, held; None: cannot tell)."""
+def goals(res: dict[str, Any], suffix: str = "") -> list[tuple[str, str, str, bool | None]]:
+    """Issue 41's goals (and issue 34's that it kept), as ratios from this one run.
+
+    Each row (goal, measured, target, held; None: cannot tell, the contender was not run).
+    ``suffix`` "@base": the same goals for the --baseline revision's contenders of the run.
+    """
     rows = {row["key"]: row for row in res["rows"] if "skipped" not in row}
+    if suffix:  # the baseline's rows under the worktree's keys
+        rows = {key[: -len(suffix)]: row for key, row in rows.items() if key.endswith(suffix)} | {
+            key: row for key, row in rows.items() if not key.startswith("echomq")
+        }
+        runs = res["runs"].items()
+        keep = {k[: -len(suffix)] if k.endswith(suffix) else k: v for k, v in runs if k.endswith(suffix)}
+        res = {**res, "runs": keep | {k: v for k, v in runs if not k.startswith("echomq")}}
     out: list[tuple[str, str, str, bool | None]] = []
     nan = float("nan")
 
@@ -568,19 +579,28 @@ def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     def ratio(key: str, metric: str) -> float:
         return rows[key][metric + "_vs_bullmq"] if key in rows else nan
 
-    v = ratio("echomq-async", "jobs_per_s")
-    add("asyncio Worker (10 tasks) jobs/s / BullMQ's", v, ">= 2.00x", v >= 2.0)
-    for key, what in (("echomq-sync-1", "1 thread"), ("echomq-sync-10", "10 threads")):
+    for key, what, floor in (
+        ("echomq-async", "asyncio Worker (10 tasks)", 2.5),
+        ("echomq-sync-10", "sync Worker (10 threads)", 1.5),
+        ("echomq-sync-1", "sync Worker (1 thread)", 1.2),
+    ):
         v = ratio(key, "jobs_per_s")
-        add(f"sync Worker ({what}) jobs/s / BullMQ's", v, ">= 1.20x", v >= 1.2)
+        add(f"{what} jobs/s / BullMQ's", v, f">= {floor:.2f}x", v >= floor)
     v = per_round_ratio(res, "echomq-sync-10", "echomq-sync-1")
     add("sync Worker jobs/s, 10 threads / 1 thread", v, ">= 1.00x (never slower)", v >= 1.0)
     v = per_round_ratio(res, "echomq-async", "echomq-async-1")
     add("asyncio Worker jobs/s, 10 tasks / 1 task", v, ">= 1.00x (never slower)", v >= 1.0)
-    echo = [key for key in rows if key.startswith("echomq") and "@" not in key]
-    for key in ("echomq-sync-1", "echomq-sync-10", "echomq-async", "echomq-sync-1-prefetch"):
+    for task, raw in (("echomq-task-10", "echomq-sync-10"), ("echomq-task-async", "echomq-async")):
+        v = per_round_ratio(res, task, raw)
+        add(f"@app.task jobs/s / the raw worker's ({task} / {raw})", v, ">= 0.85x", v >= 0.85)
+    ours = [key for key in rows if key.startswith("echomq") and "@" not in key]
+    for key in ours:
         v = ratio(key, "redis_cpu_us_per_job")
-        add(f"Redis CPU per job / BullMQ's ({key})", v, "<= 0.50x", v <= 0.5)
+        add(f"Redis CPU per job / BullMQ's ({key})", v, "<= 0.35x", v <= 0.35)
+    for key in ours:
+        v = ratio(key, "worker_cpu_us_per_job")
+        add(f"worker CPU per job / BullMQ's ({key})", v, "<= 0.50x", v <= 0.5)
+    echo = [key for key in rows if key.startswith("echomq") and "@" not in key]
     if echo:
         worst = max(echo, key=lambda k: rows[k]["commands_per_job"])
         v = rows[worst]["commands_per_job"]
@@ -594,6 +614,25 @@ def goals(res: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         v = ways.get("batch", {}).get("x_one", nan)
         add("batch enqueue jobs/s / one call per job", v, ">= 5x", v >= 5)
     return out
+
+
+def goals_table(res: dict[str, Any]) -> list[str]:
+    """The goals as markdown rows: measured, and at the baseline when the run raced one."""
+
+    def held_text(held: bool | None) -> str:
+        return "yes" if held else ("n/a" if held is None else "**no**")
+
+    now = goals(res)
+    if not any(key.endswith("@base") for key in res["runs"]):
+        return ["| goal | measured | target | held |", "|---|---|---|---|"] + [
+            f"| {name} | {v} | {target} | {held_text(held)} |" for name, v, target, held in now
+        ]
+    then = {name: (v, held) for name, v, _, held in goals(res, "@base")}
+    rows = ["| goal | measured | at the baseline | target | held |", "|---|---|---|---|---|"]
+    for name, v, target, held in now:
+        was, was_held = then.get(name, ("n/a", None))
+        rows.append(f"| {name} | {v} | {was} ({held_text(was_held)}) | {target} | {held_text(held)} |")
+    return rows
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -612,14 +651,9 @@ def markdown(res: dict[str, Any]) -> str:
         f"a fresh redis-server per run; medians of {sz['rounds']} interleaved round(s); "
         "each ratio is the median of the per-round ratios to BullMQ.",
         "",
-        "Issue 34's goals (ratios from this run):",
+        "Issue 41's goals (ratios from this run; with --baseline, the revision's own beside them):",
         "",
-        "| goal | measured | target | held |",
-        "|---|---|---|---|",
-        *(
-            f"| {name} | {v} | {target} | {'yes' if held else ('n/a' if held is None else '**no**')} |"
-            for name, v, target, held in goals(res)
-        ),
+        *goals_table(res),
         "",
         "| contender | jobs/s | x BullMQ | Redis CPU us/job | x BullMQ | commands/job | x BullMQ "
         "| sent + in scripts /job | worker CPU us/job | verified by its own status API |",
