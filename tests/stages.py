@@ -46,7 +46,7 @@ class Stage:
 def stages() -> list[list[Stage]]:
     """The stages, as groups: the stages of one group run side by side, the groups one after another.
 
-    Each is a group of its own today: the smoke stages side by side, one test process each,
+    The smoke stages are each a group of their own: side by side, one test process each, they
     took 4 to 8 min where one after another with two processes each take 1 to 1.5 min.
     """
     make = os.environ.get("MAKE", "make")
@@ -56,9 +56,11 @@ def stages() -> list[list[Stage]]:
                "everything that depends on the engine, on Valkey 8")],
         *([Stage(engine, [*PYTEST, "--engine", engine, "-m", "smoke", "tests"], f"the smoke subset, {name}")]
           for engine, name in (("redis62", "Redis 6.2"), ("valkey9", "Valkey 9"), ("redis8", "Redis 8"))),
+        # Side by side: compat makes venvs and runs one test process, the container stage waits
+        # on the Docker engine and its image; together they take what the longer one takes.
         [Stage("compat", [sys.executable, "-m", "tests.compat.run", "--short"],
-               "the oldest and newest redis-py on the oldest and newest Python")],
-        [Stage("container", [make, "--no-print-directory", "test-container"],
+               "the oldest and newest redis-py on the oldest and newest Python"),
+         Stage("container", [make, "--no-print-directory", "test-container"],
                "the Docker image's tests, then the smoke subset against a container of it")],
         [Stage("memcheck", [make, "--no-print-directory", "-C", "module", "check",
                             f"CHECK_PYTHON={BIN / 'python'}"], "the memory check (valgrind)")],

@@ -18,6 +18,9 @@ from echomq.testing import EmbeddedServer
 
 from ..helpers import queued
 
+# Engine-independent (once): the CLI over the client; its verbs are tests/verbs/'s, on every engine.
+pytestmark = pytest.mark.once
+
 Q = "ops"
 K = queue_keys(Q)
 

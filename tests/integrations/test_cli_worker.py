@@ -33,6 +33,9 @@ from echomq.testing import EmbeddedServer
 from ..conftest import ServerFactory
 from ..faults import pythonpath, wait_until
 
+# Engine-independent (once): the CLI's worker over the client; its verbs are tests/verbs/'s, on every engine.
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parents[2]
 Q = "cliworker"
 K = queue_keys(Q)

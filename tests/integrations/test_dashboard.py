@@ -20,6 +20,9 @@ from echomq.cli import main
 from echomq.dashboard import Dashboard, DashboardServer, is_loopback
 from echomq.testing import EmbeddedServer
 
+# Engine-independent (once): the dashboard over the client; its verbs are tests/verbs/'s, on every engine.
+pytestmark = pytest.mark.once
+
 Q = "board"
 Start = Callable[..., DashboardServer]
 

@@ -26,6 +26,9 @@ from echomq.testing import EmbeddedServer
 
 from ..calibration import budget
 
+# Engine-independent (once): the metrics over the client; its verbs are tests/verbs/'s, on every engine.
+pytestmark = pytest.mark.once
+
 Q = "metered"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -33,7 +33,8 @@ from echomq.testing import EmbeddedServer
 from ..faults import pythonpath, wait_until
 from .test_results import SMALL, small  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.backends
+# Engine-independent (once): the task layer over the client; its verbs are tests/verbs/'s, on every engine.
+pytestmark = [pytest.mark.backends, pytest.mark.once]
 
 Backend = Literal["module", "scripts"]
 

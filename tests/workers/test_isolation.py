@@ -452,6 +452,7 @@ def test_process_isolation_for_an_app_is_checked_where_it_is_asked_for(client: e
         named.task(max_jobs_per_child=3)(lambda: None)
     with pytest.raises(ValueError, match="isolation must be 'process'"):
         emq.App(emq.Client(redis.asyncio.Redis())).task(isolation="fork")(lambda: None)
+
     # A path the children cannot import: said as the worker starts, before anything is claimed.
     @named.task(isolation="process")
     def elsewhere() -> None: ...
