@@ -18,6 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import redis
 
 from echomq.testing import EmbeddedServer
 
@@ -239,3 +242,30 @@ class Proxy:
 
 def server_log_has(server: EmbeddedServer, text: str) -> bool:
     return text in Path(server.logfile).read_text(errors="replace")
+
+
+def pooled_connections(client: Any) -> list[object]:
+    """Every connection the client's pools hold (redis-py's and the worker's own subscribers')."""
+    pools = []
+    r = client.redis
+    if isinstance(r, redis.Redis):
+        pools.append(r.connection_pool)
+    else:  # a cluster client: each node's
+        pools += [node.redis_connection.connection_pool for node in r.get_nodes() if node.redis_connection]
+    own = getattr(client, "_pool", None)
+    if own is not None and own._subscribers is not None:
+        pools.append(own._subscribers)
+    found: list[object] = []
+    for pool in pools:
+        found += [*pool._available_connections, *pool._in_use_connections]  # type: ignore[union-attr]
+    return found
+
+
+def cut_connections(client: Any) -> list[object]:
+    """Connections left with a stop's 1 ms cut: the next command on one times out under load."""
+    return [
+        c
+        for c in pooled_connections(client)
+        if min(getattr(c, "socket_timeout", None) or 1.0, getattr(c, "socket_connect_timeout", None) or 1.0)
+        < 0.01
+    ]

@@ -15,7 +15,7 @@ from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
 from ..conftest import ServerFactory
-from ..faults import wait_until
+from ..faults import cut_connections, wait_until
 
 Q = "clustered"
 K = queue_keys(Q)
@@ -56,6 +56,9 @@ def test_sync_and_asyncio_workers_on_a_cluster(
     with worker:
         assert wait_until(lambda: len(done) >= 3, timeout=10), (done, worker.stats)
         worker.stop(grace=5)
+    # The stop's cut of the cancel subscription (1 ms timeouts) went back to the node's pool
+    # with it: the client's next command then timed out on a busy machine (make test, twice).
+    assert cut_connections(client) == []
 
     async def rest() -> None:
         aclient = emq.Client.from_url(node.url, cluster=True)

@@ -34,7 +34,16 @@ from echomq.testing import EmbeddedServer
 
 from ..calibration import budget
 from ..conftest import ServerFactory
-from ..faults import AOF, frozen, no_echomq_threads, restart, stall, wait_until
+from ..faults import (
+    AOF,
+    cut_connections,
+    frozen,
+    no_echomq_threads,
+    pooled_connections,
+    restart,
+    stall,
+    wait_until,
+)
 
 pytestmark = pytest.mark.backends
 
@@ -381,3 +390,30 @@ def test_a_stop_during_a_restart_with_the_aof_leaves_no_job_held(
     stopper.join(15)
     assert not stopper.is_alive()
     nobody_holds_a_job(server.client(), ids)
+
+
+# -- a stop leaves the client's connections as it found them ---------------------------
+
+
+def subscribed(r: redis.Redis) -> bool:
+    return any(n >= 1 for _, n in r.pubsub_numsub(K.base + "cancel"))
+
+
+@pytest.mark.parametrize("single", [False, True], ids=["pooled", "single-connection"])
+def test_a_stop_gives_the_cancel_subscriptions_connection_back_as_it_found_it(
+    server: EmbeddedServer, r: redis.Redis, single: bool
+) -> None:
+    # The stop cuts the cancel listener's connection with 1 ms timeouts (so that redis-py's
+    # one reconnect fails at once); that connection then went back to its pool with them.
+    # On a single-connection (or cluster) client the pool is the client's own: after a stop
+    # its next command timed out when the server took more than 1 ms to answer a handshake.
+    client = echomq.Client(server.client(single_connection_client=single))
+    client.enqueue(Q, b"", job_id="cut")
+    done: list[str] = []
+    worker = echomq.Worker(client, Q, lambda ctx: done.append(ctx.id), poll_interval=0.02)
+    with worker:
+        assert wait_until(lambda: done == ["cut"] and subscribed(r), timeout=10), done
+        worker.stop(grace=5)
+    assert pooled_connections(client), "the subscription's connection is in no pool"
+    assert cut_connections(client) == []
+    assert client.redis.hget(K.job("cut"), "state") == b"done"

@@ -15,7 +15,10 @@ then, not an interval later.  That includes one redis-py made again by
 itself on a connection it reconnected (where its retries are on, as on a
 cluster client's): its second confirmation says so.  The subscription's connection is its own,
 its every step bounded (``_attempt.SUBSCRIBER_TIMEOUT_S``), and ``close()``
-cuts it: a stopping worker never waits on it.
+cuts it: a stopping worker never waits on it.  The cut is undone before the
+connection goes back to its pool: on a cluster client (or a single-connection
+one) that pool is the client's own, and a connection left with the cut's 1 ms
+timeouts made the client's next commands time out on a busy machine.
 
 Hand-written beside its twin ``asyncio/_pushes.py``, not generated from it
 (``tests/unasync.py``): a thread reads the subscription with blocking reads and a timeout,
@@ -57,6 +60,8 @@ class CancelListener:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._pubsub: Any = None
+        # The cut connection and the timeouts it had (under _lock: _drop restores them).
+        self._cut: tuple[Any, float | None, float | None] | None = None
         self._thread: threading.Thread | None = None
         self.resubscribed = 0  # subscriptions made again after one was lost (or found dead)
 
@@ -76,16 +81,17 @@ class CancelListener:
         """Stop listening: cut the subscription's connection, and wait (bounded) for the thread."""
         self._done.set()
         with self._lock:
-            pubsub = self._pubsub
-        connection = getattr(pubsub, "connection", None)
-        if connection is not None:
-            # redis-py's PubSub reconnects once after a failed read: on our own
-            # connection, make that one fail at once rather than wait on a frozen server.
-            connection.socket_connect_timeout = connection.socket_timeout = 0.001
-        sock = getattr(connection, "_sock", None)
-        if sock is not None:  # a read or a handshake blocked on it returns now
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            connection = getattr(self._pubsub, "connection", None)
+            if connection is not None and self._cut is None:
+                # redis-py's PubSub reconnects once after a failed read: make that one
+                # fail at once rather than wait on a frozen server.  Under the lock, and
+                # undone by _drop before the connection goes back to its pool.
+                self._cut = (connection, connection.socket_timeout, connection.socket_connect_timeout)
+                connection.socket_connect_timeout = connection.socket_timeout = 0.001
+            sock = getattr(connection, "_sock", None)
+            if sock is not None:  # a read or a handshake blocked on it returns now
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         thread = self._thread
         if thread is not None and thread.ident is not None:
             thread.join(CLOSE_JOIN_S)
@@ -134,6 +140,10 @@ class CancelListener:
     def _drop(self) -> None:
         with self._lock:
             pubsub, self._pubsub = self._pubsub, None
+            cut, self._cut = self._cut, None
+            if cut is not None:  # nobody reads on it any more: its own timeouts again
+                connection, timeout, connect_timeout = cut
+                connection.socket_timeout, connection.socket_connect_timeout = timeout, connect_timeout
         if pubsub is not None:
             with contextlib.suppress(Exception):
                 pubsub.close()
