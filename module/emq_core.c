@@ -168,7 +168,7 @@ int emq_due_at(long long now_ms, const char *s, size_t len, long long *due_ms) {
     long long at;
     if (emq_parse_ll(s, len, &at) != 0 || at < 0) return EMQ_ERR_AT;
     if (at > EMQ_MAX_EXACT_SCORE || now_ms < 0 || now_ms > EMQ_MAX_EXACT_SCORE) return EMQ_ERR_AT_TOO_LARGE;
-    *due_ms = at > now_ms ? at : now_ms;
+    *due_ms = at; /* a time already past is kept: emq_lanes_enter orders it among the due jobs by it */
     return EMQ_OK;
 }
 

@@ -115,7 +115,8 @@ static void write_record(RedisModuleCtx *ctx, EmqFx *fx, EmqKey *record, long lo
  * :1 the row <base>job:<id> is created (state=pending, payload and its
  * pieces, enqueued_at, priority unless 0) and <id> waits at the tail of its
  * lane, claimable from server-now -- or in <base>delayed until server-now +
- * DELAY ms, or AT (an AT in the past is now); with REQ, the record
+ * DELAY ms, or AT (an AT in the past too, scored with it, so that the claim
+ * that moves the due jobs takes them oldest due time first); with REQ, the record
  * <base>req:<request-id> = "1" is kept for 60 s.  -ERR for a payload over
  * emq.max-payload-bytes.
  * -EMQEXISTS when the row exists.  A retry whose first reply was lost (the

@@ -139,7 +139,7 @@ int emq_lanes_delay(EmqLanes *l, RedisModuleString *id, long long due) {
 }
 
 int emq_lanes_enter(EmqLanes *l, RedisModuleString *id, long long level, long long due, long long now) {
-    return due > now ? emq_lanes_delay(l, id, due) : emq_lanes_place(l, id, level, EMQ_AT_TAIL);
+    return due != now ? emq_lanes_delay(l, id, due) : emq_lanes_place(l, id, level, EMQ_AT_TAIL);
 }
 
 int emq_lanes_is_delayed(EmqLanes *l, RedisModuleString *id) {

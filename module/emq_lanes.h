@@ -103,8 +103,11 @@ int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end
 /* A job waits in <base>delayed until `due`. */
 int emq_lanes_delay(EmqLanes *l, RedisModuleString *id, long long due);
 
-/* A job becomes claimable at `due` (now or later): delayed until then, or
- * at its lane's tail now. */
+/* A job becomes claimable at `due`: due now, at its lane's tail; due later,
+ * or already past (an AT before now), in <base>delayed, scored with it, so
+ * that the claim or sweep that moves it takes the due jobs oldest due time
+ * first: jobs enqueued with past due times are claimed in the order of
+ * those times (within a level), not in the order they were enqueued. */
 int emq_lanes_enter(EmqLanes *l, RedisModuleString *id, long long level, long long due, long long now);
 
 /* A waiting job leaves (CANCEL): out of <base>delayed when it is there,

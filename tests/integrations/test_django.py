@@ -159,6 +159,25 @@ def test_run_after_delays_the_job(
     admin(server).cancel("default", result.id)
 
 
+def test_due_tasks_of_one_priority_are_claimed_in_run_after_order(project: dict[str, str]) -> None:
+    # Issue 43, cause 5: Django's database backend runs a task due 10 hours ago before one due
+    # 2 hours ago, even when enqueued after it.  Before, echomq claimed them in enqueue order.
+    from shop.tasks import welcome
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    two = welcome.using(run_after=now - datetime.timedelta(hours=2)).enqueue(2)
+    ten = welcome.using(run_after=now - datetime.timedelta(hours=10)).enqueue(10)
+    client = admin_of(project)
+    claimed = client.claim_many("later", 60_000, 100)  # "later": no worker runs it
+    ours = {two.id, ten.id}
+    assert [job.id for job in claimed if job.id in ours] == [ten.id, two.id]
+    for job in claimed:  # the other tests' jobs go back as they were; ours go
+        if job.id in ours:
+            client.complete("later", job.id, job.token)
+        else:
+            client.release("later", job.id, job.token)
+
+
 def test_enqueue_on_commit_waits_for_the_commit_and_a_rollback_sends_nothing(
     server: EmbeddedServer, project: dict[str, str]
 ) -> None:

@@ -107,12 +107,13 @@ def test_due_order_and_a_short_delay_becomes_claimable(r: redis.Redis) -> None:
     assert [job[0] for job in claim(r)] == [b"soon"]
 
 
-def test_at_is_an_absolute_due_time_and_a_past_one_means_now(r: redis.Redis) -> None:
+def test_at_is_an_absolute_due_time_and_a_past_one_is_claimable_at_once(r: redis.Redis) -> None:
     now = now_ms(r)
     assert enqueue(r, "future", "AT", now + 3_600_000) == 1
     assert r.zscore(Q.delayed, "future") == now + 3_600_000
     assert enqueue(r, "past", "AT", 5) == 1
-    assert entries(r, Q) == [b"past"] and r.zscore(Q.delayed, "past") is None  # due now: in its lane
+    # Kept with its own time (issue 43): the claim that moves it orders it among the due jobs.
+    assert entries(r, Q) == [] and r.zscore(Q.delayed, "past") == 5
     assert enqueue(r, "edge", "AT", MAX_EXACT) == 1  # the latest exact score is accepted
     assert r.zscore(Q.delayed, "edge") == MAX_EXACT
     assert [job[0] for job in claim(r)] == [b"past"]
@@ -312,8 +313,8 @@ def test_enqueuemany_fires_an_hset_per_row_and_one_zadd(notifying: EmbeddedServe
     assert events == [("hset", Q.job("a")), ("hset", Q.job("b")), ("hset", Q.job("c")), ("zadd", Q.delayed)]
     events = captured(nr, lambda: many(nr, ("e", "1"), ("f", "2")))  # due now: one RPUSH
     assert events == [("hset", Q.job("e")), ("hset", Q.job("f")), ("rpush", Q.pending)]
-    events = captured(nr, lambda: enqueue(nr, "d", "AT", 5))
-    assert events == [("hset", Q.job("d")), ("rpush", Q.pending)]
+    events = captured(nr, lambda: enqueue(nr, "d", "AT", 5))  # past: delayed, scored with it
+    assert events == [("hset", Q.job("d")), ("zadd", Q.delayed)]
 
     # An error fires nothing.
     def refused_batch() -> None:
@@ -345,7 +346,7 @@ def test_replicas_get_one_hset_per_row_one_zadd_and_absolute_due_times(server_fa
     s.config_resetstat()
     flat = [x for i in range(50) for x in (f"j{i}", f"payload-{i}")]
     assert m.execute_command("EMQ.ENQUEUEMANY", Q.pending, Q.base, 50, *flat, "DELAY", 60_000) == 50
-    enqueue(m, "one", "AT", 123)  # due now: its lane
+    enqueue(m, "one", "DELAY", 0)  # due now: its lane
     enqueue(m, "two", "DELAY", 60_000)
     (job,) = claim(m)
     fail(m, job[0].decode(), job[1], 3, "DELAY", 30_000)
@@ -577,7 +578,7 @@ def test_core_due_times(core: Core) -> None:
     assert due(lib.emq_due_after_delay, 0, str(MAX_EXACT).encode()) == (None, MAX_EXACT)
     assert due(lib.emq_due_after_delay, 1, str(MAX_EXACT).encode()) == (DELAY_BIG, -7)
     assert due(lib.emq_due_after_delay, -1, b"0") == (DELAY_BIG, -7)
-    assert due(lib.emq_due_at, 1000, b"5") == (None, 1000)
+    assert due(lib.emq_due_at, 1000, b"5") == (None, 5)  # a past time is kept (issue 43)
     assert due(lib.emq_due_at, 1000, b"5000") == (None, 5000)
     assert due(lib.emq_due_at, 1000, str(MAX_EXACT).encode()) == (None, MAX_EXACT)
     assert due(lib.emq_due_at, 1000, str(MAX_EXACT + 1).encode()) == (AT_BIG, -7)

@@ -69,6 +69,22 @@ def test_levels_go_before_and_after_the_default_lane(r: redis.Redis, client: ech
     assert claim_all(client, "q", 2) == ["f", "c", "a", "d", "b", "e", "g"]
 
 
+def test_jobs_due_in_the_past_are_claimed_oldest_due_time_first_within_each_level(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    # Django's rule for due tasks of one priority (issue 43, cause 5): a job due 10 hours ago
+    # runs before one due 2 hours ago, even when enqueued after it.  Before, an AT in the past
+    # meant "now" and jobs ran in the order they were enqueued.  Levels still come first.
+    now, hour = now_ms(r), 3_600_000
+    for job_id, hours_ago, level in (
+        ("p0-2h", 2, 0), ("p0-10h", 10, 0), ("p0-1h", 1, 0),
+        ("p20-2h", 2, -20), ("p20-10h", 10, -20), ("p3-5h", 5, 3), ("p3-6h", 6, 3),
+    ):  # fmt: skip
+        client.enqueue("q", b"", job_id, run_at_ms=now - hours_ago * hour, priority=level)
+    assert claim_all(client, "q", 3) == ["p20-10h", "p20-2h", "p0-10h", "p0-2h", "p0-1h", "p3-6h", "p3-5h"]
+    assert queue_problems(r, "q") == []
+
+
 def test_a_bad_priority_is_refused_and_writes_nothing(r: redis.Redis, client: echomq.Client) -> None:
     keys = queue_keys("q")
     client.enqueue("q", b"", "x")

@@ -446,10 +446,12 @@ class Client(ClaimVerbs, OperatorVerbs):
 
         The row and the lane entry are written by one EMQ.ENQUEUE, atomically.
         The job is claimable at once, or ``delay_ms`` after now, or from
-        ``run_at_ms`` (unix time in ms; a past time means now) -- both times on
-        the server's clock.  ``priority`` (from -1000 to 1000, default 0):
+        ``run_at_ms`` (unix time in ms; a past time is claimable at once) -- both
+        times on the server's clock.  ``priority`` (from -1000 to 1000, default 0):
         smaller runs first, first in first out within a level; a delayed job
-        takes its place in its level when it comes due.  The payload is at
+        takes its place in its level when it comes due, and jobs whose due
+        times have passed take theirs oldest due time first (a ``run_at_ms``
+        ten hours ago before one two hours ago, whichever was enqueued first).  The payload is at
         most the server's ``emq.max-payload-bytes`` (1 MiB by default).
         Raises ``JobExists`` if a job with that id already exists.  A fresh
         REQ per call: after a lost reply the call is sent again, within 30 s

@@ -177,9 +177,9 @@ function Lanes:delay(id, due)
     push(self.delayed_add, id, due)
 end
 
--- emq_lanes_enter: delayed until `due`, or at its lane's tail now.
+-- emq_lanes_enter: at its lane's tail when due now; else (later, or already past) delayed, scored `due`.
 function Lanes:enter(id, level, due, now)
-    if due > now then self:delay(id, due) else self:place(id, level, false) end
+    if due ~= now then self:delay(id, due) else self:place(id, level, false) end
 end
 
 function Lanes:is_delayed(id)

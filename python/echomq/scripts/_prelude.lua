@@ -342,14 +342,14 @@ function emq.due_after_delay(now, s)
     return exact_sum(now, c) or emq.refuse(E.DELAY_TOO_LARGE)
 end
 
--- emq_due_at: AT <unix-ms>, an integer >= 0 and at most 2^53; due then, or now when past.
+-- emq_due_at: AT <unix-ms>, an integer >= 0 and at most 2^53; due then (a time past is kept).
 function emq.due_at(now, s)
     local c = canonical(s)
     if c == nil or emq.dec_cmp(c, '0') < 0 then emq.refuse(E.AT) end
     if emq.dec_cmp(c, int(MAX_EXACT_SCORE)) > 0 or now < 0 or now > MAX_EXACT_SCORE then
         emq.refuse(E.AT_TOO_LARGE)
     end
-    return math.max(tonumber(c), now)
+    return tonumber(c)
 end
 
 -- emq_parse_block: BLOCK <ms>, an integer >= 0 with now + ms an exact time.

@@ -6,7 +6,7 @@
 --
 -- :1 the row <base>job:<id> is created (state=pending, payload and its pieces, enqueued_at,
 -- priority unless 0) and <id> waits at the tail of its lane, claimable from server-now -- or
--- in <base>delayed until server-now + DELAY ms, or AT (an AT in the past is now); with REQ,
+-- in <base>delayed until server-now + DELAY ms, or AT (an AT in the past too, scored with it: claimed oldest due first); with REQ,
 -- the record <base>req:<request-id> = "1" is kept for 60 s.  -EMQEXISTS when the row exists.
 -- A retry whose first reply was lost (the record exists) answers :1 again and writes nothing,
 -- whatever became of the job since.  <setting>: the client's max_payload_bytes.  With UNIQUE
