@@ -40,6 +40,10 @@ machine's drift:
    and 8 worker processes of echomq's sync and asyncio Workers and of BullMQ
    drain one queue; jobs/s, the server's CPU per job and its utilisation, where
    each saturates.  `--only saturation` runs only it.
+7b. Instructions per call (bench/instructions.py, a server of its own under callgrind):
+   each verb's exact count of the server's instructions, EXTEND's against a bare ZADD's,
+   and every figure's ratio to bench/instructions-baseline.json: the one figure a
+   drifting VM cannot move.  `--only instructions` runs only it.
 8. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
@@ -71,7 +75,7 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, flow, idle_workers, memory, saturation, unique  # noqa: E402
+from bench import backends, claim_path, flow, idle_workers, instructions, memory, saturation, unique  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -600,7 +604,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 SECTIONS = [
-    "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow", "unique"
+    "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow", "unique",
+    "instructions",
 ]
 
 
@@ -644,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
         return flow.main_section(args.quick, command)
     if args.only == "unique":
         return unique.main_section(args.quick, command)
+    if args.only == "instructions":
+        return instructions.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -686,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     memory.main_section(args.quick, command)
     flow.main_section(args.quick, command)
     unique.main_section(args.quick, command)
+    instructions.main_section(args.quick, command)
     saturated = saturation.main_section(args.quick, command)
     if args.no_peers:
         return saturated

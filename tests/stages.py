@@ -66,7 +66,12 @@ def stages() -> list[list[Stage]]:
          Stage("container", [make, "--no-print-directory", "test-container"],
                "the Docker image's tests, then the smoke subset against a container of it"),
          Stage("memcheck", [make, "--no-print-directory", "-C", "module", "check",
-                            f"CHECK_PYTHON={BIN / 'python'}"], "the memory check (valgrind)")],
+                            f"CHECK_PYTHON={BIN / 'python'}"], "the memory check (valgrind)"),
+         # Each verb's instructions in the server against bench/instructions-baseline.json (issue
+         # 41): exact whatever the machine's load, so a regression shows the day it lands.
+         Stage("instrs", [sys.executable, "bench/instructions.py"],
+               "the server's instructions per call (callgrind; a report, it never fails the suite)",
+               report=True)],
         # A regression is seen the day it lands (issue 41): one short round against BullMQ, a report.
         [Stage("peers", [sys.executable, "bench/peers/harness.py", "--n", "2000", "--rounds", "1",
                          "--only", "echomq-sync-1", "echomq-sync-10", "echomq-async", "echomq-task-10",
