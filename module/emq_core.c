@@ -369,6 +369,20 @@ int emq_enqueue_record(long long count, char *out) {
     return n;
 }
 
+int emq_format_ll(long long v, char *out) {
+    /* the magnitude as unsigned: -LLONG_MIN does not fit a long long */
+    unsigned long long m = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    char digits[24];
+    int n = 0, len = 0;
+    do {
+        digits[n++] = (char)('0' + (int)(m % 10));
+        m /= 10;
+    } while (m);
+    if (v < 0) out[len++] = '-';
+    while (n) out[len++] = digits[--n];
+    return len;
+}
+
 /* -- tokens ------------------------------------------------------------- */
 
 int emq_format_token(long long attempts, const unsigned char *random8, char *out) {

@@ -63,7 +63,7 @@ RedisModuleString *emq_fx_own(EmqFx *fx, RedisModuleString *s) {
 RedisModuleString *emq_fx_number(EmqFx *fx, long long v) {
     if (v >= 0 && v < EMQ_SMALL_INTS) return emq_small_int[v];
     char buf[24];
-    int n = snprintf(buf, sizeof buf, "%lld", v);
+    int n = emq_format_ll(v, buf);
     return emq_fx_own(fx, RedisModule_CreateString(NULL, buf, (size_t)n));
 }
 

@@ -588,6 +588,18 @@ def test_an_enqueue_record_is_its_count(core: Core, count: int) -> None:
     assert core.ffi.unpack(out, n) == str(count).encode()
 
 
+@given(v=st.integers(-(2**63), 2**63 - 1))
+def test_a_formatted_long_long_is_its_decimal(core: Core, v: int) -> None:
+    out = core.ffi.new("char[24]")
+    assert core.ffi.unpack(out, core.lib.emq_format_ll(v, out)) == str(v).encode()
+
+
+@pytest.mark.parametrize("v", [0, -1, 9, 10, -10, 2**53, 2**63 - 1, -(2**63)])
+def test_the_long_long_edges_format_as_their_decimal(core: Core, v: int) -> None:
+    out = core.ffi.new("char[24]")
+    assert core.ffi.unpack(out, core.lib.emq_format_ll(v, out)) == str(v).encode()
+
+
 # -- the seqs of <base>priority (emq_next_seq, emq_head_seq; docs/concepts/priorities.md) -----
 
 TAIL_FIRST, SEQ_LIMIT = 2**32, 2**42
