@@ -100,6 +100,7 @@
     X(dead, "dead")                           \
     X(cancelled, "cancelled")                 \
     X(xx, "XX")                               \
+    X(pxat, "PXAT")                           \
     X(acl_hget, "HGET")                       \
     X(acl_hset, "HSET")                       \
     X(acl_get, "GET")                         \

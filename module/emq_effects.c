@@ -272,10 +272,9 @@ void emq_fx_set(EmqFx *fx, EmqKey *key, RedisModuleString *value) {
     key->modified = 1;
     RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_STRING, "set", key->name);
     EmqFxEntry *e = entry_for(fx, key, SET, 0);
-    if (e->argc == 2) { /* a second SET of the key in one command: the last value wins */
-        RedisModule_FreeString(NULL, e->argv[1]);
-        e->argc = 1;
-    }
+    /* a second SET of the key in one command: the last value wins, without the
+     * first one's PXAT (a SET clears the key's expiry, RM_StringSet's too) */
+    while (e->argc > 1) RedisModule_FreeString(NULL, e->argv[--e->argc]);
     push_arg(e, value);
 }
 
@@ -283,6 +282,18 @@ void emq_fx_pexpireat(EmqFx *fx, EmqKey *key, long long at_ms) {
     if (RedisModule_SetAbsExpire(key->key, at_ms) != REDISMODULE_OK) return;
     key->modified = 1;
     RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_GENERIC, "expire", key->name);
+    if (key->last >= 0 && key->last < fx->n) {
+        /* Right after the key's SET: one SET <key> <value> PXAT <ms> (Redis 6.2+, as
+         * every engine we serve), one command fewer to replicate than SET then
+         * PEXPIREAT, with the same effect and the same events on a replica. */
+        EmqFxEntry *set = &fx->entries[key->last];
+        if (set->cmd == SET && set->argv[0] == key->name && set->argc >= 2) {
+            while (set->argc > 2) RedisModule_FreeString(NULL, set->argv[--set->argc]);
+            push_arg(set, emq_str.pxat);
+            push_arg(set, emq_fx_number(fx, at_ms));
+            return;
+        }
+    }
     EmqFxEntry *e = entry_for(fx, key, PEXPIREAT, 0);
     if (e->argc == 2) {
         RedisModule_FreeString(NULL, e->argv[1]);

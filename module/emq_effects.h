@@ -100,7 +100,8 @@ void emq_fx_set(EmqFx *fx, EmqKey *key, RedisModuleString *value);
 
 /* PEXPIREAT <key> <at-ms>: fires "expire".  The absolute time is what a
  * replica and the AOF receive, so a replay expires the key when the master
- * did, whatever its own clock says. */
+ * did, whatever its own clock says.  Right after the key's emq_fx_set, the
+ * two propagate as one SET <key> <value> PXAT <at-ms>. */
 void emq_fx_pexpireat(EmqFx *fx, EmqKey *key, long long at_ms);
 
 /* PERSIST <key>, when it has an expiry: fires "persist". */
