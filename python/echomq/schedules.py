@@ -229,7 +229,7 @@ def define(
         raise BadSchedule(f"tz must be an IANA time zone name such as 'Europe/Berlin', got {tz!r}")
     try:
         zone = zoneinfo.ZoneInfo(tz)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: too long for a path
         raise BadSchedule(f"unknown time zone {tz!r}") from exc
     if cron is not None:
         if not isinstance(cron, str):
