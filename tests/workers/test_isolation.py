@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -506,3 +507,136 @@ def test_an_asyncio_apps_task_that_asks_for_a_process_is_killed_at_its_timeout(
     assert wait_until(lambda: not alive(pid), timeout=10), "the task's child was not killed"
     time.sleep(2.0)
     assert notes(out) == [("started", pid)]
+
+
+# -- an asyncio app's worker in process isolation: every task in its children ---------------------
+
+
+def run_whole(server: EmbeddedServer, backend: str, body: Any, **settings: Any) -> None:
+    """``body(worker)`` beside ``t.aio_whole.worker(isolation="process", **settings)``, on this server."""
+
+    async def main() -> None:
+        client = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        t.aio_whole.client = client
+        try:
+            worker = t.aio_whole.worker(isolation="process", poll_interval=0.02, reap=False, **settings)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            try:
+                await body(client, worker)
+            finally:
+                worker.stop()
+                await running
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_asyncio_apps_worker_in_process_isolation_kills_a_task_at_its_timeout(
+    server: EmbeddedServer, backend: str, tmp_path: Path
+) -> None:
+    # echomq.asyncio.Worker(isolation="process") for an app: the children import it by name and run
+    # every task, async or plain; one that blocks its child's loop is killed at its abandon, and
+    # the worker's max_jobs_per_child recycles the children.
+    out = tmp_path / "out"
+    seen: dict[str, Any] = {}
+
+    async def body(client: emq.Client, worker: Any) -> None:
+        stuck = await t.stubborn_whole.enqueue(str(out))
+        with pytest.raises(echomq.JobFailed) as failed:
+            await stuck.result(timeout=30)
+        seen["failed"] = failed.value
+        seen["pids"] = [(await (await t.plain_whole.enqueue()).result(timeout=30)) for _ in range(3)]
+        seen["abandoned"] = worker.workers[0].stats.abandoned
+
+    run_whole(server, backend, body, timeout_grace=0, max_jobs_per_child=2)
+    assert seen["failed"].message == "the handler ran longer than its timeout (300 ms)"
+    ((what, pid),) = notes(out)
+    assert what == "started" and pid != os.getpid()
+    assert wait_until(lambda: not alive(pid), timeout=10), "the child was not killed"
+    pids = seen["pids"]
+    assert os.getpid() not in pids and pid not in pids
+    assert [pids.count(p) for p in dict.fromkeys(pids)] == [2, 1]  # a child runs 2 jobs, then is replaced
+    assert not any(alive(p) for p in pids)  # the worker's stop closed its children
+    assert seen["abandoned"] == 1
+    time.sleep(1.6)  # longer than the loop had left: a thread would have written "after" by now
+    assert notes(out) == [("started", pid)]
+
+
+def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
+    server: EmbeddedServer, backend: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    seen: dict[str, Any] = {}
+
+    async def body(client: emq.Client, worker: Any) -> None:
+        added = await t.add_whole.enqueue(2, 3)
+        failing = await t.fails_whole.enqueue(7)
+        refused = await t.refuses_whole.enqueue()
+        later = await t.later_whole.enqueue(str(out / "later"))
+        reported = await t.reports_whole.enqueue(str(out / "reports"))
+        seen["added"] = await added.result(timeout=30)
+        with pytest.raises(echomq.JobFailed) as failed:
+            await failing.result(timeout=30)
+        seen["failed"] = failed.value
+        with pytest.raises(echomq.JobFailed) as dead:
+            await refused.result(timeout=30)
+        seen["dead"] = dead.value
+        seen["later"] = await later.result(timeout=30)
+        seen["reported"] = await reported.result(timeout=30)
+        cancelled = await t.until_cancelled_whole.enqueue(str(out / "cancel"))
+        assert await asyncio.to_thread(wait_until, lambda: (out / "cancel").exists(), timeout=30)
+        await client.cancel(t.WQ, cancelled.id)
+        with pytest.raises(echomq.JobCancelled):
+            await cancelled.result(timeout=30)
+        for name, handle in (("failing", failing), ("refused", refused), ("later", later), ("reported", reported)):
+            seen[f"{name} info"] = await handle.info()
+        seen["reported id"] = reported.id
+
+    run_whole(server, backend, body, max_attempts=3)
+    assert seen["added"]["sum"] == 5 and seen["added"]["pid"] != os.getpid()
+    trace = seen["failed"].traceback or ""
+    assert trace.startswith("Traceback") and 'raise ValueError(f"bad row {row}")' in trace
+    assert "isolation_tasks.py" in trace and "echomq/isolation.py" not in trace, trace
+    assert seen["failed"].type == "ValueError" and seen["failed"].message == "bad row 7"
+    assert seen["failing info"].tries == 3  # an ordinary failure: retried
+    assert seen["dead"].type == "NonRetryable"
+    assert seen["refused info"].tries == 1 and seen["refused info"].state == "dead"
+    assert seen["later"] == "done"
+    assert seen["later info"].last_error == "RetryLater: busy" and seen["later info"].tries == 2
+    (first, _), (second, _) = notes(out / "later")
+    assert float(second.split()[1]) - float(first.split()[1]) >= 0.2  # RetryLater's delay_ms crossed
+    assert seen["reported"] != os.getpid()
+    assert seen["reported info"].progress == b'{"done":2,"of":4}'
+    assert [what for what, _ in notes(out / "reports")] == [f"reported {seen['reported id']}"]
+
+
+def test_echomq_worker_runs_an_asyncio_app_in_process_isolation(
+    server: EmbeddedServer, client: echomq.Client, tmp_path: Path
+) -> None:
+    # The CLI's asyncio twin: `echomq worker MODULE:APP --isolation process` for an echomq.asyncio.App.
+    out = tmp_path / "out"
+    producer = echomq.App(client, queue=t.WQ)
+    added = producer.enqueue("add_whole", 2, 3)
+    stuck = producer.enqueue("stubborn_whole", str(out))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(PYTHONPATH=pythonpath(ROOT / "python", ROOT), ECHOMQ_URL=server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "tests.isolation_tasks:aio_whole", "--isolation",
+         "process", "--timeout-grace", "0", "--grace", "0", "--poll-interval", "0.05", "--no-metrics",
+         "--no-reap"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        result = added.result(timeout=60)
+        with pytest.raises(echomq.JobFailed) as failed:
+            stuck.result(timeout=60)
+        time.sleep(1.6)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert result["sum"] == 5 and result["pid"] not in (proc.pid, os.getpid())
+    assert failed.value.type == "TimeoutError"
+    assert [what for what, _ in notes(out)] == ["started"]
