@@ -246,11 +246,41 @@ def test_isolation_settings_are_checked(client: echomq.Client) -> None:
         echomq.Worker(client, Q, h.quick, isolation="process", max_jobs_per_child=0)
 
 
-def test_the_asyncio_worker_refuses_process_isolation(r: redis.Redis) -> None:
-    async def handler(ctx: emq.JobContext) -> None: ...
+def test_the_asyncio_worker_runs_an_importable_handler_in_a_child_that_its_timeout_kills(
+    server: EmbeddedServer, backend: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    # echomq.asyncio.Worker(isolation="process"): the child runs the async handler in a loop of
+    # its own; one that blocks that loop is killed at the abandon, and the next job gets a new child.
+    async def local(ctx: emq.JobContext) -> None: ...
 
-    with pytest.raises(ValueError, match=r"isolation='process' is for echomq\.Worker"):
-        emq.Worker(emq.Client(redis.asyncio.Redis()), Q, handler, isolation="process")
+    with pytest.raises(TypeError, match="importable by name"):
+        emq.Worker(emq.Client(redis.asyncio.Redis()), Q, local, isolation="process")
+    out = tmp_path / "out"
+
+    async def main() -> emq.Worker:
+        client = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        try:
+            await client.enqueue(Q, str(out).encode(), job_id="deaf")
+            await client.enqueue(Q, str(out).encode(), job_id="next")
+            worker = emq.Worker(
+                client, Q, h.deaf_once_async, isolation="process", timeout_ms=300, timeout_grace=0,
+                max_attempts=1, poll_interval=0.02, reap=False,
+            )  # fmt: skip
+            async with worker:
+                while worker.stats.completed + worker.stats.abandoned < 2:
+                    await asyncio.sleep(0.02)
+            return worker
+        finally:
+            await client.aclose()
+
+    worker = asyncio.run(main())
+    assert worker.stats.abandoned == 1 and worker.stats.completed == 1
+    assert row(r, "deaf")["last_error"] == "TimeoutError: the handler ran longer than its timeout (300 ms)"
+    assert row(r, "next")["state"] == "done"
+    started = [pid for job, pid, what in lines(out) if job == "deaf"]
+    ran = [pid for job, pid, what in lines(out) if job == "next" and what == "ran"]
+    assert ran and started and ran[0] != started[0] and str(os.getpid()) not in (*ran, *started)
+    assert wait_until(lambda: not alive(int(started[0])), timeout=10), "the child was not killed"
 
 
 def test_a_script_without_a_main_guard_starts_its_children_once(tmp_path: Path) -> None:
