@@ -620,7 +620,8 @@ def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
         await client.cancel(t.WQ, cancelled.id)
         with pytest.raises(echomq.JobCancelled):
             await cancelled.result(timeout=30)
-        for name, handle in (("failing", failing), ("refused", refused), ("later", later), ("reported", reported)):
+        handles = {"failing": failing, "refused": refused, "later": later, "reported": reported}
+        for name, handle in handles.items():
             seen[f"{name} info"] = await handle.info()
         seen["reported id"] = reported.id
 
