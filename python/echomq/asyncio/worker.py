@@ -74,7 +74,9 @@ class Worker(Finisher[AsyncHandler]):
     cancellation through.  ``stop()`` is a plain function (a handler or a
     signal handler can call it, from any thread): it stops claiming and
     starts the grace period; ``await run()``, or leave ``async with
-    worker:``, to wait for the end.
+    worker:``, to wait for the end.  ``isolation="process"`` runs each
+    slot's handler (importable by name) in a child process, in a loop of
+    its own there, killed at its timeout's abandon (``echomq.isolation``).
     """
 
     _client_type = Client
