@@ -473,6 +473,10 @@ def test_process_isolation_for_an_app_is_checked_where_it_is_asked_for(client: e
     with pytest.raises(TypeError, match=where):
         made_here.worker(isolation="process")
     made_here.worker()  # threads: nothing to import
+    aio_here = emq.App(emq.Client(redis.asyncio.Redis()), queue="iso-here")
+    aio_here.task(name="nothing")(lambda: None)
+    with pytest.raises(TypeError, match=where):  # the asyncio app's twin, said before a worker is made
+        aio_here.worker(isolation="process")
     named = echomq.App(client, queue="iso-here", import_path="tests.isolation_tasks:app")
     assert named.import_path == "tests.isolation_tasks:app"
     with pytest.raises(ValueError, match="import_path must be MODULE:ATTR"):
