@@ -188,3 +188,13 @@ async def stubborn_whole(path: str) -> None:
 def plain_whole() -> int:
     """A plain function of an asyncio app: in the child it runs in a thread of the child's loop."""
     return os.getpid()
+
+
+@aio_whole.task
+async def meet_whole(path: str, n: int) -> int:
+    """Says it is here, then waits (up to 5 s) until ``n`` jobs are: how many it saw."""
+    note(path, "here")
+    deadline = time.monotonic() + 5
+    while len(Path(path).read_text().splitlines()) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(Path(path).read_text().splitlines())

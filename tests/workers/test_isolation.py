@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -595,6 +596,23 @@ def test_an_asyncio_apps_worker_in_process_isolation_kills_a_task_at_its_timeout
     assert seen["abandoned"] == 1
     time.sleep(1.6)  # longer than the loop had left: a thread would have written "after" by now
     assert notes(out) == [("started", pid)]
+
+
+def test_an_asyncio_workers_children_run_together_past_the_loops_default_executor(
+    server: EmbeddedServer, backend: str, tmp_path: Path
+) -> None:
+    # Each slot waits on its child in a thread of its own: the loop's default executor (a few
+    # threads: cores + 4, one here) would have the slots take turns, their timeouts running.
+    out = tmp_path / "out"
+    seen: list[int] = []
+
+    async def body(client: emq.Client, worker: Any) -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        handles = [await t.meet_whole.enqueue(str(out), 2) for _ in range(2)]
+        seen.extend([await h.result(timeout=30) for h in handles])
+
+    run_whole(server, backend, body, concurrency=2)
+    assert seen == [2, 2]
 
 
 def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
