@@ -616,7 +616,7 @@ def test_an_asyncio_workers_children_run_together_past_the_loops_default_executo
 
 
 def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
-    server: EmbeddedServer, backend: str, tmp_path: Path
+    server: EmbeddedServer, backend: str, r: redis.Redis, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -646,8 +646,15 @@ def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
         for name, handle in handles.items():
             seen[f"{name} info"] = await handle.info()
         seen["reported id"] = reported.id
+        # The shutdown's grace ends as this body returns: "shutdown" reaches the child's token.
+        stays = await t.until_cancelled_whole.enqueue(str(out / "stays"))
+        assert await asyncio.to_thread(wait_until, lambda: (out / "stays").exists(), timeout=30)
+        seen["stays"], seen["worker"] = stays.id, worker.workers[0]
 
-    run_whole(server, backend, body, max_attempts=3)
+    run_whole(server, backend, body, max_attempts=3, grace=0.2)
+    stays = {k.decode(): v.decode() for k, v in r.hgetall(queue_keys(t.WQ).job(seen["stays"])).items()}
+    assert stays["state"] == "pending" and stays.get("tries", "0") == "0", stays  # given back, no try used
+    assert seen["worker"].stats.released == 1
     assert seen["added"]["sum"] == 5 and seen["added"]["pid"] != os.getpid()
     trace = seen["failed"].traceback or ""
     assert trace.startswith("Traceback") and 'raise ValueError(f"bad row {row}")' in trace
