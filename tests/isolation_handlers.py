@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import echomq
+import echomq.asyncio
 
 
 def note(ctx: echomq.JobContext, line: str) -> None:
@@ -84,3 +85,11 @@ def big_state(ctx: echomq.JobContext) -> None:
         ctx.checkpoint(b"x" * (70 * 1024))  # over the default emq.max-state-bytes (64 KiB)
     except ValueError as exc:
         note(ctx, f"refused {type(exc).__name__}")
+
+
+async def deaf_once_async(ctx: echomq.asyncio.JobContext) -> None:
+    """An asyncio handler: job "deaf" blocks its loop (no await): only a kill stops it."""
+    if ctx.id == "deaf":
+        deaf(ctx)  # type: ignore[arg-type]
+    await ctx.checkpoint(b"seen")
+    note(ctx, "ran")  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ file they are given, one line per call: ``<what> <pid>``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -128,3 +129,72 @@ async def reports_async(path: str) -> int:
 @aio_app.task
 async def here_async() -> int:
     return os.getpid()
+
+
+# -- an asyncio app whose worker runs every task in child processes (app.worker(isolation="process")) --
+
+WQ = "iso-aio-whole"
+aio_whole = emq.App(emq.Client.from_url("redis://127.0.0.1:1"), queue=WQ)
+
+
+@aio_whole.task
+async def add_whole(a: int, b: int) -> dict[str, int]:
+    return {"sum": a + b, "pid": os.getpid()}
+
+
+@aio_whole.task
+async def fails_whole(row: int) -> None:
+    raise ValueError(f"bad row {row}")
+
+
+@aio_whole.task
+async def refuses_whole() -> None:
+    raise echomq.NonRetryable("no retry can help")
+
+
+@aio_whole.task(max_attempts=2)
+async def later_whole(path: str) -> str:
+    note(path, f"tried {time.time()}")
+    if len(Path(path).read_text().splitlines()) == 1:
+        raise echomq.RetryLater("busy", delay_ms=200)
+    return "done"
+
+
+@aio_whole.task
+async def reports_whole(path: str) -> int:
+    ctx = emq.task_context()
+    await ctx.progress({"done": 2, "of": 4})
+    await ctx.checkpoint_step(2, {"rows": 20})
+    note(path, f"reported {ctx.id}")
+    return os.getpid()
+
+
+@aio_whole.task
+async def until_cancelled_whole(path: str) -> None:
+    note(path, "started")
+    ctx = emq.task_context()
+    while True:
+        await asyncio.sleep(0.05)
+        await ctx.checkpoint()
+
+
+@aio_whole.task(timeout_ms=300, max_attempts=1)
+async def stubborn_whole(path: str) -> None:
+    """Blocks the child's loop (no await, no checkpoint): only a kill stops it."""
+    stubborn_body(path)
+
+
+@aio_whole.task
+def plain_whole() -> int:
+    """A plain function of an asyncio app: in the child it runs in a thread of the child's loop."""
+    return os.getpid()
+
+
+@aio_whole.task
+async def meet_whole(path: str, n: int) -> int:
+    """Says it is here, then waits (up to 5 s) until ``n`` jobs are: how many it saw."""
+    note(path, "here")
+    deadline = time.monotonic() + 5
+    while len(Path(path).read_text().splitlines()) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(Path(path).read_text().splitlines())

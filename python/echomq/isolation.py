@@ -1,11 +1,13 @@
-"""Process isolation: a thread worker's handlers run in child processes, which can be stopped for real.
+"""Process isolation: a worker's handlers run in child processes, which can be stopped for real.
 
-``Worker(..., isolation="process")`` runs each thread's handler in a child
-process of its own (one per slot: a fresh interpreter started with
-``subprocess``, safe beside the worker's threads, that never re-runs the
-worker's ``__main__``).  The worker
-itself is unchanged: its thread claims the job, keeps the lease, sends the
-end; only the handler's call crosses to the child.  What that buys:
+``Worker(..., isolation="process")`` runs each slot's handler in a child
+process of its own (a fresh interpreter started with ``subprocess``, safe
+beside the worker's threads, that never re-runs the worker's
+``__main__``).  The worker itself is unchanged: it claims the job, keeps
+the lease, sends the end; only the handler's call crosses to the child.
+The pool's calls block: a thread worker's thread makes them, an asyncio
+worker a thread of its own per job (``echomq.asyncio._isolation``, which
+also runs an ``async def`` handler in the child's own loop).  What that buys:
 
 - a hard timeout: at ``timeout_ms`` the handler's token is cancelled
   ("timeout", forwarded to the child); ``timeout_grace`` later a handler

@@ -37,16 +37,17 @@ CORE = (
     "echomq._serializers", "echomq._results",
 )  # fmt: skip
 SYNC = (
-    "echomq._sync", "echomq.isolation",
+    "echomq._sync",
     # the sync driver's public faces, each its _sync twin's names
     "echomq.client", "echomq.worker", "echomq.lease", "echomq.context", "echomq.reaper",
 )  # fmt: skip
 # Driver helpers both drivers use that belong to neither: redis-py as both use it, the deadline
 # watch (one thread per process over the core's HeldJob), the scripts backend's Lua and its
-# loader, the embedded server for tests and demos; the wait for a job's end, over either client.
+# loader, the embedded server for tests and demos; the wait for a job's end, over either client;
+# the child processes of isolation="process" (a thread of each worker waits on its child).
 SHARED = (
     "echomq._redis", "echomq._scripts", "echomq._watch", "echomq.scripts", "echomq.testing",
-    "echomq._result_wait",
+    "echomq._result_wait", "echomq.isolation",
 )  # fmt: skip
 ASYNC = ("echomq.asyncio",)  # its package's __init__ is the asyncio public face: a tool (below)
 CAPABILITIES = ("echomq.tasks", "echomq.metrics", "echomq.contrib")

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -245,11 +247,41 @@ def test_isolation_settings_are_checked(client: echomq.Client) -> None:
         echomq.Worker(client, Q, h.quick, isolation="process", max_jobs_per_child=0)
 
 
-def test_the_asyncio_worker_refuses_process_isolation(r: redis.Redis) -> None:
-    async def handler(ctx: emq.JobContext) -> None: ...
+def test_the_asyncio_worker_runs_an_importable_handler_in_a_child_that_its_timeout_kills(
+    server: EmbeddedServer, backend: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    # echomq.asyncio.Worker(isolation="process"): the child runs the async handler in a loop of
+    # its own; one that blocks that loop is killed at the abandon, and the next job gets a new child.
+    async def local(ctx: emq.JobContext) -> None: ...
 
-    with pytest.raises(ValueError, match=r"isolation='process' is for echomq\.Worker"):
-        emq.Worker(emq.Client(redis.asyncio.Redis()), Q, handler, isolation="process")
+    with pytest.raises(TypeError, match="importable by name"):
+        emq.Worker(emq.Client(redis.asyncio.Redis()), Q, local, isolation="process")
+    out = tmp_path / "out"
+
+    async def main() -> emq.Worker:
+        client = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        try:
+            await client.enqueue(Q, str(out).encode(), job_id="deaf")
+            await client.enqueue(Q, str(out).encode(), job_id="next")
+            worker = emq.Worker(
+                client, Q, h.deaf_once_async, isolation="process", timeout_ms=300, timeout_grace=0,
+                max_attempts=1, poll_interval=0.02, reap=False,
+            )  # fmt: skip
+            async with worker:
+                while worker.stats.completed + worker.stats.abandoned < 2:
+                    await asyncio.sleep(0.02)
+            return worker
+        finally:
+            await client.aclose()
+
+    worker = asyncio.run(main())
+    assert worker.stats.abandoned == 1 and worker.stats.completed == 1
+    assert row(r, "deaf")["last_error"] == "TimeoutError: the handler ran longer than its timeout (300 ms)"
+    assert row(r, "next")["state"] == "done"
+    started = [pid for job, pid, what in lines(out) if job == "deaf"]
+    ran = [pid for job, pid, what in lines(out) if job == "next" and what == "ran"]
+    assert ran and started and ran[0] != started[0] and str(os.getpid()) not in (*ran, *started)
+    assert wait_until(lambda: not alive(int(started[0])), timeout=10), "the child was not killed"
 
 
 def test_a_script_without_a_main_guard_starts_its_children_once(tmp_path: Path) -> None:
@@ -442,6 +474,10 @@ def test_process_isolation_for_an_app_is_checked_where_it_is_asked_for(client: e
     with pytest.raises(TypeError, match=where):
         made_here.worker(isolation="process")
     made_here.worker()  # threads: nothing to import
+    aio_here = emq.App(emq.Client(redis.asyncio.Redis()), queue="iso-here")
+    aio_here.task(name="nothing")(lambda: None)
+    with pytest.raises(TypeError, match=where):  # the asyncio app's twin, said before a worker is made
+        aio_here.worker(isolation="process")
     named = echomq.App(client, queue="iso-here", import_path="tests.isolation_tasks:app")
     assert named.import_path == "tests.isolation_tasks:app"
     with pytest.raises(ValueError, match="import_path must be MODULE:ATTR"):
@@ -506,3 +542,161 @@ def test_an_asyncio_apps_task_that_asks_for_a_process_is_killed_at_its_timeout(
     assert wait_until(lambda: not alive(pid), timeout=10), "the task's child was not killed"
     time.sleep(2.0)
     assert notes(out) == [("started", pid)]
+
+
+# -- an asyncio app's worker in process isolation: every task in its children ---------------------
+
+
+def run_whole(server: EmbeddedServer, backend: str, body: Any, **settings: Any) -> None:
+    """``body(worker)`` beside ``t.aio_whole.worker(isolation="process", **settings)``, on this server."""
+
+    async def main() -> None:
+        client = emq.Client(redis.asyncio.Redis(port=server.port), backend=backend)
+        t.aio_whole.client = client
+        try:
+            worker = t.aio_whole.worker(isolation="process", poll_interval=0.02, reap=False, **settings)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            try:
+                await body(client, worker)
+            finally:
+                worker.stop()
+                await running
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_asyncio_apps_worker_in_process_isolation_kills_a_task_at_its_timeout(
+    server: EmbeddedServer, backend: str, tmp_path: Path
+) -> None:
+    # echomq.asyncio.Worker(isolation="process") for an app: the children import it by name and run
+    # every task, async or plain; one that blocks its child's loop is killed at its abandon, and
+    # the worker's max_jobs_per_child recycles the children.
+    out = tmp_path / "out"
+    seen: dict[str, Any] = {}
+
+    async def body(client: emq.Client, worker: Any) -> None:
+        stuck = await t.stubborn_whole.enqueue(str(out))
+        with pytest.raises(echomq.JobFailed) as failed:
+            await stuck.result(timeout=30)
+        seen["failed"] = failed.value
+        seen["pids"] = [(await (await t.plain_whole.enqueue()).result(timeout=30)) for _ in range(3)]
+        seen["abandoned"] = worker.workers[0].stats.abandoned
+
+    run_whole(server, backend, body, timeout_grace=0, max_jobs_per_child=2)
+    assert seen["failed"].message == "the handler ran longer than its timeout (300 ms)"
+    ((what, pid),) = notes(out)
+    assert what == "started" and pid != os.getpid()
+    assert wait_until(lambda: not alive(pid), timeout=10), "the child was not killed"
+    pids = seen["pids"]
+    assert os.getpid() not in pids and pid not in pids
+    assert [pids.count(p) for p in dict.fromkeys(pids)] == [2, 1]  # a child runs 2 jobs, then is replaced
+    assert not any(alive(p) for p in pids)  # the worker's stop closed its children
+    assert seen["abandoned"] == 1
+    time.sleep(1.6)  # longer than the loop had left: a thread would have written "after" by now
+    assert notes(out) == [("started", pid)]
+
+
+def test_an_asyncio_workers_children_run_together_past_the_loops_default_executor(
+    server: EmbeddedServer, backend: str, tmp_path: Path
+) -> None:
+    # Each slot waits on its child in a thread of its own: the loop's default executor (a few
+    # threads: cores + 4, one here) would have the slots take turns, their timeouts running.
+    out = tmp_path / "out"
+    seen: list[int] = []
+
+    async def body(client: emq.Client, worker: Any) -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        handles = [await t.meet_whole.enqueue(str(out), 2) for _ in range(2)]
+        seen.extend([await h.result(timeout=30) for h in handles])
+
+    run_whole(server, backend, body, concurrency=2)
+    assert seen == [2, 2]
+
+
+def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
+    server: EmbeddedServer, backend: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    seen: dict[str, Any] = {}
+
+    async def body(client: emq.Client, worker: Any) -> None:
+        added = await t.add_whole.enqueue(2, 3)
+        failing = await t.fails_whole.enqueue(7)
+        refused = await t.refuses_whole.enqueue()
+        later = await t.later_whole.enqueue(str(out / "later"))
+        reported = await t.reports_whole.enqueue(str(out / "reports"))
+        seen["added"] = await added.result(timeout=30)
+        with pytest.raises(echomq.JobFailed) as failed:
+            await failing.result(timeout=30)
+        seen["failed"] = failed.value
+        with pytest.raises(echomq.JobFailed) as dead:
+            await refused.result(timeout=30)
+        seen["dead"] = dead.value
+        seen["later"] = await later.result(timeout=30)
+        seen["reported"] = await reported.result(timeout=30)
+        cancelled = await t.until_cancelled_whole.enqueue(str(out / "cancel"))
+        assert await asyncio.to_thread(wait_until, lambda: (out / "cancel").exists(), timeout=30)
+        await client.cancel(t.WQ, cancelled.id)
+        with pytest.raises(echomq.JobCancelled):
+            await cancelled.result(timeout=30)
+        handles = {"failing": failing, "refused": refused, "later": later, "reported": reported}
+        for name, handle in handles.items():
+            seen[f"{name} info"] = await handle.info()
+        seen["reported id"] = reported.id
+        # The shutdown's grace ends as this body returns: "shutdown" reaches the child's token.
+        stays = await t.until_cancelled_whole.enqueue(str(out / "stays"))
+        assert await asyncio.to_thread(wait_until, lambda: (out / "stays").exists(), timeout=30)
+        seen["stays"], seen["worker"] = stays.id, worker.workers[0]
+
+    run_whole(server, backend, body, max_attempts=3, grace=0.2)
+    stays = {k.decode(): v.decode() for k, v in r.hgetall(queue_keys(t.WQ).job(seen["stays"])).items()}
+    assert stays["state"] == "pending" and stays.get("tries", "0") == "0", stays  # given back, no try used
+    assert seen["worker"].stats.released == 1
+    assert seen["added"]["sum"] == 5 and seen["added"]["pid"] != os.getpid()
+    trace = seen["failed"].traceback or ""
+    assert trace.startswith("Traceback") and 'raise ValueError(f"bad row {row}")' in trace
+    assert "isolation_tasks.py" in trace and "echomq/isolation.py" not in trace, trace
+    assert seen["failed"].type == "ValueError" and seen["failed"].message == "bad row 7"
+    assert seen["failing info"].tries == 3  # an ordinary failure: retried
+    assert seen["dead"].type == "NonRetryable"
+    assert seen["refused info"].tries == 1 and seen["refused info"].state == "dead"
+    assert seen["later"] == "done"
+    assert seen["later info"].last_error == "RetryLater: busy" and seen["later info"].tries == 2
+    (first, _), (second, _) = notes(out / "later")
+    assert float(second.split()[1]) - float(first.split()[1]) >= 0.2  # RetryLater's delay_ms crossed
+    assert seen["reported"] != os.getpid()
+    assert seen["reported info"].progress == b'{"done":2,"of":4}'
+    assert [what for what, _ in notes(out / "reports")] == [f"reported {seen['reported id']}"]
+
+
+def test_echomq_worker_runs_an_asyncio_app_in_process_isolation(
+    server: EmbeddedServer, client: echomq.Client, tmp_path: Path
+) -> None:
+    # The CLI's asyncio twin: `echomq worker MODULE:APP --isolation process` for an echomq.asyncio.App.
+    out = tmp_path / "out"
+    producer = echomq.App(client, queue=t.WQ)
+    added = producer.enqueue("add_whole", 2, 3)
+    stuck = producer.enqueue("stubborn_whole", str(out))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
+    env.update(PYTHONPATH=pythonpath(ROOT / "python", ROOT), ECHOMQ_URL=server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "echomq", "worker", "tests.isolation_tasks:aio_whole", "--isolation",
+         "process", "--timeout-grace", "0", "--grace", "0", "--poll-interval", "0.05", "--no-metrics",
+         "--no-reap"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        result = added.result(timeout=60)
+        with pytest.raises(echomq.JobFailed) as failed:
+            stuck.result(timeout=60)
+        time.sleep(1.6)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert result["sum"] == 5 and result["pid"] not in (proc.pid, os.getpid())
+    assert failed.value.type == "TimeoutError"
+    assert [what for what, _ in notes(out)] == ["started"]

@@ -151,7 +151,7 @@ class WorkerCore(Shutdown, Finishing, Reaping, Timing, PerJob, Generic[ClientT, 
         """The driver refuses a handler of the other kind (a coroutine function in threads, say)."""
 
     def _check_isolation(self, isolation: str, handler: object) -> None:
-        """The driver refuses an isolation it cannot give (the asyncio Worker: processes)."""
+        """The driver refuses an isolation it cannot give (processes: a handler children cannot import)."""
 
     def _init_driver(self) -> None:
         """Make the driver's own thread or task primitives."""

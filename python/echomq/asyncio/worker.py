@@ -41,8 +41,10 @@ from .._runtime import (
 )
 from .._watch import WATCH
 from ..cancel import CancelToken
+from ..isolation import ProcessPool, check_isolated_handler
 from ._attempt import STOP_LANE
 from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
+from ._isolation import InChild, run_in_child
 from ._pushes import CancelListener
 from ._sweeper import sweep_loop
 from ._together import Coalescer
@@ -72,7 +74,9 @@ class Worker(Finisher[AsyncHandler]):
     cancellation through.  ``stop()`` is a plain function (a handler or a
     signal handler can call it, from any thread): it stops claiming and
     starts the grace period; ``await run()``, or leave ``async with
-    worker:``, to wait for the end.
+    worker:``, to wait for the end.  ``isolation="process"`` runs each
+    slot's handler (importable by name) in a child process, in a loop of
+    its own there, killed at its timeout's abandon (``echomq.isolation``).
     """
 
     _client_type = Client
@@ -80,10 +84,7 @@ class Worker(Finisher[AsyncHandler]):
 
     def _check_isolation(self, isolation: str, handler: object) -> None:
         if isolation == "process":
-            raise ValueError(
-                "isolation='process' is for echomq.Worker (a sync handler in a child process); an asyncio "
-                "handler is stopped by cancelling its task (timeout_ms)"
-            )
+            check_isolated_handler(handler)
 
     def _check_handler(self, handler: object) -> None:
         call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's own method)
@@ -124,6 +125,7 @@ class Worker(Finisher[AsyncHandler]):
         self._soon_task: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Task[Any]] = set()  # runners sending their job's end
         self._supervised = False  # the supervisor has ended: the worker settles (``_signal``)
+        self._pool: ProcessPool | None = None  # isolation="process": the handlers' children
 
     # -- control ---------------------------------------------------------------
 
@@ -189,6 +191,13 @@ class Worker(Finisher[AsyncHandler]):
         self._started = True
         if self._stop_requested:  # stop() came first: never start
             return
+        if self.isolation == "process":  # the children start (and import) before anything is claimed
+            pool = self._process_pool()
+            try:
+                await asyncio.to_thread(pool.prestart, self.concurrency)
+            except BaseException:
+                await self._close_pool()
+                raise
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._wake, self._stopping, self._forced_event = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -237,6 +246,7 @@ class Worker(Finisher[AsyncHandler]):
             finally:
                 if restore is not None:
                     restore()
+            await self._close_pool()
             if self._listener is not None:
                 await self._listener.close()
             await self._keepers.close()
@@ -471,8 +481,12 @@ class Worker(Finisher[AsyncHandler]):
             raise exc.__cause__ or exc from None
         self._hand(jobs, claimed_at)
         jobs = await self._replicated(jobs, claimed_at, loop=False)
-        for job in jobs:
-            await self._process(job, claimed_at)
+        try:
+            for job in jobs:
+                await self._process(job, claimed_at)
+        finally:
+            if self._jobs is None:  # work_one() on its own: its child (isolation="process") goes with it
+                await self._close_pool()
         return bool(jobs)
 
     async def _claim(
@@ -554,12 +568,8 @@ class Worker(Finisher[AsyncHandler]):
             current = asyncio.current_task()
             assert current is not None
             self._handlers[held] = current
-            with keeper._lock:
-                timeout_at = self._time_handler(held, time.monotonic())
-            if timeout_at < math.inf:
-                WATCH.earlier(timeout_at)
-                if self._wake is not None:
-                    self._wake.set()  # the supervisor looks at its grace's end
+            if self.isolation != "process":  # a child's wait for its start is not the handler's time
+                self._time(keeper)
             try:
                 error, interrupted, value = await self._call_handler(held, keeper)
             finally:
@@ -587,6 +597,15 @@ class Worker(Finisher[AsyncHandler]):
                 self._ending.discard(current)
         finally:
             CURRENT_JOB.reset(context)
+
+    def _time(self, keeper: LeaseKeeper) -> None:
+        """The handler starts now: its timeout (``timeout_ms``) runs from here."""
+        with keeper._lock:
+            timeout_at = self._time_handler(keeper._held, time.monotonic())
+        if timeout_at < math.inf:
+            WATCH.earlier(timeout_at)
+            if self._wake is not None:
+                self._wake.set()  # the supervisor looks at its grace's end
 
     async def _claimed_metric(self, job: Job) -> None:
         """The metrics' claim, with its sampled wait read for at most a third of the lease.
@@ -636,7 +655,14 @@ class Worker(Finisher[AsyncHandler]):
         """
         job, cancel = held.job, held.cancel
         try:
-            if self._context_style:
+            if self.isolation == "process":
+                # The child is killed once the worker fails the job without it (the abandon) or
+                # gives it back (a forced stop): both cancel this task, not the thread that waits.
+                value = await run_in_child(
+                    self._process_pool(), job, cancel, keeper, self._context_style,
+                    lambda: held.abandoned or held.given_back, lambda: self._time(keeper),
+                )  # fmt: skip
+            elif self._context_style:
                 value = await cast("Callable[[JobContext], Awaitable[object]]", self.handler)(
                     JobContext(job, cancel, keeper)
                 )
@@ -661,6 +687,22 @@ class Worker(Finisher[AsyncHandler]):
         ) as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit: its job fails, the worker stops
             return exc, True, None
         return None, False, value
+
+    def _process_pool(self) -> ProcessPool:
+        """The handlers' children (``isolation="process"``), made when first needed.
+
+        The child runs the asyncio handler in a loop of its own (``InChild``).
+        """
+        if self._pool is None:
+            handler = InChild(cast("Callable[..., Any]", self.handler))
+            self._pool = ProcessPool(handler, max_jobs_per_child=self.max_jobs_per_child)
+        return self._pool
+
+    async def _close_pool(self) -> None:
+        """Stop the children: idle ones exit, one still running a given-back job's handler is killed."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.close)
 
     def _blocks(self) -> bool:
         """Whether the claims wait on the server (the module does; a script cannot)."""

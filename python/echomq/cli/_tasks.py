@@ -43,6 +43,10 @@ def run_app(
     settings["metrics"] = make_metrics(args)
     if app.import_path is None:  # where its children import it from (isolation="process")
         app.import_path = args.handler
+    try:
+        app._check_isolation(settings.get("isolation", "thread"), queues)
+    except TypeError as exc:
+        raise CliError(str(exc)) from exc
     if isinstance(app, AsyncApp):
         from .. import asyncio as emq
         from ..asyncio._reach import wait_for_server as async_wait_for_server
@@ -71,10 +75,6 @@ def run_app(
     client = connect_waiting(args)
     require_module(client)
     dispatcher = Dispatcher.of(app)
-    try:
-        app._check_isolation(settings.get("isolation", "thread"), queues)
-    except TypeError as exc:
-        raise CliError(str(exc)) from exc
     workers = TaskWorker(
         [Worker(client, q, dispatcher, **settings) for q in queues],
         (lambda: app.register_schedules(client)) if app.periodic and isinstance(app, App) else None,

@@ -176,9 +176,10 @@ WORKER_SETTINGS = (
         "--isolation",
         str,
         "thread",
-        "where a sync handler runs: in the worker's threads (a timed-out one runs on), or each thread's "
-        "in a child process that a timeout kills and a crash cannot take down (the handler, or the app, "
-        "must be importable by name: the children import MODULE:HANDLER)",
+        "where a handler runs: in the worker's threads or asyncio tasks (a timed-out one that never "
+        "looks at its token runs on), or each slot's in a child process that a timeout kills and a crash "
+        "cannot take down (the handler, or the app, must be importable by name: the children import "
+        "MODULE:HANDLER)",
         to="isolation",
         choices=("thread", "process"),
         metavar="{thread,process}",

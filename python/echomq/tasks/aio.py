@@ -92,8 +92,10 @@ class AsyncApp(AppCore):
     """``echomq.App`` for asyncio: the same tasks, ``await task.enqueue(...)``, ``await handle.result()``.
 
     The asyncio worker stops a task by cancelling it at its next
-    ``await``; a task of ``isolation="process"`` runs in a child process,
-    killed at its timeout's abandon (see ``echomq.App.task``).
+    ``await``; in a worker of ``isolation="process"`` (``app.worker(isolation=
+    "process")``), or for a task of its own ``isolation="process"``, it runs
+    in a child process, killed at its timeout's abandon (see
+    ``echomq.App.task``).
     """
 
     def __init__(
@@ -202,7 +204,7 @@ class AsyncApp(AppCore):
 
         chosen = self._worker_queues(queues)
         dispatcher = AsyncDispatcher.of(self)
-        self._check_isolation("thread", chosen)  # its tasks' own: the asyncio Worker refuses the rest
+        self._check_isolation(settings.get("isolation", "thread"), chosen)
         wait_s = check_seconds("wait_for_server", settings.pop("wait_for_server", 0.0), zero_ok=True)
         workers = [Worker(self.client, q, dispatcher, **settings) for q in chosen]
 

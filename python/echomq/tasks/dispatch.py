@@ -276,12 +276,14 @@ def load_app(path: str) -> AppCore:
 
 def child_dispatcher(
     path: str, modules: tuple[str, ...], names: tuple[str, ...], kind: str = "threads"
-) -> Dispatcher | InChild:
+) -> Dispatcher | AsyncDispatcher:
     """In a child (``Dispatcher.__reduce__``): the app imported, its tasks' modules too, its dispatcher.
 
     A task the worker knows but the child does not find is said here, at the
     child's start (the worker refuses to run), not as a job's UnknownTask.
-    ``kind="asyncio"``: an asyncio app's dispatcher, run in the child's loop.
+    ``kind="asyncio"``: an asyncio app's dispatcher, which the child runs in
+    a loop of its own (``echomq.asyncio._isolation.InChild``, which crossed
+    with it).
     """
     app = load_app(path)
     for module in modules:  # tasks defined beside the app, in modules that import it
@@ -293,35 +295,5 @@ def child_dispatcher(
             f"{', '.join((path.partition(':')[0], *modules))} did not define it)"
         )
     if kind == "asyncio":
-        return InChild(AsyncDispatcher.of(app, in_child=True))
+        return AsyncDispatcher.of(app, in_child=True)
     return Dispatcher.of(app, in_child=True)
-
-
-class InChild:
-    """In a child: an asyncio app's dispatcher behind the plain handler the child calls.
-
-    The task sees an ``echomq.asyncio.JobContext`` whose checkpoints and
-    progress, awaited, ask the worker over the pipe (``_AsyncChildKeeper``).
-    """
-
-    def __init__(self, dispatcher: AsyncDispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    def __call__(self, ctx: JobContext) -> object:
-        from ..asyncio.context import JobContext as AsyncContext
-
-        keeper: Any = _AsyncChildKeeper(ctx._keeper)
-        return asyncio.run(self.dispatcher(AsyncContext(ctx.job, ctx.cancel, keeper)))
-
-
-class _AsyncChildKeeper:
-    """In a child: the pipe's keeper (``echomq.isolation``) awaited, as an asyncio context awaits its own."""
-
-    def __init__(self, keeper: Any) -> None:
-        self._keeper = keeper
-
-    async def _store(self, state: bytes | None) -> bool:
-        return bool(self._keeper._store(state))  # a round trip on the pipe: brief, the child's loop waits
-
-    async def _progress(self, data: bytes) -> None:
-        self._keeper._progress(data)

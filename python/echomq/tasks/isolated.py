@@ -26,12 +26,12 @@ Two ways in:
 An asyncio app's task runs in its child as in an asyncio worker (an
 ``echomq.asyncio.JobContext``, ``async def`` awaited in the child's own
 loop); its checkpoints and progress are sent to the worker's loop, where
-the lease is (``_LoopKeeper``).
+the lease is (``echomq.asyncio._isolation``, which the asyncio worker's
+own isolation uses too).
 """
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -41,10 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from ..isolation import ProcessPool
 
 if TYPE_CHECKING:
-    from .._protocol import Job
     from .._sync.context import JobContext
     from ..asyncio.context import JobContext as AsyncJobContext
-    from ..cancel import CancelToken
 
 __all__ = ["TaskProcesses", "check_import_path", "defined_in", "import_path_of"]
 
@@ -144,21 +142,13 @@ def importable_tasks(tasks: Iterable[TaskCore]) -> list[TaskCore]:
     return found
 
 
-class _LoopKeeper:
-    """In an asyncio worker: its job's keeper, called from the thread that waits on the child.
+def _kill_when(ctx: JobContext | AsyncJobContext) -> Callable[[], bool]:
+    """When the job's child is to be killed: the worker failed the job without it, or gave it back.
 
-    The keeper's commands are coroutines of the worker's loop: each call is
-    run there and waited for here.
+    The worker that does so knows nothing of the task's children.
     """
-
-    def __init__(self, keeper: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._keeper, self._loop = keeper, loop
-
-    def _store(self, state: bytes | None) -> bool:
-        return bool(asyncio.run_coroutine_threadsafe(self._keeper._store(state), self._loop).result())
-
-    def _progress(self, data: bytes) -> None:
-        asyncio.run_coroutine_threadsafe(self._keeper._progress(data), self._loop).result()
+    held = getattr(ctx._keeper, "_held", None)
+    return lambda: held is not None and (held.abandoned or held.given_back)
 
 
 class _Slots(Protocol):
@@ -184,14 +174,19 @@ class TaskProcesses:
         with self._lock:
             pool = self._pools.get(max_jobs_per_child)
             if pool is None:
-                handler = cast("Callable[..., object]", self._dispatcher)  # Dispatcher or AsyncDispatcher
+                handler = cast("Callable[..., object]", self._dispatcher)
+                if getattr(self._dispatcher, "kind", "threads") == "asyncio":  # its child runs a loop per job
+                    from ..asyncio._isolation import InChild  # here: echomq.asyncio's face imports tasks
+
+                    handler = InChild(handler)
                 pool = ProcessPool(handler, max_jobs_per_child=max_jobs_per_child)
                 self._pools[max_jobs_per_child] = pool
             return pool
 
     def run(self, ctx: JobContext, task: TaskCore) -> object:
         """The job of ``ctx`` dispatched in a child: the task's value, or what it raised, as here."""
-        return self._run(ctx.job, ctx.cancel, ctx._keeper, getattr(ctx._keeper, "_held", None), task)
+        pool = self.pool(task.max_jobs_per_child)
+        return pool.run(pool.take(), ctx.job, ctx.cancel, ctx._keeper, True, _kill_when(ctx))
 
     async def run_async(self, ctx: AsyncJobContext, task: TaskCore) -> object:
         """``run`` for an asyncio worker: the wait on the child in a thread, the keeper's calls on the loop.
@@ -199,18 +194,10 @@ class TaskProcesses:
         The worker's abandon cancels this coroutine, not the thread: the
         thread sees the job abandoned and kills the child (``kill_when``).
         """
-        keeper = _LoopKeeper(ctx._keeper, asyncio.get_running_loop())
-        held = getattr(ctx._keeper, "_held", None)
-        return await asyncio.to_thread(self._run, ctx.job, ctx.cancel, keeper, held, task)
+        from ..asyncio._isolation import run_in_child
 
-    def _run(self, job: Job, cancel: CancelToken, keeper: Any, held: Any, task: TaskCore) -> object:
         pool = self.pool(task.max_jobs_per_child)
-        child = pool.take()
-
-        def kill_when() -> bool:  # the worker failed the job without it, or gave it back: stop it for real
-            return held is not None and (held.abandoned or held.given_back)
-
-        return pool.run(child, job, cancel, keeper, True, kill_when)
+        return await run_in_child(pool, ctx.job, ctx.cancel, ctx._keeper, True, _kill_when(ctx))
 
     def prestart(self, workers: Iterable[_Slots]) -> None:
         """Start, and wait for, a child per slot that may run a process task: each worker's concurrency."""
