@@ -277,6 +277,8 @@ class _Child:
         self.process = process
         self.conn = conn
         self.jobs = 0
+        self.spent = False  # it ran as many jobs of one kind as that kind allows (``limit_of``)
+        self._kinds: dict[str, int] = {}  # jobs run, by kind (``limit_of``'s)
         self.ready = False  # it said so: imported, listening
         self.busy = False  # a handler runs in it now
         self.failure = ""  # what it said when it could not start
@@ -331,10 +333,20 @@ class ProcessPool:
     past its timeout); ``close()`` stops them all.
     """
 
-    def __init__(self, handler: Callable[..., object], *, max_jobs_per_child: int | None = None) -> None:
+    def __init__(
+        self,
+        handler: Callable[..., object],
+        *,
+        max_jobs_per_child: int | None = None,
+        limit_of: Callable[[Job], tuple[str, int] | None] | None = None,
+    ) -> None:
         check_isolated_handler(handler)
         self.handler = handler
         self.max_jobs_per_child = max_jobs_per_child
+        # A job's own limit, by its kind: an app's task with its own ``max_jobs_per_child`` in a
+        # worker whose children run every task (``DispatchCore.child_limit``).  A child that has
+        # run that many jobs of one kind is replaced, as one at the worker's limit is.
+        self.limit_of = limit_of
         self._handler_bytes = pickle.dumps(handler)
         self._idle: list[_Child] = []
         self._busy: dict[threading.Thread, _Child] = {}
@@ -388,6 +400,7 @@ class ProcessPool:
             child.busy = False
             limit = self.max_jobs_per_child
             keep = not self._closed and child.process.is_alive() and (limit is None or child.jobs < limit)
+            keep = keep and not child.spent
             if keep:
                 self._idle.append(child)
                 return
@@ -443,6 +456,11 @@ class ProcessPool:
         knows nothing of them.
         """
         child.jobs += 1
+        own = self.limit_of(job) if self.limit_of is not None else None
+        if own is not None:
+            kind, most = own
+            child._kinds[kind] = ran = child._kinds.get(kind, 0) + 1
+            child.spent = child.spent or ran >= most
         try:
             return self._run_in(child, job, cancel, keeper, context_style, kill_when)
         finally:

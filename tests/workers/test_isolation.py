@@ -385,6 +385,20 @@ def test_a_task_that_asks_for_a_process_is_killed_in_a_worker_of_threads(
     assert not any(alive(p) for p in whose)  # the worker's stop closed the task's children
 
 
+def test_a_tasks_own_max_jobs_per_child_recycles_the_children_of_a_worker_in_processes(
+    app: echomq.App, client: echomq.Client
+) -> None:
+    # Issue 42: @app.task(isolation="process", max_jobs_per_child=2) in a worker whose children run
+    # every task: its jobs recycle those children as they do the task's own in a worker of threads.
+    # Before, only the worker's own max_jobs_per_child counted: one child ran all five.
+    with app.worker(isolation="process", concurrency=1, poll_interval=0.02, reap=False):
+        whose = [t.whose.enqueue().result(timeout=30) for _ in range(5)]
+        here = [t.here.enqueue().result(timeout=30) for _ in range(3)]  # no limit of its own
+    assert os.getpid() not in whose and [whose.count(p) for p in dict.fromkeys(whose)] == [2, 2, 1]
+    assert len(set(here)) == 1 and here[0] == whose[-1]  # the last child goes on: 1 of its 2 used
+    assert not any(alive(p) for p in whose)
+
+
 def test_what_crosses_the_pipe_for_an_apps_task(
     app: echomq.App, client: echomq.Client, r: redis.Redis, tmp_path: Path
 ) -> None:

@@ -726,7 +726,11 @@ class Worker(Turns[Handler]):
         """The handlers' children (``isolation="process"``), made when the first job runs."""
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ProcessPool(self.handler, max_jobs_per_child=self.max_jobs_per_child)
+                self._pool = ProcessPool(
+                    self.handler,
+                    max_jobs_per_child=self.max_jobs_per_child,
+                    limit_of=getattr(self.handler, "child_limit", None),  # an app's tasks' own limits
+                )
             return self._pool
 
     def _close_pool(self) -> None:

@@ -695,7 +695,11 @@ class Worker(Finisher[AsyncHandler]):
         """
         if self._pool is None:
             handler = InChild(cast("Callable[..., Any]", self.handler))
-            self._pool = ProcessPool(handler, max_jobs_per_child=self.max_jobs_per_child)
+            self._pool = ProcessPool(
+                handler,
+                max_jobs_per_child=self.max_jobs_per_child,
+                limit_of=getattr(self.handler, "child_limit", None),  # an app's tasks' own limits
+            )
         return self._pool
 
     async def _close_pool(self) -> None:

@@ -171,6 +171,19 @@ class DispatchCore:
             return task
         return None
 
+    def child_limit(self, job: Job) -> tuple[str, int] | None:
+        """``job``'s task and its own ``max_jobs_per_child``, for a worker whose children run every task.
+
+        That worker's pool replaces a child once it has run that many jobs of
+        the task (``ProcessPool(limit_of=...)``), as the task's own children
+        are in a worker of threads.
+        """
+        name = task_name(job.payload)
+        task = self.tasks.get(name) if name is not None else None
+        if name is None or task is None or task.max_jobs_per_child is None:
+            return None
+        return name, task.max_jobs_per_child
+
     def job_settings(self, job: Job) -> JobSettings | None:
         """The task's lease, timeout and tries for ``job`` (None: not a task this worker knows)."""
         name = task_name(job.payload)
