@@ -55,7 +55,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test smoke unasync compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary memchecker browser module clean
+.PHONY: demo test smoke unasync compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary debian-packages memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -73,7 +73,7 @@ demo: setup
 # tests stay in one process: a fuzz file's last test checks what the others counted.
 PYTEST = $(BIN)/python -m pytest -n 2 --dist loadfile
 
-test: setup lint docs memchecker browser
+test: debian-packages setup lint docs memchecker browser
 	$(BIN)/python -m tests.stages
 
 # The sync twins generated from their asyncio sources (tests/unasync.py; tests/house/test_twins.py
@@ -182,6 +182,16 @@ server-binary:
 	  echo "installing redis-server from Debian's packages"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends redis-server; }
+
+# What make test needs from Debian, the missing ones installed together: one apt-get update, not
+# one per package (a fresh machine lacks all three).  The targets below then find them there.
+DEBIAN_NEEDS = redis-server:redis-server valgrind:valgrind chromium:chromium
+debian-packages:
+	@missing=""; for need in $(DEBIAN_NEEDS); do \
+	  command -v $${need%%:*} >/dev/null 2>&1 || missing="$$missing $${need##*:}"; done; \
+	[ -z "$$missing" ] || { echo "installing$$missing from Debian's packages"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; }
 
 memchecker:
 	@command -v valgrind >/dev/null 2>&1 || { \
