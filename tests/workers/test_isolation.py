@@ -448,27 +448,43 @@ def test_what_crosses_the_pipe_for_an_apps_task(
     assert [what for what, _ in notes(out / "reports")] == [f"reported {reported.id}"]
 
 
+@pytest.mark.parametrize(
+    ("target", "queue", "add", "stubborn", "settings", "settle"),
+    [
+        ("app", t.Q, "add", "stubborn", ["--timeout-ms", "300", "--max-attempts", "1"], 2.0),
+        ("aio_whole", t.WQ, "add_whole", "stubborn_whole", [], 1.6),  # the asyncio App
+    ],
+)
 def test_echomq_worker_runs_an_app_in_process_isolation(
-    server: EmbeddedServer, client: echomq.Client, tmp_path: Path
+    server: EmbeddedServer,
+    client: echomq.Client,
+    tmp_path: Path,
+    target: str,
+    queue: str,
+    add: str,
+    stubborn: str,
+    settings: list[str],
+    settle: float,
 ) -> None:
-    # The CLI names the app (MODULE:APP): the children import it by that path.
+    # The CLI names the app (MODULE:APP): the children import it by that path, an echomq.App's or
+    # an echomq.asyncio.App's; the task that ignores its token is killed at its timeout.
     out = tmp_path / "out"
-    producer = echomq.App(client, queue=t.Q)  # by name: this process needs no task of its own
-    added = producer.enqueue("add", 2, 3)
-    stuck = producer.enqueue("stubborn", str(out))
+    producer = echomq.App(client, queue=queue)  # by name: this process needs no task of its own
+    added = producer.enqueue(add, 2, 3)
+    stuck = producer.enqueue(stubborn, str(out))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
     env.update(PYTHONPATH=pythonpath(ROOT / "python", ROOT), ECHOMQ_URL=server.url)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "echomq", "worker", "tests.isolation_tasks:app", "--isolation", "process",
-         "--timeout-ms", "300", "--timeout-grace", "0", "--max-attempts", "1", "--grace", "0",
-         "--poll-interval", "0.05", "--no-metrics", "--no-reap"],
+        [sys.executable, "-m", "echomq", "worker", f"tests.isolation_tasks:{target}", "--isolation",
+         "process", *settings, "--timeout-grace", "0", "--grace", "0", "--poll-interval", "0.05",
+         "--no-metrics", "--no-reap"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         result = added.result(timeout=60)
         with pytest.raises(echomq.JobFailed) as failed:
             stuck.result(timeout=60)
-        time.sleep(2.0)
+        time.sleep(settle)  # longer than the task had left: it would have written "after"
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -684,33 +700,3 @@ def test_what_crosses_the_pipe_for_an_asyncio_apps_task(
     assert seen["reported"] != os.getpid()
     assert seen["reported info"].progress == b'{"done":2,"of":4}'
     assert [what for what, _ in notes(out / "reports")] == [f"reported {seen['reported id']}"]
-
-
-def test_echomq_worker_runs_an_asyncio_app_in_process_isolation(
-    server: EmbeddedServer, client: echomq.Client, tmp_path: Path
-) -> None:
-    # The CLI's asyncio twin: `echomq worker MODULE:APP --isolation process` for an echomq.asyncio.App.
-    out = tmp_path / "out"
-    producer = echomq.App(client, queue=t.WQ)
-    added = producer.enqueue("add_whole", 2, 3)
-    stuck = producer.enqueue("stubborn_whole", str(out))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ECHOMQ_")}
-    env.update(PYTHONPATH=pythonpath(ROOT / "python", ROOT), ECHOMQ_URL=server.url)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "echomq", "worker", "tests.isolation_tasks:aio_whole", "--isolation",
-         "process", "--timeout-grace", "0", "--grace", "0", "--poll-interval", "0.05", "--no-metrics",
-         "--no-reap"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        result = added.result(timeout=60)
-        with pytest.raises(echomq.JobFailed) as failed:
-            stuck.result(timeout=60)
-        time.sleep(1.6)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert result["sum"] == 5 and result["pid"] not in (proc.pid, os.getpid())
-    assert failed.value.type == "TimeoutError"
-    assert [what for what, _ in notes(out)] == ["started"]
