@@ -115,6 +115,7 @@ class Client(OperatorVerbs):
         # For a worker's attempts (see _attempt_many): its own connections.
         self._pool: WorkerConnections | None = None
         self._reached = False  # a request of ours got an answer once (never_reached)
+        self._registrations = proto.Registrations()
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
 
     @classmethod
@@ -469,7 +470,9 @@ class Client(OperatorVerbs):
         call = proto.enqueue(
             queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
         )
-        return self._run_request(call)
+        enqueued: Enqueued = self._run_request(call)
+        self._register(queue)  # the registry's index (docs/concepts/registry.md)
+        return enqueued
 
     def enqueue_many(
         self,
@@ -501,6 +504,8 @@ class Client(OperatorVerbs):
                 calls[:0] = proto.enqueue_many_halves(call)
                 continue
             ids += added
+        if ids:
+            self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return ids
 
     # -- schedules (echomq/schedules.py holds the rules) -----------------------------

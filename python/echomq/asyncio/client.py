@@ -102,6 +102,7 @@ class Client(OperatorVerbs):
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
         self._pool: WorkerConnections | None = None  # a worker's attempts: its own connections
         self._reached = False  # a request of ours got an answer once (never_reached)
+        self._registrations = proto.Registrations()
 
     @classmethod
     def from_url(
@@ -438,7 +439,9 @@ class Client(OperatorVerbs):
         call = proto.enqueue(
             queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
         )
-        return await self._run_request(call)
+        enqueued: Enqueued = await self._run_request(call)
+        await self._register(queue)  # the registry's index (docs/concepts/registry.md)
+        return enqueued
 
     async def enqueue_many(
         self,
@@ -461,6 +464,8 @@ class Client(OperatorVerbs):
                 calls[:0] = proto.enqueue_many_halves(call)
                 continue
             ids += added
+        if ids:
+            await self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return ids
 
     # -- schedules (echomq/schedules.py holds the rules) -----------------------------
