@@ -152,7 +152,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     else err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_CREATE);
     if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
-    if (!err) err = emq_registry_open(&registry, user, argv[2]);
+    if (!err) err = emq_registry_open(&registry, user, argv[2], &pending);
     if (err) goto reply;
 
     /* read and decide: a retry of this very call (its record exists: the
@@ -287,7 +287,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         err = emq_open_derived(ctx, user, &m.rows[i], m.names[i], EMQ_DERIVED_CREATE);
     }
     if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
-    if (!err) err = emq_registry_open(&registry, user, argv[2]);
+    if (!err) err = emq_registry_open(&registry, user, argv[2], &pending);
     if (err) goto reply;
 
     /* read and decide: a retry of this very call, all new, or refused; and

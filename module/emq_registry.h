@@ -2,8 +2,8 @@
  *
  * The record of truth is a marker in the queue's own slot, `<base>queue`, the
  * string "1": ENQUEUE and ENQUEUEMANY create it when absent (as SET NX would:
- * only its existence is read, so an enqueue of a queue that has one costs one
- * key lookup), and the OBLITERATE step that empties the queue deletes it.  It
+ * only its existence is read), looked up only when <pending> is empty, and
+ * the OBLITERATE step that empties the queue deletes it.  It
  * is written in the enqueue's own atomic step, in its slot, so it is the same
  * on a standalone server and in a Redis Cluster, whatever the client.
  *
@@ -27,10 +27,14 @@ typedef struct {
 /* Ready to open (and to close). */
 void emq_registry_init(EmqRegistry *g, RedisModuleCtx *ctx);
 
-/* Open <base>queue (the caller's ACL: SET).  EMQ_OK or the error. */
-int emq_registry_open(EmqRegistry *g, RedisModuleUser *user, RedisModuleString *base);
+/* Open <base>queue (the caller's ACL: SET) when <pending>, open, is empty:
+ * the queue's first enqueue, or the first since its default lane drained.
+ * An enqueue into a non-empty lane neither reads nor writes the marker (the
+ * enqueue that made the lane non-empty saw to it): the busy path costs
+ * nothing.  EMQ_OK or the error. */
+int emq_registry_open(EmqRegistry *g, RedisModuleUser *user, RedisModuleString *base, EmqKey *pending);
 
-/* SET <base>queue 1 when it does not exist. */
+/* SET <base>queue 1 when it was opened and does not exist. */
 void emq_registry_mark(EmqRegistry *g, EmqFx *fx);
 
 void emq_registry_close(EmqRegistry *g);

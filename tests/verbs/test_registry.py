@@ -60,6 +60,20 @@ def test_the_first_enqueue_makes_the_marker_and_the_index_entry(
     assert r.get(marker("raw")) == b"1" and not r.sismember(INDEX, "raw")
 
 
+def test_the_marker_is_looked_up_only_when_the_default_lane_is_empty(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("busy", b"x", "a")
+    r.delete(marker("busy"))  # not looked up while the lane holds an id: the busy path is free
+    client.enqueue("busy", b"x", "b")
+    assert not r.exists(marker("busy"))
+    drain(client, "busy")
+    client.enqueue("busy", b"x", "c")  # the lane was empty: looked up, made again
+    assert r.get(marker("busy")) == b"1"
+    client.enqueue("later", b"x", "a", delay_ms=60_000)  # a delayed job: the default lane stays empty
+    assert r.get(marker("later")) == b"1"
+
+
 def test_a_queue_that_drained_is_listed_without_a_scan(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue("fast", b"x", "a")
     client.enqueue_many("many", [b"1", b"2"])

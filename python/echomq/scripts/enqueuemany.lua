@@ -45,7 +45,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
         types[i] = emq.open_derived(rows[i], emq.CREATE)
     end
     local record, retry = open_record(base, req)
-    local registry, registered = open_registry(base)
+    local registry, registered = open_registry(base, pending)
 
     -- read and decide: a retry of this very call, all new, or refused; and where they wait
     if retry then return count end
