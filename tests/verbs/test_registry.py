@@ -19,6 +19,7 @@ from redis.cluster import RedisCluster
 
 import echomq
 import echomq.asyncio as emq
+from echomq import _protocol as proto
 from echomq.keyspace import queue_keys
 from echomq.metrics import QueueCollector
 from echomq.testing import EmbeddedServer
@@ -99,6 +100,19 @@ def test_obliterate_takes_the_queue_out(r: redis.Redis, client: echomq.Client) -
     client.enqueue("gone", b"x", "b")  # a queue made again is listed again (this client forgot it)
     assert client.queues() == ["gone", "kept"]
     assert r.exists(marker("gone"))
+
+
+def test_a_queue_another_process_obliterated_is_registered_again_within_a_minute(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    other = echomq.Client(r, backend=client.backend)  # type: ignore[arg-type]
+    client.enqueue("shared", b"x", "a")
+    other.obliterate("shared", force=True)
+    client.enqueue("shared", b"x", "b")  # registered by this client a moment ago: no SADD yet
+    assert r.exists(marker("shared")) and not r.sismember(INDEX, "shared")
+    client._registrations = proto.Registrations(every_s=0.0)  # as a minute later
+    client.enqueue("shared", b"x", "c")
+    assert r.sismember(INDEX, "shared")
 
 
 def test_a_queue_made_before_the_registry_is_found_once_and_filled(
