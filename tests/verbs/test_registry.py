@@ -25,7 +25,7 @@ from echomq.metrics import QueueCollector
 from echomq.testing import EmbeddedServer
 
 from ..clusters import owner, start_cluster
-from ..conftest import ServerFactory
+from ..conftest import ServerFactory, needs
 
 pytestmark = pytest.mark.backends
 
@@ -175,9 +175,13 @@ def test_the_asyncio_client_keeps_the_registry_alike(r: redis.Redis, client: ech
     assert r.smembers(INDEX) == {b"", b"am"}
 
 
-@pytest.fixture(scope="module")
-def cluster(server_factory: ServerFactory) -> Iterator[list[EmbeddedServer]]:
-    started = start_cluster(server_factory, 3)
+@pytest.fixture(
+    scope="module",
+    params=["module", pytest.param("scripts", marks=needs("script_flags", "script flags are Redis 7.0+"))],
+)
+def cluster(server_factory: ServerFactory, request: pytest.FixtureRequest) -> Iterator[list[EmbeddedServer]]:
+    """Three masters, with the module or without it (the scripts backend)."""
+    started = start_cluster(server_factory, 3, load_module=request.param == "module")
     yield started
     for n in started:
         n.stop()
