@@ -75,6 +75,11 @@ def test_the_marker_is_looked_up_only_when_the_default_lane_is_empty(
     assert r.get(marker("later")) == b"1"
 
 
+def test_a_queue_with_a_schedule_is_registered(r: redis.Redis, client: echomq.Client) -> None:
+    client.schedule("ticks", "every-minute", every_ms=60_000)
+    assert r.sismember(INDEX, "ticks")
+
+
 def test_a_queue_that_drained_is_listed_without_a_scan(r: redis.Redis, client: echomq.Client) -> None:
     client.enqueue("fast", b"x", "a")
     client.enqueue_many("many", [b"1", b"2"])

@@ -545,7 +545,10 @@ class Client(OperatorVerbs):
             start_at=start_at, end_at=end_at, missed=missed,
         )  # fmt: skip
         proto.keys_of(queue)
-        return _schedules.add(self, queue, definition)
+        info = _schedules.add(self, queue, definition)
+        # the jobs it fires are enqueued by whoever drives it: the queue is registered now
+        self._register(queue)  # (docs/concepts/registry.md)
+        return info
 
     def unschedule(self, queue: str, name: str) -> bool:
         """Remove the schedule ``name`` of ``queue``; False if there was none.  Jobs it enqueued stay."""

@@ -505,7 +505,10 @@ class Client(OperatorVerbs):
             start_at=start_at, end_at=end_at, missed=missed,
         )  # fmt: skip
         proto.keys_of(queue)
-        return await _schedules.add(self, queue, definition)
+        info = await _schedules.add(self, queue, definition)
+        # the jobs it fires are enqueued by whoever drives it: the queue is registered now
+        await self._register(queue)  # (docs/concepts/registry.md)
+        return info
 
     async def unschedule(self, queue: str, name: str) -> bool:
         """Remove the schedule ``name`` of ``queue``; False if there was none.  Jobs it enqueued stay."""
