@@ -31,6 +31,7 @@
  *   emq_row.c      what a row holds: values in 64-byte pieces, the level
  *   emq_end.c      the two hooks: a job leaves <active>, a job ends
  *   emq_unique.c   unique jobs: ENQUEUE's UNIQUE key, released when its job ends
+ *   emq_registry.c the queue registry: <base>queue, made by the first enqueue
  *   emq_wake.c     claims that wait on a queue's lanes, and what wakes them
  *   emq_rm.c/.h    our own declaration of the module API we call
  *
@@ -48,6 +49,7 @@
 #include "emq_lanes.h"
 #include "emq_rm.h"
 #include "emq_row.h"
+#include "emq_registry.h"
 #include "emq_unique.h"
 #include "emq_wake.h"
 

@@ -252,6 +252,7 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     emq_key_open(ctx, &pending, argv[2], rw);
     emq_key_open(ctx, &dead, argv[3], rw);
     RedisModuleString *metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
+    RedisModuleString *registry_name = emq_registry_name(ctx, argv[4]);
     Doomed *d = NULL;
     RedisModuleDict *live = NULL;
     size_t n = 0, entries = 0, tombstones = 0;
@@ -325,6 +326,7 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     for (size_t i = 0; !err && i < n; i++)
         if (d[i].deletes) err = emq_ended_prepare(&end, d[i].id, EMQ_END_DELETED, d[i].ended);
     if (!err && remaining == 0) err = check_derived(ctx, user, &metrics_name, 1);
+    if (!err && remaining == 0) err = check_derived(ctx, user, &registry_name, 1); /* emq_registry.h */
     /* The step that empties the sets deletes <base>meta (whatever it holds:
      * a meta of the wrong type cannot be paused, but it can be deleted);
      * the others pause the queue in it, and count off the tombstones. */
@@ -354,6 +356,7 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     if (remaining == 0) {
         emq_fx_del(&fx, &lanes.meta);
         del_checked(ctx, &fx, metrics_name);
+        del_checked(ctx, &fx, registry_name);
     } else {
         if (!emq_hexists(&lanes.meta, emq_str.paused))
             emq_fx_hset(&fx, &lanes.meta, "hset", 1, emq_str.paused, emq_small_int[1]);
@@ -378,6 +381,7 @@ reply:
     emq_end_close(&end);
     emq_lanes_close(&lanes);
     RedisModule_FreeString(ctx, metrics_name);
+    RedisModule_FreeString(ctx, registry_name);
     emq_key_close(&dead);
     emq_key_close(&pending);
     emq_key_close(&active);

@@ -146,11 +146,14 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_lanes_init(&lanes, ctx, NULL, argv[2], &pending);
     EmqUnique unique;
     emq_unique_init(&unique, ctx, &uopts);
+    EmqRegistry registry;
+    emq_registry_init(&registry, ctx);
     int wrote = 0;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     else err = emq_open_derived(ctx, user, &row, row_name, EMQ_DERIVED_CREATE);
     if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
+    if (!err) err = emq_registry_open(&registry, user, argv[2], &pending);
     if (err) goto reply;
 
     /* read and decide: a retry of this very call (its record exists: the
@@ -174,6 +177,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level), uopts.key);
     emq_lanes_apply(&lanes, &fx);
     emq_unique_take(&unique, &fx, id, now);
+    emq_registry_mark(&registry, &fx);
     if (req) write_record(ctx, &fx, &record, 1, now);
     wrote = 1;
 
@@ -183,6 +187,7 @@ reply:
     else RedisModule_ReplyWithLongLong(ctx, 1);
     emq_fx_commit(&fx);
     emq_unique_close(&unique);
+    emq_registry_close(&registry);
     emq_lanes_close(&lanes);
     emq_key_close(&record);
     if (record_name) RedisModule_FreeString(ctx, record_name);
@@ -273,6 +278,8 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     emq_fx_begin(&fx, ctx);
     EmqLanes lanes;
     emq_lanes_init(&lanes, ctx, NULL, argv[2], &pending);
+    EmqRegistry registry;
+    emq_registry_init(&registry, ctx);
     int wrote = 0;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
@@ -281,6 +288,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
         err = emq_open_derived(ctx, user, &m.rows[i], m.names[i], EMQ_DERIVED_CREATE);
     }
     if (!err) err = open_record(ctx, user, argv[2], req, &record, &record_name);
+    if (!err) err = emq_registry_open(&registry, user, argv[2], &pending);
     if (err) goto reply;
 
     /* read and decide: a retry of this very call, all new, or refused; and
@@ -296,6 +304,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     RedisModuleString *at = emq_fx_number(&fx, now), *lf = level_field(&fx, level);
     for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf, NULL);
     emq_lanes_apply(&lanes, &fx);
+    emq_registry_mark(&registry, &fx);
     if (req) write_record(ctx, &fx, &record, count, now);
     wrote = 1;
 
@@ -303,6 +312,7 @@ reply:
     if (err) emq_reply_error(ctx, err);
     else RedisModule_ReplyWithLongLong(ctx, m.n);
     emq_fx_commit(&fx);
+    emq_registry_close(&registry);
     emq_lanes_close(&lanes);
     emq_key_close(&record);
     if (record_name) RedisModule_FreeString(ctx, record_name);

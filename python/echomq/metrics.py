@@ -14,7 +14,7 @@ Two sides, both with ``prometheus_client`` (``pip install 'echomq[metrics]'``):
   every worker.
 - **Queue-level**: ``QueueCollector`` reads what the server holds, through
   the client's read methods (``counts``, ``pending``, ``counters``), at
-  every scrape, for queues named or discovered with a bounded SCAN;
+  every scrape, for queues named or found in the queue registry (no SCAN);
   ``CancelWatch`` measures how long a cancel takes from its request
   (EMQ.CANCEL's announcement) to the job ending cancelled.  ``echomq
   exporter`` serves both.
@@ -466,7 +466,8 @@ class QueueCollector(Collector):
 
     ``QueueCollector(client, queues=None, *, max_queues=100, scan_budget=100_000,
     discover_every=30.0)``: ``queues`` are the names to export; None
-    discovers them with ``client.queues`` (a bounded SCAN) at most every
+    discovers them with ``client.queues`` (the queue registry: a queue that drained
+    between two discoveries is found; docs/concepts/registry.md) at most every
     ``discover_every`` seconds, at most ``max_queues`` of them; a queue found
     once stays exported (its sets may empty, its counters go on) until the
     exporter restarts.  A queue whose

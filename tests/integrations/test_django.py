@@ -276,6 +276,18 @@ def test_a_backend_without_queues_takes_any_queue_and_finds_each_result_by_its_i
         shout.get_result("no-such-job@elsewhere")
 
 
+def test_a_backend_without_queues_works_the_registered_ones_when_asked(project: dict[str, str]) -> None:
+    """The any-queue path finds its queues in the queue registry (docs/concepts/registry.md), no SCAN."""
+    from shop.tasks import shout
+
+    backend = dtasks.task_backends["anyqueue"]
+    shout.using(backend="anyqueue", queue_name="registered-one").enqueue("x")
+    names = [w.queue for w in backend.worker(registered=True).workers]
+    assert "registered-one" in names
+    with pytest.raises(ValueError, match="name none"):
+        backend.worker(["a"], registered=True)
+
+
 def test_the_signals_are_sent_where_djangos_backends_send_them(
     project: dict[str, str], worker: subprocess.Popen[str]
 ) -> None:

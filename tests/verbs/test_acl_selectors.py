@@ -47,6 +47,7 @@ DECLARED = [
     f"~{K.meta}",
     f"~{K.base}limit",
     f"~{K.base}req:*",
+    f"~{K.base}queue",  # the registry's marker, made by the queue's first enqueue
 ]
 USERS = {
     # The issue's: the rows in a second selector that may only read.

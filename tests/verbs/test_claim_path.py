@@ -310,7 +310,14 @@ def test_enqueuemany_fires_an_hset_per_row_and_one_zadd(notifying: EmbeddedServe
     nr = notifying.client()
     nr.flushall()
     events = captured(nr, lambda: many(nr, ("a", "1"), ("b", "2"), ("c", "3"), opts=("DELAY", 10)))
-    assert events == [("hset", Q.job("a")), ("hset", Q.job("b")), ("hset", Q.job("c")), ("zadd", Q.delayed)]
+    marker = ("set", Q.base + "queue")  # the queue's first enqueue registers it
+    assert events == [
+        ("hset", Q.job("a")),
+        ("hset", Q.job("b")),
+        ("hset", Q.job("c")),
+        ("zadd", Q.delayed),
+        marker,
+    ]
     events = captured(nr, lambda: many(nr, ("e", "1"), ("f", "2")))  # due now: one RPUSH
     assert events == [("hset", Q.job("e")), ("hset", Q.job("f")), ("rpush", Q.pending)]
     events = captured(nr, lambda: enqueue(nr, "d", "AT", 5))  # past: delayed, scored with it
@@ -368,7 +375,7 @@ def test_replicas_get_one_hset_per_row_one_zadd_and_absolute_due_times(server_fa
 
 ACL_USERS = {
     # Queue q's lanes and rows a* only.
-    "amy": ["~emq:{q}:pending", "~emq:{q}:delayed", "~emq:{q}:job:a*"],
+    "amy": ["~emq:{q}:pending", "~emq:{q}:delayed", "~emq:{q}:job:a*", "~emq:{q}:queue"],
     # Queue q's lanes, no rows.
     "ben": ["~emq:{q}:pending", "~emq:{q}:delayed"],
 }

@@ -42,7 +42,8 @@ def acl_server(server_factory: ServerFactory) -> EmbeddedServer:
     srv = server_factory()
     admin = srv.client()
     # alice: queue a only.  bob: queue b's sets, none of its rows, settings or metric.
-    # carol: queue b's sets and rows, not its settings (<base>meta) nor its metric.
+    # carol: queue b's sets and rows and its registry marker, not its settings (<base>meta) nor
+    # its metric.
     admin.execute_command("ACL", "SETUSER", "alice", "reset", "on", ">pw", "+@all", "~emq:{a}:*")
     admin.execute_command(
         "ACL", "SETUSER", "bob", "reset", "on", ">pw", "+@all",
@@ -50,7 +51,7 @@ def acl_server(server_factory: ServerFactory) -> EmbeddedServer:
     )  # fmt: skip
     admin.execute_command(
         "ACL", "SETUSER", "carol", "reset", "on", ">pw", "+@all",
-        "~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:job:*",
+        "~emq:{b}:active", "~emq:{b}:pending", "~emq:{b}:dead", "~emq:{b}:job:*", "~emq:{b}:queue",
     )  # fmt: skip
     return srv
 
@@ -190,10 +191,17 @@ LATER = 10**13  # a PEXPIREAT in the future: the core command fires `expire`
 
 
 def enqueued(req: list[str]) -> Callable[[QueueKeys], list[list[object]]]:
-    """ENQUEUE's core commands: one HSET of the whole row, then the RPUSH; with REQ, the record."""
+    """ENQUEUE's core commands: one HSET of the whole row, then the RPUSH, the queue's first: its
+    registry marker; with REQ, the record."""
     row = ["state", "pending", "payload", "p", "enqueued_at", 1234]
     record = lambda k: [["SET", k.base + "req:" + req[1], 1], ["PEXPIREAT", k.base + "req:" + req[1], LATER]]  # noqa: E731
-    return lambda k: [["HSET", k.job("j"), *row], ["RPUSH", k.pending, "j"], *(record(k) if req else [])]
+    marker = lambda k: [["SET", k.base + "queue", 1]]  # noqa: E731
+    return lambda k: [
+        ["HSET", k.job("j"), *row],
+        ["RPUSH", k.pending, "j"],
+        *marker(k),
+        *(record(k) if req else []),
+    ]
 
 
 @pytest.mark.parametrize("req", [[], ["REQ", "r1"]])
@@ -202,7 +210,7 @@ def test_notifications_enqueue(nr: redis.Redis, req: list[str]) -> None:
     record = ["new req:r1", "set req:r1", "expire req:r1"] if req else []
     same_events(
         nr, lambda k: None, ["EMQ.ENQUEUE", n.pending, n.base, "j", "p", *req], enqueued(req),
-        ["new job:j", "hset job:j", "new pending", "rpush pending", *record],
+        ["new job:j", "hset job:j", "new pending", "rpush pending", "new queue", "set queue", *record],
     )  # fmt: skip
 
 

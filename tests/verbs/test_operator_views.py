@@ -118,11 +118,16 @@ def test_queues_scan_is_bounded(client: echomq.Client, r: redis.Redis) -> None:
 
     r.execute_command = counting  # type: ignore[method-assign]
     try:
-        client.queues(scan_budget=1000)
+        assert client.queues(scan_budget=1000) == ["needle"]
+        first, calls[:] = list(calls), []
+        assert client.queues(scan_budget=1000) == ["needle"]
     finally:
         r.execute_command = original  # type: ignore[method-assign]
-    # one step of 1000 per pass (the sets, then the lists): the budget, whatever the keyspace holds
-    assert calls == ["SCAN", "SCAN"]
+    # The registry's index never filled (docs/concepts/registry.md): one step of 1000 per pass
+    # (the sets, the lists, the markers), the budget whatever the keyspace holds, then it is
+    # filled; from then on no SCAN at all.
+    assert first == ["SISMEMBER", "SCAN", "SCAN", "SCAN", "SADD", "SSCAN"]
+    assert calls == ["SISMEMBER", "SSCAN"]
     with pytest.raises(ValueError):
         client.queues(scan_budget=0)
 

@@ -424,7 +424,7 @@ def test_the_acl_guards_the_unique_key_at_enqueue_and_at_the_end(
     """A user allowed every key of the queue but its unique keys: an enqueue with UNIQUE and the
     end of a job holding a key are refused (NOPERM, nothing written); plain enqueues run."""
     keys = queue_keys("q")
-    names = ("pending", "active", "dead", "priority", "delayed", "meta", "limit")
+    names = ("pending", "active", "dead", "priority", "delayed", "meta", "limit", "queue")
     allowed = [f"~{keys.base}{name}" for name in names]
     rules = ["+@all", *allowed, f"~{keys.base}job:*", f"~{keys.base}req:*", f"~{keys.base}metrics:*", "&*"]
     r.execute_command("ACL", "SETUSER", "nounique", "reset", "on", ">pw", *rules)

@@ -297,6 +297,7 @@ def test_the_blocked_reply_path_fires_what_a_claim_fires(server_factory: ServerF
     assert events == [
         ("hset", Q.job("j")),
         ("rpush", Q.pending),
+        ("set", Q.base + "queue"),  # the queue's first enqueue registers it (docs/concepts/registry.md)
         # the claim, served from the reply callback
         ("lpop", Q.pending),
         ("del", Q.pending),

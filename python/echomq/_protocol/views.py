@@ -478,10 +478,12 @@ def add_counters(queue: str, deltas: dict[str, int]) -> list[tuple[Any, ...]]:
     return [("HINCRBY", key, name, n) for name, n in deltas.items() if n and name in known]
 
 
-QUEUE_KEYS = ("pending", "priority", "delayed", "active", "dead")
-QUEUE_SCANS = (("emq:{*}:[adp]*", "zset"), ("emq:{*}:pending", "list"))
+QUEUE_KEYS = ("pending", "priority", "delayed", "active", "dead", "queue")
+QUEUE_SCANS = (("emq:{*}:[adp]*", "zset"), ("emq:{*}:pending", "list"), ("emq:{*}:queue", "string"))
 """The passes of ``scan_queues``: a queue's sorted sets (``priority``, ``delayed``, ``active``,
-``dead``: no row ``job:``, setting ``meta`` or record ``req:`` is one), then its list (``pending``)."""
+``dead``: no row ``job:``, setting ``meta`` or record ``req:`` is one), then its list (``pending``),
+then the registry's marker ``queue`` that the first enqueue makes and OBLITERATE deletes, so that a
+queue that ever had a job is found however fast it drains."""
 
 
 def scan_queues(cursor: int, count: int, scan: int = 0) -> tuple[Any, ...]:

@@ -114,6 +114,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         # For a worker's attempts (see _attempt_many): its own connections.
         self._pool: WorkerConnections | None = None
         self._reached = False  # a request of ours got an answer once (never_reached)
+        self._registrations = proto.Registrations()
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
 
     @classmethod
@@ -470,7 +471,9 @@ class Client(ClaimVerbs, OperatorVerbs):
         call = proto.enqueue(
             queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
         )
-        return self._run_request(call)
+        enqueued: Enqueued = self._run_request(call)
+        self._register(queue)  # the registry's index (docs/concepts/registry.md)
+        return enqueued
 
     def enqueue_many(
         self,
@@ -502,6 +505,8 @@ class Client(ClaimVerbs, OperatorVerbs):
                 calls[:0] = proto.enqueue_many_halves(call)
                 continue
             ids += added
+        if ids:
+            self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return ids
 
     # -- schedules (echomq/schedules.py holds the rules) -----------------------------
@@ -541,7 +546,10 @@ class Client(ClaimVerbs, OperatorVerbs):
             start_at=start_at, end_at=end_at, missed=missed,
         )  # fmt: skip
         proto.keys_of(queue)
-        return _schedules.add(self, queue, definition)
+        info = _schedules.add(self, queue, definition)
+        # the jobs it fires are enqueued by whoever drives it: the queue is registered now
+        self._register(queue)  # (docs/concepts/registry.md)
+        return info
 
     def unschedule(self, queue: str, name: str) -> bool:
         """Remove the schedule ``name`` of ``queue``; False if there was none.  Jobs it enqueued stay."""

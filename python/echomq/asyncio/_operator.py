@@ -12,10 +12,13 @@ are the types of ``redis``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -41,6 +44,8 @@ class OperatorVerbs:
     """The operator's verbs of ``echomq.asyncio.Client`` (see the module docstring)."""
 
     redis: aioredis.Redis | aioredis.RedisCluster
+    _registrations: proto.Registrations
+    """The queues this client added to the registry's index lately (``_register``)."""
 
     async def _run(self, call: proto.Call[T]) -> T:
         raise NotImplementedError
@@ -52,6 +57,31 @@ class OperatorVerbs:
 
     async def _server_time(self, key: str) -> int:
         return proto.server_ms(await self.redis.execute_command("TIME", **self._node_of(key)))
+
+    async def _register(self, queue: str) -> None:
+        """Add ``queue`` to the registry's index ``emq:queues``, at most once a minute per queue.
+
+        Sent after the enqueue was answered, so nothing here fails it: the
+        enqueue's marker ``emq:{Q}:queue`` already registered the queue, and a
+        reader fills the index from the markers (docs/concepts/registry.md).  A
+        refusal (``NOPERM`` on ``emq:queues``) is not asked again for a minute; a
+        lost connection is asked again at the next enqueue.
+        """
+        now = time.monotonic()
+        if not self._registrations.due(queue, now):
+            return
+        try:
+            await self.redis.execute_command(*proto.register(queue))
+        except ResponseError:
+            pass
+        except redis.RedisError:
+            return
+        self._registrations.done(queue, now)
+
+    async def _unregister(self, queue: str) -> None:
+        """Take an obliterated ``queue`` out of the registry's index (its marker went with its last step)."""
+        self._registrations.forget(queue)
+        await self.redis.execute_command(*proto.unregister(queue))
 
     async def _read(self, read: proto.Read[T]) -> T:
         now = await self._server_time(read.key)
@@ -107,17 +137,39 @@ class OperatorVerbs:
         """The queue's shared counters (see ``echomq.Client.counters``)."""
         return await self._read(proto.counters(queue))
 
-    async def queues(self, *, limit: int = 100, scan_budget: int = 100_000) -> list[str]:
-        """The queues that have jobs, by a bounded SCAN (see ``echomq.Client.queues``)."""
+    async def queues(
+        self, *, limit: int = 100, scan_budget: int = 100_000, rescan: bool = False
+    ) -> list[str]:
+        """The names of the queues that ever had a job (since their last obliterate), sorted.
+
+        Read from the queue registry's index, the set ``emq:queues``, with no
+        SCAN of the keyspace: a queue that drained in a second is listed all
+        the same (docs/concepts/registry.md).  When the index was never filled
+        (an upgrade from a version without it), or with ``rescan``, a bounded
+        SCAN (on every primary of a cluster) of the queues' markers, lanes and
+        sets runs first and fills it: it stops after about ``scan_budget`` keys
+        examined or ``limit`` queues found.  At most ``limit`` names.
+        """
         proto.positive_int("limit", limit)
         proto.positive_int("scan_budget", scan_budget)
         found: set[str] = set()
-        step = min(1000, scan_budget)
-        nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
-        for node in nodes:
-            for scan in range(len(proto.QUEUE_SCANS)):
-                target = {} if node is None else {"target_nodes": node}
-                found |= await self._scan_queues(scan, step, scan_budget, limit - len(found), target)
+        filled = await self.redis.execute_command("SISMEMBER", proto.REGISTRY_KEY, proto.REGISTRY_FILLED)
+        if rescan or not filled:
+            step = min(1000, scan_budget)
+            nodes = self.redis.get_primaries() if hasattr(self.redis, "get_primaries") else [None]
+            for node in nodes:
+                for scan in range(len(proto.QUEUE_SCANS)):
+                    target = {} if node is None else {"target_nodes": node}
+                    found |= await self._scan_queues(scan, step, scan_budget, limit - len(found), target)
+            with contextlib.suppress(ResponseError):  # a reader that may not write it scans again next time
+                await self.redis.execute_command(*proto.fill_registry(sorted(found)))
+        cursor = 0
+        while len(found) < limit:
+            reply = await self.redis.execute_command(*proto.registry_page(cursor, 1000))
+            cursor, names = proto.registry_reply(reply)
+            found.update(names)
+            if cursor == 0:
+                break
         return sorted(found)[:limit]
 
     async def _scan_queues(
@@ -214,4 +266,5 @@ class OperatorVerbs:
                 forgotten += await self._run(call)
             if cursor == 0:
                 await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
+                await self._unregister(queue)
                 return ObliterateResult(removed, forgotten)

@@ -99,6 +99,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
         self._pool: WorkerConnections | None = None  # a worker's attempts: its own connections
         self._reached = False  # a request of ours got an answer once (never_reached)
+        self._registrations = proto.Registrations()
 
     @classmethod
     def from_url(
@@ -435,7 +436,9 @@ class Client(ClaimVerbs, OperatorVerbs):
         call = proto.enqueue(
             queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
         )
-        return await self._run_request(call)
+        enqueued: Enqueued = await self._run_request(call)
+        await self._register(queue)  # the registry's index (docs/concepts/registry.md)
+        return enqueued
 
     async def enqueue_many(
         self,
@@ -458,6 +461,8 @@ class Client(ClaimVerbs, OperatorVerbs):
                 calls[:0] = proto.enqueue_many_halves(call)
                 continue
             ids += added
+        if ids:
+            await self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return ids
 
     # -- schedules (echomq/schedules.py holds the rules) -----------------------------
@@ -497,7 +502,10 @@ class Client(ClaimVerbs, OperatorVerbs):
             start_at=start_at, end_at=end_at, missed=missed,
         )  # fmt: skip
         proto.keys_of(queue)
-        return await _schedules.add(self, queue, definition)
+        info = await _schedules.add(self, queue, definition)
+        # the jobs it fires are enqueued by whoever drives it: the queue is registered now
+        await self._register(queue)  # (docs/concepts/registry.md)
+        return info
 
     async def unschedule(self, queue: str, name: str) -> bool:
         """Remove the schedule ``name`` of ``queue``; False if there was none.  Jobs it enqueued stay."""

@@ -144,7 +144,10 @@ def register(command: Command) -> None:
     )
     p.add_argument("--max-queues", type=positive, default=100, help="queues discovered, at most (100)")
     p.add_argument(
-        "--scan-budget", type=positive, default=100_000, help="keys one discovery SCAN examines at most"
+        "--scan-budget",
+        type=positive,
+        default=100_000,
+        help="keys the SCAN that fills the registry's index examines at most",
     )
     p.add_argument("--discover-every", type=float, default=30.0, help="seconds between discoveries")
     p.add_argument("--no-cancel-latency", action="store_true", help="do not follow cancels (no PSUBSCRIBE)")

@@ -146,7 +146,7 @@ class Dashboard:
     ``Dashboard(client, *, queues=None, read_only=False, token=None,
     show_payloads=False, interval=1.0, history_seconds=600, max_queues=100,
     page_size=50, discover_every=5.0)``: ``client`` is an ``echomq.asyncio.Client``; ``queues``
-    the queues to show (None: discover them with a bounded SCAN every
+    the queues to show (None: discover them in the queue registry every
     ``discover_every`` seconds, at most ``max_queues``, a queue found once
     stays listed); ``token``:
     when set, every request needs it (``?token=`` once, then a cookie; or

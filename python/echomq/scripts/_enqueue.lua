@@ -74,6 +74,19 @@ local function open_record(base, req)
     return record, emq.open_derived(record, emq.RECORD_CREATE) ~= 'none'
 end
 
+-- The queue registry (module/emq_registry.h): <base>queue, the string "1", created when absent as
+-- SET NX would (write permission; only its existence is read), looked up only when <pending> is
+-- empty: the enqueue that made the default lane non-empty saw to it.
+local function open_registry(base, pending)
+    if redis.call('EXISTS', pending) == 1 then return nil, true end
+    local name = base .. 'queue'
+    return name, emq.open_derived(name, emq.RECORD_CREATE) ~= 'none'
+end
+
+local function mark_registry(name, exists)
+    if name and not exists then redis.call('SET', name, '1') end
+end
+
 -- Remember the call for 60 s (emq_core.h: EMQ_ENQUEUE_RECORD_TTL_MS): its count, expiring at an
 -- absolute time, as a replica and the AOF get it.
 local ENQUEUE_RECORD_TTL_MS = 60000

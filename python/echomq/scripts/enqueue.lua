@@ -29,6 +29,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local row = base .. 'job:' .. id
     local rtype = emq.open_derived(row, emq.CREATE)
     local record, retry = open_record(base, req)
+    local registry, registered = open_registry(base, pending)
 
     -- read and decide: a retry of this very call, a unique key held by another job (nothing
     -- enqueued; with REPLACE, a pending holder's payload replaced), a taken id, or a new job --
@@ -45,6 +46,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     write_row(row, payload, now, level, u.key)
     lanes:apply()
     emq.unique_take(base, u, id, now)
+    mark_registry(registry, registered)
     if record then write_record(record, 1, now) end
     return u.key and { 1, id } or 1
 end)

@@ -45,6 +45,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
         types[i] = emq.open_derived(rows[i], emq.CREATE)
     end
     local record, retry = open_record(base, req)
+    local registry, registered = open_registry(base, pending)
 
     -- read and decide: a retry of this very call, all new, or refused; and where they wait
     if retry then return count end
@@ -61,6 +62,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
         write_row(rows[i], argv[3 + 2 * i], now, level)
     end
     lanes:apply()
+    mark_registry(registry, registered)
     if record then write_record(record, count, now) end
     return count
 end)

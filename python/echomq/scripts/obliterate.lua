@@ -62,9 +62,10 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
     for _, m in ipairs(members) do
         if m.deletes then emq.ended_prepare(base, m.id, 'deleted', m.ended) end
     end
-    local metrics, meta = base .. 'metrics:failed', base .. 'meta'
+    local metrics, meta, registry = base .. 'metrics:failed', base .. 'meta', base .. 'queue'
     if remaining == 0 then
         emq.open_derived(metrics, emq.DELETE)
+        emq.open_derived(registry, emq.DELETE) -- the queue registry's marker (module/emq_registry.h)
         -- the step that empties the sets deletes <base>meta (whatever it holds: a meta of the
         -- wrong type cannot be paused, but it can be deleted)
         emq.open_derived(meta, emq.DELETE)
@@ -91,6 +92,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
     if remaining == 0 then
         redis.call('DEL', meta)
         redis.call('DEL', metrics)
+        redis.call('DEL', registry)
     else
         if not emq.hexists(meta, lanes.types.meta, 'paused') then redis.call('HSET', meta, 'paused', '1') end
         lanes:apply()

@@ -321,20 +321,33 @@ class EchoMQBackend(BaseTaskBackend):
             _set(result, _return_value=decode_result(info.result))
         return result
 
-    def worker(self, queues: Iterable[str] | None = None, **settings: Any) -> TaskWorker:
+    def worker(
+        self, queues: Iterable[str] | None = None, *, registered: bool = False, **settings: Any
+    ) -> TaskWorker:
         """An echomq worker (threads) for ``queues`` (default: the backend's ``QUEUES``).
 
         A backend that lists no ``QUEUES`` takes any queue name: its worker
-        must be told which to work (``ValueError`` otherwise); a queue that
+        must be told which to work (``ValueError`` otherwise), or, with
+        ``registered``, works every queue the queue registry lists now
+        (``client.queues()``, no SCAN of the keyspace; docs/concepts/registry.md),
+        those of the listed ``QUEUES`` only when there are some. A queue that
         is not one of the listed ``QUEUES`` is refused (no task goes there).
         """
         from ..._sync.worker import Worker
 
-        if queues is None:
+        if registered:
+            if queues is not None:
+                raise ValueError("registered=True works the registry's queues: name none")
+            found = self.app.client.queues(limit=10_000)
+            chosen = [q for q in found if not self.queues or q in self.queues]
+            if not chosen:
+                raise ValueError(f"TASKS[{self.alias!r}]: no queue of it in the queue registry yet")
+        elif queues is None:
             if not self.queues:
                 raise ValueError(
                     f"TASKS[{self.alias!r}] takes any queue name (QUEUES: []): name the queues its worker "
-                    "works (manage.py echomq_worker --queue Q ..., or backend.worker(queues=[...]))"
+                    "works (manage.py echomq_worker --queue Q ... or --registered, or "
+                    "backend.worker(queues=[...]))"
                 )
             chosen = sorted(self.queues)
         else:

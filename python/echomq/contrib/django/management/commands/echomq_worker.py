@@ -19,6 +19,11 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             dest="queues",
             help="a queue to work (repeat it; default: the backend's QUEUES, required when it lists none)",
         )
+        parser.add_argument(
+            "--registered",
+            action="store_true",
+            help="work every queue the queue registry lists now (a backend with QUEUES: [])",
+        )
         parser.add_argument("--concurrency", type=int, default=4, help="tasks run at once per queue")
         parser.add_argument("--lease-ms", type=int, default=None, help="each job's lease (ms)")
         parser.add_argument("--max-attempts", type=int, default=None, help="tries before a job is dead")
@@ -42,7 +47,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             if options[key] is not None:
                 settings[key] = options[key]
         try:
-            worker = backend.worker(options["queues"], **settings)
+            worker = backend.worker(options["queues"], registered=options["registered"], **settings)
         except ValueError as exc:  # QUEUES: [] and no --queue; a --queue not in QUEUES
             raise CommandError(str(exc)) from exc
         queues = ", ".join(w.queue for w in worker.workers)
