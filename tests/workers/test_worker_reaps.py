@@ -62,9 +62,19 @@ def crashed_worker_holding(server: EmbeddedServer, r: redis.Redis, job_id: str) 
 
 
 def run_worker(
-    server: EmbeddedServer, mode: str, handler_ran: list[str], seconds: float, **kwargs: object
+    server: EmbeddedServer,
+    mode: str,
+    handler_ran: list[str],
+    seconds: float,
+    reaped: int = 0,
+    **kwargs: object,
 ) -> echomq.WorkerStats:
-    """A plain worker of Q (``kwargs`` added) for ``seconds``, or until a handler ran; its stats."""
+    """A plain worker of Q (``kwargs`` added) for ``seconds``, or until a handler ran; its stats.
+
+    With ``reaped``, until its sweeps have also counted that many: the job a sweep recovered
+    can be claimed and run before the sweep's own answer is read (another connection), and a
+    stop then would cancel the sweep's task with its count (what was taken stays taken).
+    """
     if mode == "sync":
 
         def handler(ctx: echomq.JobContext) -> None:
@@ -72,7 +82,7 @@ def run_worker(
 
         worker = echomq.Worker(echomq.Client(server.client()), Q, handler, **kwargs)  # type: ignore[arg-type]
         with worker:
-            wait_until(lambda: bool(handler_ran), timeout=seconds)
+            wait_until(lambda: bool(handler_ran) and worker.stats.reaped >= reaped, timeout=seconds)
         return worker.stats
 
     async def main() -> echomq.WorkerStats:
@@ -83,7 +93,7 @@ def run_worker(
         worker = emq.Worker(client, Q, handler, **kwargs)  # type: ignore[arg-type]
         async with worker:
             deadline = time.monotonic() + seconds
-            while not handler_ran and time.monotonic() < deadline:
+            while not (handler_ran and worker.stats.reaped >= reaped) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
         await client.aclose()
         return worker.stats
@@ -97,7 +107,7 @@ def test_a_killed_workers_job_is_recovered_by_another_plain_worker(
 ) -> None:
     crashed_worker_holding(server, r, "J")
     ran: list[str] = []
-    stats = run_worker(server, mode, ran, seconds=20, reap_interval=0.3)
+    stats = run_worker(server, mode, ran, seconds=20, reaped=1, reap_interval=0.3)
     assert ran == ["J"]
     assert stats.reaped == 1 and stats.completed == 1
     row = r.hgetall(K.job("J"))
