@@ -11,6 +11,8 @@ from echomq import CancelToken, Job
 from echomq._runtime import LOST_DEADLINE, HeldJob
 from echomq._watch import DeadlineWatch
 
+from ..calibration import budget
+
 JOB = Job("q", "j", "1-00000000000000aa", b"")
 
 
@@ -57,9 +59,15 @@ def test_every_deadline_is_seen_on_time_however_jobs_come_and_go() -> None:
         done.set()
         watcher.join()
         assert len(entries) == 160
-        for h, deadline in entries:
+        late = sorted(lost_at[id(h)] - deadline for h, deadline in entries)
+        for h, _ in entries:
             assert h.lost == LOST_DEADLINE, "a deadline was missed"
-            assert 0 <= lost_at[id(h)] - deadline < 0.2, "lost too early or too late"
+        assert late[0] >= 0, "a lease was lost before its deadline"
+        # On time: a watch asleep for the wrong deadline is late for most (by 100-350 ms); a busy
+        # machine's scheduler makes a few late too (a fresh clone's CI saw one 364 ms late beside
+        # four test processes on two cores), so the typical one is held tight, the worst loosely.
+        assert late[len(late) // 2] < budget(0.05, under=0.1), f"typically late: {late[len(late) // 2]:.3f} s"
+        assert late[-1] < budget(0.2, under=0.55), f"the latest: {late[-1]:.3f} s"
     finally:
         for h, _ in entries:
             watch.remove(h)
