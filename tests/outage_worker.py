@@ -203,6 +203,7 @@ def late_signal(signum: int, frame: object) -> None:
 
 
 LOOP: asyncio.AbstractEventLoop | None = None  # the asyncio worker's, for dump_tasks
+WORKER: Any = None  # the asyncio worker, for dump_tasks
 
 
 def dump_tasks(signum: int, frame: object) -> None:
@@ -211,10 +212,54 @@ def dump_tasks(signum: int, frame: object) -> None:
     faulthandler.dump_traceback(all_threads=True)
     loop = LOOP
     if loop is not None:
+        worker = WORKER
+        flight = getattr(getattr(worker, "_coalescer", None), "_in_flight", None)
+        timer = getattr(flight, "timer", None)
+        if timer is not None:
+            print(f"the batch in flight: {timer!r}, loop time {loop.time():.3f}", file=sys.stderr)
+            for line in getattr(timer, "landed", []):
+                print(f"  its timeout landed at {line}", file=sys.stderr)
         for task in asyncio.all_tasks(loop):
-            print(f"task {task.get_name()}:", file=sys.stderr)
-            task.print_stack(limit=12, file=sys.stderr)
+            cancelling = getattr(task, "cancelling", lambda: "?")()  # Python 3.11+
+            print(f"task {task.get_name()} (cancels asked {cancelling}; {task!r}):", file=sys.stderr)
+            for line in awaiting(task.get_coro()):
+                print(f"  {line}", file=sys.stderr)
     sys.stderr.flush()
+
+
+def awaiting(coro: Any) -> list[str]:
+    """Where a suspended coroutine waits, outermost first: each frame of its ``await`` chain (a
+    task's own stack shows only its top frame), down to the future or generator it waits on."""
+    lines: list[str] = []
+    while coro is not None and len(lines) < 40:
+        frame = _first(coro, "cr_frame", "gi_frame", "ag_frame")
+        if frame is not None:
+            lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        else:
+            lines.append(repr(coro))
+        coro = _first(coro, "cr_await", "gi_yieldfrom", "ag_await")
+    return lines
+
+
+def _first(obj: Any, *names: str) -> Any:
+    """The first of ``obj``'s attributes ``names`` that is set (a coroutine's, a generator's...)."""
+    return next((getattr(obj, n) for n in names if getattr(obj, n, None) is not None), None)
+
+
+def note_where_timeouts_land() -> None:
+    """Each ``asyncio.timeout`` (Python 3.11+) keeps where its task waited when it fired
+    (``landed``: dump_tasks prints the in-flight batch's): a try that outlives its timeout shows
+    the step that lost the cancel (it was redis-py's send through ``asyncio.wait_for``)."""
+    if sys.version_info < (3, 11):
+        return
+    timeout_class: Any = asyncio.Timeout
+    original = timeout_class._on_timeout
+
+    def on_timeout(self: Any) -> None:
+        self.landed = awaiting(self._task.get_coro())
+        original(self)
+
+    timeout_class._on_timeout = on_timeout
 
 
 def main() -> None:
@@ -225,6 +270,7 @@ def main() -> None:
     history = HISTORY = History(path)
     signal.signal(signal.SIGTERM, late_signal)
     signal.signal(signal.SIGUSR1, dump_tasks)
+    note_where_timeouts_land()
     count_signals(path + ".signals")
     announce_ready(history)
     prefetch = int(sys.argv[7]) if len(sys.argv) > 7 else 0
@@ -246,10 +292,11 @@ def main() -> None:
         workers: list[emq.Worker] = []
 
         async def run() -> None:
-            global LOOP
+            global LOOP, WORKER
             LOOP = asyncio.get_running_loop()
             aclient = AsyncRecordingClient.from_url(url)
-            workers.append(emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings))
+            WORKER = emq.Worker(aclient, queue, async_handler(history), concurrency=slots, **settings)
+            workers.append(WORKER)
             try:
                 await workers[0].run()
             finally:

@@ -31,6 +31,7 @@ import redis
 
 import echomq
 import echomq.asyncio as emq
+from echomq import _protocol as proto
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
@@ -312,3 +313,38 @@ def test_the_stops_lane_is_free_when_every_other_connection_is_taken(server: Emb
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_try_cancelled_at_any_step_of_its_send_ends(server: EmbeddedServer) -> None:
+    """A waiting claim cancelled (its try's timeout, a stop cutting it) at any step of its send ends.
+
+    Python 3.11's ``asyncio.wait_for``, which redis-py sends through when a connection has a
+    socket timeout, returned the send's result and dropped a cancel that came just as the send
+    completed: the try then read for ever, its timeout spent, waiting for an answer the server
+    gives only when a job comes (the outage chaos test's asyncio worker that did not exit after
+    its SIGTERM: its batch's try on a half-open connection).  The cancel lands one loop turn
+    later each round, across the send, and every try must end within a second of it.
+    """
+
+    async def main() -> list[int]:
+        client = emq.Client.from_url(server.url)
+        hung: list[int] = []
+        try:
+            for turns in range(16):
+                for _ in range(4):
+                    await client._attempt(proto.claim(Q, 30_000), 5.0)  # an idle connection to take
+                    call = proto.claim(Q, 30_000, block_ms=60_000)
+                    task = asyncio.create_task(client._attempt(call, 120.0))
+                    for _ in range(turns):
+                        await asyncio.sleep(0)
+                    task.cancel()
+                    done, _ = await asyncio.wait([task], timeout=budget(1.0))
+                    if not done:
+                        hung.append(turns)
+                        task.cancel()  # a second cancel lands in the read: the task ends
+                        await asyncio.wait([task])
+        finally:
+            await client.aclose()
+        return hung
+
+    assert asyncio.run(main()) == [], "tries that went on after their cancel, by loop turns before it"

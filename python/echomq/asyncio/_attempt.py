@@ -95,6 +95,14 @@ class WorkerConnections:
         for name in ("socket_timeout", "socket_connect_timeout"):
             given = options.get(name)
             options[name] = WORKER_CONNECT_S if given is None else min(float(given), WORKER_CONNECT_S)
+        self._subscriber_options = dict(options)
+        # No socket timeout on a try's connections: its deadline (the caller's asyncio.timeout)
+        # bounds every step, the connect's handshake and the send included.  With one, redis-py
+        # sends through asyncio.wait_for, which before Python 3.12 returns the send's result and
+        # drops a cancel that comes as the send completes: the try, its timeout spent, then read
+        # for ever (a waiting claim, a batch on a half-open connection).  socket_connect_timeout
+        # stays: redis-py bounds a connect's TCP handshake and a disconnect with asyncio.timeout.
+        options["socket_timeout"] = None
         self._options = options
         self._class = base.connection_class
         self.cap = max(1, int(getattr(base, "max_connections", 0) or 2**31))
@@ -145,7 +153,7 @@ class WorkerConnections:
         result wait reads its row again on each).
         """
         if self._subscribers is None:
-            options = dict(self._options)
+            options = dict(self._subscriber_options)
             for name in ("socket_timeout", "socket_connect_timeout"):
                 options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
             self._subscribers = aioredis.ConnectionPool(connection_class=self._class, **options)
@@ -218,19 +226,16 @@ class WorkerConnections:
     async def round_trip(connection: Any, commands: list[tuple[Any, ...]], progress: Progress) -> list[Any]:
         """Send ``commands`` pipelined and read every reply; error replies are values (ResponseError)."""
         progress.sent = True
+        # The try's own deadline (the caller's asyncio.timeout) bounds the send and the reads:
+        # the connection has no socket timeout (see __init__); a waiting claim (BLOCK) may wait
+        # longer than any.
         await connection.send_packed_command(_pack(connection, commands), check_health=False)
         replies: list[Any] = []
-        # The try's own deadline (the caller's asyncio.timeout) bounds the reads, not the
-        # connection's socket_timeout: a waiting claim (BLOCK) may wait longer than that.
-        bound, connection.socket_timeout = connection.socket_timeout, None
-        try:
-            for _ in commands:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        finally:
-            connection.socket_timeout = bound
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
         return replies
 
 
