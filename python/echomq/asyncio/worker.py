@@ -48,7 +48,7 @@ from ._isolation import InChild, run_in_child
 from ._pushes import CancelListener
 from ._sweeper import sweep_loop
 from ._together import Coalescer
-from ._waits import wait_event
+from ._waits import wait_event, within
 from .client import Client
 from .context import AsyncHandler, JobContext
 from .lease import Keepers, LeaseKeeper
@@ -619,7 +619,9 @@ class Worker(Finisher[AsyncHandler]):
         assert metrics is not None
         bound = min(ATTEMPT_TIMEOUT_S, self.lease_ms / 3000)
         try:
-            await asyncio.wait_for(metrics.aclaimed_with_wait(self.client, job), bound)
+            # Not asyncio.wait_for: before Python 3.12 it drops a cancel of this runner (a forced
+            # stop) that comes as the wait ends, and the handler would then run.
+            await within(metrics.aclaimed_with_wait(self.client, job), bound)
         except asyncio.TimeoutError:
             metrics.claimed(job, None)
 
