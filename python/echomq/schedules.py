@@ -80,6 +80,12 @@ MAX_SCAN = 100_000
 """Cron iterations one plan may take before it jumps (a long downtime of a per-second cron)."""
 WATCH_TRIES = 16
 """How often a driver reads a row again after another driver changed it under its WATCH."""
+RECHECK_S = 5.0
+"""A worker's schedule driver reads the queue's next tick at least this often (a lost change message)."""
+RECHECK_UNTOLD_S = 1.0
+"""As ``RECHECK_S``, for a driver that hears no change messages (a worker without its cancel listener)."""
+RETRY_S = 1.0
+"""A driver whose drive failed, or left a tick due (a row it could not read), tries again this much later."""
 
 _NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _UTC = timezone.utc
@@ -93,6 +99,20 @@ def schedules_key(queue: str) -> str:
 def schedule_key(queue: str, name: str) -> str:
     """One schedule's row."""
     return keys_of(queue).base + "schedule:" + name
+
+
+def changes_channel(queue: str) -> str:
+    """The channel a schedule's add, replace or removal is published on (its name): the workers'
+    drivers, woken by it, read the queue's next tick again (``<base>schedules``, a channel)."""
+    return keys_of(queue).base + "schedules"
+
+
+def wait_s(next_ms: int | None, now_ms: int, recheck_s: float = RECHECK_S) -> float:
+    """How long a driver sleeps before the queue's next tick ``next_ms`` (None: none), read at the
+    server's ``now_ms``: until the tick, at most ``recheck_s``; 0.0 when it is due."""
+    if next_ms is None:
+        return recheck_s
+    return min(recheck_s, max(0.0, (next_ms - now_ms) / 1000))
 
 
 def job_id(name: str, tick_ms: int) -> str:
@@ -474,6 +494,7 @@ def add_commands(schedule: Schedule, queue: str, row: dict[Any, Any], now_ms: in
     flat = [part for pair in fields.items() for part in pair]
     commands.append(("HSET", key, *flat))
     commands.append(("ZADD", schedules_key(queue), _zscore(upcoming), schedule.name))
+    commands.append(("PUBLISH", changes_channel(queue), schedule.name))  # the drivers read it again
     return commands
 
 
@@ -498,7 +519,12 @@ def advance_commands(schedule: Schedule, queue: str, firing: Firing) -> list[tup
 
 
 def remove_commands(queue: str, name: str) -> list[tuple[Any, ...]]:
-    return [("DEL", schedule_key(queue, name)), ("ZREM", schedules_key(queue), name)]
+    """The row and its entry removed (the first reply: whether there was a row); the drivers told."""
+    return [
+        ("DEL", schedule_key(queue, name)),
+        ("ZREM", schedules_key(queue), name),
+        ("PUBLISH", changes_channel(queue), name),
+    ]
 
 
 def check_name(name: object) -> str:

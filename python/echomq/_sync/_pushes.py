@@ -39,6 +39,7 @@ import redis
 from .. import _protocol as proto
 from .._runtime import SubscriptionHealth, worker_log
 from .._runtime.pushes import CANCEL_POLL_S
+from ..schedules import changes_channel
 from .client import Client
 from .lease import SharedKeeper
 
@@ -52,11 +53,19 @@ class CancelListener:
     """One thread per worker that turns ``<base>cancel`` messages into checkpoints of the jobs it holds."""
 
     def __init__(
-        self, client: Client, queue: str, keepers: SharedKeeper, holding: Callable[[], bool]
+        self,
+        client: Client,
+        queue: str,
+        keepers: SharedKeeper,
+        holding: Callable[[], bool],
+        on_schedules: Callable[[], None] | None = None,
     ) -> None:
         self.client, self.queue = client, queue
         self._keepers, self._holding = keepers, holding
         self._channel = proto.keys_of(queue).base + "cancel"
+        # The queue's schedule changes, heard on the same connection (the worker's tick driver).
+        self._on_schedules = on_schedules
+        self._channels = [self._channel] + ([changes_channel(queue)] if on_schedules is not None else [])
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._pubsub: Any = None
@@ -106,7 +115,7 @@ class CancelListener:
                     pubsub = self.client._subscriber(confirmations=True)
                     with self._lock:
                         self._pubsub = pubsub
-                    pubsub.subscribe(self._channel)
+                    pubsub.subscribe(*self._channels)
                     health = SubscriptionHealth(time.monotonic())
                     if lost:  # a cancel published while nobody listened: every held job asks now
                         lost = False
@@ -116,11 +125,15 @@ class CancelListener:
                 now = time.monotonic()
                 if message is not None:
                     health.heard_from(now)
-                    if message.get("type") == "message":
+                    kind = message.get("type")
+                    ours = proto.text(message.get("channel", b"")) == self._channel
+                    if kind == "message" and ours:
                         self._keepers.pushed(proto.text(message["data"]))
-                    elif message.get("type") == "subscribe" and health.confirmed():
+                    elif kind == "subscribe" and ours and health.confirmed():
                         self.resubscribed += 1  # by redis-py, after a dropped connection
                         self._keepers.checkpoint_all()
+                    if not ours and kind in ("message", "subscribe") and self._on_schedules is not None:
+                        self._on_schedules()  # a change, or a new subscription (one missed meanwhile)
                 verdict = health.next(now, self._holding())
                 if verdict == "ping":
                     pubsub.ping()

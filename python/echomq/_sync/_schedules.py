@@ -69,7 +69,7 @@ def remove(client: Client, queue: str, name: str) -> bool:
     with client.redis.pipeline(transaction=True) as pipe:
         for command in rules.remove_commands(queue, name):
             pipe.execute_command(*command)
-        deleted, _ = pipe.execute()
+        deleted = (pipe.execute())[0]
     return bool(deleted)
 
 
@@ -87,6 +87,16 @@ def listing(client: Client, queue: str) -> list[rules.ScheduleInfo]:
     return sorted(
         (rules.info_of(n, row) for n, row in zip(names, rows, strict=True) if row), key=lambda i: i.name
     )
+
+
+def next_tick(client: Client, queue: str) -> tuple[int | None, int]:
+    """The earliest next tick of ``queue``'s schedules (epoch ms; None: none has one) and the server's now."""
+    set_key = rules.schedules_key(queue)
+    first = client.redis.zrange(set_key, 0, 0, withscores=True)
+    now = client._server_time(set_key)
+    if not first or first[0][1] == float("inf"):
+        return None, now
+    return int(first[0][1]), now
 
 
 def drive(client: Client, queue: str) -> rules.DriveResult:

@@ -21,7 +21,6 @@ from typing import Any
 
 from .._runtime import REAP_TIMEOUT_S, ReapSchedule, WorkerCore
 from ._attempt import Cutter
-from ._schedules import drive_quietly
 from .client import Client
 
 __all__ = ["Sweeper"]
@@ -78,5 +77,3 @@ class Sweeper:
             tick.add(result)
         with self._lock:
             worker._reaped(tick)
-        if not self._done.is_set():
-            drive_quietly(worker.client, worker.queue, worker._trouble)  # the queue's due schedule ticks

@@ -62,6 +62,7 @@ from ._attempt import Cutter
 from ._finisher import SETTLE_TRY_S, _GaveUp
 from ._pushes import CancelListener
 from ._sweeper import Sweeper
+from ._ticks import TickDriver
 from ._turns import Turns
 from .client import Client, Job
 from .context import JobContext
@@ -170,6 +171,7 @@ class Worker(Turns[Handler]):
         self._complete_claim = True  # EMQ.COMPLETECLAIM: complete and claim the next in one command
         self._listener: CancelListener | None = None  # pushed cancels (<base>cancel)
         self._sweeper: Sweeper | None = None  # reap=True: the worker's own sweeps
+        self._ticks: TickDriver | None = None  # reap=True: its queue's schedule ticks
         self._reserved = 0
         self._pool: ProcessPool | None = None  # isolation="process": the handlers' children
         self._pool_lock = threading.Lock()
@@ -299,13 +301,16 @@ class Worker(Turns[Handler]):
         WATCH.retain()  # one deadline-watch thread for all this worker's jobs
         self._reserved = self.concurrency + OWN_LOOPS
         self.client._reserve(self._reserved)
-        if self._push_cancels:
-            holding: Callable[[], bool] = lambda: len(self._held) > 0  # noqa: E731 (the listener pings only then)
-            self._listener = CancelListener(self.client, self.queue, self._keepers, holding)
-            self._listener.ensure()
-        if self.reap:
+        if self.reap:  # its own sweeps, and its queue's schedule ticks fired as they come
             self._sweeper = Sweeper(self, self._lock)
             self._sweeper.start()
+            self._ticks = TickDriver(self, told=self._push_cancels)
+            self._ticks.start()
+        if self._push_cancels:
+            holding: Callable[[], bool] = lambda: len(self._held) > 0  # noqa: E731 (the listener pings only then)
+            changed = self._ticks.changed if self._ticks is not None else None
+            self._listener = CancelListener(self.client, self.queue, self._keepers, holding, changed)
+            self._listener.ensure()
         self._threads = [
             threading.Thread(target=self._loop, name=f"echomq-worker-{self.queue}-{n}", daemon=True)
             for n in range(self.concurrency)
@@ -390,6 +395,8 @@ class Worker(Turns[Handler]):
         finally:
             if self._sweeper is not None:
                 self._sweeper.stop()
+            if self._ticks is not None:
+                self._ticks.stop()
             self._join_threads()
             self._close_pool()
             self._late_signals()
@@ -455,6 +462,8 @@ class Worker(Turns[Handler]):
             self._give_back_ready()
             if self._sweeper is not None:
                 self._sweeper.cut()
+            if self._ticks is not None:
+                self._ticks.cut()
         if force:
             self._go_forced()
             return True

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 from .._runtime import REAP_TIMEOUT_S, ReapSchedule, WorkerCore
-from ._schedules import drive_quietly
 from ._waits import wait_event
 from .client import Client
 
@@ -37,5 +36,4 @@ async def sweep_loop(worker: WorkerCore[Client, Any], stopping: asyncio.Event) -
             worker._healed()
             tick.add(result)
         worker._reaped(tick)
-        await drive_quietly(worker.client, worker.queue, worker._trouble)  # the queue's due schedule ticks
         schedule.swept(time.monotonic())

@@ -47,6 +47,7 @@ from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
 from ._isolation import InChild, run_in_child
 from ._pushes import CancelListener
 from ._sweeper import sweep_loop
+from ._ticks import TickDriver
 from ._together import Coalescer
 from ._waits import wait_event, within
 from .client import Client
@@ -120,6 +121,7 @@ class Worker(Finisher[AsyncHandler]):
         self._settling: set[asyncio.Task[Any]] = set()  # give-backs of answers whose callers were cancelled
         self._claim_attempt: asyncio.Future[Any] | None = None  # the claimer's try, cut by a stop
         self._sweeps: asyncio.Task[None] | None = None  # reap=True: the worker's own sweeps
+        self._ticks: asyncio.Task[None] | None = None  # reap=True: its queue's schedule ticks
         self._reserved = 0
         self._soon: list[HeldJob] = []  # jobs to give back in the next batch (``_give_back_soon``)
         self._soon_task: asyncio.Task[None] | None = None
@@ -182,6 +184,8 @@ class Worker(Finisher[AsyncHandler]):
             attempt.cancel()  # the waiting claim: a dropped connection claims nothing; _settle asks again
         if self._stop_requested and self._sweeps is not None:
             self._sweeps.cancel()  # a sweep in flight: what it took is taken
+        if self._stop_requested and self._ticks is not None:
+            self._ticks.cancel()  # a drive in flight: a transaction executed fired its ticks once
 
     async def _run(self, handle_signals: bool) -> None:
         if self._started:
@@ -214,15 +218,21 @@ class Worker(Finisher[AsyncHandler]):
             ]
             claimer = asyncio.create_task(self._claim_loop(), name=f"echomq-worker-{self.queue}-claim")
             self._loops.append(claimer)
-            if self.reap:
+            ticks: TickDriver | None = None
+            if self.reap:  # its own sweeps, and its queue's schedule ticks fired as they come
                 self._sweeps = asyncio.create_task(
                     sweep_loop(self, self._stopping), name=f"echomq-worker-{self.queue}-sweep"
                 )
-                self._loops.append(self._sweeps)
+                ticks = TickDriver(self, told=self._push_cancels)
+                self._ticks = asyncio.create_task(ticks.run(), name=f"echomq-worker-{self.queue}-ticks")
+                self._loops += [self._sweeps, self._ticks]
+                for task in (self._sweeps, self._ticks):  # the supervisor looks again once it ends
+                    task.add_done_callback(self._loop_ended)
             if self._push_cancels:
                 self._listener = CancelListener(
-                    self.client, self.queue, self._keepers, lambda: len(self._held) > 0
-                )
+                    self.client, self.queue, self._keepers, lambda: len(self._held) > 0,
+                    ticks.changed if ticks is not None else None,
+                )  # fmt: skip
                 self._listener.start()
             try:
                 await self._supervise()
@@ -293,6 +303,10 @@ class Worker(Finisher[AsyncHandler]):
             )
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
     async def _supervise(self) -> None:
         assert self._wake is not None
