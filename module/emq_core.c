@@ -357,17 +357,7 @@ int emq_claim_record_check(const char *rec, size_t len, long *pairs) {
     return EMQ_OK;
 }
 
-int emq_enqueue_record(long long count, char *out) {
-    char digits[24];
-    int n = 0;
-    unsigned long long v = count < 0 ? 0 : (unsigned long long)count;
-    do {
-        digits[n++] = (char)('0' + (int)(v % 10));
-        v /= 10;
-    } while (v);
-    for (int i = 0; i < n; i++) out[i] = digits[n - 1 - i];
-    return n;
-}
+int emq_enqueue_record(long long count, char *out) { return emq_format_ll(count < 0 ? 0 : count, out); }
 
 int emq_format_ll(long long v, char *out) {
     /* the magnitude as unsigned: -LLONG_MIN does not fit a long long */
@@ -387,16 +377,7 @@ int emq_format_ll(long long v, char *out) {
 
 int emq_format_token(long long attempts, const unsigned char *random8, char *out) {
     static const char hex[] = "0123456789abcdef";
-    char digits[24];
-    int n = 0;
-    unsigned long long v = attempts < 0 ? 0 - (unsigned long long)attempts : (unsigned long long)attempts;
-    do {
-        digits[n++] = (char)('0' + (int)(v % 10));
-        v /= 10;
-    } while (v);
-    int len = 0;
-    if (attempts < 0) out[len++] = '-';
-    while (n) out[len++] = digits[--n];
+    int len = emq_format_ll(attempts, out);
     out[len++] = '-';
     for (int i = 0; i < 8; i++) {
         out[len++] = hex[random8[i] >> 4];
