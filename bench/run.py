@@ -44,6 +44,9 @@ machine's drift:
    each verb's exact count of the server's instructions, EXTEND's against a bare ZADD's,
    and every figure's ratio to bench/instructions-baseline.json: the one figure a
    drifting VM cannot move.  `--only instructions` runs only it.
+7c. Schedule ticks (bench/ticks.py, servers of their own): how late a schedule's jobs are
+   enqueued after their ticks (p50, p99, worst) and how many are missed, by driver (thread and
+   asyncio workers at their defaults), module and scripts.  `--only ticks` runs only it.
 8. Peers (bench/peers/harness.py, after the server above has stopped): the
    same N no-op jobs through echomq's workers, RQ, arq, saq and BullMQ, each
    on a fresh server of its own; then remote-cancel latency and enqueue rate.
@@ -75,7 +78,17 @@ sys.path.insert(0, str(ROOT))  # the seed's scripts live with the tests
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
-from bench import backends, claim_path, flow, idle_workers, instructions, memory, saturation, unique  # noqa: E402
+from bench import (  # noqa: E402
+    backends,
+    claim_path,
+    flow,
+    idle_workers,
+    instructions,
+    memory,
+    saturation,
+    ticks,
+    unique,
+)
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
@@ -605,7 +618,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 SECTIONS = [
     "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow", "unique",
-    "instructions",
+    "instructions", "ticks",
 ]
 
 
@@ -651,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
         return unique.main_section(args.quick, command)
     if args.only == "instructions":
         return instructions.main_section(args.quick, command)
+    if args.only == "ticks":
+        return ticks.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -694,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     flow.main_section(args.quick, command)
     unique.main_section(args.quick, command)
     instructions.main_section(args.quick, command)
+    ticks.main_section(args.quick, command)
     saturated = saturation.main_section(args.quick, command)
     if args.no_peers:
         return saturated

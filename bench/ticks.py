@@ -1,0 +1,184 @@
+"""Schedule ticks (issue 44): how late a schedule's jobs are enqueued after their ticks.
+
+    .venv/bin/python bench/ticks.py [--quick]    # also: bench/run.py --only ticks; make bench
+
+A server of its own per setup (Redis 7.0 from this machine's PATH or echomq's own,
+emq.so of this tree loaded, or not for the scripts backend), one schedule of 200 ms
+ticks added while the drivers run, for TICKS ticks (``end_at``), ``missed="skip"``
+(the default).  The drivers, each at its defaults (a sweep every 5-15 s):
+
+- one thread worker; three thread workers; one asyncio worker (both backends);
+- the module's own timer, with no client process: not built yet (issue 44), so the
+  row says so rather than a figure.
+
+Lateness of a tick: its job's ``enqueued_at`` (the server's clock, ms) minus the tick
+(both from the job's row and id ``<name>@<tick ms>``); a tick with no job is *missed*
+(dropped under ``skip``, or never fired).  p50, p99 and the worst, in ms.  Results go to
+bench/results/ticks-*.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+import redis.asyncio  # noqa: E402
+
+import echomq  # noqa: E402
+import echomq.asyncio as emq  # noqa: E402
+from echomq import schedules as rules  # noqa: E402
+from echomq.testing import EmbeddedServer  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+Q = "ticks"
+EVERY_MS = 200
+FULL_TICKS, QUICK_TICKS = 50, 12
+
+
+def server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _thread_workers(n: int) -> Callable[[EmbeddedServer, threading.Event, threading.Event], None]:
+    def run(server: EmbeddedServer, ready: threading.Event, stop: threading.Event) -> None:
+        workers = [echomq.Worker(echomq.Client(server.client()), Q, lambda ctx: None) for _ in range(n)]
+        for w in workers:
+            w.start()
+        ready.set()
+        stop.wait()
+        for w in workers:
+            w.stop()
+
+    return run
+
+
+def _asyncio_worker(server: EmbeddedServer, ready: threading.Event, stop: threading.Event) -> None:
+    async def main() -> None:
+        async def handler(ctx: emq.JobContext) -> None:
+            return None
+
+        aclient = emq.Client(redis.asyncio.Redis(port=server.port))
+        async with emq.Worker(aclient, Q, handler):
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+        await aclient.aclose()
+
+    asyncio.run(main())
+
+
+DRIVERS: dict[str, Callable[[EmbeddedServer, threading.Event, threading.Event], None]] = {
+    "1 thread worker": _thread_workers(1),
+    "3 thread workers": _thread_workers(3),
+    "1 asyncio worker": _asyncio_worker,
+}
+
+
+def measure(backend: str, driver: str, ticks: int) -> dict[str, Any]:
+    with EmbeddedServer(["--appendonly", "no"], load_module=backend == "module") as server:
+        r = server.client()
+        ready, stop = threading.Event(), threading.Event()
+        runner = threading.Thread(target=DRIVERS[driver], args=(server, ready, stop), daemon=True)
+        runner.start()
+        try:
+            ready.wait(30)
+            time.sleep(0.3)  # the listeners subscribed
+            first = (server_ms(r) // 1000 + 1) * 1000
+            last = first + (ticks - 1) * EVERY_MS
+            client = echomq.Client(server.client())
+            client.schedule(Q, "beat", every_ms=EVERY_MS, start_at=first, end_at=last)
+            while server_ms(r) < last + 1500:
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            runner.join(30)
+        late: list[int] = []
+        missed = 0
+        for i in range(ticks):
+            tick = first + i * EVERY_MS
+            at = r.hget(f"emq:{{{Q}}}:job:{rules.job_id('beat', tick)}", "enqueued_at")
+            if at is None:
+                missed += 1
+            else:
+                late.append(int(at) - tick)
+    late.sort()
+    return {
+        "backend": backend,
+        "driver": driver,
+        "ticks": ticks,
+        "missed": missed,
+        "p50_ms": statistics.median(late) if late else None,
+        "p99_ms": late[min(len(late) - 1, int(len(late) * 0.99))] if late else None,
+        "worst_ms": late[-1] if late else None,
+    }
+
+
+def run(ticks: int, command: str) -> dict[str, Any]:
+    rows = [measure(backend, driver, ticks) for backend in ("module", "scripts") for driver in DRIVERS]
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
+        "every_ms": EVERY_MS,
+        "rows": rows,
+    }
+
+
+def markdown(res: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    out = [
+        f"## Schedule ticks: how late their jobs are enqueued ({res['date']}, `{res['command']}`)",
+        "",
+        f"One schedule of {res['every_ms']} ms ticks, `missed=\"skip\"`, drivers at their defaults; "
+        "lateness = the job's `enqueued_at` minus its tick (server clock, ms).",
+        "",
+        "| backend | driver | ticks | missed | p50 ms | p99 ms | worst ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in res["rows"]:
+        out.append(
+            f"| {row['backend']} | {row['driver']} | {row['ticks']} | {row['missed']} | {fmt(row['p50_ms'])} "
+            f"| {fmt(row['p99_ms'])} | {fmt(row['worst_ms'])} |"
+        )
+    out.append("| module | the server's own timer, no client | - | - | not built yet | | |")
+    return "\n".join(out) + "\n"
+
+
+def main_section(quick: bool, command: str) -> int:
+    res = run(QUICK_TICKS if quick else FULL_TICKS, command)
+    text = markdown(res)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for name in (f"ticks-{stamp}", "ticks-latest"):
+        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
+        (RESULTS / f"{name}.md").write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer ticks: a smoke run, not a verdict")
+    args = parser.parse_args(argv)
+    return main_section(args.quick, "bench/ticks.py" + (" --quick" if args.quick else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
