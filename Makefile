@@ -163,8 +163,8 @@ chaos: setup
 # Schedules at length (issue 31): 60 ticks of 1 s driven by 4 workers and a reaper, and across an AOF restart.
 SCHEDULE_TICKS ?= 60
 schedules-long: setup
-	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/tasks/test_schedules.py -k "reaper or restart"
-	ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/tasks/test_schedules.py -k "reaper or restart"
+	ECHOMQ_SCHEDULE_LONG=1 ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/tasks/test_schedules.py -k "reaper or restart or minute_cron"
+	ECHOMQ_SCHEDULE_LONG=1 ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/tasks/test_schedules.py -k "reaper or restart or minute_cron"
 
 OUTAGE_SLOTS ?= 1,100,500,asyncio:100+prefetch+short,asyncio:500+prefetch+forced,asyncio:100+forced+short,sync:100+prefetch+forced
 outage: setup

@@ -592,3 +592,57 @@ def test_workers_at_their_defaults_fire_each_tick_on_time(server: EmbeddedServer
     late = {job: int(row[b"enqueued_at"]) - int(job.rsplit("@", 1)[1]) for job, row in rows.items()}
     assert all(0 <= ms <= budget(0.15) * 1000 for ms in late.values()), late
     assert control.schedules(Q)[0].fired == 8
+
+
+LONG = os.environ.get("ECHOMQ_SCHEDULE_LONG") == "1"
+
+
+@pytest.mark.skipif(not LONG, reason="three minutes of a minute cron: make schedules-long runs it")
+def test_a_minute_cron_fires_each_minute_once_across_a_restart_and_a_failover(
+    server_factory: Any, backend: str, tmp_path: Path
+) -> None:
+    """Issue 44's long form: a ``* * * * *`` cron driven by three drivers (thread workers' own
+    drivers, at their defaults) on the master.  The master is restarted (SIGTERM, AOF) across the
+    second minute's tick, then dies just before the third; its replica is promoted and a worker on it
+    fires the third.  Each minute's job once, none lost."""
+    from ..conftest import wait_for_replica
+
+    module = backend == "module"
+    master = server_factory(AOF, dir=tmp_path, load_module=module)
+    replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=module)
+    m = master.client()
+    wait_for_replica(m, replica.client())
+    control = echomq.Client(master.client())
+    control.schedule(Q, "minute", cron="* * * * *", missed="skip")
+    first = (server_ms(m) // 60_000 + 1) * 60_000
+
+    def workers_on(server: EmbeddedServer) -> list[echomq.Worker]:
+        out = [echomq.Worker(echomq.Client.from_url(server.url), Q, lambda ctx: None) for _ in range(3)]
+        for w in out:
+            w.start()
+        return out
+
+    workers = workers_on(master)
+    try:
+        sleep_until(m, first + 60_000 - 1_000)  # the first minute fired; the second is a second away
+        restart(master, down_for=2.0)  # down across the second minute's tick
+        m = master.client()
+        sleep_until(m, first + 120_000 - 3_000)
+        m.execute_command("WAIT", 1, 5000)
+        wait_for_replica(m, replica.client())
+        for w in workers:
+            w.stop()
+        master.stop()
+        s = replica.client()
+        s.execute_command("REPLICAOF", "NO", "ONE")
+        workers = workers_on(replica)
+        sleep_until(s, first + 120_000 + 3_000)
+    finally:
+        for w in workers:
+            w.stop()
+    on_replica = echomq.Client(replica.client())
+    ticks = [first, first + 60_000, first + 120_000]
+    jobs = {j: replica.client().exists(f"emq:{{{Q}}}:job:{rules.job_id('minute', j)}") for j in ticks}
+    assert all(jobs.values()), jobs
+    assert on_replica.schedules(Q)[0].fired == 3
+    assert len(list(replica.client().scan_iter(match=f"emq:{{{Q}}}:job:minute@*"))) == 3  # none other
