@@ -668,7 +668,7 @@ class CancelWatch:
 
     def start(self) -> CancelWatch:
         """Subscribe and follow requests in a daemon thread; returns at once."""
-        self._pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
         self._pubsub.psubscribe("emq:{*}:cancel")
         self._thread = threading.Thread(target=self._run, name="echomq-cancel-watch", daemon=True)
         self._thread.start()
@@ -739,7 +739,7 @@ class CancelWatch:
                 self._stop.wait(1.0)
                 try:
                     self._pubsub.close()
-                    self._pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    self._pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
                     self._pubsub.psubscribe("emq:{*}:cancel")
                 except Exception:
                     pass

@@ -152,7 +152,7 @@ class WorkerConnections:
                 for name in ("socket_timeout", "socket_connect_timeout"):
                     options[name] = min(options[name], SUBSCRIBER_TIMEOUT_S)
                 pool = self._subscribers = redis.ConnectionPool(connection_class=self._class, **options)
-        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
+        return redis.Redis(connection_pool=pool).pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call,unused-ignore]
 
     def close(self) -> None:
         self.drop_idle()

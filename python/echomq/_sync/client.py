@@ -337,7 +337,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         where they are bounded (a wait then does its own reconnecting, within its deadline)."""
         if self._bounded():
             return self._connections().subscriber(confirmations)
-        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call]
+        return self.redis.pubsub(ignore_subscribe_messages=not confirmations)  # type: ignore[no-untyped-call,unused-ignore]
 
     def _distrust(self) -> None:
         """Something suggests the connections are half-open (a dead subscription): open fresh ones."""
