@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import platform
 import statistics
 import sys
@@ -40,10 +39,10 @@ import redis.asyncio  # noqa: E402
 
 import echomq  # noqa: E402
 import echomq.asyncio as emq  # noqa: E402
+from bench import _results as results  # noqa: E402
 from echomq import schedules as rules  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 Q = "ticks"
 EVERY_MS = 200
 FULL_TICKS, QUICK_TICKS = 50, 12
@@ -164,11 +163,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main_section(quick: bool, command: str) -> int:
     res = run(QUICK_TICKS if quick else FULL_TICKS, command)
     text = markdown(res)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"ticks-{stamp}", "ticks-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
-        (RESULTS / f"{name}.md").write_text(text)
+    results.save("ticks", res, text)
     print(text, flush=True)
     return 0
 
