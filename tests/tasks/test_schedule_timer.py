@@ -19,7 +19,7 @@ import redis
 
 import echomq
 from echomq import schedules as rules
-from echomq.testing import EmbeddedServer
+from echomq.testing import EmbeddedServer, schedule_problems
 
 from ..conftest import module_command_args, needs, wait_for_replica
 from ..faults import AOF, restart, wait_until
@@ -136,10 +136,13 @@ def test_a_cron_fires_from_its_stored_ticks_and_stops_when_they_run_out(r: redis
     assert r.hget(row("sec"), "ticks") == str(stored[-1]).encode()
     assert int(r.hget(row("sec"), "last")) == stored[-2]
     assert r.hget(row("sec"), "fired") == b"7"
+    said = schedule_problems(r, Q)  # what `echomq check` prints
+    assert len(said) == 1 and "'sec' is out of stored ticks" in said[0]
     # a client's drive computes the rest with cronsim: the 8th and every second since, once each
     fired = client.drive_schedules(Q).fired
     assert fired and fired[0] == rules.job_id("sec", stored[-1])
     topped = client.schedules(Q)[0]
+    assert schedule_problems(r, Q) == []
     assert len(topped.upcoming) == rules.STORED_TICKS
     assert wait_until(lambda: len(jobs_of(r, "sec")) > 7 + len(fired), 5)  # the server goes on
     ticks = jobs_of(r, "sec")
