@@ -384,8 +384,9 @@ def schedule_problems(r: redis.Redis, queue: str) -> list[str]:
     for name in due:
         row = r.hgetall(rules.schedule_key(queue, name))
         if rules.out_of_ticks(row, now):
+            stored = rules.text_of(row, "ticks")
             problems.append(
-                f"schedule {name!r} is out of stored ticks (its last, {rules.text_of(row, 'ticks')}, is due): "
+                f"schedule {name!r} is out of stored ticks (its last, {stored}, is due): "
                 "the server's timer fires a cron only from them; a worker, a Reaper or drive_schedules "
                 "computes the next ones"
             )

@@ -149,7 +149,9 @@ def test_a_cron_fires_from_its_stored_ticks_and_stops_when_they_run_out(r: redis
     assert ticks == list(range(ticks[0], ticks[-1] + 1, 1000))
 
 
-def test_the_server_and_client_drivers_fire_each_tick_once(r: redis.Redis, timer_server: EmbeddedServer) -> None:
+def test_the_server_and_client_drivers_fire_each_tick_once(
+    r: redis.Redis, timer_server: EmbeddedServer
+) -> None:
     """Three clients drive in a loop while the server's timer fires: one job per tick, none lost."""
     client = echomq.Client(r)
     client.schedule(Q, "race", every_ms=100, missed="all")
@@ -291,7 +293,9 @@ def test_a_schedule_in_another_database_fires(timer_server: EmbeddedServer) -> N
 
 
 @needs("acl_keys", "the derived keys are ACL-checked from Redis 7.0")
-def test_a_client_without_key_permission_is_still_refused(r: redis.Redis, timer_server: EmbeddedServer) -> None:
+def test_a_client_without_key_permission_is_still_refused(
+    r: redis.Redis, timer_server: EmbeddedServer
+) -> None:
     """The timer's own calls skip the user check; a client's do not, even while the timer fires."""
     echomq.Client(r).schedule(Q, "beat", every_ms=50, missed="all")
     r.execute_command("ACL", "SETUSER", "pendingonly", "reset", "on", ">pw", "+@all", f"~emq:{{{Q}}}:pending")
@@ -311,7 +315,7 @@ def test_unload_is_refused_while_the_timer_runs_and_leaves_nothing_after(server_
     r = server.client()
     echomq.Client(r).schedule(Q, "beat", every_ms=100, missed="all")
     assert wait_until(lambda: len(jobs_of(r, "beat")) >= 1, 5)
-    with pytest.raises(redis.ResponseError, match="(?i)timer"):
+    with pytest.raises(redis.ResponseError, match=r"(?i)timer"):
         r.execute_command("MODULE", "UNLOAD", "emq")
     r.config_set("emq.schedule-timer", "no")
     r.execute_command("MODULE", "UNLOAD", "emq")
