@@ -139,7 +139,9 @@ int emq_schedule_plan(const EmqScheduleRow *row, long long now_ms, EmqScheduleFi
             }
             due[ndue++] = row->ticks[i];
         }
-        if (!ahead) return ndue ? EMQ_PLAN_OUT_OF_TICKS : EMQ_PLAN_NOT_DUE;
+        /* None ahead (every stored tick is due, or none is stored past the
+         * cursor): what comes next needs cronsim, the clients'. */
+        if (!ahead) return EMQ_PLAN_OUT_OF_TICKS;
     } else {
         long long first;
         if (every_ticks_after(row, row->last, 1, &first) == 1 && first <= now_ms) {
@@ -233,12 +235,13 @@ static int is_set_name(const char *k, size_t len) {
     return len > pl + sl && memcmp(k, SET_PREFIX, pl) == 0 && memcmp(k + len - sl, SET_SUFFIX, sl) == 0;
 }
 
+/* emq:{Q}:schedule:<name>: the mark right after the hash tag's first '}'
+ * (as the server reads a hash tag), so a job row's event costs a memchr. */
 static int is_row_name(const char *k, size_t len) {
     size_t pl = sizeof SET_PREFIX - 1, ml = sizeof ROW_MARK - 1;
     if (len <= pl + ml || memcmp(k, SET_PREFIX, pl) != 0) return 0;
-    for (size_t i = pl; i + ml <= len; i++)
-        if (memcmp(k + i, ROW_MARK, ml) == 0) return 1;
-    return 0;
+    const char *close = memchr(k + pl, '}', len - pl);
+    return close && (size_t)(k + len - close) > ml && memcmp(close, ROW_MARK, ml) == 0;
 }
 
 static void index_add(int db, const char *name, size_t len) {
@@ -503,7 +506,6 @@ static int fire_one(RedisModuleCtx *ctx, SetEntry *e, const SetNames *n, RedisMo
         bad = emq_schedule_parse(&parsed, p[F_CRON], l[F_CRON], p[F_EVERY], l[F_EVERY], p[F_START], l[F_START],
                                  p[F_END], l[F_END], p[F_MISSED], l[F_MISSED], p[F_LAST], l[F_LAST], p[F_TICKS],
                                  l[F_TICKS]);
-        if (!bad && mlen > 128) bad = "its name is too long";
         if (!bad) {
             EmqScheduleFiring firing;
             firing.fire = buf;

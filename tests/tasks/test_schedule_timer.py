@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import echomq
 from echomq import schedules as rules
@@ -324,3 +326,127 @@ def test_unload_is_refused_while_the_timer_runs_and_leaves_nothing_after(server_
     time.sleep(0.3)
     assert len(jobs_of(r, "beat")) == count
     assert r.ping()
+
+
+# -- the C rules against the Python ones, in-process (cffi) -------------------------------
+
+CDEF = """
+typedef struct {
+    int is_cron; long long every_ms; int has_start, has_end; long long start_at, end_at;
+    int missed; long long last; int nticks; long long ticks[8];
+} EmqScheduleRow;
+typedef struct {
+    long long *fire; int nfire; long long cursor; int nupcoming; long long upcoming[8];
+} EmqScheduleFiring;
+const char *emq_schedule_parse(EmqScheduleRow *row, const char *cron, size_t cronlen,
+    const char *every, size_t everylen, const char *start, size_t startlen, const char *end,
+    size_t endlen, const char *missed, size_t missedlen, const char *last, size_t lastlen,
+    const char *ticks, size_t tickslen);
+int emq_schedule_plan(const EmqScheduleRow *row, long long now_ms, EmqScheduleFiring *out);
+"""
+PLAN_FIRE, PLAN_NOT_DUE, PLAN_OUT_OF_TICKS = 0, 1, 2
+
+
+class CRules:
+    def __init__(self, path: Path) -> None:
+        cffi = pytest.importorskip("cffi", reason="cffi is in the [test] extra")
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(CDEF)
+        self.lib: Any = self.ffi.dlopen(str(path))
+
+    def plan(self, fields: dict[str, bytes | None], now: int) -> tuple[int, list[int], int, list[int]] | str:
+        """(verdict, fire, cursor, upcoming), or the parse refusal's text."""
+        row = self.ffi.new("EmqScheduleRow *")
+        args: list[Any] = []
+        for name in ("cron", "every_ms", "start_at", "end_at", "missed", "last", "ticks"):
+            value = fields.get(name)
+            args += [self.ffi.NULL, 0] if value is None else [self.ffi.new("char[]", value), len(value)]
+        bad = self.lib.emq_schedule_parse(row, *args)
+        if bad != self.ffi.NULL:
+            return str(self.ffi.string(bad).decode())
+        out = self.ffi.new("EmqScheduleFiring *")
+        buf = self.ffi.new("long long[]", rules.MISSED_CEILING)
+        out.fire = buf
+        verdict = self.lib.emq_schedule_plan(row, now, out)
+        return verdict, list(buf[0 : out.nfire]), out.cursor, list(out.upcoming[0 : out.nupcoming])
+
+
+@pytest.fixture(scope="module")
+def c_rules(module_so: Path) -> CRules:
+    return CRules(module_so)
+
+
+def _fields(schedule: rules.Schedule, last: int, ticks: list[int]) -> dict[str, bytes | None]:
+    out: dict[str, bytes | None] = dict(schedule.fields())
+    out["last"] = str(last).encode()
+    out["ticks"] = ",".join(map(str, ticks)).encode()
+    return out
+
+
+@given(
+    every=st.integers(1, 5000),
+    start=st.none() | st.integers(0, 10**6),
+    span=st.none() | st.integers(0, 10**6),
+    missed=st.sampled_from(rules.MISSED_CHOICES),
+    last=st.integers(0, 2 * 10**6),
+    ahead=st.integers(0, 10**7),
+)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_c_plan_of_an_every_ms_row_is_pythons(
+    c_rules: CRules, every: int, start: int | None, span: int | None, missed: str, last: int, ahead: int
+) -> None:
+    end = None if span is None else (start or 0) + span
+    schedule = rules.define("s", every_ms=every, start_at=start, end_at=end, missed=missed)
+    now = last + ahead
+    got = c_rules.plan(_fields(schedule, last, []), now)
+    assert not isinstance(got, str), got
+    verdict, fire, cursor, upcoming = got
+    firing = rules.plan(schedule, last, now)
+    assert (fire, cursor, upcoming) == (firing.fire, firing.cursor, firing.upcoming)
+    assert verdict == (PLAN_FIRE if firing.cursor != last else PLAN_NOT_DUE)
+
+
+@given(
+    cron=st.sampled_from(["* * * * * *", "*/7 * * * * *", "0 * * * *", "*/5 9-17 * * MON-FRI"]),
+    missed=st.sampled_from(rules.MISSED_CHOICES),
+    last=st.integers(1_700_000_000_000, 1_800_000_000_000),
+    ahead=st.integers(0, 10**8),
+)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_c_plan_of_a_cron_row_is_pythons_while_a_stored_tick_is_ahead(
+    c_rules: CRules, cron: str, missed: str, last: int, ahead: int
+) -> None:
+    schedule = rules.define("c", cron=cron, missed=missed)
+    stored = schedule.ticks_after(last, rules.STORED_TICKS)
+    now = last + ahead
+    got = c_rules.plan(_fields(schedule, last, stored), now)
+    assert not isinstance(got, str), got
+    verdict, fire, cursor, upcoming = got
+    if stored and stored[-1] > now:
+        firing = rules.plan(schedule, last, now)
+        assert (fire, cursor) == (firing.fire, firing.cursor)
+        assert upcoming == [t for t in stored if t > cursor] == firing.upcoming[: len(upcoming)]
+    else:  # every stored tick due: the clients' to compute
+        assert verdict == PLAN_OUT_OF_TICKS
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"every_ms": b"soon"}, "every_ms is not an integer"),
+        ({"every_ms": b"0"}, "every_ms is not an integer from 1"),
+        ({"every_ms": b"100", "cron": b"* * * * *"}, "exactly one of cron and every_ms"),
+        ({}, "exactly one of cron and every_ms"),
+        ({"every_ms": b"100", "missed": b"some"}, "missed is not one of skip, one, all"),
+        ({"every_ms": b"100", "last": b"1e3"}, "last is not epoch ms"),
+        ({"every_ms": b"100", "start_at": b"10", "end_at": b"5"}, "end_at comes before start_at"),
+        ({"cron": b"* * * * *", "ticks": b"5,3"}, "ticks are not ascending"),
+        ({"cron": b"* * * * *", "ticks": b"1,2,3,4,5,6,7,8,9"}, "more than 8 ticks"),
+        ({"cron": b"* * * * *", "ticks": b"1,x"}, "ticks is not a list of epoch ms"),
+    ],
+)
+def test_a_malformed_row_is_refused_by_the_c_rules(
+    c_rules: CRules, fields: dict[str, bytes | None], words: str
+) -> None:
+    got = c_rules.plan(fields, 10**12)
+    assert isinstance(got, str) and words in got
