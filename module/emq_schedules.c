@@ -11,7 +11,9 @@
  *
  * The timer.  It runs only while there is something to do -- a scan under
  * way, or an indexed set -- on a master with emq.schedule-timer yes: a
- * server without schedules holds no timer.  Each run fires at most
+ * server without schedules holds no timer.  After a run it sleeps until
+ * the earliest tick ahead among the sets it saw, at most
+ * EMQ_SCHEDULE_TIMER_MS (1 ms when it left due work).  Each run fires at most
  * FIRE_BUDGET schedules (and stops once JOB_BUDGET jobs are enqueued),
  * reads at most EXAMINE_BUDGET due names and visits at most SETS_PER_RUN
  * sets, resuming the next run at the set where it stopped.
@@ -30,6 +32,7 @@
  * ones with cronsim; `echomq check` reports it). */
 #include "emq_schedules.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -208,6 +211,16 @@ static RedisModuleDict *index_dict, *quiet;
 static SetEntry **sets;
 static size_t nsets, capsets, next_set;
 
+/* What one run learnt of the next: the earliest tick ahead among the sets
+ * it visited (a timer sleeps until then, at most EMQ_SCHEDULE_TIMER_MS), and
+ * whether it left due work for want of budget (the next run comes at once). */
+static long long next_due;
+static int backlog;
+
+static void saw_next(double score) {
+    if (score < (double)next_due) next_due = (long long)score; /* +inf never is */
+}
+
 static int loaded;      /* subscribed, and the index is ours to keep */
 static int running;     /* inside a timer run: the keyspace callback adds, never frees */
 static int internal;    /* inside our own RedisModule_Call */
@@ -335,12 +348,17 @@ static int is_master(RedisModuleCtx *ctx) {
 
 static void on_timer(RedisModuleCtx *ctx, void *data);
 
-/* Arm the timer when there is work and this node may do it. */
-static void rearm(void) {
+/* Arm the timer, in period_ms, when there is work and this node may do it. */
+static void arm_in(long long period_ms) {
     if (!loaded || armed || !emq_config_schedule_timer() || !is_master(timer_ctx)) return;
     if (!scanning && nsets == 0) return;
-    timer = RedisModule_CreateTimer(timer_ctx, scanning ? SCAN_TIMER_MS : EMQ_SCHEDULE_TIMER_MS, on_timer, NULL);
+    if (scanning) period_ms = SCAN_TIMER_MS;
+    timer = RedisModule_CreateTimer(timer_ctx, period_ms, on_timer, NULL);
     armed = 1;
+}
+
+static void rearm(void) {
+    arm_in(EMQ_SCHEDULE_TIMER_MS);
 }
 
 static void disarm(void) {
@@ -458,7 +476,10 @@ static int write_firing(RedisModuleCtx *ctx, const SetNames *n, RedisModuleStrin
     call_and_free(CALL(ctx, "HSET", "!sclcb", rowname, "last", firing->cursor, "ticks", ticks, tlen));
     if (firing->nfire) call_and_free(CALL(ctx, "HINCRBY", "!scl", rowname, "fired", (long long)firing->nfire));
     char score[24] = "+inf";
-    if (firing->nupcoming) snprintf(score, sizeof score, "%lld", firing->upcoming[0]);
+    if (firing->nupcoming) {
+        snprintf(score, sizeof score, "%lld", firing->upcoming[0]);
+        saw_next((double)firing->upcoming[0]);
+    }
     call_and_free(CALL(ctx, "ZADD", "!scs", n->set, score, member));
     return firing->nfire;
 }
@@ -586,6 +607,15 @@ static int fire_set(RedisModuleCtx *ctx, SetEntry *e, long long now, Budget *b, 
         RedisModule_ZsetRangeNext(key);
     }
     RedisModule_ZsetRangeStop(key);
+    /* The set's first tick ahead of now, for the timer's sleep. */
+    if (RedisModule_ZsetFirstInScoreRange(key, (double)now, HUGE_VAL, 1, 0) == REDISMODULE_OK &&
+        !RedisModule_ZsetRangeEndReached(key)) {
+        double score;
+        RedisModuleString *m = RedisModule_ZsetRangeCurrentElement(key, &score);
+        if (m) RedisModule_FreeString(ctx, m);
+        saw_next(score);
+    }
+    RedisModule_ZsetRangeStop(key);
     RedisModule_CloseKey(key);
     n.base = RedisModule_CreateString(ctx, n.b, n.blen);
     n.pending = emq_derived_key(ctx, n.base, "pending", NULL);
@@ -599,6 +629,7 @@ static int fire_set(RedisModuleCtx *ctx, SetEntry *e, long long now, Budget *b, 
         }
     }
     if (i < ndue) more = 1;
+    if (more) backlog = 1;
     for (int j = 0; j < ndue; j++) RedisModule_FreeString(ctx, due[j]);
     RedisModule_FreeString(ctx, n.pending);
     RedisModule_FreeString(ctx, n.base);
@@ -611,6 +642,8 @@ static void fire_step(RedisModuleCtx *ctx) {
     static long long buf[EMQ_SCHEDULE_MISSED_CEILING];
     Budget b = {0, 0, 0};
     size_t visits = 0, limit = nsets < SETS_PER_RUN ? nsets : SETS_PER_RUN;
+    next_due = LLONG_MAX;
+    backlog = nsets > SETS_PER_RUN; /* sets this run does not visit: look again soon */
     while (nsets && visits < limit && budget_left(&b)) {
         if (next_set >= nsets) next_set = 0;
         int dropped, done = fire_set(ctx, sets[next_set], now, &b, buf, &dropped);
@@ -629,7 +662,14 @@ static void on_timer(RedisModuleCtx *ctx, void *data) {
     fire_step(ctx);
     RedisModule_SelectDb(ctx, db);
     running = 0;
-    rearm();
+    /* Sleep until the earliest tick ahead (at most the period), so that a
+     * tick fires within about a millisecond of its time, not up to 50. */
+    long long period = EMQ_SCHEDULE_TIMER_MS, now = RedisModule_Milliseconds();
+    if (backlog)
+        period = 1;
+    else if (next_due - now < period)
+        period = next_due - now < 1 ? 1 : next_due - now;
+    arm_in(period);
 }
 
 /* -- what keeps the index -------------------------------------------------- */

@@ -3,8 +3,9 @@
  * A schedule is written by the clients (python/echomq/schedules.py): a row
  * <base>schedule:<name> and a member <name> of <base>schedules scored with
  * its next tick.  With emq.schedule-timer yes (the default), a master keeps
- * an index of the databases' schedule sets in module memory and, every
- * EMQ_SCHEDULE_TIMER_MS while the index is not empty, fires their due ticks
+ * an index of the databases' schedule sets in module memory and, while the
+ * index is not empty, fires their due ticks (a timer that sleeps until the
+ * earliest tick ahead, at most EMQ_SCHEDULE_TIMER_MS)
  * exactly as a client's drive would: the same ticks, the same job ids
  * (<name>@<tick>), the same cursor.  Cron parsing stays in Python: a cron
  * schedule fires from the ticks a client stored in its row, and only while
