@@ -659,7 +659,11 @@ static void on_timer(RedisModuleCtx *ctx, void *data) {
     running = 1;
     int db = RedisModule_GetSelectedDb(ctx);
     if (scanning) scan_step(ctx);
-    fire_step(ctx);
+    /* Past maxmemory a client's drive is refused whole (EMQ.ENQUEUE is
+     * deny-oom, and so its EXEC): the timer waits as well, and the ticks
+     * meanwhile are handled by `missed` once memory is back. */
+    if (!(RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_OOM)) fire_step(ctx);
+    else next_due = LLONG_MAX, backlog = 0;
     RedisModule_SelectDb(ctx, db);
     running = 0;
     /* Sleep until the earliest tick ahead (at most the period), so that a

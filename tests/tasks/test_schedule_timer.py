@@ -284,6 +284,25 @@ def test_flushall_leaves_no_stale_index_and_a_removed_schedule_stops(r: redis.Re
     assert len(jobs_of(r, "again")) == count
 
 
+def test_past_maxmemory_the_timer_waits_as_a_clients_drive_is_refused(r: redis.Redis) -> None:
+    """EMQ.ENQUEUE is deny-oom: a client's EXEC is refused whole past maxmemory, and the timer
+    fires nothing either; with memory back it fires, under ``missed``."""
+    client = echomq.Client(r)
+    client.schedule(Q, "beat", every_ms=100, missed="one")
+    policy = r.config_get("maxmemory-policy")["maxmemory-policy"]
+    try:
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)
+        time.sleep(0.1)
+        count = len(jobs_of(r, "beat"))
+        time.sleep(0.5)
+        assert len(jobs_of(r, "beat")) == count
+    finally:
+        r.config_set("maxmemory", 0)
+        r.config_set("maxmemory-policy", policy)
+    assert wait_until(lambda: len(jobs_of(r, "beat")) > count, 5)
+
+
 def test_a_schedule_in_another_database_fires(timer_server: EmbeddedServer) -> None:
     """The index records the database with the key: a client may use any."""
     other = timer_server.client(db=3)
