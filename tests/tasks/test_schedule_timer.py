@@ -126,7 +126,9 @@ def test_missed_ticks_after_a_gap_follow_the_clients_plan(server_factory: Any, m
         assert len(jobs_of(r, "gap")) == 1 and jobs_of(r, "ended") == []
 
 
-def test_a_cron_fires_from_its_stored_ticks_and_stops_when_they_run_out(r: redis.Redis) -> None:
+def test_a_cron_fires_from_its_stored_ticks_and_stops_when_they_run_out(
+    r: redis.Redis, timer_server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The server cannot parse cron: it fires the stored ticks while one of them is still ahead
     (7 of the 8), then waits for a client, whose drive tops the ticks up; then it fires again."""
     client = echomq.Client(r)
@@ -140,6 +142,12 @@ def test_a_cron_fires_from_its_stored_ticks_and_stops_when_they_run_out(r: redis
     assert r.hget(row("sec"), "fired") == b"7"
     said = schedule_problems(r, Q)  # what `echomq check` prints
     assert len(said) == 1 and "'sec' is out of stored ticks" in said[0]
+    from echomq.cli import main
+
+    assert main(["--url", timer_server.url, "inspect", Q]) == 0
+    assert "'sec' is out of stored ticks" in capsys.readouterr().out
+    assert main(["--url", timer_server.url, "check", Q]) == 1
+    assert "'sec' is out of stored ticks" in capsys.readouterr().out
     # a client's drive computes the rest with cronsim: the 8th and every second since, once each
     fired = client.drive_schedules(Q).fired
     assert fired and fired[0] == rules.job_id("sec", stored[-1])
