@@ -632,18 +632,28 @@ LONG = os.environ.get("ECHOMQ_SCHEDULE_LONG") == "1"
 
 
 @pytest.mark.skipif(not LONG, reason="three minutes of a minute cron: make schedules-long runs it")
+@pytest.mark.parametrize("driver", ["workers", "timer"])
 def test_a_minute_cron_fires_each_minute_once_across_a_restart_and_a_failover(
-    clients_only: Any, backend: str, tmp_path: Path
+    clients_only: Any, server_factory: Any, module_so: Path, backend: str, tmp_path: Path, driver: str
 ) -> None:
-    """Issue 44's long form: a ``* * * * *`` cron driven by three drivers (thread workers' own
-    drivers, at their defaults) on the master.  The master is restarted (SIGTERM, AOF) across the
-    second minute's tick, then dies just before the third; its replica is promoted and a worker on it
-    fires the third.  Each minute's job once, none lost."""
+    """Issue 44's long form: a ``* * * * *`` cron driven on the master by three thread workers'
+    own drivers at their defaults (``workers``), or by the server's own timer with no client at
+    all (``timer``, the module only).  The master is restarted (SIGTERM, AOF) across the second
+    minute's tick, then dies just before the third; its replica is promoted and fires the third
+    (its workers, or its timer once it is a master).  Each minute's job once, none lost."""
     from ..conftest import wait_for_replica
 
     module = backend == "module"
-    master = clients_only(AOF, dir=tmp_path, load_module=module)
-    replica = clients_only(["--replicaof", master.host, str(master.port)], load_module=module)
+    if driver == "timer" and not module:
+        pytest.skip("the scripts backend has no timer of its own: its workers drive the schedules")
+    if driver == "timer":  # the module at its defaults: its timer on, on both servers and after the restart
+        master = server_factory(["--loadmodule", str(module_so), *AOF], dir=tmp_path, load_module=False)
+        replica = server_factory(
+            ["--loadmodule", str(module_so), "--replicaof", master.host, str(master.port)], load_module=False
+        )
+    else:
+        master = clients_only(AOF, dir=tmp_path, load_module=module)
+        replica = clients_only(["--replicaof", master.host, str(master.port)], load_module=module)
     m = master.client()
     wait_for_replica(m, replica.client())
     control = echomq.Client(master.client())
@@ -651,6 +661,8 @@ def test_a_minute_cron_fires_each_minute_once_across_a_restart_and_a_failover(
     first = (server_ms(m) // 60_000 + 1) * 60_000
 
     def workers_on(server: EmbeddedServer) -> list[echomq.Worker]:
+        if driver == "timer":  # no client process: the server's timer alone
+            return []
         out = [echomq.Worker(echomq.Client.from_url(server.url), Q, lambda ctx: None) for _ in range(3)]
         for w in out:
             w.start()
