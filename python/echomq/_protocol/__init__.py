@@ -144,6 +144,7 @@ from .registry import (
     registry_reply,
     unregister,
 )
+from .groups import GROUP_MAX, group_args
 from .unique import (
     UNIQUE_FOR_MAX_MS,
     UNIQUE_KEY_MAX,
@@ -385,6 +386,8 @@ __all__ = [
     "text",
     "traceback_bytes",
     "unique_args",
+    "group_args",
+    "GROUP_MAX",
     "unregister",
     "waitaof_probe",
     "when_args",
