@@ -400,9 +400,13 @@ def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
     problems: list[str] = []
     for group in sorted(set(running) | set(counted)):
         said = counted.get(group)
+        if not (said or b"0").isdigit():
+            problems.append(f"group {group!r} has an 'active' that is not a count: {said!r}")
+            continue
         if int(said or 0) != running.get(group, 0):
+            running_now = running.get(group, 0)
             problems.append(
-                f"group {group!r} counts {int(said or 0)} active but {running.get(group, 0)} of its jobs are in active"
+                f"group {group!r} counts {int(said or 0)} active but {running_now} of its jobs are in active"
             )
     return problems
 

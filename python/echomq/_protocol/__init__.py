@@ -55,6 +55,7 @@ from .done import (
     sharded_announcements,
 )
 from .flow import PER_MAX_MS, RATE_MAX, RateLimit, back_off, limit, set_rate_limit
+from .groups import GROUP_MAX, group_args
 from .lifecycle import (
     MAX_ENQUEUE_MANY,
     CompletedAndClaimed,
@@ -144,7 +145,6 @@ from .registry import (
     registry_reply,
     unregister,
 )
-from .groups import GROUP_MAX, group_args
 from .unique import (
     UNIQUE_FOR_MAX_MS,
     UNIQUE_KEY_MAX,
@@ -211,6 +211,7 @@ __all__ = [
     "ACTIVE_FIELDS",
     "COUNTER_FIELDS",
     "DEAD_FIELDS",
+    "GROUP_MAX",
     "HISTOGRAM_FIELDS",
     "JOB_FIELDS",
     "KEEP_FOREVER",
@@ -328,6 +329,7 @@ __all__ = [
     "fill_registry",
     "forget",
     "forget_steps",
+    "group_args",
     "halved_limit",
     "held_extensions",
     "job_info",
@@ -386,8 +388,6 @@ __all__ = [
     "text",
     "traceback_bytes",
     "unique_args",
-    "group_args",
-    "GROUP_MAX",
     "unregister",
     "waitaof_probe",
     "when_args",
