@@ -11,15 +11,17 @@ ungrouped jobs unchanged (no group key ever appears).
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 import echomq
 from echomq.keyspace import queue_keys
-from echomq.testing import group_problems, queue_problems
+from echomq.testing import EmbeddedServer, group_problems, queue_problems
 
-from ..conftest import server_now_ms
+from ..conftest import ServerFactory, server_now_ms, wait_for_replica
 from ..helpers import digest
 
 pytestmark = [pytest.mark.backends, pytest.mark.memcheck]
@@ -301,3 +303,93 @@ def test_a_delayed_grouped_job_counts_once_claimed(r: redis.Redis, client: echom
     job = client.claim("q", 30_000)
     assert job is not None and job.id == "a" and active_of(r, "g") == 1
     ok(r)
+
+
+# -- ACL: <base>group:<g> is a derived key, checked before it is read ----------------------
+
+# Every key of queue q but its group counts.
+NO_GROUPS = [f"~emq:{{q}}:{k}" for k in ("pending", "active", "dead", "priority", "delayed", "meta", "limit",
+                                        "queue", "job:*", "req:*", "unique:*", "metrics:*")]  # fmt: skip
+
+
+@pytest.fixture
+def no_groups(server: EmbeddedServer, r: redis.Redis) -> echomq.Client:
+    """A client whose user may use every key of queue q but ``<base>group:*`` (read-only there)."""
+    r.execute_command("ACL", "SETUSER", "nogroups", "reset", "on", ">pw", "+@all", "&*", *NO_GROUPS,
+                      "%R~emq:{q}:group:*")  # fmt: skip
+    return echomq.Client(server.client(username="nogroups", password="pw"))
+
+
+def test_a_claim_and_a_complete_need_write_access_to_the_group_count(
+    r: redis.Redis, client: echomq.Client, no_groups: echomq.Client
+) -> None:
+    no_groups.enqueue("q", b"", "plain")
+    no_groups.enqueue("q", b"", "a", group="g")  # an enqueue does not touch the count
+    plain = no_groups.claim("q", 30_000)
+    assert plain is not None and plain.id == "plain"  # an ungrouped job needs no group key
+    no_groups.complete("q", plain.id, plain.token)
+    before = digest(r)
+    with pytest.raises(redis.ResponseError, match="no permissions"):
+        no_groups.claim("q", 30_000)
+    assert digest(r) == before
+    job = client.claim("q", 30_000)
+    assert job is not None and active_of(r, "g") == 1
+    before = digest(r)
+    for refused in (
+        lambda: no_groups.complete("q", job.id, job.token),
+        lambda: no_groups.fail("q", job.id, job.token, "E: x"),
+        lambda: no_groups.release("q", job.id, job.token),
+    ):
+        with pytest.raises(redis.ResponseError, match="no permissions"):
+            refused()
+        assert digest(r) == before
+    client.complete("q", job.id, job.token)
+    ok(r)
+
+
+# -- replication and the AOF: absolute effects ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_replica_and_the_aof_hold_the_masters_counts(
+    server_factory: ServerFactory, backend: str, tmp_path: Path
+) -> None:
+    load = backend == "module"
+    master = server_factory(["--repl-diskless-sync-delay", "0", "--appendonly", "yes",
+                             "--appendfsync", "always"], dir=tmp_path, load_module=load)  # fmt: skip
+    replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=load)
+    m, s = master.client(), replica.client()
+    client = echomq.Client(m)
+    assert client.backend == backend
+    for g in ("g1", "g2", "g3"):
+        client.enqueue_many("q", [(f"{g}-{i}", b"") for i in range(6)], group=g)
+    jobs = client.claim_many("q", 30_000, 12)
+    client.complete("q", jobs[0].id, jobs[0].token)
+    client.fail("q", jobs[1].id, jobs[1].token, "E: x")
+    client.release("q", jobs[2].id, jobs[2].token)
+    for j in jobs[3:]:  # lapsed leases, without request records that expire during the test
+        m.zadd(queue_keys("q").active, {j.id: 5}, xx=True)
+    client.sweep("q", max_stalled=1, limit=3)
+    client.claim_many("q", 30_000, 4)
+    assert m.keys("emq:{q}:group:*")
+    assert queue_problems(m, "q") == []
+    m.execute_command("WAIT", 1, 5000)
+    wait_for_replica(m, s)
+    assert digest(s) == digest(m)
+    expected = digest(m)
+    m.close()
+    s.close()
+    replica.stop()
+    master.stop()
+    replay = server_factory(["--appendonly", "yes"], dir=tmp_path, load_module=load)
+    again = replay.client()
+    assert digest(again) == expected
+    again.close()
+
+
+# -- cluster: every key of a queue in its slot ---------------------------------------------
+
+
+def test_the_group_count_is_in_the_queues_slot() -> None:
+    assert key_slot(gkey("tenant-42").encode()) == key_slot(queue_keys("q").pending.encode())
+    assert key_slot(gkey("a:b@c.d", "other").encode()) == key_slot(queue_keys("other").active.encode())
