@@ -393,3 +393,28 @@ def test_a_replica_and_the_aof_hold_the_masters_counts(
 def test_the_group_count_is_in_the_queues_slot() -> None:
     assert key_slot(gkey("tenant-42").encode()) == key_slot(queue_keys("q").pending.encode())
     assert key_slot(gkey("a:b@c.d", "other").encode()) == key_slot(queue_keys("other").active.encode())
+
+
+def test_a_blocked_claim_woken_by_a_grouped_job_counts_it(
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, backend: str
+) -> None:
+    if backend == "scripts":
+        pytest.skip("the scripts backend polls: it has no blocked claim to wake")
+    keys = queue_keys("q")
+    waiter = server.client()
+    got: list[object] = []
+    t = threading.Thread(
+        target=lambda: got.append(
+            waiter.execute_command("EMQ.CLAIM", keys.pending, keys.active, keys.base, 30_000, "BLOCK", 5_000)
+        )
+    )
+    t.start()
+    deadline = server_now_ms(r) + 5_000
+    while r.info("clients")["blocked_clients"] < 1 and server_now_ms(r) < deadline:
+        pass
+    client.enqueue("q", b"", "a", group="g")
+    t.join(10)
+    waiter.close()
+    assert got and got[0] is not None
+    assert active_of(r, "g") == 1
+    ok(r)
