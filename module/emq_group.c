@@ -1,6 +1,7 @@
 /* emq_group.c -- see emq_group.h. */
 #include "emq_group.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "emq.h"
@@ -19,6 +20,7 @@ void emq_groups_close(EmqGroups *g) {
         RedisModule_FreeString(g->ctx, g->d[i].name);
     }
     RedisModule_Free(g->d);
+    if (g->sums) RedisModule_FreeDict(NULL, g->sums);
     if (g->own_user && g->user) RedisModule_FreeModuleUser(g->user);
     memset(g, 0, sizeof *g);
 }
@@ -64,12 +66,15 @@ int emq_groups_claimed(EmqGroups *g, EmqKey *row) {
     if (group == NULL) return EMQ_OK;
     RedisModuleString *name = emq_derived_key(g->ctx, g->base, "group:", group);
     RedisModule_FreeString(NULL, group);
-    for (size_t i = 0; i < g->n; i++) {
-        if (g->d[i].id == NULL && emq_str_equal(g->d[i].name, name)) {
-            RedisModule_FreeString(g->ctx, name);
-            g->d[i].delta++;
-            return EMQ_OK; /* checked when first met; a claim takes at most emq.max-limit */
-        }
+    if (g->sums == NULL) g->sums = RedisModule_CreateDict(NULL);
+    size_t len;
+    const char *p = RedisModule_StringPtrLen(name, &len);
+    int missing = 0;
+    uintptr_t at = (uintptr_t)RedisModule_DictGetC(g->sums, (void *)p, len, &missing);
+    if (!missing && at > 0) {
+        RedisModule_FreeString(g->ctx, name);
+        g->d[at - 1].delta++; /* checked when first met; a claim takes at most 1,000 jobs */
+        return EMQ_OK;
     }
     int err = check_key(g, name, 1);
     if (err) {
@@ -77,6 +82,7 @@ int emq_groups_claimed(EmqGroups *g, EmqKey *row) {
         return err;
     }
     add(g, NULL, name, 1);
+    RedisModule_DictSetC(g->sums, (void *)p, len, (void *)(uintptr_t)g->n);
     return EMQ_OK;
 }
 

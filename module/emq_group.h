@@ -36,6 +36,7 @@ typedef struct {
     int own_user, user_loaded;
     EmqGroupDelta *d;
     size_t n, cap, cursor; /* cursor: where the next left_apply looks first (the verbs apply in prepare order) */
+    RedisModuleDict *sums; /* a claim's groups: name -> index + 1 in d, so a claim of 1,000 jobs stays O(n log n) */
 } EmqGroups;
 
 void emq_groups_init(EmqGroups *g, RedisModuleCtx *ctx, RedisModuleString *base, RedisModuleUser *user);

@@ -13,9 +13,13 @@ function emq.left_active_prepare(base, id)
 end
 
 function emq.left_active_apply(base, id)
-    for _, g in ipairs(group_left) do
+    local n = #group_left
+    for k = 0, n - 1 do
+        local i = (group_next - 1 + k) % n + 1
+        local g = group_left[i]
         if not g.applied and g.id == id then
             g.applied = true
+            group_next = i + 1
             emq.group_write(g.name, -1)
             return
         end

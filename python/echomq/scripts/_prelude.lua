@@ -138,9 +138,10 @@ local CHECK_ARGS = {
 local declared = {} -- the names in KEYS, for emq.open_derived; made anew by every call
 local unique_release = {} -- the unique keys a call's ending jobs release (emq.ended_prepare): id -> key
 local group_left = {} -- the jobs leaving <active> whose group counts one less (emq.left_active_prepare)
+local group_next = 1 -- where emq.left_active_apply looks first: the verbs apply in prepare order
 
 function emq.run(commands, body)
-    declared, unique_release, group_left = {}, {}, {}
+    declared, unique_release, group_left, group_next = {}, {}, {}, 1
     for _, key in ipairs(KEYS) do declared[key] = true end
     for _, command in ipairs(commands) do
         if KEYS[1] and not redis.acl_check_cmd(command, KEYS[1], unpack(CHECK_ARGS[command])) then
