@@ -18,6 +18,7 @@ import redis
 from redis.crc import key_slot
 
 import echomq
+from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer, group_problems, queue_problems
 
@@ -418,3 +419,24 @@ def test_a_blocked_claim_woken_by_a_grouped_job_counts_it(
     assert got and got[0] is not None
     assert active_of(r, "g") == 1
     ok(r)
+
+
+def test_the_cli_enqueues_into_a_group_and_check_finds_a_count_that_is_off(
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def cli(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["--url", server.url, *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = cli("enqueue", "q", "one", "--id", "a", "--group", "tenant-1")
+    assert (code, out.strip()) == (0, "a")
+    assert r.hget(queue_keys("q").job("a"), "group") == b"tenant-1"
+    code, _, err = cli("enqueue", "q", "two", "--group", "no spaces")
+    assert code == 1 and "group must be" in err
+    code, out, _ = cli("check", "q")
+    assert code == 0 and "no problems" in out
+    r.hset(gkey("tenant-1"), "active", 1)
+    code, out, _ = cli("check", "q")
+    assert code == 1 and "counts 1 active but 0" in out
