@@ -105,7 +105,7 @@ ERRORS: list[tuple[bytes, str | None]] = [
     (rb"ERR the checkpoint state is larger than emq.max-state-bytes", None),
     # groups' (issue 45): a bad name, a count a hand edit broke
     (rb"ERR GROUP must be 1 to 128 bytes of letters, digits and -_\.:@", "-ERR GROUP must be 1 to 128 bytes"),
-    (rb"ERR the group hash's 'active' field is not an integer from 0 to 2\^53", "'active' field is not an integer"),
+    (rb"ERR the group hash's 'active' field is not an integer from 0 to 2\^53", "'active' field is not an"),
 ]  # fmt: skip
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
