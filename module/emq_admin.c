@@ -324,7 +324,7 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         err = check_derived(ctx, user, &row, 1);
     }
     for (size_t i = 0; !err && i < n; i++) {
-        if (d[i].from == &active) err = emq_left_active_prepare(&end, d[i].id);
+        if (d[i].from == &active) err = emq_left_active_prepare(&end, d[i].id, NULL);
         if (!err && d[i].deletes) err = emq_ended_prepare(&end, d[i].id, EMQ_END_DELETED, d[i].ended);
     }
     if (!err && remaining == 0) err = check_derived(ctx, user, &metrics_name, 1);

@@ -15,8 +15,8 @@ void emq_end_close(EmqEnd *e) {
     emq_groups_close(&e->groups);
 }
 
-int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id) {
-    return emq_groups_left_prepare(&e->groups, id);
+int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id, EmqKey *row) {
+    return emq_groups_left_prepare(&e->groups, id, row);
 }
 
 void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id) {

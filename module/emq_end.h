@@ -55,8 +55,10 @@ typedef struct {
 void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base);
 void emq_end_close(EmqEnd *e);
 
-/* The job `id` leaves <active> (whatever comes next for it). */
-int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id);
+/* The job `id` leaves <active> (whatever comes next for it).  `row` is its
+ * row when the caller has it open (it is read, not written), else NULL:
+ * opened here by name. */
+int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id, EmqKey *row);
 void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id);
 
 /* The job `id` ends `how`; `already`: its row is deleted after the job

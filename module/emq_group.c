@@ -86,13 +86,18 @@ int emq_groups_claimed(EmqGroups *g, EmqKey *row) {
     return EMQ_OK;
 }
 
-int emq_groups_left_prepare(EmqGroups *g, RedisModuleString *id) {
-    RedisModuleString *row_name = emq_derived_key(g->ctx, g->base, "job:", id);
-    EmqKey row;
-    emq_key_open(g->ctx, &row, row_name, REDISMODULE_READ);
-    RedisModuleString *group = emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH) ? emq_hget(&row, emq_str.group) : NULL;
-    emq_key_close(&row);
-    RedisModule_FreeString(g->ctx, row_name);
+int emq_groups_left_prepare(EmqGroups *g, RedisModuleString *id, EmqKey *open_row) {
+    RedisModuleString *group;
+    if (open_row) {
+        group = emq_type_ok(open_row, REDISMODULE_KEYTYPE_HASH) ? emq_hget(open_row, emq_str.group) : NULL;
+    } else {
+        RedisModuleString *row_name = emq_derived_key(g->ctx, g->base, "job:", id);
+        EmqKey row;
+        emq_key_open(g->ctx, &row, row_name, REDISMODULE_READ);
+        group = emq_type_ok(&row, REDISMODULE_KEYTYPE_HASH) ? emq_hget(&row, emq_str.group) : NULL;
+        emq_key_close(&row);
+        RedisModule_FreeString(g->ctx, row_name);
+    }
     if (group == NULL) return EMQ_OK;
     RedisModuleString *name = emq_derived_key(g->ctx, g->base, "group:", group);
     RedisModule_FreeString(NULL, group);

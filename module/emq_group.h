@@ -47,8 +47,9 @@ void emq_groups_close(EmqGroups *g);
 int emq_groups_claimed(EmqGroups *g, EmqKey *row);
 
 /* The job `id` leaves <active>: -1 for its group, if its row names one
- * (the row is the caller's, checked by it). */
-int emq_groups_left_prepare(EmqGroups *g, RedisModuleString *id);
+ * (the row is the caller's, checked by it: `row` when it is open, else
+ * NULL and opened here to read). */
+int emq_groups_left_prepare(EmqGroups *g, RedisModuleString *id, EmqKey *open_row);
 void emq_groups_left_apply(EmqGroups *g, EmqFx *fx, RedisModuleString *id);
 
 /* Every claim's sum, in the order the groups were met. */
