@@ -520,6 +520,7 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         ([], [*enqueue, b"PRIORITY", b"-7", b"DELAY", b"0"]),
         # a group's count (issue 45): moved by a claim and a complete; corrupt, met by both
         ([], [*enqueue, b"GROUP", b"g1"]),
+        ([], [*enqueue, b"GROUP", b"a b"]),
         ([[b"HSET", b + b"job:w", b"state", b"pending", b"group", b"g1"], [b"RPUSH", b + b"pending", b"w"]],
          claim),
         ([[b"HSET", b + b"job:w", b"state", b"pending", b"group", b"g1"], [b"RPUSH", b + b"pending", b"w"],
