@@ -10,6 +10,7 @@ ungrouped jobs unchanged (no group key ever appears).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import redis
 from redis.crc import key_slot
 
 import echomq
+import echomq.asyncio as aemq
 from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer, group_problems, queue_problems
@@ -440,3 +442,20 @@ def test_the_cli_enqueues_into_a_group_and_check_finds_a_count_that_is_off(
     r.hset(gkey("tenant-1"), "active", 1)
     code, out, _ = cli("check", "q")
     assert code == 1 and "counts 1 active but 0" in out
+
+
+def test_the_asyncio_client_takes_group_too(r: redis.Redis, server: EmbeddedServer) -> None:
+    async def main_() -> None:
+        aclient = aemq.Client.from_url(server.url)
+        try:
+            assert await aclient.enqueue("q", b"", "a", group="g") == "a"
+            assert await aclient.enqueue_many("q", [("b", b"")], group="g") == ["b"]
+            with pytest.raises(ValueError, match="group must be"):
+                await aclient.enqueue("q", b"", "c", group="")
+            assert len(await aclient.claim_many("q", 30_000, 2)) == 2
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main_())
+    assert active_of(r, "g") == 2
+    ok(r)
