@@ -54,6 +54,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The test environment's versions (tests/constraints.txt says why); empty: the newest releases.
+CONSTRAINTS ?= tests/constraints.txt
 
 .PHONY: demo test smoke unasync compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary debian-packages memchecker browser module clean
 
@@ -211,7 +213,7 @@ module:
 	$(MAKE) -C module
 
 # Debian's python3 lacks ensurepip until python3-venv is installed.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  rm -rf $(VENV); \
 	  echo "installing python3-venv from Debian's packages"; \
@@ -219,7 +221,7 @@ $(VENV)/.installed: pyproject.toml
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends python3-venv && \
 	  $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test]' $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $@
 
 clean:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import random
 import statistics
@@ -47,10 +46,10 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 
 import echomq  # noqa: E402
+from bench import _results as results  # noqa: E402
 from echomq.keyspace import queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 LEASE_MS = 60_000
 SLOTS = 8
 POLL_S = 0.2
@@ -419,18 +418,11 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def save(res: dict[str, Any], text: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"claimpath-{stamp}", "claimpath-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
-        (RESULTS / f"{name}.md").write_text(text)
-
 
 def main_section(quick: bool, command: str) -> int:
     res = run(QUICK if quick else FULL, command)
     text = markdown(res)
-    save(res, text)
+    results.save("claimpath", res, text)
     print(text, flush=True)
     return 0
 

@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
+from bench import _results as results  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -206,19 +207,11 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def save(res: dict[str, Any], text: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"idle-{stamp}", "idle-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
-        (RESULTS / f"{name}.md").write_text(text)
-    return RESULTS / f"idle-{stamp}.md"
-
 
 def main_section(quick: bool, command: str, baseline: str | None = None) -> int:
     res = run(QUICK if quick else FULL, command, baseline)
     text = markdown(res)
-    save(res, text)
+    results.save("idle", res, text)
     print(text, flush=True)
     bad = [
         row

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import os
 import platform
 import random
@@ -52,10 +51,10 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
+from bench import _results as results  # noqa: E402
 from echomq._protocol.calls import new_id, new_request_id  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 B = "emq:{mem}:"
 PAYLOAD = b'{"user": 4711, "action": "welcome-mail", "locale": "de-DE", "attempt": 1001}'
 assert len(PAYLOAD) == 76
@@ -359,18 +358,11 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def save(res: dict[str, Any], text: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"memory-{stamp}", "memory-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
-        (RESULTS / f"{name}.md").write_text(text)
-
 
 def main_section(quick: bool, command: str, before_ref: str = "main") -> int:
     res = run(QUICK if quick else FULL, command, before_ref)
     text = markdown(res)
-    save(res, text)
+    results.save("memory", res, text)
     print(text, flush=True)
     return 0
 

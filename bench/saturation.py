@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import shlex
 import sys
@@ -57,12 +56,12 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
+from bench import _results as results  # noqa: E402
 from bench.peers import harness as peers  # noqa: E402
 from bench.peers.procs import ContenderError, Proc, server_stats  # noqa: E402
 from echomq.keyspace import queue_keys  # noqa: E402
 from echomq.testing import EmbeddedServer  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 KEYS = ("echomq-sync-10", "echomq-async", "bullmq")  # bench/peers/harness.py's contenders, by key
 QUEUE = "bench"  # the contenders' default queue name
 CLAIM_POLL_S = 0.002  # until the first claim: a short wait, read often
@@ -414,14 +413,6 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def save(res: dict[str, Any], text: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"saturation-{stamp}", "saturation-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2, default=str))
-        (RESULTS / f"{name}.md").write_text(text)
-    return RESULTS / f"saturation-{stamp}.md"
-
 
 def exit_code(res: dict[str, Any]) -> int:
     """1 when the package under test lost, failed or repeated a job (a peer that does is a finding)."""
@@ -434,7 +425,7 @@ def main_section(quick: bool, command: str, sizes: Sizes | None = None, only: li
     log("many workers, one server ...")
     res = run(sizes or (QUICK if quick else FULL), command, only)
     text = markdown(res)
-    path = save(res, text)
+    path = results.save("saturation", res, text)
     print(text, flush=True)
     log(f"done in {time.monotonic() - t0:.1f}s; written to {path.relative_to(ROOT)} (and saturation-latest)")
     return exit_code(res)

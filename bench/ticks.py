@@ -7,9 +7,10 @@ emq.so of this tree loaded, or not for the scripts backend), one schedule of 200
 ticks added while the drivers run, for TICKS ticks (``end_at``), ``missed="skip"``
 (the default).  The drivers, each at its defaults (a sweep every 5-15 s):
 
-- one thread worker; three thread workers; one asyncio worker (both backends);
-- the module's own timer, with no client process: not built yet (issue 44), so the
-  row says so rather than a figure.
+- one thread worker; three thread workers; one asyncio worker (both backends; with the
+  module, its own timer off, ``schedule-timer no``, so the row is the clients' alone);
+- the module's own timer, with no client process (module/emq_schedules.c); and the timer
+  with three thread workers beside it (whoever is first).
 
 Lateness of a tick: its job's ``enqueued_at`` (the server's clock, ms) minus the tick
 (both from the job's row and id ``<name>@<tick ms>``); a tick with no job is *missed*
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import platform
 import statistics
 import sys
@@ -40,10 +40,10 @@ import redis.asyncio  # noqa: E402
 
 import echomq  # noqa: E402
 import echomq.asyncio as emq  # noqa: E402
+from bench import _results as results  # noqa: E402
 from echomq import schedules as rules  # noqa: E402
-from echomq.testing import EmbeddedServer  # noqa: E402
+from echomq.testing import EmbeddedServer, module_path  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 Q = "ticks"
 EVERY_MS = 200
 FULL_TICKS, QUICK_TICKS = 50, 12
@@ -82,18 +82,36 @@ def _asyncio_worker(server: EmbeddedServer, ready: threading.Event, stop: thread
     asyncio.run(main())
 
 
+def _no_client(server: EmbeddedServer, ready: threading.Event, stop: threading.Event) -> None:
+    ready.set()
+    stop.wait()
+
+
 DRIVERS: dict[str, Callable[[EmbeddedServer, threading.Event, threading.Event], None]] = {
     "1 thread worker": _thread_workers(1),
     "3 thread workers": _thread_workers(3),
     "1 asyncio worker": _asyncio_worker,
 }
+TIMER_DRIVERS: dict[str, Callable[[EmbeddedServer, threading.Event, threading.Event], None]] = {
+    "the server's own timer, no client": _no_client,
+    "the server's timer and 3 thread workers": _thread_workers(3),
+}
+
+
+def server_for(backend: str, timer: bool) -> EmbeddedServer:
+    if backend == "scripts":
+        return EmbeddedServer(["--appendonly", "no"], load_module=False)
+    load = ["--loadmodule", str(module_path()), *([] if timer else ["schedule-timer", "no"])]
+    return EmbeddedServer([*load, "--appendonly", "no"], load_module=False)
 
 
 def measure(backend: str, driver: str, ticks: int) -> dict[str, Any]:
-    with EmbeddedServer(["--appendonly", "no"], load_module=backend == "module") as server:
+    timer = driver in TIMER_DRIVERS
+    with server_for(backend, timer) as server:
         r = server.client()
         ready, stop = threading.Event(), threading.Event()
-        runner = threading.Thread(target=DRIVERS[driver], args=(server, ready, stop), daemon=True)
+        target = TIMER_DRIVERS[driver] if timer else DRIVERS[driver]
+        runner = threading.Thread(target=target, args=(server, ready, stop), daemon=True)
         runner.start()
         try:
             ready.wait(30)
@@ -130,6 +148,7 @@ def measure(backend: str, driver: str, ticks: int) -> dict[str, Any]:
 
 def run(ticks: int, command: str) -> dict[str, Any]:
     rows = [measure(backend, driver, ticks) for backend in ("module", "scripts") for driver in DRIVERS]
+    rows += [measure("module", driver, ticks) for driver in TIMER_DRIVERS]
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command,
@@ -146,7 +165,8 @@ def markdown(res: dict[str, Any]) -> str:
     out = [
         f"## Schedule ticks: how late their jobs are enqueued ({res['date']}, `{res['command']}`)",
         "",
-        f"One schedule of {res['every_ms']} ms ticks, `missed=\"skip\"`, drivers at their defaults; "
+        f"One schedule of {res['every_ms']} ms ticks, `missed=\"skip\"`, drivers at their defaults (the "
+        "module's rows with workers only: its timer off); "
         "lateness = the job's `enqueued_at` minus its tick (server clock, ms).",
         "",
         "| backend | driver | ticks | missed | p50 ms | p99 ms | worst ms |",
@@ -157,18 +177,13 @@ def markdown(res: dict[str, Any]) -> str:
             f"| {row['backend']} | {row['driver']} | {row['ticks']} | {row['missed']} | {fmt(row['p50_ms'])} "
             f"| {fmt(row['p99_ms'])} | {fmt(row['worst_ms'])} |"
         )
-    out.append("| module | the server's own timer, no client | - | - | not built yet | | |")
     return "\n".join(out) + "\n"
 
 
 def main_section(quick: bool, command: str) -> int:
     res = run(QUICK_TICKS if quick else FULL_TICKS, command)
     text = markdown(res)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"ticks-{stamp}", "ticks-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
-        (RESULTS / f"{name}.md").write_text(text)
+    results.save("ticks", res, text)
     print(text, flush=True)
     return 0
 

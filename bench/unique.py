@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import sys
@@ -32,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
+from bench import _results as results  # noqa: E402
 from bench.memory import PAYLOAD, engines, pipelined, server, used  # noqa: E402
 from echomq._protocol.calls import new_id  # noqa: E402
 
 B = "emq:{u}:"
-RESULTS = ROOT / "bench" / "results"
 
 
 @dataclass(frozen=True)
@@ -151,11 +150,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main_section(quick: bool, command: str) -> int:
     res = run(QUICK if quick else FULL, command)
     text = markdown(res)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for name in (f"unique-{stamp}", "unique-latest"):
-        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2))
-        (RESULTS / f"{name}.md").write_text(text)
+    results.save("unique", res, text)
     print(text, flush=True)
     return 0
 

@@ -12,6 +12,7 @@
 
 #include "emq.h"
 #include "emq_meta.h"
+#include "emq_schedules.h"
 
 #define EMQ_MODULE_VERSION 1
 
@@ -283,6 +284,8 @@ static const char *fallback_of(const char *fn) {
                                   "max-limit <n> max-state-bytes <n> max-payload-bytes <n> "
                                   "max-result-bytes <n>)"},
         {"LoadConfigs", "no CONFIG SET emq.*: the settings are fixed at load"},
+        {"RegisterBoolConfig", "no CONFIG SET emq.*: the settings are fixed at load (load argument "
+                               "schedule-timer yes|no)"},
         {"ListGet", "a claim reads the head of <pending> with LRANGE (RedisModule_Call), a little slower"},
         {"PublishMessageShard", "a job that ends is announced on <base>done:<id> with PUBLISH, not SPUBLISH "
                                 "(this server has no sharded pub/sub)"},
@@ -303,9 +306,9 @@ static void log_fallbacks(RedisModuleCtx *ctx) {
         RedisModule_Log(ctx, "notice", "loaded; every optional module API function was found");
     RedisModule_Log(ctx, "notice",
                     "settings: max-limit %lld, max-state-bytes %lld, max-payload-bytes %lld, "
-                    "max-result-bytes %lld (%s)",
+                    "max-result-bytes %lld, schedule-timer %s (%s)",
                     emq_config_max_limit(), emq_config_max_state_bytes(), emq_config_max_payload_bytes(),
-                    emq_config_max_result_bytes(),
+                    emq_config_max_result_bytes(), emq_config_schedule_timer() ? "yes" : "no",
                     emq_config_is_live() ? "CONFIG SET emq.<name> changes them"
                                          : "fixed at load: this server has no module configs");
 }
@@ -325,9 +328,11 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
     for (size_t i = 0; ok && i < sizeof commands / sizeof *commands; i++)
         ok = emq_meta_register(ctx, &commands[i], &support) == REDISMODULE_OK;
     if (ok) ok = emq_config_register(ctx) == REDISMODULE_OK;
+    if (ok) ok = emq_schedules_load(ctx) == REDISMODULE_OK;
     if (!ok) {
         /* The server unregisters the commands of a module whose OnLoad
          * failed, but the strings we made are ours to free. */
+        emq_schedules_unload(ctx);
         free_strings();
         return REDISMODULE_ERR;
     }
@@ -336,6 +341,7 @@ EMQ_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
 }
 
 EMQ_EXPORT int RedisModule_OnUnload(RedisModuleCtx *ctx) {
+    emq_schedules_unload(ctx);
     emq_wake_unload(ctx);
     emq_keys_unload();
     free_strings();

@@ -34,6 +34,8 @@
  *   emq_unique.c   unique jobs: ENQUEUE's UNIQUE key, released when its job ends
  *   emq_registry.c the queue registry: <base>queue, made by the first enqueue
  *   emq_wake.c     claims that wait on a queue's lanes, and what wakes them
+ *   emq_schedules.c/.h  the server fires due schedule ticks itself: the
+ *                  index of schedule sets, the timer, the fire
  *   emq_rm.c/.h    our own declaration of the module API we call
  *
  * Every handler runs in the same order: parse -> open and type-check ->

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "emq_core.h"
+#include "emq_schedules.h"
 
 typedef struct {
     const char *name; /* without the module's "emq." */
@@ -30,6 +31,14 @@ static EmqSetting settings[SETTINGS] = {
                           EMQ_MAX_RESULT_BYTES_CEILING, REDISMODULE_CONFIG_MEMORY, 0},
 };
 static int live;
+
+/* schedule-timer: whether the server fires due schedule ticks itself
+ * (emq_schedules.h).  A yes/no, so not in the numeric table above. */
+static int schedule_timer = 1, schedule_timer_seen;
+
+int emq_config_schedule_timer(void) {
+    return schedule_timer;
+}
 
 long long emq_config_max_limit(void) {
     return settings[MAX_LIMIT].value;
@@ -63,14 +72,31 @@ int emq_config_load_args(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         settings[i].value = settings[i].def;
         settings[i].seen = 0;
     }
+    schedule_timer = 1;
+    schedule_timer_seen = 0;
     for (int i = 0; i < argc; i += 2) {
         size_t len, vlen = 0;
         const char *name = RedisModule_StringPtrLen(argv[i], &len);
+        if (len == 14 && memcmp(name, "schedule-timer", 14) == 0) {
+            const char *value = i + 1 < argc ? RedisModule_StringPtrLen(argv[i + 1], &vlen) : NULL;
+            int yes = value && vlen == 3 && memcmp(value, "yes", 3) == 0;
+            int no = value && vlen == 2 && memcmp(value, "no", 2) == 0;
+            if (schedule_timer_seen || !(yes || no)) {
+                RedisModule_Log(ctx, "warning",
+                                schedule_timer_seen ? "not loaded: the load argument schedule-timer is given twice"
+                                                    : "not loaded: the load argument schedule-timer needs yes or no");
+                return REDISMODULE_ERR;
+            }
+            schedule_timer = yes;
+            schedule_timer_seen = 1;
+            continue;
+        }
         EmqSetting *s = find(name, len);
         if (s == NULL) {
             RedisModule_Log(ctx, "warning",
                             "not loaded: unknown load argument '%.*s' (emq.so takes: max-limit <n>, "
-                            "max-state-bytes <n>, max-payload-bytes <n>, max-result-bytes <n>)",
+                            "max-state-bytes <n>, max-payload-bytes <n>, max-result-bytes <n>, "
+                            "schedule-timer yes|no)",
                             (int)(len > 200 ? 200 : len), name);
             return REDISMODULE_ERR;
         }
@@ -104,9 +130,25 @@ static int set_setting(const char *name, long long value, void *privdata, RedisM
     return REDISMODULE_OK;
 }
 
+static int get_schedule_timer(const char *name, void *privdata) {
+    (void)name;
+    (void)privdata;
+    return schedule_timer;
+}
+
+static int set_schedule_timer(const char *name, int value, void *privdata, RedisModuleString **err) {
+    (void)name;
+    (void)privdata;
+    (void)err;
+    schedule_timer = value != 0;
+    emq_schedules_setting_changed();
+    return REDISMODULE_OK;
+}
+
 int emq_config_register(RedisModuleCtx *ctx) {
     live = 0;
-    if (!RedisModule_RegisterNumericConfig || !RedisModule_LoadConfigs) return REDISMODULE_OK;
+    if (!RedisModule_RegisterNumericConfig || !RedisModule_LoadConfigs || !RedisModule_RegisterBoolConfig)
+        return REDISMODULE_OK;
     for (int i = 0; i < SETTINGS; i++) {
         EmqSetting *s = &settings[i];
         if (RedisModule_RegisterNumericConfig(ctx, s->name, s->value, s->flags, s->min, s->max, get_setting,
@@ -114,6 +156,11 @@ int emq_config_register(RedisModuleCtx *ctx) {
             RedisModule_Log(ctx, "warning", "not loaded: the server refused the config emq.%s", s->name);
             return REDISMODULE_ERR;
         }
+    }
+    if (RedisModule_RegisterBoolConfig(ctx, "schedule-timer", schedule_timer, REDISMODULE_CONFIG_DEFAULT,
+                                       get_schedule_timer, set_schedule_timer, NULL, NULL) != REDISMODULE_OK) {
+        RedisModule_Log(ctx, "warning", "not loaded: the server refused the config emq.schedule-timer");
+        return REDISMODULE_ERR;
     }
     /* The config file's, the command line's or MODULE LOADEX's values. */
     if (RedisModule_LoadConfigs(ctx) != REDISMODULE_OK) {

@@ -12,6 +12,9 @@
  *                        ENQUEUEMANY take.
  *   emq.max-result-bytes (default 1 MiB)  the largest result COMPLETE and
  *                        COMPLETECLAIM store.
+ *   emq.schedule-timer   (default yes)  whether the server fires due
+ *                        schedule ticks itself (emq_schedules.h); no: no
+ *                        timer, no index.
  *
  * Where the server has module configs (Redis 7.0+, Valkey), they are
  * `CONFIG GET/SET emq.<name>`, `emq.<name> <value>` in the config file, and
@@ -29,6 +32,7 @@ long long emq_config_max_limit(void);
 long long emq_config_max_state_bytes(void);
 long long emq_config_max_payload_bytes(void);
 long long emq_config_max_result_bytes(void);
+int emq_config_schedule_timer(void);
 
 /* Read the load arguments, NAME VALUE pairs.  An unknown name, a missing
  * or bad value, or a repeated name is refused: logged, and ERR returned. */

@@ -57,8 +57,10 @@
 /* GetContextFlags() bits. */
 #define REDISMODULE_CTX_FLAGS_LUA (1 << 0)
 #define REDISMODULE_CTX_FLAGS_MULTI (1 << 1)
+#define REDISMODULE_CTX_FLAGS_MASTER (1 << 2)
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
 #define REDISMODULE_CTX_FLAGS_OOM (1 << 10)
+#define REDISMODULE_CTX_FLAGS_LOADING (1 << 13)
 #define REDISMODULE_CTX_FLAGS_DENY_BLOCKING (1 << 21)
 
 /* NotifyKeyspaceEvent() classes. */
@@ -67,6 +69,35 @@
 #define REDISMODULE_NOTIFY_LIST (1 << 4)
 #define REDISMODULE_NOTIFY_HASH (1 << 6)
 #define REDISMODULE_NOTIFY_ZSET (1 << 7)
+
+/* CallReplyType() answers (the ones we look at). */
+#define REDISMODULE_REPLY_STRING 0
+#define REDISMODULE_REPLY_ERROR 1
+
+/* Server events (SubscribeToServerEvent): an event is its id and the
+ * version of the data its callback receives. */
+typedef struct {
+    uint64_t id;
+    uint64_t dataver;
+} RedisModuleEvent;
+#define REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED 0
+#define REDISMODULE_EVENT_FLUSHDB 2
+#define REDISMODULE_EVENT_LOADING 3
+#define REDISMODULE_EVENT_SWAPDB 11
+/* Their subevents. */
+#define REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER 0
+#define REDISMODULE_SUBEVENT_FLUSHDB_END 1
+#define REDISMODULE_SUBEVENT_LOADING_RDB_START 0
+#define REDISMODULE_SUBEVENT_LOADING_AOF_START 1
+#define REDISMODULE_SUBEVENT_LOADING_REPL_START 2
+#define REDISMODULE_SUBEVENT_LOADING_ENDED 3
+#define REDISMODULE_SUBEVENT_LOADING_FAILED 4
+/* FlushDB's data (version 1): dbnum -1 for FLUSHALL. */
+typedef struct {
+    uint64_t version;
+    int32_t sync;
+    int32_t dbnum;
+} RedisModuleFlushInfo;
 
 /* Key-spec flags (SetCommandInfo), also the ACL check's access flags.
  * Exactly one of RO/RW/OW/RM (how the value is treated), at most one of
@@ -134,10 +165,17 @@ typedef struct RedisModuleCallReply RedisModuleCallReply;
 typedef struct RedisModuleCommand RedisModuleCommand;
 typedef struct RedisModuleBlockedClient RedisModuleBlockedClient;
 typedef struct RedisModuleDict RedisModuleDict;
+typedef struct RedisModuleScanCursor RedisModuleScanCursor;
 typedef uint64_t RedisModuleTimerID;
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 typedef void (*RedisModuleTimerProc)(RedisModuleCtx *ctx, void *data);
 typedef void (*RedisModuleFreePrivdataFunc)(RedisModuleCtx *ctx, void *privdata);
+typedef int (*RedisModuleNotificationFunc)(RedisModuleCtx *ctx, int type, const char *event,
+                                           RedisModuleString *key);
+typedef void (*RedisModuleEventCallback)(RedisModuleCtx *ctx, RedisModuleEvent eid, uint64_t subevent,
+                                         void *data);
+typedef void (*RedisModuleScanCB)(RedisModuleCtx *ctx, RedisModuleString *keyname, RedisModuleKey *key,
+                                  void *privdata);
 
 /* -- command metadata (SetCommandInfo, Redis 7.0+) ------------------------
  * The server reads these arrays with the element sizes given in the
@@ -215,6 +253,8 @@ typedef struct {
 typedef long long (*RedisModuleConfigGetNumericFunc)(const char *name, void *privdata);
 typedef int (*RedisModuleConfigSetNumericFunc)(const char *name, long long val, void *privdata,
                                                RedisModuleString **err);
+typedef int (*RedisModuleConfigGetBoolFunc)(const char *name, void *privdata);
+typedef int (*RedisModuleConfigSetBoolFunc)(const char *name, int val, void *privdata, RedisModuleString **err);
 typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, RedisModuleString **err);
 
 /* X(return type, name without the RedisModule_ prefix, parameter list) */
@@ -295,7 +335,15 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(uint64_t, DictSize, (RedisModuleDict * d))                                             \
     X(int, DictSetC, (RedisModuleDict * d, void *key, size_t keylen, void *ptr))            \
     X(void *, DictGetC, (RedisModuleDict * d, void *key, size_t keylen, int *nokey))        \
-    X(int, DictDelC, (RedisModuleDict * d, void *key, size_t keylen, void *oldval))
+    X(int, DictDelC, (RedisModuleDict * d, void *key, size_t keylen, void *oldval))             \
+    X(int, CallReplyType, (RedisModuleCallReply * reply))                                    \
+    X(const char *, CallReplyStringPtr, (RedisModuleCallReply * reply, size_t *len))         \
+    X(int, SubscribeToKeyspaceEvents, (RedisModuleCtx * ctx, int types, RedisModuleNotificationFunc cb)) \
+    X(int, SubscribeToServerEvent,                                                            \
+      (RedisModuleCtx * ctx, RedisModuleEvent event, RedisModuleEventCallback callback))      \
+    X(RedisModuleScanCursor *, ScanCursorCreate, (void))                                     \
+    X(void, ScanCursorDestroy, (RedisModuleScanCursor * cursor))                             \
+    X(int, Scan, (RedisModuleCtx * ctx, RedisModuleScanCursor * cursor, RedisModuleScanCB fn, void *privdata))
 
 /* NULL where the server does not have them (each checked at use; what falls
  * back without one is logged at load, emq.c).  Redis 6.2 has
@@ -317,6 +365,10 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
       (RedisModuleCtx * ctx, const char *name, long long default_val, unsigned int flags,        \
        long long min, long long max, RedisModuleConfigGetNumericFunc getfn,                      \
        RedisModuleConfigSetNumericFunc setfn, RedisModuleConfigApplyFunc applyfn, void *privdata)) \
+    X(int, RegisterBoolConfig,                                                                   \
+      (RedisModuleCtx * ctx, const char *name, int default_val, unsigned int flags,               \
+       RedisModuleConfigGetBoolFunc getfn, RedisModuleConfigSetBoolFunc setfn,                     \
+       RedisModuleConfigApplyFunc applyfn, void *privdata))                                        \
     X(int, LoadConfigs, (RedisModuleCtx * ctx))                                                   \
     X(RedisModuleString *, ListGet, (RedisModuleKey * key, long index))                          \
     X(int, PublishMessageShard,                                                                  \

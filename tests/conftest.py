@@ -127,7 +127,7 @@ FEATURE_FUNCTIONS = {
     "command_info": {"GetCommand", "SetCommandInfo"},
     "acl_categories": {"SetCommandACLCategories"},
     "own_category": {"AddACLCategory"},
-    "module_configs": {"RegisterNumericConfig", "LoadConfigs"},
+    "module_configs": {"RegisterNumericConfig", "RegisterBoolConfig", "LoadConfigs"},
     "acl_keys": {"GetCurrentUserName", "GetModuleUserFromUserName", "ACLCheckCommandPermissions"},
     "list_get": {"ListGet"},
     "sharded_pubsub": {"PublishMessageShard"},

@@ -281,6 +281,25 @@ def _text(row: dict[Any, Any], key: str) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def text_of(row: dict[Any, Any], key: str) -> str | None:
+    """A row's field as text (None when absent)."""
+    return _text(row, key)
+
+
+def out_of_ticks(row: dict[Any, Any], now_ms: int) -> bool:
+    """A cron schedule whose stored ticks are all due: the module's timer, which fires a cron
+    only from them (it has no cron parser), waits for a client's drive to compute the next ones."""
+    if _text(row, "cron") is None:
+        return False
+    try:
+        last = int(_text(row, "last") or 0)
+        ticks = [int(t) for t in (_text(row, "ticks") or "").split(",") if t]
+    except ValueError:
+        return False  # a malformed row: the drivers say so
+    ahead = [t for t in ticks if t > last]
+    return bool(ahead) and ahead[-1] <= now_ms
+
+
 def from_row(name: str, row: dict[Any, Any]) -> Schedule:
     """A stored definition, read back (checked again: a row edited by hand is refused, not run)."""
     every = _text(row, "every_ms")

@@ -368,7 +368,12 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
             if rowless:
                 said += f" (entries without a row: {', '.join(repr(e) for e in rowless)})"
         problems.append(said)
-    return problems + unique_problems(r, queue, batch=batch) + group_problems(r, queue, batch=batch)
+    return (
+        problems
+        + unique_problems(r, queue, batch=batch)
+        + group_problems(r, queue, batch=batch)
+        + schedule_problems(r, queue)
+    )
 
 
 def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
@@ -407,6 +412,30 @@ def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
             running_now = running.get(group, 0)
             problems.append(
                 f"group {group!r} counts {int(said or 0)} active but {running_now} of its jobs are in active"
+            )
+    return problems
+
+
+def schedule_problems(r: redis.Redis, queue: str) -> list[str]:
+    """The queue's cron schedules that no one fires: every tick stored in the row is due, so the
+    module's timer (which has no cron parser) waits for a client to compute the next ones."""
+    from . import schedules as rules
+
+    set_key = rules.schedules_key(queue)
+    if r.type(set_key) != b"zset":
+        return []
+    seconds, micros = r.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    due = rules.names_of(r.zrangebyscore(set_key, "-inf", now, start=0, num=rules.MAX_SCHEDULES))
+    problems: list[str] = []
+    for name in due:
+        row = r.hgetall(rules.schedule_key(queue, name))
+        if rules.out_of_ticks(row, now):
+            stored = rules.text_of(row, "ticks")
+            problems.append(
+                f"schedule {name!r} is out of stored ticks (its last, {stored}, is due): "
+                "the server's timer fires a cron only from them; a worker, a Reaper or drive_schedules "
+                "computes the next ones"
             )
     return problems
 

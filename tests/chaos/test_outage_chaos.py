@@ -116,7 +116,9 @@ def layout_of(name: str) -> Layout:
     workers = [(m, int(slots)) for m in modes] * (4 // len(modes))
     lease_ms = SHORT_LEASE_MS if "short" in options else LEASE_MS
     prefetch = "prefetch" in options
-    return Layout(workers, prefetch, "forced" in options, lease_ms, PREFETCH_MAX_STALLED if prefetch else 3)
+    # the default layout's stall budget (one more than the outages that lapse leases) unless prefetched
+    stall_budget = PREFETCH_MAX_STALLED if prefetch else Layout.max_stalled
+    return Layout(workers, prefetch, "forced" in options, lease_ms, stall_budget)
 
 
 def job_id(i: int) -> str:

@@ -39,6 +39,7 @@ DEFAULTS = {
     "emq.max-state-bytes": "65536",
     "emq.max-payload-bytes": "1048576",
     "emq.max-result-bytes": "1048576",
+    "emq.schedule-timer": "yes",
 }
 
 
@@ -87,7 +88,7 @@ def test_the_default_ceiling_refuses_the_issues_sweep(r: redis.Redis) -> None:
      ("emq.max-limit", "100001"), ("emq.max-limit", "4611686018427387905"),
      ("emq.max-limit", "9223372036854775807"), ("emq.max-state-bytes", "16777217"),
      ("emq.max-payload-bytes", "-1"), ("emq.max-payload-bytes", "16777217"), ("emq.max-result-bytes", "17mb"),
-     ("emq.max-result-bytes", "x")],
+     ("emq.max-result-bytes", "x"), ("emq.schedule-timer", "maybe"), ("emq.schedule-timer", "2")],
 )  # fmt: skip
 def test_bad_values_are_refused(r: redis.Redis, name: str, value: str) -> None:
     with pytest.raises(redis.ResponseError):
@@ -111,6 +112,7 @@ def test_the_ceilings_are_named_in_the_refusal(r: redis.Redis) -> None:
             "emq.max-state-bytes": "16777216",
             "emq.max-payload-bytes": "16777216",
             "emq.max-result-bytes": "16777216",
+            "emq.schedule-timer": "yes",
         }
     finally:
         for name, value in DEFAULTS.items():
@@ -168,6 +170,7 @@ def test_config_file_values_and_rewrite_round_trip(tmp_path: Path, module_so: Pa
             "emq.max-state-bytes": "1000",
             "emq.max-payload-bytes": "5000",
             "emq.max-result-bytes": "7",
+            "emq.schedule-timer": "yes",
         }
         c.config_set("emq.max-limit", 456)
         c.config_set("emq.max-state-bytes", "2mb")
@@ -182,6 +185,7 @@ def test_config_file_values_and_rewrite_round_trip(tmp_path: Path, module_so: Pa
             "emq.max-state-bytes": "2097152",
             "emq.max-payload-bytes": "1048576",
             "emq.max-result-bytes": "7",
+            "emq.schedule-timer": "yes",
         }
 
 

@@ -93,14 +93,14 @@ def test_the_state_is_the_servers(start: Start, client: echomq.Client, r: redis.
 
 
 def test_payloads_are_hidden_unless_asked(start: Start, client: echomq.Client) -> None:
-    client.enqueue(Q, b"card 4111-1111", job_id="pay")
+    client.enqueue(Q, b"card pan-xq-4111", job_id="pay")
     hidden, shown = start(), start(show_payloads=True)
     http, _ = session(hidden)
     info = http.get("/api/job", params={"queue": Q, "id": "pay"}).json()
-    assert info["payload_size"] == len(b"card 4111-1111") and "payload" not in info
-    assert "4111" not in http.get("/api/job", params={"queue": Q, "id": "pay"}).text
+    assert info["payload_size"] == len(b"card pan-xq-4111") and "payload" not in info
+    assert "pan-xq" not in http.get("/api/job", params={"queue": Q, "id": "pay"}).text
     http, _ = session(shown)
-    assert http.get("/api/job", params={"queue": Q, "id": "pay"}).json()["payload"] == "card 4111-1111"
+    assert http.get("/api/job", params={"queue": Q, "id": "pay"}).json()["payload"] == "card pan-xq-4111"
     assert http.get("/api/job", params={"queue": Q, "id": "nope"}).status_code == 404
 
 
@@ -282,7 +282,7 @@ def test_every_listing_names_a_jobs_task_and_its_arguments_only_with_payloads(
     @app.task
     def charge(card: str, cents: int) -> None: ...
 
-    waiting = charge.enqueue("4111-1111", 500)
+    waiting = charge.enqueue("pan-xq-4111", 500)
     charge.enqueue("4242", 1)
     raw = client.enqueue(Q, b"raw bytes")
     held = client.claim(Q, 60_000)  # the first: a charge
@@ -293,14 +293,14 @@ def test_every_listing_names_a_jobs_task_and_its_arguments_only_with_payloads(
     body = wait_for(lambda: s if (s := state(hidden))["selected"]["dead"] else None)
     tasks = {j["id"]: j["task"] for listing in ("pending", "dead") for j in body["selected"][listing]}
     assert tasks[waiting.id] == "charge(...)" and tasks[raw] is None
-    assert "4111" not in str(body)
+    assert "pan-xq" not in str(body)
     body = wait_for(lambda: s if (s := state(shown))["selected"]["dead"] else None)
     tasks = {j["id"]: j["task"] for listing in ("pending", "dead") for j in body["selected"][listing]}
-    assert tasks[waiting.id] == 'charge("4111-1111", 500)'
+    assert tasks[waiting.id] == 'charge("pan-xq-4111", 500)'
     info = hidden.get("/api/job", params={"queue": Q, "id": waiting.id}).json()
     assert info["task"] == "charge(...)" and info["traceback"] == "Traceback\n  line 1\nE: x\n"
     info = shown.get("/api/job", params={"queue": Q, "id": waiting.id}).json()
-    assert info["task"] == 'charge("4111-1111", 500)'
+    assert info["task"] == 'charge("pan-xq-4111", 500)'
 
 
 def test_finished_jobs_are_shown_on_demand_newest_first_with_their_task(

@@ -5,6 +5,10 @@ A schedule is a row ``<base>schedule:<name>`` (definition, cursor ``last``) and 
 WATCH on the row, then one MULTI/EXEC that enqueues the tick's job (id ``<name>@<ms>``) and
 advances the cursor.  ``ECHOMQ_SCHEDULE_TICKS`` (default 3) sets how many 1 s ticks the
 driven tests run (``make schedules-long`` runs 60).
+
+These tests prove the client drivers, so their servers load the module with its own timer off
+(``schedule-timer no``): with it on, the server would fire the ticks first and a drive's reply
+would count nothing.  The timer is tests/tasks/test_schedule_timer.py's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import echomq.asyncio as emq
 from echomq import schedules as rules
 from echomq.testing import EmbeddedServer
 
+from .. import containers
 from ..calibration import budget
 from ..faults import AOF, restart, wait_until
 from ..helpers import digest
@@ -59,6 +64,35 @@ def next_second(r: redis.Redis, ahead: int = 1) -> int:
 def sleep_until(r: redis.Redis, at_ms: int) -> None:
     while (left := at_ms - server_ms(r)) > 0:
         time.sleep(left / 1000)
+
+
+# -- servers whose module leaves the firing to the clients -----------------------------
+
+
+@pytest.fixture(scope="session")
+def clients_only(server_factory: Any, module_so: Path) -> Any:
+    """``server_factory``, but a server with the module loads it with ``schedule-timer no`` (a load
+    argument: Redis 6.2 has no module configs)."""
+
+    def start(args: list[str] | None = None, load_module: bool = True, **kwargs: Any) -> EmbeddedServer:
+        if load_module:
+            args = ["--loadmodule", str(module_so), "schedule-timer", "no", *(args or [])]
+        server: EmbeddedServer = server_factory(args, load_module=False, **kwargs)
+        return server
+
+    return start
+
+
+@pytest.fixture(scope="module")
+def server(clients_only: Any, backend: str) -> Any:
+    """This file's shared server: the suite's, with the module's timer off (see the docstring)."""
+    if backend == "module" and containers.selected():
+        with containers.suite_server() as srv:
+            srv.client().config_set("emq.schedule-timer", "no")
+            yield srv
+            srv.client().config_set("emq.schedule-timer", "yes")
+        return
+    yield clients_only(load_module=backend == "module")
 
 
 # -- the rules, without a server -------------------------------------------------------
@@ -347,8 +381,8 @@ def test_four_workers_and_a_reaper_run_each_tick_once(server: EmbeddedServer, r:
 
 
 @pytest.fixture
-def aof_server(server_factory: Any, backend: str, tmp_path: Path) -> EmbeddedServer:
-    server: EmbeddedServer = server_factory(AOF, dir=tmp_path, load_module=backend == "module")
+def aof_server(clients_only: Any, backend: str, tmp_path: Path) -> EmbeddedServer:
+    server: EmbeddedServer = clients_only(AOF, dir=tmp_path, load_module=backend == "module")
     return server
 
 
@@ -452,13 +486,13 @@ def test_the_cli_adds_lists_and_removes(
 
 
 @pytest.mark.slow
-def test_schedules_on_a_cluster_fire_on_the_queues_node(server_factory: Any, backend: str) -> None:
+def test_schedules_on_a_cluster_fire_on_the_queues_node(clients_only: Any, backend: str) -> None:
     """On Redis Cluster the WATCH/MULTI/EXEC goes to the node of the queue's slot."""
     from redis.cluster import RedisCluster
 
     from ..clusters import start_cluster
 
-    nodes = start_cluster(server_factory, 3, load_module=backend == "module")
+    nodes = start_cluster(clients_only, 3, load_module=backend == "module")
     try:
         client = echomq.Client(RedisCluster(host=nodes[0].host, port=nodes[0].port))
         r = nodes[0].client()
@@ -477,14 +511,14 @@ def test_schedules_on_a_cluster_fire_on_the_queues_node(server_factory: Any, bac
             n.stop()
 
 
-def test_a_failover_to_a_replica_neither_repeats_nor_loses_a_tick(server_factory: Any, backend: str) -> None:
+def test_a_failover_to_a_replica_neither_repeats_nor_loses_a_tick(clients_only: Any, backend: str) -> None:
     """Ticks fired on the master reach the replica with their cursor (one MULTI/EXEC); the master
     dies, the replica is promoted, and driving it fires the remaining ticks only, each once."""
     from ..conftest import wait_for_replica
 
     module = backend == "module"
-    master = server_factory(load_module=module)
-    replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=module)
+    master = clients_only(load_module=module)
+    replica = clients_only(["--replicaof", master.host, str(master.port)], load_module=module)
     m, s = master.client(), replica.client()
     wait_for_replica(m, s)
     n = TICKS
@@ -599,7 +633,7 @@ LONG = os.environ.get("ECHOMQ_SCHEDULE_LONG") == "1"
 
 @pytest.mark.skipif(not LONG, reason="three minutes of a minute cron: make schedules-long runs it")
 def test_a_minute_cron_fires_each_minute_once_across_a_restart_and_a_failover(
-    server_factory: Any, backend: str, tmp_path: Path
+    clients_only: Any, backend: str, tmp_path: Path
 ) -> None:
     """Issue 44's long form: a ``* * * * *`` cron driven by three drivers (thread workers' own
     drivers, at their defaults) on the master.  The master is restarted (SIGTERM, AOF) across the
@@ -608,8 +642,8 @@ def test_a_minute_cron_fires_each_minute_once_across_a_restart_and_a_failover(
     from ..conftest import wait_for_replica
 
     module = backend == "module"
-    master = server_factory(AOF, dir=tmp_path, load_module=module)
-    replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=module)
+    master = clients_only(AOF, dir=tmp_path, load_module=module)
+    replica = clients_only(["--replicaof", master.host, str(master.port)], load_module=module)
     m = master.client()
     wait_for_replica(m, replica.client())
     control = echomq.Client(master.client())

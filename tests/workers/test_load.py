@@ -97,7 +97,7 @@ STATE_RANGE = "the load argument max-state-bytes needs an integer from 0 to 1677
         (
             ["bogus", "1"],
             "unknown load argument 'bogus' (emq.so takes: max-limit <n>, max-state-bytes <n>, "
-            "max-payload-bytes <n>, max-result-bytes <n>)",
+            "max-payload-bytes <n>, max-result-bytes <n>, schedule-timer yes|no)",
         ),
         (["MAX-LIMIT", "5"], "unknown load argument 'MAX-LIMIT'"),
         (["emq.max-limit", "5"], "unknown load argument 'emq.max-limit'"),
@@ -115,6 +115,9 @@ STATE_RANGE = "the load argument max-state-bytes needs an integer from 0 to 1677
         ),
         (["max-result-bytes", "x"], "the load argument max-result-bytes needs an integer from 0 to 16777216"),
         (["max-limit", "5", "max-limit", "6"], "the load argument max-limit is given twice"),
+        (["schedule-timer", "maybe"], "the load argument schedule-timer needs yes or no"),
+        (["schedule-timer"], "the load argument schedule-timer needs yes or no"),
+        (["schedule-timer", "no", "schedule-timer", "no"], "the load argument schedule-timer is given twice"),
     ],
 )
 def test_bad_load_arguments_are_refused_by_name(
@@ -150,6 +153,7 @@ def test_load_arguments_set_the_ceilings(bare: EmbeddedServer, conn: redis.Redis
             "emq.max-state-bytes": "100",
             "emq.max-payload-bytes": "4",
             "emq.max-result-bytes": "5",
+            "emq.schedule-timer": "yes",
         }
     with pytest.raises(redis.ResponseError, match=r"^the payload is larger than emq\.max-payload-bytes$"):
         conn.execute_command("EMQ.ENQUEUE", "emq:{q}:pending", "emq:{q}:", "big", "12345")

@@ -89,6 +89,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         out.write(f"  tombstones {counts.stale} (cancelled jobs' entries; claims drop them)\n")
     for line in describe(client.rate_limit(args.queue), now):  # the window's use (issue 32)
         out.write(f"  {line}\n")
+    from ..testing import schedule_problems  # (as check reads it) a cron the server's timer cannot go on with
+
+    for line in schedule_problems(cast(redis.Redis, r), args.queue):
+        out.write(f"  {line}\n")
     waiting = client.pending(args.queue, count=min(args.limit, 10)) if counts.pending else []
     if waiting:  # the head of the line: what the next claims take
         out.write("\nnext to run\n")
