@@ -30,6 +30,7 @@
  *                  a claim's choice, promotion, tombstones
  *   emq_row.c      what a row holds: values in 64-byte pieces, the level
  *   emq_end.c      the two hooks: a job leaves <active>, a job ends
+ *   emq_group.c    groups: a job's group and its exact count of active jobs
  *   emq_unique.c   unique jobs: ENQUEUE's UNIQUE key, released when its job ends
  *   emq_registry.c the queue registry: <base>queue, made by the first enqueue
  *   emq_wake.c     claims that wait on a queue's lanes, and what wakes them
@@ -47,6 +48,7 @@
 #include "emq_effects.h"
 #include "emq_end.h"
 #include "emq_flow.h"
+#include "emq_group.h"
 #include "emq_keys.h"
 #include "emq_lanes.h"
 #include "emq_rm.h"
@@ -88,6 +90,7 @@
     X(progress, "progress")                   \
     X(priority, "priority")                   \
     X(unique, "unique")                       \
+    X(group, "group")                         \
     X(stale, "stale")                         \
     X(seq, "seq")                             \
     X(rate_max, "max")                        \

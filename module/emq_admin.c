@@ -323,8 +323,10 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         RedisModuleString *row = d[i].row;
         err = check_derived(ctx, user, &row, 1);
     }
-    for (size_t i = 0; !err && i < n; i++)
-        if (d[i].deletes) err = emq_ended_prepare(&end, d[i].id, EMQ_END_DELETED, d[i].ended);
+    for (size_t i = 0; !err && i < n; i++) {
+        if (d[i].from == &active) err = emq_left_active_prepare(&end, d[i].id, NULL);
+        if (!err && d[i].deletes) err = emq_ended_prepare(&end, d[i].id, EMQ_END_DELETED, d[i].ended);
+    }
     if (!err && remaining == 0) err = check_derived(ctx, user, &metrics_name, 1);
     if (!err && remaining == 0) err = check_derived(ctx, user, &registry_name, 1); /* emq_registry.h */
     /* The step that empties the sets deletes <base>meta (whatever it holds:
@@ -348,6 +350,7 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     emq_fx_lpop(&fx, &pending, (long)entries);
     for (size_t i = 0; i < n; i++) {
         if (d[i].from) emq_fx_zrem(&fx, d[i].from, d[i].id);
+        if (d[i].from == &active) emq_left_active_apply(&end, &fx, d[i].id);
         if (d[i].deletes) {
             del_checked(ctx, &fx, d[i].row);
             emq_ended_apply(&end, &fx, d[i].id, EMQ_END_DELETED, d[i].ended);

@@ -42,6 +42,7 @@ typedef struct {
     RedisModuleString *done; /* the job COMPLETECLAIM completes in this call, or NULL */
     EmqLanes lanes;
     EmqFlow flow; /* the queue's rate limit and back-off (emq_flow.h) */
+    EmqGroups groups; /* the jobs taken, counted per group (emq_group.h) */
 } Claim;
 
 static void claim_release(Claim *c) {
@@ -53,6 +54,7 @@ static void claim_release(Claim *c) {
     RedisModule_Free(c->jobs);
     emq_lanes_close(&c->lanes);
     emq_flow_close(&c->flow);
+    emq_groups_close(&c->groups);
     emq_key_close(&c->record);
     if (c->record_name) RedisModule_FreeString(c->ctx, c->record_name);
     if (c->active == &c->own_active) emq_key_close(&c->own_active);
@@ -405,6 +407,7 @@ static void apply(Claim *c, EmqFx *fx, long long now, long long deadline) {
         reclen += emq_record_item_size(idlen) + emq_record_item_size((size_t)j->tokenlen);
     }
     emq_flow_claim_apply(&c->flow, fx, c->n);
+    emq_groups_claimed_apply(&c->groups, fx);
     if (c->record_name == NULL || c->n == 0) return;
     /* Remembered as long as the lease: a retry after that finds the jobs
      * lapsed anyway. */
@@ -563,6 +566,9 @@ static int claim_prepare(Claim *c, RedisModuleString *pending, const ClaimArgs *
     }
     if (allowance > 0 && allowance < count) count = allowance;
     if (!err) err = collect(c, now, (long)count);
+    /* Each job taken counts in its group (checked now, written at apply). */
+    if (!err) emq_groups_init(&c->groups, c->ctx, c->base, c->user);
+    for (long i = 0; !err && i < c->n; i++) err = emq_groups_claimed(&c->groups, &c->jobs[i].row);
     if (err == EMQ_ERR_WRONGTYPE && waiting && !(emq_type_ok(&c->lanes.priority, REDISMODULE_KEYTYPE_ZSET) &&
                                                  emq_type_ok(&c->lanes.delayed, REDISMODULE_KEYTYPE_ZSET))) {
         *outcome = CLAIM_NOTHING; /* as BZPOPMIN keeps waiting on a key of another type */

@@ -82,6 +82,8 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_UNIQUE_FOR_AND_UNTIL] = "ERR FOR and UNTIL cannot be used together",
     [EMQ_ERR_UNIQUE_NEEDED] = "ERR FOR, UNTIL and REPLACE need UNIQUE <key>",
     [EMQ_ERR_UNIQUE_MANY] = "ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it",
+    [EMQ_ERR_GROUP] = "ERR GROUP must be 1 to 128 bytes of letters, digits and -_.:@",
+    [EMQ_ERR_GROUP_FIELD] = "ERR the group hash's 'active' field is not an integer from 0 to 2^53",
 };
 
 const char *emq_error_text(int err) {
@@ -501,6 +503,24 @@ long long emq_head_seq(long long first, int has_first, long n, long i) {
 int emq_parse_meta_counter(const char *s, size_t len, int present, long long *out) {
     long long v = 0;
     if (present && (emq_parse_ll(s, len, &v) != 0 || v < 0)) return EMQ_ERR_META_NOT_INTEGER;
+    *out = v;
+    return EMQ_OK;
+}
+
+int emq_parse_group(const char *s, size_t len) {
+    if (s == NULL || len == 0 || len > EMQ_GROUP_MAX) return EMQ_ERR_GROUP;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                 c == '_' || c == '.' || c == ':' || c == '@';
+        if (!ok) return EMQ_ERR_GROUP;
+    }
+    return EMQ_OK;
+}
+
+int emq_parse_group_active(const char *s, size_t len, int present, long long *out) {
+    long long v = 0;
+    if (present && (emq_parse_ll(s, len, &v) != 0 || v < 0 || v > EMQ_MAX_EXACT_SCORE)) return EMQ_ERR_GROUP_FIELD;
     *out = v;
     return EMQ_OK;
 }

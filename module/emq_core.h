@@ -143,6 +143,9 @@ typedef enum {
     EMQ_ERR_UNIQUE_FOR_AND_UNTIL,
     EMQ_ERR_UNIQUE_NEEDED,
     EMQ_ERR_UNIQUE_MANY,
+    /* groups (issue 45, emq_group.c) */
+    EMQ_ERR_GROUP,
+    EMQ_ERR_GROUP_FIELD,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -407,6 +410,16 @@ EMQ_EXPORT long long emq_head_seq(long long first, int has_first, long n, long i
 /* <base>meta's counters, `stale` and `seq`: absent is 0; anything but a
  * canonical integer >= 0 is EMQ_ERR_META_NOT_INTEGER. */
 EMQ_EXPORT int emq_parse_meta_counter(const char *s, size_t len, int present, long long *out);
+
+/* A group's name (GROUP <g>): 1 to EMQ_GROUP_MAX bytes of letters, digits
+ * and -_.:@ -- it is part of key names and of what the operators read, so
+ * nothing that needs quoting; else EMQ_ERR_GROUP. */
+#define EMQ_GROUP_MAX 128
+EMQ_EXPORT int emq_parse_group(const char *s, size_t len);
+
+/* <base>group:<g>'s `active`: absent is 0; anything but a canonical integer
+ * from 0 to 2^53 is EMQ_ERR_GROUP_FIELD. */
+EMQ_EXPORT int emq_parse_group_active(const char *s, size_t len, int present, long long *out);
 
 /* Is an entry of <base>pending live, a job a claim may take?  Its row
  * exists and says pending, it has no priority (it waits in <base>priority

@@ -7,23 +7,20 @@ void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base) {
     e->ctx = ctx;
     e->base = base;
     e->unique = NULL;
+    emq_groups_init(&e->groups, ctx, base, NULL);
 }
 
 void emq_end_close(EmqEnd *e) {
     emq_unique_end_close(e);
+    emq_groups_close(&e->groups);
 }
 
-int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id) {
-    (void)e;
-    (void)id;
-    /* No step yet: group counters (a job of a group leaves its slot) will be the first. */
-    return EMQ_OK;
+int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id, EmqKey *row) {
+    return emq_groups_left_prepare(&e->groups, id, row);
 }
 
 void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id) {
-    (void)e;
-    (void)fx;
-    (void)id;
+    emq_groups_left_apply(&e->groups, fx, id);
 }
 
 int emq_ended_prepare(EmqEnd *e, RedisModuleString *id, int how, int already) {

@@ -9,7 +9,8 @@
  * everything before its first write.
  *
  *   left active  COMPLETE, COMPLETECLAIM, FAIL (every route), RELEASE,
- *                SWEEP (recovered, dead, cancelled)
+ *                SWEEP (recovered, dead, cancelled), OBLITERATE ... FORCE
+ *                of an active job
  *   ended        the job is done, dead or cancelled: COMPLETE,
  *                COMPLETECLAIM, FAIL to dead or cancelled, RELEASE to
  *                cancelled, CANCEL of a waiting job, SWEEP to dead or
@@ -26,6 +27,9 @@
  *
  * The second: a unique key the job holds is released (emq_unique.h).
  *
+ * Left active's one step: the job's group, if it has one, counts one
+ * active job less (emq_group.h).
+ *
  * Adding a step (unique keys, groups, dependencies): what its prepare reads
  * goes in EmqEnd, its checks in the prepare functions, its writes in the
  * apply functions (emq_end.c), each beside the steps already there. */
@@ -33,6 +37,7 @@
 #define EMQ_END_H
 
 #include "emq_effects.h"
+#include "emq_group.h"
 #include "emq_rm.h"
 
 /* How a job ended, for the `ended` hook. */
@@ -44,13 +49,16 @@ typedef struct {
     RedisModuleCtx *ctx;
     RedisModuleString *base; /* borrowed */
     EmqUniqueEnd *unique;    /* unique keys to release (emq_unique.c), NULL: none yet */
+    EmqGroups groups;        /* the group counts the jobs leaving <active> take one off (emq_group.h) */
 } EmqEnd;
 
 void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base);
 void emq_end_close(EmqEnd *e);
 
-/* The job `id` leaves <active> (whatever comes next for it). */
-int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id);
+/* The job `id` leaves <active> (whatever comes next for it).  `row` is its
+ * row when the caller has it open (it is read, not written), else NULL:
+ * opened here by name. */
+int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id, EmqKey *row);
 void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id);
 
 /* The job `id` ends `how`; `already`: its row is deleted after the job

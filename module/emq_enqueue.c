@@ -16,15 +16,16 @@
 
 static const char *const PENDING[] = {"pending"};
 
-/* [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>], from
- * argv[from]: the request id (or NULL), the due time (now when neither
- * DELAY nor AT) and the level (0 without PRIORITY); and ENQUEUE's UNIQUE
+/* [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [GROUP <g>] [REQ <request-id>],
+ * from argv[from]: the request id (or NULL), the due time (now when neither
+ * DELAY nor AT), the level (0 without PRIORITY) and the group (or NULL); and ENQUEUE's UNIQUE
  * options into *u (emq_unique.h; NULL for ENQUEUEMANY, which refuses
  * UNIQUE). */
 static int parse_options(RedisModuleString **argv, int from, int argc, long long now, RedisModuleString **req,
-                         long long *due, long long *level, EmqUniqueOpts *u) {
+                         long long *due, long long *level, RedisModuleString **group, EmqUniqueOpts *u) {
     int seen_when = 0, seen_priority = 0;
     *req = NULL;
+    *group = NULL;
     *due = now;
     *level = 0;
     if (u) memset(u, 0, sizeof *u);
@@ -47,6 +48,10 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
             seen_priority = 1;
             int err = emq_parse_priority(val, vlen, level);
             if (err) return err;
+        } else if (emq_option_is(opt, len, "GROUP") && !*group) {
+            int err = emq_parse_group(val, vlen);
+            if (err) return err;
+            *group = argv[i + 1];
         } else if (delay || at) {
             if (seen_when) return seen_when == (delay ? 1 : 2) ? EMQ_ERR_SYNTAX : EMQ_ERR_DELAY_AND_AT;
             seen_when = delay ? 1 : 2;
@@ -70,12 +75,13 @@ static int check_payload(RedisModuleString *payload) {
  * and its pieces, enqueued_at, and the level when it is not 0.  No
  * counters: a row without `attempts` or `tries` has been claimed 0 times. */
 static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at,
-                      RedisModuleString *level, RedisModuleString *unique) {
-    RedisModuleString *fields[EMQ_MAX_PIECES + 4], *values[EMQ_MAX_PIECES + 4];
+                      RedisModuleString *level, RedisModuleString *group, RedisModuleString *unique) {
+    RedisModuleString *fields[EMQ_MAX_PIECES + 5], *values[EMQ_MAX_PIECES + 5];
     fields[0] = emq_str.state, values[0] = emq_str.pending;
     int n = 1 + emq_row_pieces(fx, EMQ_VALUE_PAYLOAD, payload, fields + 1, values + 1);
     fields[n] = emq_str.enqueued_at, values[n++] = at;
     if (level) fields[n] = emq_str.priority, values[n++] = level;
+    if (group) fields[n] = emq_str.group, values[n++] = group;
     if (unique) fields[n] = emq_str.unique, values[n++] = unique;
     emq_fx_hset_argv(fx, row, "hset", n, fields, values);
 }
@@ -110,10 +116,10 @@ static void write_record(RedisModuleCtx *ctx, EmqFx *fx, EmqKey *record, long lo
 
 /* ------------------------------------------------------------------------
  * EMQ.ENQUEUE <pending> <base> <id> <payload> [DELAY <ms> | AT <unix-ms>]
- *             [PRIORITY <n>] [REQ <request-id>]
+ *             [PRIORITY <n>] [GROUP <g>] [REQ <request-id>]
  *
  * :1 the row <base>job:<id> is created (state=pending, payload and its
- * pieces, enqueued_at, priority unless 0) and <id> waits at the tail of its
+ * pieces, enqueued_at, priority unless 0, group when given) and <id> waits at the tail of its
  * lane, claimable from server-now -- or in <base>delayed until server-now +
  * DELAY ms, or AT (an AT in the past too, scored with it, so that the claim
  * that moves the due jobs takes them oldest due time first); with REQ, the record
@@ -126,10 +132,10 @@ static void write_record(RedisModuleCtx *ctx, EmqFx *fx, EmqKey *record, long lo
 int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc) {
     /* parse */
     if (argc < 5) return RedisModule_WrongArity(ctx);
-    RedisModuleString *id = argv[3], *payload = argv[4], *req;
+    RedisModuleString *id = argv[3], *payload = argv[4], *req, *group;
     long long now = RedisModule_Milliseconds(), due, level;
     EmqUniqueOpts uopts;
-    int err = parse_options(argv, 5, argc, now, &req, &due, &level, &uopts);
+    int err = parse_options(argv, 5, argc, now, &req, &due, &level, &group, &uopts);
     if (!err) err = check_payload(payload);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
@@ -174,7 +180,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     if (err) goto reply;
 
     /* apply */
-    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level), uopts.key);
+    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level), group, uopts.key);
     emq_lanes_apply(&lanes, &fx);
     emq_unique_take(&unique, &fx, id, now);
     emq_registry_mark(&registry, &fx);
@@ -201,7 +207,7 @@ reply:
 
 /* ------------------------------------------------------------------------
  * EMQ.ENQUEUEMANY <pending> <base> <count> <id> <payload> [<id> <payload> ...]
- *                 [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>]
+ *                 [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [GROUP <g>] [REQ <request-id>]
  *
  * :<count> every job is created as by ENQUEUE (one row each, the same due
  * time and level for all, entering the lane in argument order), or none
@@ -245,9 +251,9 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     int err = emq_parse_many_count(count_arg, len, emq_config_max_limit(), &count);
     if (err) return emq_reply_error(ctx, err);
     if (!emq_count_fits(count, 2, 4, argc)) return RedisModule_WrongArity(ctx);
-    RedisModuleString *req;
+    RedisModuleString *req, *group;
     long long now = RedisModule_Milliseconds(), due, level;
-    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level, NULL);
+    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level, &group, NULL);
     for (long long i = 0; !err && i < count; i++) err = check_payload(argv[5 + 2 * i]);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
@@ -302,7 +308,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
 
     /* apply: the rows, then the lane (one RPUSH or ZADD), then the record */
     RedisModuleString *at = emq_fx_number(&fx, now), *lf = level_field(&fx, level);
-    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf, NULL);
+    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf, group, NULL);
     emq_lanes_apply(&lanes, &fx);
     emq_registry_mark(&registry, &fx);
     if (req) write_record(ctx, &fx, &record, count, now);

@@ -73,7 +73,7 @@ int emq_complete_prepare(RedisModuleCtx *ctx, EmqCompleting *c, RedisModuleStrin
     if (holder != EMQ_HOLDER_OK || err) return err;
     if (!emq_acl_user(ctx, &c->user)) err = EMQ_ERR_NOPERM_DERIVED;
     else err = emq_read_meta(ctx, c->user, c->base, &c->meta);
-    if (!err) err = emq_left_active_prepare(&c->end, id);
+    if (!err) err = emq_left_active_prepare(&c->end, id, &c->row);
     if (!err) err = emq_ended_prepare(&c->end, id, EMQ_END_DONE, 0);
     c->write = !err;
     return err;
@@ -269,7 +269,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
         err = emq_row_level(&row, &level);
         if (!err) err = emq_lanes_enter(&lanes, id, level, due, now);
     }
-    if (!err) err = emq_left_active_prepare(&end, id);
+    if (!err) err = emq_left_active_prepare(&end, id, &row);
     if (!err && route != EMQ_FAIL_TO_PENDING)
         err = emq_ended_prepare(&end, id, route == EMQ_FAIL_TO_DEAD ? EMQ_END_DEAD : EMQ_END_CANCELLED, 0);
     if (err) goto reply;
@@ -405,7 +405,7 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
         err = emq_row_level(&row, &level);
         if (!err) err = emq_lanes_place(&lanes, id, level, EMQ_AT_HEAD);
     }
-    if (!err) err = emq_left_active_prepare(&end, id);
+    if (!err) err = emq_left_active_prepare(&end, id, &row);
     if (!err && cancelled) err = emq_ended_prepare(&end, id, EMQ_END_CANCELLED, 0);
     if (!err && backoff) err = emq_flow_backoff_prepare(&flow, ctx, user, argv[3], now, backoff);
     if (err) goto reply;

@@ -115,7 +115,7 @@ static int sweep_decide(Sweep *s, long long max_stalled) {
             if (err) return err;
             continue;
         }
-        err = emq_left_active_prepare(&s->end, j->id);
+        err = emq_left_active_prepare(&s->end, j->id, &j->row);
         if (err) return err;
         if (emq_hexists(&j->row, emq_str.cancel_requested)) {
             j->fate = SWEPT_CANCELLED;

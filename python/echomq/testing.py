@@ -283,7 +283,9 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
       entries without a row are named: a member added by hand);
     - no unique key is an orphan: every ``unique:<key>`` without an expiry
       (UNTIL done) names a job whose row says pending or active
-      (docs/concepts/unique.md).
+      (docs/concepts/unique.md);
+    - every group's ``active`` count equals the number of its jobs in
+      ``active`` (docs/concepts/flow-control.md, "Groups").
 
     Reads every member and every row (SCAN, ZSCAN, LRANGE, pipelined in
     ``batch``es): a tool for tests and benchmarks, not for a busy production
@@ -366,7 +368,52 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
             if rowless:
                 said += f" (entries without a row: {', '.join(repr(e) for e in rowless)})"
         problems.append(said)
-    return problems + unique_problems(r, queue, batch=batch) + schedule_problems(r, queue)
+    return (
+        problems
+        + unique_problems(r, queue, batch=batch)
+        + group_problems(r, queue, batch=batch)
+        + schedule_problems(r, queue)
+    )
+
+
+def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
+    """Where a group's count is off: ``<base>group:<g>``'s ``active`` (absent: 0) against the
+    jobs of ``<g>`` in ``active`` (their rows' ``group``), for every group either names.  The
+    count is kept by every claim and every path out of ``active``, so none should differ.
+    SCANs ``<base>group:*`` and reads the rows of ``active``."""
+    keys = queue_keys(queue)
+    running: dict[bytes, int] = {}
+    members = [m for m, _ in r.zscan_iter(keys.active, count=batch)] if r.type(keys.active) == b"zset" else []
+    for i in range(0, len(members), batch):
+        pipe = r.pipeline(transaction=False)
+        for member in members[i : i + batch]:
+            pipe.hget(keys.job(member), "group")
+        for got in pipe.execute(raise_on_error=False):
+            if isinstance(got, bytes):
+                running[got] = running.get(got, 0) + 1
+    pattern = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base) + "group:*"
+    prefix = len(keys.base.encode()) + len(b"group:")
+    counted: dict[bytes, bytes | None] = {}
+    found = list(r.scan_iter(match=pattern, count=batch))
+    for i in range(0, len(found), batch):
+        chunk = found[i : i + batch]
+        pipe = r.pipeline(transaction=False)
+        for key in chunk:
+            pipe.hget(key, "active")
+        for key, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            counted[key[prefix:]] = got if isinstance(got, bytes) else None
+    problems: list[str] = []
+    for group in sorted(set(running) | set(counted)):
+        said = counted.get(group)
+        if not (said or b"0").isdigit():
+            problems.append(f"group {group!r} has an 'active' that is not a count: {said!r}")
+            continue
+        if int(said or 0) != running.get(group, 0):
+            running_now = running.get(group, 0)
+            problems.append(
+                f"group {group!r} counts {int(said or 0)} active but {running_now} of its jobs are in active"
+            )
+    return problems
 
 
 def schedule_problems(r: redis.Redis, queue: str) -> list[str]:

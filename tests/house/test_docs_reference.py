@@ -150,7 +150,7 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
     def look() -> None:
         seen.update(k.decode() for k in r.hkeys(row))
 
-    client.enqueue("q", b"x", job_id="j", priority=3, unique_key="u")
+    client.enqueue("q", b"x", job_id="j", priority=3, unique_key="u", group="g")
     look()
     job = client.claim("q", lease_ms=60_000)
     assert job is not None

@@ -90,6 +90,11 @@ UNIQUE_BAD = [[b"UNIQUE", b""], [b"UNIQUE", b"k" * 513], [b"UNIQUE", b"k", b"FOR
               [b"UNIQUE", b"k", b"UNTIL", b"x"], [b"UNIQUE", b"k", b"FOR", b"5", b"UNTIL", b"done"],
               [b"REPLACE"], [b"FOR", b"5"], [b"UNTIL", b"done"], [b"UNIQUE", b"k", b"UNIQUE", b"j"],
               [b"UNIQUE"], [b"UNIQUE", b"k", b"REPLACE", b"REPLACE"]]  # fmt: skip
+# Groups (issue 45): a few names the trace's jobs share, so that claims and every path out of
+# active move their counts; and bad ones.
+GROUPS = [b"g1", b"g1", b"g2", b"t:3@x"]
+GROUP_BAD = [[b"GROUP", b""], [b"GROUP", b"a b"], [b"GROUP", b"x" * 129], [b"GROUP", "ü".encode()],
+             [b"GROUP"], [b"GROUP", b"g", b"GROUP", b"g"]]  # fmt: skip
 IDS = [b"a", b"b", b"c", b"d", b"e", b"f", "ü".encode(), b"sp ace", b"x:y", b"\xff\x00"]
 PAYLOADS = [b"", b"p", b"payload", b"\x00\xff", b"1-0123456789abcdef", b"x" * 40]
 # Values stored in 64-byte pieces (up to 1 KiB), whole above, or over the ceilings set below.
@@ -172,6 +177,7 @@ class Gen:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.urng = random.Random(rng.getstate()[1][0] ^ 31)  # UNIQUE's options (Gen.unique)
+        self.grng = random.Random(rng.getstate()[1][0] ^ 45)  # GROUP's (Gen.group)
         self.held: list[bytes] = []  # ids the last claims handed out (the runner keeps it)
 
     def pick(self, seq: list[Any]) -> Any:
@@ -278,13 +284,24 @@ class Gen:
             u.shuffle(opts)  # pairs apart: mostly syntax errors, as the module answers them
         return list(u.choice(UNIQUE_BAD)) if u.random() < 0.15 else opts
 
+    def group(self) -> list[bytes]:
+        """ENQUEUE's and ENQUEUEMANY's GROUP: most of a trace's jobs in a few groups, and bad
+        names; drawn from a generator of their own (as Gen.unique)."""
+        g = self.grng
+        if g.random() >= 0.5:
+            return []
+        if g.random() < 0.1:
+            return list(g.choice(GROUP_BAD))
+        return [g.choice([b"GROUP", b"group"]), g.choice(GROUPS)]
+
     def payload(self) -> bytes:
         return bytes(self.pick(PIECED)) if self.chance(0.2) else bytes(self.pick(PAYLOADS))
 
     def enqueue(self) -> Step:
         job, payload = self.pick(IDS), self.payload()
         return self.line(
-            "EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *self.when(), *self.unique()]
+            "EMQ.ENQUEUE",
+            [self.key("pending"), self.base(), job, payload, *self.when(), *self.unique(), *self.group()],
         )
 
     def enqueuemany(self) -> Step:
@@ -300,7 +317,8 @@ class Gen:
             )
         unique = [b"UNIQUE", self.urng.choice(UNIQUE_KEYS)] if self.urng.random() < 0.03 else []
         return self.line(
-            "EMQ.ENQUEUEMANY", [self.key("pending"), self.base(), count, *pairs, *self.when(), *unique]
+            "EMQ.ENQUEUEMANY",
+            [self.key("pending"), self.base(), count, *pairs, *self.when(), *unique, *self.group()],
         )
 
     def claim(self) -> Step:
@@ -869,6 +887,8 @@ def grid() -> list[Step]:
     enqueue = lambda job: line("EMQ.ENQUEUE", key("pending"), base, job, b"p")  # noqa: E731
     uq = lambda job, *opts: line("EMQ.ENQUEUE", key("pending"), base, job, b"p" + job, *opts)  # noqa: E731
     claim = line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000")
+    claim8 = line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8")
+    grp = lambda g, v: raw(lambda s: [b"HSET", b(s.keys.base) + b"group:" + g, b"active", v])  # noqa: E731
     sweep = line("EMQ.SWEEP", key("active"), key("pending"), key("dead"), base, b"1", b"8")
     lapse = lambda job: raw(lambda s: [b"ZADD", b(s.keys.active), b"XX", b"5", job])  # noqa: E731
     fail = lambda job: line(  # noqa: E731
@@ -927,6 +947,22 @@ def grid() -> list[Step]:
         raw(lambda s: [b"ZADD", b(s.keys.priority), str(1027 * 2**42).encode(), b"ghost"]),
         line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
         line("EMQ.CLAIM", key("pending"), key("active"), base, b"60000", b"COUNT", b"8"),
+        # GROUP (issue 45): every refusal of a name; a group's count corrupt, out of range or of
+        # the wrong type, met by a claim, a complete, a sweep; a count at 2^53 that a claim would pass
+        *[uq(b"gq", *bad) for bad in GROUP_BAD],
+        line("EMQ.ENQUEUEMANY", key("pending"), base, b"1", b"gq", b"p", b"GROUP", b""),
+        line("EMQ.ENQUEUEMANY", key("pending"), base, b"2", b"ga", b"p", b"gb", b"p", b"GROUP", b"g"),
+        uq(b"gc", b"GROUP", b"g"), uq(b"gd", b"GROUP", b"h"),
+        grp(b"g", b"x"), claim8, grp(b"g", b"1.5"), claim8, grp(b"g", b"9007199254740993"), claim8,
+        grp(b"g", b"9007199254740992"), claim8, grp(b"g", b"9007199254740991"), claim8,
+        raw(lambda s: [b"DEL", b(s.keys.base) + b"group:g"]), claim8, claim8,
+        grp(b"g", b"-1"), line("EMQ.COMPLETE", key("active"), row(b"ga"), b"ga", held(b"ga")),
+        raw(lambda s: [b"SET", b(s.keys.base) + b"group:g", b"s"]),
+        line("EMQ.RELEASE", key("active"), key("pending"), base, b"gb", held(b"gb")),
+        raw(lambda s: [b"DEL", b(s.keys.base) + b"group:g"]), grp(b"g", b"3"),
+        line("EMQ.COMPLETE", key("active"), row(b"ga"), b"ga", held(b"ga")),
+        lapse(b"gb"), lapse(b"gc"), lapse(b"gd"), grp(b"h", b"?"), sweep,
+        grp(b"h", b"1"), sweep, sweep, claim8,
     ]  # fmt: skip
     for verb in _scripts.scripts():
         steps.append(line(verb))  # no arguments at all: the server's arity error

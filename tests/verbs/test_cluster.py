@@ -314,3 +314,62 @@ def test_a_derived_key_on_a_moving_slot_answers_tryagain(cluster_nodes: list[Emb
         src.delete(keys.pending, keys.job("here"))
         src.close()
         dst.close()
+
+
+def test_group_counts_live_in_their_queues_slot_and_a_moving_one_answers_tryagain(
+    rc: RedisCluster, cluster_nodes: list[EmbeddedServer]
+) -> None:
+    """Groups (issue 45): a queue's ``<base>group:<g>`` is on the queue's node, moved by the claim
+    and the complete routed there; while the slot migrates, a claim of a grouped job whose count
+    is absent here (it may be on the other node) answers TRYAGAIN and writes nothing."""
+    client = Client(rc)
+    for q in QUEUES[:6]:
+        keys = queue_keys(q)
+        client.enqueue(q, b"", "g-a", group="tenant-1")
+        job = client.claim(q, lease_ms=60_000)
+        assert job is not None and job.id == "g-a"
+        direct = owner(cluster_nodes, keys.active).client()
+        assert direct.hget(keys.base + "group:tenant-1", "active") == b"1"
+        client.complete(q, job.id, job.token)
+        assert not direct.exists(keys.base + "group:tenant-1")
+        direct.delete(keys.job("g-a"))
+        direct.close()
+    q = "moving-groups"
+    keys = queue_keys(q)
+    slot = key_slot(keys.pending.encode())
+    source = owner(cluster_nodes, keys.pending)
+    target = next(n for n in cluster_nodes if n is not source)
+    src, dst = source.client(), target.client()
+    try:
+        src.rpush(keys.pending, "w")
+        src.hset(keys.job("w"), mapping={"state": "pending", "group": "g"})
+        src.zadd(keys.active, {"other": 9_000_000_000_000})
+        # every other key the claim opens is here, so that only the group's count is absent
+        src.zadd(keys.delayed, {"later": 9_000_000_000_000})
+        src.zadd(keys.priority, {"low": (5 + 1024) * 2**42 + 2**32})
+        src.hset(keys.meta, "stale", 0)
+        src.hset(keys.base + "limit", "backoff_until", 1)
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        before = src.execute_command("DEBUG", "DIGEST")
+        raw = Resp(source.port)
+        try:
+            with pytest.raises(ServerError) as refused:
+                raw.call("EMQ.CLAIM", keys.pending, keys.active, keys.base, "60000")
+        finally:
+            raw.close()
+        assert refused.value.message in TRYAGAIN
+        assert src.execute_command("DEBUG", "DIGEST") == before
+        for c in (src, dst):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        claimed = src.execute_command("EMQ.CLAIM", keys.pending, keys.active, keys.base, "60000")
+        assert claimed[0][0] == b"w" and src.hget(keys.base + "group:g", "active") == b"1"
+        src.delete(keys.base + "group:g")
+    finally:
+        for c in (src, dst):
+            c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        src.delete(keys.pending, keys.active, keys.job("w"), keys.delayed, keys.priority, keys.meta,
+                   keys.base + "limit")
+        assert not src.exists(keys.base + "group:g")
+        src.close()
+        dst.close()

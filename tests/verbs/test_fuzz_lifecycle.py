@@ -103,6 +103,9 @@ ERRORS: list[tuple[bytes, str | None]] = [
     (rb"ERR the TRACE is larger than 65536 bytes", None),
     (rb"ERR the progress is larger than emq.max-state-bytes", None),
     (rb"ERR the checkpoint state is larger than emq.max-state-bytes", None),
+    # groups' (issue 45): a bad name, a count a hand edit broke
+    (rb"ERR GROUP must be 1 to 128 bytes of letters, digits and -_\.:@", "-ERR GROUP must be 1 to 128 bytes"),
+    (rb"ERR the group hash's 'active' field is not an integer from 0 to 2\^53", "'active' field is not an"),
 ]  # fmt: skip
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
@@ -122,7 +125,7 @@ def test_every_expected_error_is_documented() -> None:
 
 # Each verb's options and their values: mostly good, some not.  DEAD is a flag (no value).
 OPTION_NAMES = {
-    b"emq.enqueue": [b"REQ", b"req", b"PRIORITY", b"priority", b"DELAY"],
+    b"emq.enqueue": [b"REQ", b"req", b"PRIORITY", b"priority", b"DELAY", b"GROUP", b"group"],
     b"emq.claim": [b"COUNT", b"REQ", b"count", b"Req"],
     b"emq.completeclaim": [b"COUNT", b"REQ", b"RESULT"],
     b"emq.complete": [b"RESULT", b"result"],
@@ -147,6 +150,8 @@ def options(draw: st.DrawFn, verb: bytes) -> list[bytes]:
             value = draw(st.sampled_from([b"1", b"2", b"5", b"1001", *MALFORMED[:12]]))
         elif name.upper() == b"PRIORITY":
             value = draw(st.sampled_from(PRIORITIES))
+        elif name.upper() == b"GROUP":
+            value = draw(st.sampled_from([b"g1", b"g1", b"g2", b"t:3@x", b"", b"a b", b"x" * 129]))
         elif name.upper() == b"DELAY":
             value = draw(st.sampled_from([b"0", b"1", b"600000", *MALFORMED[:6]]))
         elif name.upper() in (b"RESULT", b"TRACE", b"PROGRESS", b"STATE"):
@@ -513,6 +518,17 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         ([*ranked, *waiting], [*claim, b"COUNT", b"5"]),
         ([*ranked, [b"ZADD", b + b"delayed", b"1", b"u"], [b"ZREM", b + b"priority", b"u"]], claim),
         ([], [*enqueue, b"PRIORITY", b"-7", b"DELAY", b"0"]),
+        # a group's count (issue 45): moved by a claim and a complete; corrupt, met by both
+        ([], [*enqueue, b"GROUP", b"g1"]),
+        ([], [*enqueue, b"GROUP", b"a b"]),
+        ([[b"HSET", b + b"job:w", b"state", b"pending", b"group", b"g1"], [b"RPUSH", b + b"pending", b"w"]],
+         claim),
+        ([[b"HSET", b + b"job:w", b"state", b"pending", b"group", b"g1"], [b"RPUSH", b + b"pending", b"w"],
+          [b"HSET", b + b"group:g1", b"active", b"x"]], claim),
+        ([*held, [b"HSET", b + b"job:h", b"group", b"g1"], [b"HSET", b + b"group:g1", b"active", b"1"]],
+         complete),
+        ([*held, [b"HSET", b + b"job:h", b"group", b"g1"], [b"HSET", b + b"group:g1", b"active", b"-1"]],
+         complete),
         ([], [*enqueue, b"priority", b"1000", b"DELAY", b"60000"]),
         ([], [enqueue[0], *enqueue[1:4], b"q" * 1025]),
         (held, [*complete, b"RESULT", b"r" * 1024]),

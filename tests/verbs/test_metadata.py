@@ -102,8 +102,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     "emq.enqueue": (
         {"write", "denyoom", "fast"},
         [("pending", RW_INSERT), BASE, ("id", "string"), ("payload", "string"), WHEN,
-         ("priority", Optional("PRIORITY", "integer")), ("request-id", Optional("REQ", "string")),
-         ("key", Optional("UNIQUE", "string")),
+         ("priority", Optional("PRIORITY", "integer")), ("group", Optional("GROUP", "string")),
+         ("request-id", Optional("REQ", "string")), ("key", Optional("UNIQUE", "string")),
          ("unique-hold", OneOf((("FOR", "ms", "integer"), ("UNTIL", "done", "string")))),
          ("REPLACE", Optional("REPLACE", "pure-token"))],
         [Q + "pending", Q, "j", "x"],
@@ -111,7 +111,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
     "emq.enqueuemany": (
         {"write", "denyoom"},
         [("pending", RW_INSERT), BASE, ("count", "integer"), ("job", Repeated(("string", "string"))), WHEN,
-         ("priority", Optional("PRIORITY", "integer")), ("request-id", Optional("REQ", "string"))],
+         ("priority", Optional("PRIORITY", "integer")), ("group", Optional("GROUP", "string")),
+         ("request-id", Optional("REQ", "string"))],
         [Q + "pending", Q, "1", "j", "x"],
     ),
     "emq.claim": (

@@ -55,6 +55,7 @@ from .done import (
     sharded_announcements,
 )
 from .flow import PER_MAX_MS, RATE_MAX, RateLimit, back_off, limit, set_rate_limit
+from .groups import GROUP_MAX, group_args
 from .lifecycle import (
     MAX_ENQUEUE_MANY,
     CompletedAndClaimed,
@@ -210,6 +211,7 @@ __all__ = [
     "ACTIVE_FIELDS",
     "COUNTER_FIELDS",
     "DEAD_FIELDS",
+    "GROUP_MAX",
     "HISTOGRAM_FIELDS",
     "JOB_FIELDS",
     "KEEP_FOREVER",
@@ -327,6 +329,7 @@ __all__ = [
     "fill_registry",
     "forget",
     "forget_steps",
+    "group_args",
     "halved_limit",
     "held_extensions",
     "job_info",

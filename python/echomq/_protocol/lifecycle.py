@@ -42,6 +42,7 @@ from .calls import (
     when_args,
     wire,
 )
+from .groups import group_args
 from .unique import Enqueued, enqueued, unique_args
 
 
@@ -229,10 +230,11 @@ def enqueue(
     unique_key: str | bytes | None = None,
     unique_for_ms: int | None = None,
     replace: bool = False,
+    group: str | None = None,
 ) -> Call[Enqueued]:
     keys = keys_of(queue)
     body = payload_bytes(payload)
-    when = (*when_args(delay_ms, run_at_ms), *priority_args(priority))
+    when = (*when_args(delay_ms, run_at_ms), *priority_args(priority), *group_args(group))
     unique = unique_args(unique_key, unique_for_ms, replace)
     wid = wire(job_id) if job_id is not None else new_id()
     args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, *unique, "REQ", new_request_id())
@@ -249,16 +251,17 @@ def enqueue_many(
     delay_ms: int | None = None,
     chunk: int = MAX_ENQUEUE_MANY,
     priority: int | None = None,
+    group: str | None = None,
 ) -> list[Call[list[str]]]:
     """One EMQ.ENQUEUEMANY per ``chunk`` jobs (each all or nothing), every item checked first.
 
     An item is a payload (the job gets a new id) or a ``(job_id, payload)``
     pair.  Ids must be distinct across the whole input (``ValueError``):
-    two chunks cannot see each other's ids.  Every job gets the same delay
-    and priority.
+    two chunks cannot see each other's ids.  Every job gets the same delay,
+    priority and group.
     """
     keys = keys_of(queue)
-    when = (*when_args(delay_ms, None), *priority_args(priority))
+    when = (*when_args(delay_ms, None), *priority_args(priority), *group_args(group))
     positive_int("chunk", chunk)
     jobs: list[tuple[bytes, bytes]] = []
     seen: set[bytes] = set()

@@ -442,6 +442,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        group: str | None = None,
     ) -> Enqueued:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
@@ -467,9 +468,13 @@ class Client(ClaimVerbs, OperatorVerbs):
         (docs/concepts/unique.md).  The returned ``Enqueued`` is a ``str``
         (the id) with ``.created`` (this call added the job) and
         ``.replaced``.
+
+        ``group`` (1 to 128 bytes of letters, digits and ``-_.:@``): the job
+        belongs to that group, whose active jobs the server counts exactly
+        (docs/concepts/flow-control.md, "Groups").
         """
         call = proto.enqueue(
-            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group
         )
         enqueued: Enqueued = self._run_request(call)
         self._register(queue)  # the registry's index (docs/concepts/registry.md)
@@ -482,6 +487,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         *,
         delay_ms: int | None = None,
         priority: int | None = None,
+        group: str | None = None,
     ) -> list[str]:
         """Add many jobs in few round trips; returns their ids, in order.
 
@@ -490,11 +496,11 @@ class Client(ClaimVerbs, OperatorVerbs):
         server's ``emq.max-limit`` is lower: a refused call is halved), each
         all or nothing: ``JobExists`` when an id of that chunk exists (the
         chunks before it were added).  Ids must be distinct (``ValueError``
-        before anything is sent).  ``delay_ms`` and ``priority`` apply to
-        every job alike; the jobs enter their lane in the order given.
+        before anything is sent).  ``delay_ms``, ``priority`` and ``group``
+        apply to every job alike; the jobs enter their lane in the order given.
         """
         ids: list[str] = []
-        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority)
+        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority, group=group)
         while calls:
             call = calls.pop(0)
             try:

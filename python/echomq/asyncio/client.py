@@ -430,11 +430,12 @@ class Client(ClaimVerbs, OperatorVerbs):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        group: str | None = None,
     ) -> Enqueued:
-        """Add a job, now or delayed, at a priority, unique by a key; returns its id as an
-        ``Enqueued`` (see ``echomq.Client.enqueue``)."""
+        """Add a job, now or delayed, at a priority, unique by a key, in a group; returns its id
+        as an ``Enqueued`` (see ``echomq.Client.enqueue``)."""
         call = proto.enqueue(
-            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group
         )
         enqueued: Enqueued = await self._run_request(call)
         await self._register(queue)  # the registry's index (docs/concepts/registry.md)
@@ -447,10 +448,11 @@ class Client(ClaimVerbs, OperatorVerbs):
         *,
         delay_ms: int | None = None,
         priority: int | None = None,
+        group: str | None = None,
     ) -> list[str]:
         """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
         ids: list[str] = []
-        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority)
+        calls = proto.enqueue_many(queue, items, delay_ms, priority=priority, group=group)
         while calls:
             call = calls.pop(0)
             try:

@@ -28,6 +28,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         unique_key=args.unique_key,
         unique_for_ms=args.unique_for,
         replace=args.replace,
+        group=args.group,
     )
     print(job_id)
     if job_id.replaced:
@@ -249,6 +250,12 @@ def register(command: Command) -> None:
         default=None,
         metavar="N",
         help="its level, -1000 to 1000: smaller runs first (default 0)",
+    )
+    p.add_argument(
+        "--group",
+        default=None,
+        metavar="NAME",
+        help="the job's group, whose active jobs the server counts (1 to 128 of A-Z a-z 0-9 -_.:@)",
     )
     p.add_argument(
         "--unique-key",

@@ -285,7 +285,9 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
         local left, next_due = lanes:due_left(now)
         due = (bound_hit or left) and now + 1 or next_due
     end
-    return { jobs = claim.jobs, lanes = lanes, record = record, due = due, flow = flow }
+    -- each job taken counts in its group (checked now, written at apply: emq_group.c)
+    local groups = emq.groups_claimed(base, claim.jobs)
+    return { jobs = claim.jobs, lanes = lanes, record = record, due = due, flow = flow, groups = groups }
 end
 
 -- The writes: the lanes (the promotion, the entries taken and dropped), then job by job in the
@@ -303,6 +305,7 @@ function emq.claim_apply(pending, active, prepared, now, deadline)
         record_put(rec, j.token)
     end
     emq.flow_claim_apply(prepared.flow, #reply)
+    emq.groups_claimed_apply(prepared.groups)
     if #reply == 0 then return false end
     if prepared.record then
         -- remembered as long as the lease: a retry after that finds the jobs lapsed anyway

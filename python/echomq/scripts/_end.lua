@@ -2,9 +2,29 @@
 -- The two hooks (emq_end.c): a job leaves <active>; a job ends.  Each a prepare (reads and
 -- checks: may refuse) and an apply (writes).  Adding a step: beside the ones below.
 -- ---------------------------------------------------------------------------
-function emq.left_active_prepare(base, id) end
+-- Step (emq_group.c): the job's group, if it has one, counts one active job less.
+function emq.left_active_prepare(base, id)
+    local row = base .. 'job:' .. id
+    local group = emq.hget(row, emq.type(row), 'group')
+    if group == nil then return end
+    local name = base .. 'group:' .. group
+    emq.group_check(name, -1)
+    group_left[#group_left + 1] = { id = id, name = name }
+end
 
-function emq.left_active_apply(base, id) end
+function emq.left_active_apply(base, id)
+    local n = #group_left
+    for k = 0, n - 1 do
+        local i = (group_next - 1 + k) % n + 1
+        local g = group_left[i]
+        if not g.applied and g.id == id then
+            g.applied = true
+            group_next = i + 1
+            emq.group_write(g.name, -1)
+            return
+        end
+    end
+end
 
 -- Step (emq_unique.c: emq_unique_end_prepare): a unique key the job holds is released -- an UNTIL
 -- key at any end, a FOR window only when the row goes.  The row is the caller's, checked by it.
@@ -30,6 +50,73 @@ function emq.ended_apply(base, id, how, already)
     if already then return end
     local channel = base .. 'done:' .. id
     if redis.acl_check_cmd('SPUBLISH', channel, id) then redis.call('SPUBLISH', channel, id) end
+end
+
+-- ---------------------------------------------------------------------------
+-- Groups (emq_group.c): a job's group (GROUP <g>) and <base>group:<g>'s `active`, the count of
+-- its jobs in <active>, checked at prepare and written at apply from the value as it stands
+-- then (absolute HSET, HDEL at 0), so that one call's writes see each other.
+-- ---------------------------------------------------------------------------
+local GROUP_MAX, GROUP_ACTIVE_MAX = 128, '9007199254740992'
+
+-- emq_parse_group: 1 to 128 bytes of letters, digits and -_.:@.
+function emq.parse_group(s)
+    if #s == 0 or #s > GROUP_MAX or s:find('[^%w%-_%.:@]') then emq.refuse(E.GROUP) end
+    return s
+end
+
+-- emq_parse_group_active: absent is 0, else a canonical integer from 0 to 2^53.
+local function group_active(v)
+    if v == nil then return 0 end
+    local n = emq.parse_ll(v)
+    if n == nil or n < 0 or emq.dec_cmp(v, GROUP_ACTIVE_MAX) > 0 then return nil end
+    return n
+end
+
+-- check_key: the caller may read and write it, a hash (or absent), a count `delta` may move.
+function emq.group_check(name, delta)
+    local t = emq.open_derived(name, emq.READ_WRITE)
+    if not emq.type_ok(t, 'hash') then emq.refuse(E.WRONGTYPE) end
+    local n = group_active(emq.hget(name, t, 'active'))
+    if n == nil then emq.refuse(E.GROUP_FIELD) end
+    if delta > 0 and n > 9007199254740992 - delta then emq.refuse(E.OVERFLOW) end
+end
+
+-- write_count: the count as it stands, moved by `delta`, never below 0, written back.
+function emq.group_write(name, delta)
+    local v = emq.hget(name, emq.type(name), 'active')
+    local n = group_active(v) or 0
+    local next = math.max(0, n + delta)
+    if next > 0 then
+        redis.call('HSET', name, 'active', emq.int(next))
+    elseif v then
+        redis.call('HDEL', name, 'active')
+    end
+end
+
+-- emq_groups_claimed: the jobs a claim takes, summed per group in the order met (a list).
+function emq.groups_claimed(base, jobs)
+    local sums, by_name = {}, {}
+    for _, j in ipairs(jobs) do
+        local group = redis.call('HGET', j.row, 'group')
+        if group then
+            local name = base .. 'group:' .. group
+            local s = by_name[name]
+            if s then
+                s.delta = s.delta + 1
+            else
+                emq.group_check(name, 1)
+                s = { name = name, delta = 1 }
+                by_name[name] = s
+                sums[#sums + 1] = s
+            end
+        end
+    end
+    return sums
+end
+
+function emq.groups_claimed_apply(sums)
+    for _, s in ipairs(sums) do emq.group_write(s.name, s.delta) end
 end
 
 -- ---------------------------------------------------------------------------

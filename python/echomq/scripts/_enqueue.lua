@@ -1,11 +1,12 @@
 -- _enqueue.lua -- what ENQUEUE and ENQUEUEMANY share (module/emq_enqueue.c): the options,
 -- the new row, and the request record.
 
--- [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>], from argv[from]: the request id
--- (or nil), the due time (now when neither DELAY nor AT) and the level (0 without PRIORITY); and
+-- [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [GROUP <g>] [REQ <request-id>], from argv[from]: the
+-- request id (or nil), the due time (now when neither DELAY nor AT), the level (0 without
+-- PRIORITY) and the group (or nil); and
 -- ENQUEUE's UNIQUE options into `u` (emq.unique_option; nil for ENQUEUEMANY, which refuses UNIQUE).
 local function parse_options(argv, from, argc, now, u)
-    local seen_when, req, due, level, seen_priority = nil, nil, now, 0, false
+    local seen_when, req, due, level, seen_priority, group = nil, nil, now, 0, false, nil
     local i = from
     while i < argc do
         local took = emq.unique_option(u, argv, i, argc)
@@ -21,6 +22,8 @@ local function parse_options(argv, from, argc, now, u)
             elseif emq.option_is(opt, 'PRIORITY') and not seen_priority then
                 seen_priority = true
                 level = emq.parse_priority(val)
+            elseif emq.option_is(opt, 'GROUP') and not group then
+                group = emq.parse_group(val)
             elseif delay or at then
                 local which = delay and 'DELAY' or 'AT'
                 if seen_when then emq.refuse(seen_when == which and emq.E.SYNTAX or emq.E.DELAY_AND_AT) end
@@ -33,7 +36,7 @@ local function parse_options(argv, from, argc, now, u)
         end
     end
     if u then emq.unique_options_check(u) end
-    return req, due, level
+    return req, due, level, group
 end
 
 -- <setting>: "<max-limit> <max-payload-bytes>" (ENQUEUE has no count: its max-limit is unused).
@@ -48,8 +51,9 @@ local function check_payload(payload, max_payload)
 end
 
 -- The new row: one HSET, as the core command would be: state, the payload and its pieces,
--- enqueued_at, the level when it is not 0, and the UNIQUE key when given.  No counters: absent is 0 claims.
-local function write_row(row, payload, now, level, unique)
+-- enqueued_at, the level when it is not 0, the group and the UNIQUE key when given.  No counters:
+-- absent is 0 claims.
+local function write_row(row, payload, now, level, group, unique)
     local fields = { 'state', 'pending' }
     emq.pieces(fields, 'payload', payload)
     fields[#fields + 1] = 'enqueued_at'
@@ -57,6 +61,10 @@ local function write_row(row, payload, now, level, unique)
     if level ~= 0 then
         fields[#fields + 1] = 'priority'
         fields[#fields + 1] = emq.int(level)
+    end
+    if group then
+        fields[#fields + 1] = 'group'
+        fields[#fields + 1] = group
     end
     if unique then
         fields[#fields + 1] = 'unique'

@@ -110,6 +110,8 @@ local E = {
     UNIQUE_FOR_AND_UNTIL = 'ERR FOR and UNTIL cannot be used together',
     UNIQUE_NEEDED = 'ERR FOR, UNTIL and REPLACE need UNIQUE <key>',
     UNIQUE_MANY = 'ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it',
+    GROUP = 'ERR GROUP must be 1 to 128 bytes of letters, digits and -_.:@',
+    GROUP_FIELD = "ERR the group hash's 'active' field is not an integer from 0 to 2^53",
 }
 emq.E = E
 
@@ -135,9 +137,11 @@ local CHECK_ARGS = {
 
 local declared = {} -- the names in KEYS, for emq.open_derived; made anew by every call
 local unique_release = {} -- the unique keys a call's ending jobs release (emq.ended_prepare): id -> key
+local group_left = {} -- the jobs leaving <active> whose group counts one less (emq.left_active_prepare)
+local group_next = 1 -- where emq.left_active_apply looks first: the verbs apply in prepare order
 
 function emq.run(commands, body)
-    declared, unique_release = {}, {}
+    declared, unique_release, group_left, group_next = {}, {}, {}, 1
     for _, key in ipairs(KEYS) do declared[key] = true end
     for _, command in ipairs(commands) do
         if KEYS[1] and not redis.acl_check_cmd(command, KEYS[1], unpack(CHECK_ARGS[command])) then

@@ -1,6 +1,6 @@
 #!lua
 -- include: _enqueue.lua
--- EMQ.ENQUEUE <pending> <base> <id> <payload> [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>]
+-- EMQ.ENQUEUE <pending> <base> <id> <payload> [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [GROUP <g>]
 --             [REQ <request-id>] [UNIQUE <key> [FOR <ms> | UNTIL done] [REPLACE]]
 --                                                   (module/emq_enqueue.c, module/emq_unique.c)
 --
@@ -20,7 +20,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local pending, base, id, payload = argv[1], argv[2], argv[3], argv[4]
     local now = emq.now_ms()
     local u = {}
-    local req, due, level = parse_options(argv, 5, argc, now, u)
+    local req, due, level, group = parse_options(argv, 5, argc, now, u)
     check_payload(payload, max_payload)
     emq.check_queue(argv, 1, { 'pending' }, base, emq.E.PENDING_KEY)
 
@@ -43,7 +43,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     lanes:enter(id, level, due, now)
 
     -- apply
-    write_row(row, payload, now, level, u.key)
+    write_row(row, payload, now, level, group, u.key)
     lanes:apply()
     emq.unique_take(base, u, id, now)
     mark_registry(registry, registered)

@@ -1,7 +1,7 @@
 #!lua
 -- include: _enqueue.lua
 -- EMQ.ENQUEUEMANY <pending> <base> <count> <id> <payload> [<id> <payload> ...]
---                 [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [REQ <request-id>]
+--                 [DELAY <ms> | AT <unix-ms>] [PRIORITY <n>] [GROUP <g>] [REQ <request-id>]
 --                                                                    (module/emq_enqueue.c)
 --
 -- :<count> every job is created as by ENQUEUE (one row each, the same due time and level for
@@ -27,7 +27,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local count = tonumber(c)
     if not emq.count_fits(count, 2, 4, argc) then emq.wrong_arity('emq.enqueuemany') end
     local now = emq.now_ms()
-    local req, due, level = parse_options(argv, 4 + 2 * count, argc, now, nil)
+    local req, due, level, group = parse_options(argv, 4 + 2 * count, argc, now, nil)
     for i = 0, count - 1 do check_payload(argv[5 + 2 * i], max_payload) end
     emq.check_queue(argv, 1, { 'pending' }, base, emq.E.PENDING_KEY)
     local seen = {}
@@ -59,7 +59,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
 
     -- apply: the rows, then the lane (one RPUSH or ZADD), then the record
     for i = 1, count do
-        write_row(rows[i], argv[3 + 2 * i], now, level)
+        write_row(rows[i], argv[3 + 2 * i], now, level, group)
     end
     lanes:apply()
     mark_registry(registry, registered)

@@ -60,6 +60,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
         if m.set then emq.open_derived(m.row, emq.DELETE) end
     end
     for _, m in ipairs(members) do
+        if m.set == active then emq.left_active_prepare(base, m.id) end
         if m.deletes then emq.ended_prepare(base, m.id, 'deleted', m.ended) end
     end
     local metrics, meta, registry = base .. 'metrics:failed', base .. 'meta', base .. 'queue'
@@ -84,6 +85,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
     if entries > 0 then redis.call('LPOP', pending, entries) end
     for _, m in ipairs(members) do
         if m.set then redis.call('ZREM', m.set, m.id) end
+        if m.set == active then emq.left_active_apply(base, m.id) end
         if m.deletes then
             redis.call('DEL', m.row)
             emq.ended_apply(base, m.id, 'deleted', m.ended)
