@@ -476,3 +476,41 @@ def test_a_malformed_row_is_refused_by_the_c_rules(
 ) -> None:
     got = c_rules.plan(fields, 10**12)
     assert isinstance(got, str) and words in got
+
+
+def test_after_a_resharding_the_node_that_got_the_queue_fires_its_ticks(server_factory: Any) -> None:
+    """Issue 44: the index is found after a resharding too.  A queue's slot, with a schedule whose
+    ticks have not begun, is moved from its master to another (SETSLOT, MIGRATE, as
+    ``redis-cli --cluster reshard`` does it): the target's timer learns the set from the keys'
+    arrival (RESTORE's keyspace event), fires every tick with no client, and the source fires none."""
+    from redis.cluster import RedisCluster
+
+    from ..clusters import node_id, owner, start_cluster, wait_for
+
+    nodes = start_cluster(server_factory, 3)
+    try:
+        source = owner(nodes, SET)
+        target = next(n for n in nodes if n is not source)
+        src, dst = source.client(), target.client()
+        client = echomq.Client(RedisCluster(host=source.host, port=source.port))
+        first = (server_ms(src) // 1000 + 3) * 1000  # the ticks begin after the move
+        client.schedule(Q, "beat", every_ms=200, start_at=first, end_at=first + 1000, missed="all")
+        slot = int(src.execute_command("CLUSTER", "KEYSLOT", SET))
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", node_id(source))
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", node_id(target))
+        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        assert {SET.encode(), row("beat").encode()} <= set(keys)
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+        for conn in (dst, src):
+            conn.execute_command("CLUSTER", "SETSLOT", slot, "NODE", node_id(target))
+        # the fault: every key of the queue left the source (it answers MOVED for them now)
+        assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0 and dst.exists(SET) == 1
+        assert server_ms(dst) < first, "the move took past the first tick: nothing here tells who fired it"
+        wait_for(lambda: dst.zscore(SET, "beat") == float("inf"), "the target fired every tick", timeout=10)
+        assert jobs_of(dst, "beat") == [first + i * 200 for i in range(6)]
+        assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0  # the source fired none
+        assert int(dst.hget(row("beat"), "fired") or 0) == 6
+        client.redis.close()
+    finally:
+        for n in nodes:
+            n.stop()
