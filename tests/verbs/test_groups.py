@@ -611,3 +611,15 @@ def test_a_blocked_claim_is_woken_by_a_job_in_a_group_lane(
     waiter.close()
     assert got and got[0] is not None and got[0][0][0] == b"second"
     ok(r)
+
+
+def test_priorities_order_within_a_group_but_not_across_groups(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [("a-late", b"")], group="a")
+    client.enqueue_many("q", [("a-urgent", b"")], group="a", priority=-5)
+    client.enqueue_many("q", [("b-low", b"")], group="b", priority=9)
+    client.enqueue("q", b"", "plain-urgent", priority=-9)
+    assert r.zrange(lane("a"), 0, -1) == [b"a-urgent", b"a-late"]
+    ok(r)
+    ids = [j.id for j in client.claim_many("q", 30_000, 4)]
+    assert ids == ["plain-urgent", "a-urgent", "b-low", "a-late"]
+    ok(r)
