@@ -91,6 +91,8 @@
     X(priority, "priority")                   \
     X(unique, "unique")                       \
     X(group, "group")                         \
+    X(ring, "ring")                           \
+    X(empty, "")                              \
     X(stale, "stale")                         \
     X(seq, "seq")                             \
     X(rate_max, "max")                        \

@@ -269,11 +269,31 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
     if (!err && !emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
     lanes.user = user;
     if (!err) err = emq_lanes_open(&lanes, EMQ_LANE_PRIORITY | EMQ_LANE_DELAYED);
+    /* The group lanes are found from the ring: a group whose lane holds a
+     * job is in it (O(groups waiting) a step). */
+    if (!err) {
+        RedisModuleString *meta_name = emq_derived_key(ctx, argv[4], "meta", NULL);
+        EmqKey meta;
+        err = emq_open_derived(ctx, user, &meta, meta_name, EMQ_DERIVED_READ);
+        if (!err && emq_type_ok(&meta, REDISMODULE_KEYTYPE_HASH) && emq_hexists(&meta, emq_str.ring))
+            err = emq_lanes_open_ring(&lanes);
+        emq_key_close(&meta);
+        RedisModule_FreeString(ctx, meta_name);
+    }
+    for (long i = 0; !err && i < lanes.ring_len; i++) {
+        RedisModuleString *m = emq_lanes_ring_at(&lanes, i);
+        size_t mlen = 0;
+        if (m) RedisModule_StringPtrLen(m, &mlen);
+        long at;
+        if (mlen > 0) err = emq_lanes_group(&lanes, m, &at);
+        if (m) RedisModule_FreeString(NULL, m);
+    }
     if (err) goto reply;
 
     /* read: the entries and members this call takes, <pending> first, the
      * held last; every row it reads or deletes is checked first */
     size_t total = card(&pending) + card(&lanes.priority) + card(&lanes.delayed) + card(&dead) + card(&active);
+    for (long i = 0; i < lanes.ngl; i++) total += (size_t)lanes.gl[i].card;
     d = RedisModule_Alloc(((size_t)limit < total ? (size_t)limit : total) * sizeof *d + sizeof *d);
     /* The ids of <pending> whose rows this call deletes: a later entry of the
      * same id is a tombstone (O(log n) a lookup, where a scan of the entries
@@ -313,6 +333,15 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         for (size_t i = 0; i < k; i++, n++)
             d[n] = (Doomed){.id = got[i], .row = emq_derived_key(ctx, argv[4], "job:", got[i]), .from = sets[s],
                             .deletes = 1, .ended = sets[s] == &dead};
+        if (got) RedisModule_Free(got);
+    }
+    for (long g = 0; g < lanes.ngl && (long long)n < limit; g++) {
+        RedisModuleString **got;
+        EmqKey *lane = &lanes.gl[g].lane;
+        size_t k = emq_zset_head(lane, HUGE_VAL, limit - (long long)n, &got);
+        for (size_t i = 0; i < k; i++, n++)
+            d[n] = (Doomed){.id = got[i], .row = emq_derived_key(ctx, argv[4], "job:", got[i]), .from = lane,
+                            .deletes = 1};
         if (got) RedisModule_Free(got);
     }
     size_t remaining = total - n;
@@ -360,6 +389,14 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         emq_fx_del(&fx, &lanes.meta);
         del_checked(ctx, &fx, metrics_name);
         del_checked(ctx, &fx, registry_name);
+        /* the ring, and its groups' flags */
+        if (lanes.ring_len > 0) emq_fx_del(&fx, &lanes.ring);
+        for (long g = 0; g < lanes.ngl; g++) {
+            EmqKey h;
+            emq_key_open(ctx, &h, lanes.gl[g].hash_name, REDISMODULE_READ | REDISMODULE_WRITE);
+            if (emq_type_ok(&h, REDISMODULE_KEYTYPE_HASH)) emq_fx_hdel(&fx, &h, emq_str.ring);
+            emq_key_close(&h);
+        }
     } else {
         if (!emq_hexists(&lanes.meta, emq_str.paused))
             emq_fx_hset(&fx, &lanes.meta, "hset", 1, emq_str.paused, emq_small_int[1]);

@@ -66,12 +66,10 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     /* Idempotent: asking again keeps the first reason. */
     int first = exists && !emq_hexists(&row, emq_str.cancel_requested);
     EmqMeta meta;
-    long long level = 0;
     if (decision == EMQ_CANCEL_NOW) {
         err = emq_read_meta(ctx, user, argv[2], &meta);
         lanes.user = user;
-        if (!err) err = emq_row_level(&row, &level);
-        if (!err) err = emq_lanes_remove(&lanes, id, level);
+        if (!err) err = emq_lanes_remove_row(&lanes, id, &row);
         if (!err) err = emq_ended_prepare(&end, id, EMQ_END_CANCELLED, 0);
     }
     if (err) goto reply;

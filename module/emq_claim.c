@@ -6,7 +6,12 @@
  * lowered) joined with 8 random bytes.  Per job it takes the head of
  * <base>priority when its level is below 0, else the next live entry of
  * <pending> (dropping tombstones), else the head of <base>priority: O(log n)
- * a job.  First it moves the due members of <base>delayed to their lanes.  The counter alone would repeat after a failover that lost
+ * a job.  A queue with groups (<base>meta's `ring`: the ring <base>groups
+ * exists) takes each job from the ring's head member instead, which moves
+ * to the tail: the empty name for the ungrouped lanes (as above), any other
+ * for its group's lane <base>g:<g>; a group leaves the ring with its lane's
+ * last job, or when a claim finds its lane empty.  First it moves the due
+ * members of <base>delayed to their lanes.  The counter alone would repeat after a failover that lost
  * the last claims; the random part does not (emq_core.h, emq_format_token).
  * The reply carries what a worker needs to start -- id, token, payload, the
  * attempt within its retry budget, the last checkpointed state -- so a job
@@ -319,68 +324,197 @@ static RedisModuleString *ps_take(PriorityStream *ps) {
     return id;
 }
 
-/* Decide the claim: promote what is due, then take up to `count` jobs,
- * each from the lane emq_priority_goes_first and emq_entry_live say, and
- * check every row before anything is written: the claim takes all of them
- * or none.  Tombstones met on the way are dropped (at most EMQ_DROP_MAX:
- * c->bound_hit, and the rest waits for the next call). */
+/* Where a claim is in the ungrouped lanes: <base>priority's stream, the
+ * next entry of <pending>, the next promoted tail; the drops (every entry
+ * and member dropped, the bound: EMQ_DROP_MAX a call) and the tombstones
+ * among them (counted off `stale`). */
+typedef struct {
+    PriorityStream ps;
+    long index, next_promoted, drops, tombstones;
+    int empty; /* the ungrouped lanes have nothing more */
+} Walk;
+
+/* The next job of the ungrouped lanes, from the lane emq_priority_goes_first
+ * and emq_entry_live say: *took 1 when one was taken. */
+static int take_ungrouped(Claim *c, Walk *w, long count, int *took) {
+    EmqLanes *l = &c->lanes;
+    long before = c->n;
+    int err = EMQ_OK;
+    while (!err && c->n == before) {
+        int more, live = 0;
+        long long level = ps_level(&w->ps, &more);
+        if (more && emq_priority_goes_first(level)) {
+            if (w->drops >= EMQ_DROP_MAX) {
+                c->bound_hit = 1;
+                break;
+            }
+            err = take_member(c, count, ps_take(&w->ps), &live);
+            if (!err && !live) w->drops++;
+            continue;
+        }
+        while (!err && !live) {
+            if (w->drops >= EMQ_DROP_MAX) {
+                c->bound_hit = 1;
+                break;
+            }
+            RedisModuleString *entry = emq_lanes_entry(l, w->index);
+            if (entry == NULL) break;
+            w->index++;
+            err = take_if_live(c, count, entry, &live);
+            if (!err && !live) w->drops++, w->tombstones++;
+        }
+        if (err || c->bound_hit) break;
+        if (live) continue;
+        if (w->next_promoted < l->promoted_tails.n) {
+            RedisModuleString *id = l->promoted_tails.ids[w->next_promoted++];
+            RedisModule_RetainString(NULL, id);
+            err = take(c, count, id);
+        } else if (more) {
+            err = take_member(c, count, ps_take(&w->ps), &live);
+            if (!err && !live) w->drops++;
+        } else {
+            w->empty = 1;
+            break;
+        }
+    }
+    *took = c->n > before;
+    return err;
+}
+
+/* The next stored member of a group's lane after the ones this call read
+ * (scores are unique in a lane: each a seq of its own), or NULL. */
+static RedisModuleString *lane_next(EmqGroupLane *g, double *score) {
+    if (emq_key_empty(&g->lane)) return NULL;
+    RedisModuleString *id = NULL;
+    if (RedisModule_ZsetFirstInScoreRange(g->lane.key, g->taken ? g->last_score : -HUGE_VAL, HUGE_VAL,
+                                          g->taken ? 1 : 0, 0) == REDISMODULE_OK) {
+        if (!RedisModule_ZsetRangeEndReached(g->lane.key)) id = RedisModule_ZsetRangeCurrentElement(g->lane.key, score);
+        RedisModule_ZsetRangeStop(g->lane.key);
+    }
+    return id;
+}
+
+/* The next job of a group's lane (its stored members merged by score with
+ * the ones this call promoted into it): *took 1 when one was taken. */
+static int take_grouped(Claim *c, Walk *w, long at, long count, int *took) {
+    long before = c->n;
+    int err = EMQ_OK;
+    while (!err && c->n == before) {
+        if (w->drops >= EMQ_DROP_MAX) {
+            c->bound_hit = 1;
+            break;
+        }
+        EmqGroupLane *g = &c->lanes.gl[at];
+        double score = 0;
+        RedisModuleString *id = lane_next(g, &score);
+        if (g->promoted.n > 0 && g->promoted_next < g->promoted.n &&
+            (id == NULL || (double)g->promoted.scores[g->promoted_next] < score)) {
+            if (id) RedisModule_FreeString(NULL, id);
+            id = g->promoted.ids[g->promoted_next++];
+            RedisModule_RetainString(NULL, id);
+        } else if (id) {
+            g->taken++;
+            g->last_score = score;
+        } else {
+            break;
+        }
+        emq_ids_add(&g->leave, id, 0);
+        int live;
+        err = take_member(c, count, id, &live);
+        if (!err && !live) w->drops++;
+    }
+    *took = c->n > before;
+    return err;
+}
+
+/* 1 when a group's lane holds a job after the ones this call took. */
+static int lane_has_more(EmqGroupLane *g) {
+    if (g->promoted_next < g->promoted.n) return 1;
+    double score;
+    RedisModuleString *id = lane_next(g, &score);
+    if (id) RedisModule_FreeString(NULL, id);
+    return id != NULL;
+}
+
+/* A claim of a queue with groups (<base>groups, the ring, exists): each job
+ * from the ring's head member, which moves to the tail -- the empty name
+ * the ungrouped lanes, any other its group's lane; a group whose lane is
+ * empty leaves the ring.  The ring is read as it stands from its head
+ * (l->ring_pops), then what this call pushed (from l->ring_push_from). */
+static int rotate(Claim *c, Walk *w, long count) {
+    EmqLanes *l = &c->lanes;
+    int err = EMQ_OK;
+    long idle = 0;
+    while (!err && c->n < count && !c->bound_hit) {
+        long size = (l->ring_len - l->ring_pops) + (l->ring_push.n - l->ring_push_from);
+        if (size == 0 || idle >= size) break;
+        RedisModuleString *m;
+        int stored = l->ring_pops < l->ring_len;
+        if (stored) {
+            m = emq_lanes_ring_at(l, l->ring_pops++);
+            if (m == NULL) {
+                idle++;
+                continue;
+            }
+        } else {
+            m = l->ring_push.ids[l->ring_push_from++];
+            RedisModule_RetainString(NULL, m);
+        }
+        size_t len;
+        RedisModule_StringPtrLen(m, &len);
+        int took = 0;
+        if (len == 0) {
+            if (stored) l->ring_popped_empty = 1;
+            if (!w->empty) err = take_ungrouped(c, w, count, &took);
+            emq_ids_add(&l->ring_push, m, 0);
+        } else {
+            long at;
+            err = emq_lanes_group(l, m, &at);
+            if (!err) err = take_grouped(c, w, at, count, &took);
+            /* A group leaves the ring with its lane's last job (or when its
+             * lane is found empty); the bound leaves it for the next call. */
+            if (!err && ((took && lane_has_more(&l->gl[at])) || (!took && c->bound_hit)))
+                emq_ids_add(&l->ring_push, m, 0);
+            else if (!err) l->gl[at].leaves = 1;
+        }
+        RedisModule_FreeString(NULL, m);
+        idle = took ? 0 : idle + 1;
+    }
+    return err;
+}
+
+/* Decide the claim: promote what is due, then take up to `count` jobs --
+ * from the ungrouped lanes, or round the ring when the queue has groups --
+ * and check every row before anything is written: the claim takes all of
+ * them or none.  Tombstones met on the way are dropped (at most
+ * EMQ_DROP_MAX: c->bound_hit, and the rest waits for the next call). */
 static int collect(Claim *c, long long now, long count) {
     EmqLanes *l = &c->lanes;
     l->user = c->user;
     int err = emq_lanes_open(l, EMQ_LANE_ALL);
+    if (!err && l->meta_ring) err = emq_lanes_open_ring(l);
     if (!err) err = emq_lanes_promote(l, now);
     if (err) return err;
     /* The promoted jobs of a level follow its waiting ones (their seq is
      * newer); across levels they are merged by score. */
     emq_sort_scored(&l->promoted_priority);
-    PriorityStream ps;
-    ps_open(&ps, l);
-    /* drops: every entry and member dropped (the bound); tombstones: the
-     * entries of <pending> among them (counted off `stale`). */
-    long index = 0, next_promoted = 0, drops = 0, tombstones = 0;
-    while (!err && c->n < count) {
-        int more, live = 0;
-        long long level = ps_level(&ps, &more);
-        if (more && emq_priority_goes_first(level)) {
-            if (drops >= EMQ_DROP_MAX) {
-                c->bound_hit = 1;
-                break;
-            }
-            err = take_member(c, count, ps_take(&ps), &live);
-            if (!err && !live) drops++;
-            continue;
-        }
-        while (!err && !live) {
-            if (drops >= EMQ_DROP_MAX) {
-                c->bound_hit = 1;
-                break;
-            }
-            RedisModuleString *entry = emq_lanes_entry(l, index);
-            if (entry == NULL) break;
-            index++;
-            err = take_if_live(c, count, entry, &live);
-            if (!err && !live) drops++, tombstones++;
-        }
-        if (err || c->bound_hit) break;
-        if (live) continue;
-        if (next_promoted < l->promoted_tails.n) {
-            RedisModuleString *id = l->promoted_tails.ids[next_promoted++];
-            RedisModule_RetainString(NULL, id);
-            err = take(c, count, id);
-        } else if (more) {
-            err = take_member(c, count, ps_take(&ps), &live);
-            if (!err && !live) drops++;
-        } else {
-            break;
-        }
+    for (long i = 0; i < l->ngl; i++) emq_sort_scored(&l->gl[i].promoted);
+    Walk w;
+    memset(&w, 0, sizeof w);
+    ps_open(&w.ps, l);
+    if (l->ring_len > 0 || l->ring_push.n > 0) {
+        err = rotate(c, &w, count);
+    } else {
+        int took = 1;
+        while (!err && took && c->n < count) err = take_ungrouped(c, &w, count, &took);
     }
-    ps_close(&ps);
+    ps_close(&w.ps);
     if (err) return err;
     /* <pending> loses what was read of it, the promoted entries taken included. */
-    l->pops = index + next_promoted;
+    l->pops = w.index + w.next_promoted;
     /* Never below 0 (a hand-deleted row dropped more than `stale` counted),
      * and written only when it changes. */
-    long long stale = l->stale > tombstones ? l->stale - tombstones : 0;
+    long long stale = l->stale > w.tombstones ? l->stale - w.tombstones : 0;
     if (stale != l->stale) {
         l->stale = stale;
         l->stale_changed = 1;

@@ -60,9 +60,7 @@ static void retry_apply(EmqFx *fx, EmqKey *dead, EmqKey *row, RedisModuleString 
 
 /* The lane a retried job enters: its level, the tail. */
 static int retry_place(EmqLanes *lanes, EmqKey *row, RedisModuleString *id) {
-    long long level;
-    int err = emq_row_level(row, &level);
-    return err ? err : emq_lanes_place(lanes, id, level, EMQ_AT_TAIL);
+    return emq_lanes_place_row(lanes, id, row, EMQ_AT_TAIL);
 }
 
 /* [UNTIL <ms>] from argv[first] on; *until stays +inf without it. */

@@ -176,7 +176,7 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
         goto reply;
     }
     lanes.user = user;
-    err = emq_lanes_enter(&lanes, id, level, due, now);
+    err = emq_lanes_enter_in(&lanes, id, group, level, due, now);
     if (err) goto reply;
 
     /* apply */
@@ -303,7 +303,7 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     for (long i = 0; !err && i < m.n; i++)
         if (!emq_key_empty(&m.rows[i])) err = EMQ_ERR_EXISTS;
     lanes.user = user;
-    for (long i = 0; !err && i < m.n; i++) err = emq_lanes_enter(&lanes, m.ids[i], level, due, now);
+    for (long i = 0; !err && i < m.n; i++) err = emq_lanes_enter_in(&lanes, m.ids[i], group, level, due, now);
     if (err) goto reply;
 
     /* apply: the rows, then the lane (one RPUSH or ZADD), then the record */

@@ -257,7 +257,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     route = emq_fail_route(tries, max_attempts, emq_hexists(&row, emq_str.cancel_requested), dead_now);
     EmqMeta meta;
     err = emq_read_meta(ctx, user, argv[4], &meta);
-    long long failed = 0, level = 0;
+    long long failed = 0;
     if (!err && route == EMQ_FAIL_TO_DEAD) {
         metrics_name = emq_derived_key(ctx, argv[4], "metrics:failed", NULL);
         err = emq_open_derived(ctx, user, &metrics, metrics_name, EMQ_DERIVED_READ_WRITE);
@@ -266,8 +266,7 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     }
     if (!err && route == EMQ_FAIL_TO_PENDING) {
         lanes.user = user;
-        err = emq_row_level(&row, &level);
-        if (!err) err = emq_lanes_enter(&lanes, id, level, due, now);
+        err = emq_lanes_enter_row(&lanes, id, &row, due, now);
     }
     if (!err) err = emq_left_active_prepare(&end, id, &row);
     if (!err && route != EMQ_FAIL_TO_PENDING)
@@ -396,14 +395,13 @@ int EmqRelease_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     else if (retry) cancelled = first_route == EMQ_FAIL_TO_CANCELLED; /* the first call's answer */
     else err = emq_holder_error(EMQ_VERB_RELEASE, holder);
     if (holder != EMQ_HOLDER_OK || err) goto reply;
-    long long tries = 0, level = 0;
+    long long tries = 0;
     err = emq_hash_incr(&row, emq_str.tries, 0, EMQ_ERR_TRIES_NOT_INTEGER, &tries);
     EmqMeta meta;
     if (!err && cancelled) err = emq_read_meta(ctx, user, argv[3], &meta);
     if (!err && !cancelled) {
         lanes.user = user;
-        err = emq_row_level(&row, &level);
-        if (!err) err = emq_lanes_place(&lanes, id, level, EMQ_AT_HEAD);
+        err = emq_lanes_place_row(&lanes, id, &row, EMQ_AT_HEAD);
     }
     if (!err) err = emq_left_active_prepare(&end, id, &row);
     if (!err && cancelled) err = emq_ended_prepare(&end, id, EMQ_END_CANCELLED, 0);

@@ -9,6 +9,10 @@
  * bytes, a sorted-set member ~137 bytes on Redis 7.0: the common case --
  * no priority, no delay -- pays for a list only.
  *
+ * A due job of a group <g> (ENQUEUE ... GROUP) waits in its group's own
+ * lane, <base>g:<g>, scored as <base>priority whatever its level (below: a
+ * lane per group, and the ring a claim rotates through).
+ *
  * A job enters a lane at its tail (a new turn: ENQUEUE, FAIL, RETRY, a
  * promotion; the next `seq` of <base>meta in <base>priority) or at its head
  * (given back: RELEASE, SWEEP's recoveries).  The head is one rule at every
@@ -33,7 +37,10 @@
  * keys opened and checked, the rows read, nothing written) and writes last,
  * in one order every verb and the Lua twin share (emq_lanes_apply):
  *   ZREM <base>delayed, RPUSH <pending>, LPUSH <pending>, ZADD <base>priority,
- *   ZADD <base>delayed, LPOP <pending>, ZREM <base>priority, HSET <base>meta
+ *   ZADD <base>delayed, LPOP <pending>, ZREM <base>priority,
+ *   then per group lane met: ZADD, ZREM; then the ring: LPOP, RPUSH (or DEL),
+ *   HSET/HDEL <base>meta ring; then per group: HSET/HDEL <base>group:<g> ring;
+ *   HSET <base>meta
  * each one command, skipped when it has nothing to do. */
 #ifndef EMQ_LANES_H
 #define EMQ_LANES_H
@@ -63,6 +70,23 @@ void emq_sort_scored(EmqIds *a);
 /* Where emq_lanes_place puts a job. */
 enum { EMQ_AT_TAIL, EMQ_AT_HEAD };
 
+/* A group's own lane, <base>g:<g> (issue 45): scored as <base>priority, it
+ * holds the group's due jobs.  <base>groups, a list, is the ring of the
+ * groups a claim rotates through; `ring` 1 in <base>group:<g> says the group
+ * is in it (never added twice).  The ring, while it exists, also holds the
+ * empty name once: the queue's ungrouped lanes, one more member. */
+typedef struct {
+    RedisModuleString *group; /* retained */
+    RedisModuleString *lane_name, *hash_name;
+    EmqKey lane;
+    long card;
+    int in_ring, enters, leaves;
+    EmqIds add, leave, heads; /* heads: scored with the level until settled */
+    EmqIds promoted;          /* a claim: promoted into it in this call (scores) */
+    long taken, promoted_next; /* a claim: stored members read, promoted ones taken */
+    double last_score;         /* a claim: the last stored member read */
+} EmqGroupLane;
+
 typedef struct {
     RedisModuleCtx *ctx;
     RedisModuleUser *user;   /* borrowed; NULL: nothing to check */
@@ -84,6 +108,18 @@ typedef struct {
     /* reading <pending> without ListGet (Redis 6.2): a window of LRANGE */
     RedisModuleString **window;
     long window_from, window_n;
+    /* groups: their lanes (in the order met) and the ring */
+    EmqGroupLane *gl;
+    long ngl, capgl;
+    RedisModuleDict *gl_index; /* group name -> index + 1 */
+    EmqKey ring;
+    RedisModuleString *ring_name;
+    int ring_opened, meta_ring; /* meta_ring: <base>meta's `ring` (the ring exists) as read */
+    long ring_len;  /* LLEN <base>groups when opened */
+    long ring_pops; /* a claim: members read from the ring's head */
+    int ring_popped_empty;
+    EmqIds ring_push; /* names pushed at the ring's tail, from ring_push_from on */
+    long ring_push_from;
 } EmqLanes;
 
 void emq_lanes_init(EmqLanes *l, RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base,
@@ -100,6 +136,29 @@ int emq_lanes_open(EmqLanes *l, int which);
  * (tail) or below the level's first job (head). */
 int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end);
 
+/* The same for a job of `group` (NULL: emq_lanes_place): its group's lane,
+ * at the tail (the next seq, above every seq of that level in the lane) or
+ * the head; a group whose lane was empty and is not in the ring enters it. */
+int emq_lanes_place_in(EmqLanes *l, RedisModuleString *id, RedisModuleString *group, long long level, int end);
+
+/* Open `group`'s lane (and the ring) once per call: *at its index in l->gl. */
+int emq_lanes_group(EmqLanes *l, RedisModuleString *group, long *at);
+
+/* Open the ring: l->ring_len. */
+int emq_lanes_open_ring(EmqLanes *l);
+
+/* The ring's member at `index` as stored (a new string), or NULL. */
+RedisModuleString *emq_lanes_ring_at(EmqLanes *l, long index);
+
+/* A job's group as its row names it (a new string), or NULL. */
+RedisModuleString *emq_row_group(EmqKey *row);
+
+/* place_in / enter_in / remove_in with the level and the group the job's
+ * row (open, a hash) names. */
+int emq_lanes_place_row(EmqLanes *l, RedisModuleString *id, EmqKey *row, int end);
+int emq_lanes_enter_row(EmqLanes *l, RedisModuleString *id, EmqKey *row, long long due, long long now);
+int emq_lanes_remove_row(EmqLanes *l, RedisModuleString *id, EmqKey *row);
+
 /* A job waits in <base>delayed until `due`. */
 int emq_lanes_delay(EmqLanes *l, RedisModuleString *id, long long due);
 
@@ -109,11 +168,17 @@ int emq_lanes_delay(EmqLanes *l, RedisModuleString *id, long long due);
  * first: jobs enqueued with past due times are claimed in the order of
  * those times (within a level), not in the order they were enqueued. */
 int emq_lanes_enter(EmqLanes *l, RedisModuleString *id, long long level, long long due, long long now);
+int emq_lanes_enter_in(EmqLanes *l, RedisModuleString *id, RedisModuleString *group, long long level, long long due,
+                       long long now);
 
 /* A waiting job leaves (CANCEL): out of <base>delayed when it is there,
  * else out of <base>priority (level != 0), else its <pending> entry becomes
  * a tombstone (`stale` + 1). */
 int emq_lanes_remove(EmqLanes *l, RedisModuleString *id, long long level);
+/* The same for a job of `group` (NULL: emq_lanes_remove): out of
+ * <base>delayed, else out of its group's lane (the group stays in the ring
+ * until a claim finds its lane empty). */
+int emq_lanes_remove_in(EmqLanes *l, RedisModuleString *id, RedisModuleString *group, long long level);
 
 /* Move the due members of <base>delayed (score <= now, at most
  * EMQ_PROMOTE_MAX, in due order) to their lanes' tails.  Each row is read

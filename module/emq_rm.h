@@ -292,6 +292,8 @@ typedef int (*RedisModuleConfigApplyFunc)(RedisModuleCtx *ctx, void *privdata, R
     X(int, ZsetScore, (RedisModuleKey * key, RedisModuleString * ele, double *score))         \
     X(int, ZsetFirstInScoreRange,                                                             \
       (RedisModuleKey * key, double min, double max, int minex, int maxex))                   \
+    X(int, ZsetLastInScoreRange,                                                              \
+      (RedisModuleKey * key, double min, double max, int minex, int maxex))                   \
     X(RedisModuleString *, ZsetRangeCurrentElement, (RedisModuleKey * key, double *score))    \
     X(int, ZsetRangeNext, (RedisModuleKey * key))                                             \
     X(int, ZsetRangeEndReached, (RedisModuleKey * key))                                       \

@@ -131,8 +131,7 @@ static int sweep_decide(Sweep *s, long long max_stalled) {
         deaths += j->fate == SWEPT_DEAD;
         if (j->fate == SWEPT_DEAD) err = emq_ended_prepare(&s->end, j->id, EMQ_END_DEAD, 0);
         /* Back to the head of its lane, in deadline order. */
-        if (j->fate == SWEPT_RECOVERED) err = emq_row_level(&j->row, &j->level);
-        if (!err && j->fate == SWEPT_RECOVERED) err = emq_lanes_place(&s->lanes, j->id, j->level, EMQ_AT_HEAD);
+        if (j->fate == SWEPT_RECOVERED) err = emq_lanes_place_row(&s->lanes, j->id, &j->row, EMQ_AT_HEAD);
         if (err) return err;
     }
     if (deaths == 0) return EMQ_OK;

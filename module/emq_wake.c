@@ -20,9 +20,10 @@
  * blocked client is served only when a signalled key exists (the server
  * looks the key up first), and a queue's claimable jobs may all be in
  * <base>priority, or all not due yet in <base>delayed, with <pending>
- * absent: so a claim waits on each, and a verb signals the lane it wrote. */
-enum { LANE_PENDING, LANE_PRIORITY, LANE_DELAYED, LANES };
-static const char *const lane_suffix[LANES] = {"pending", "priority", "delayed"};
+ * absent, or all in group lanes (then <base>groups, the ring, exists): so a
+ * claim waits on each, and a verb signals the lane it wrote. */
+enum { LANE_PENDING, LANE_PRIORITY, LANE_DELAYED, LANE_RING, LANES };
+static const char *const lane_suffix[LANES] = {"pending", "priority", "delayed", "groups"};
 
 typedef struct {
     RedisModuleString *lanes[LANES]; /* the keys' names, for SignalKeyAsReady */
@@ -135,6 +136,7 @@ void emq_signal_claimable(RedisModuleCtx *ctx, RedisModuleString *pending) {
     if (w == NULL) return;
     RedisModule_SignalKeyAsReady(ctx, w->lanes[LANE_PENDING]);
     RedisModule_SignalKeyAsReady(ctx, w->lanes[LANE_PRIORITY]);
+    RedisModule_SignalKeyAsReady(ctx, w->lanes[LANE_RING]);
 }
 
 void emq_signal_due(RedisModuleCtx *ctx, RedisModuleString *pending, long long due_ms, long long now_ms) {

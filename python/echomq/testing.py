@@ -272,11 +272,12 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
       pending, every member of ``active`` and ``dead`` one that says active
       and dead (so no id is in two of them); a member of ``priority`` is at
       its row's level;
-    - every row that says pending waits somewhere: in ``delayed``, in
-      ``priority`` (a row with a level), else in the list ``pending`` (its
-      lane) -- a row edited to a level while its id is in the list waits in
-      no lane: the claims drop that entry as a tombstone; one that says
-      active or dead is in that set; a ``done`` or ``cancelled`` row is in
+    - every row that says pending waits somewhere: in ``delayed``, in its
+      group's lane ``g:<g>`` (a row with a ``group``), in ``priority`` (a
+      row with a level), else in the list ``pending`` (its lane) -- a row
+      edited to a level while its id is in the list waits in no lane: the
+      claims drop that entry as a tombstone; one that says active or dead
+      is in that set; a ``done`` or ``cancelled`` row is in
       none; a row in any other state (or none) is in no lane;
     - ``meta``'s ``stale`` counts the list's tombstones exactly: the list's
       length less the pending jobs that wait in it (when it is short, the
@@ -284,6 +285,9 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
     - no unique key is an orphan: every ``unique:<key>`` without an expiry
       (UNTIL done) names a job whose row says pending or active
       (docs/concepts/unique.md);
+    - every group whose lane holds a job is in the ring ``groups`` once, with
+      ``ring`` 1 in ``group:<g>`` (and every group in the ring has it); the
+      ring holds the empty name once;
     - every group's ``active`` count equals the number of its jobs in
       ``active`` (docs/concepts/flow-control.md, "Groups").
 
@@ -294,23 +298,30 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
     keys = queue_keys(queue)
     sets = {"priority": keys.priority, "delayed": keys.delayed, "active": keys.active, "dead": keys.dead}
     states = {"priority": "pending", "delayed": "pending", "active": "active", "dead": "dead"}
+    problems: list[str] = []
+    lane_pattern = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base) + "g:*"
+    lane_prefix = len(keys.base.encode()) + 2
+    lanes = sorted(r.scan_iter(match=lane_pattern, count=batch))
+    for lane in lanes:
+        name = "g:" + lane[lane_prefix:].decode("utf-8", "surrogateescape")
+        sets[name], states[name] = lane.decode("utf-8", "surrogateescape"), "pending"
+    problems += _ring_problems(r, keys.base, [lane[lane_prefix:] for lane in lanes if r.zcard(lane)])
     where: dict[bytes, list[str]] = {}
     levels: dict[bytes, int] = {}
     for name, key in sets.items():
         for member, score in r.zscan_iter(key, count=batch):
             where.setdefault(member, []).append(name)
-            if name == "priority":
+            if name == "priority" or name.startswith("g:"):
                 levels[member] = int(score) // 2**42 - 1024
     listed = r.lrange(keys.pending, 0, -1) if r.type(keys.pending) == b"list" else []
     entries = [e if isinstance(e, bytes) else e.encode() for e in listed]
     in_list = set(entries)
-    problems: list[str] = []
     members = list(where)
     for i in range(0, len(members), batch):
         chunk = members[i : i + batch]
         pipe = r.pipeline(transaction=False)
         for member in chunk:
-            pipe.hmget(keys.job(member), "state", "priority")
+            pipe.hmget(keys.job(member), "state", "priority", "group")
         for member, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
             names = where[member]
             if len(names) > 1:
@@ -318,12 +329,15 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
             if isinstance(got, Exception):
                 problems.append(f"{member!r} is in {names[0]} but its row is not a hash")
                 continue
-            state, level = got
+            state, level, group = got
+            named = (group or b"").decode("utf-8", "surrogateescape")
+            if names[0].startswith("g:") and named != names[0][2:]:
+                problems.append(f"{member!r} is in {names[0]} but its row names group {group!r}")
             if state is None:
                 problems.append(f"{member!r} is in {names[0]} without its row (or the row has no state)")
             elif state.decode() != states[names[0]]:
                 problems.append(f"{member!r} is in {names[0]} but its row says {state.decode()}")
-            if names[0] == "priority" and int(level or 0) != levels[member]:
+            if (names[0] == "priority" or names[0].startswith("g:")) and int(level or 0) != levels[member]:
                 problems.append(f"{member!r} is at level {levels[member]} but its row says {level!r}")
     pattern = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base) + "job:*"
     rows = list(r.scan_iter(match=pattern, count=batch))
@@ -333,11 +347,11 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
         chunk = rows[i : i + batch]
         pipe = r.pipeline(transaction=False)
         for row in chunk:
-            pipe.hmget(row, "state", "priority")
+            pipe.hmget(row, "state", "priority", "group")
         for row, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(got, Exception):
                 continue  # not a row: nothing claims a state
-            member, text_state, level = row[prefix:], (got[0] or b"").decode(), got[1]
+            member, text_state, level, group = row[prefix:], (got[0] or b"").decode(), got[1], got[2]
             held = where.get(member, [])
             if text_state not in ("pending", "active", "dead", "done", "cancelled"):
                 says = f"says {text_state!r}" if got[0] is not None else "has no state"
@@ -346,7 +360,15 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
             if text_state in ("active", "dead") and text_state not in held:
                 problems.append(f"row {row!r} says {text_state} but {text_state} does not hold it")
             if text_state == "pending":
-                lane = "delayed" if "delayed" in held else "priority" if level is not None else "pending"
+                lane = (
+                    "delayed"
+                    if "delayed" in held
+                    else "g:" + group.decode("utf-8", "surrogateescape")
+                    if group is not None
+                    else "priority"
+                    if level is not None
+                    else "pending"
+                )
                 if lane == "pending":
                     resident += 1
                     if member not in in_list:
@@ -374,6 +396,34 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
         + group_problems(r, queue, batch=batch)
         + schedule_problems(r, queue)
     )
+
+
+def _ring_problems(r: redis.Redis, base: str, waiting: list[bytes]) -> list[str]:
+    """The ring ``<base>groups`` against the groups whose lanes hold a job (``waiting``)."""
+    ring_key = base + "groups"
+    kind = r.type(ring_key)
+    listed = r.lrange(ring_key, 0, -1) if kind == b"list" else []
+    ring = [m if isinstance(m, bytes) else m.encode() for m in listed]
+    problems: list[str] = []
+    if kind not in (b"list", b"none"):
+        return [f"the ring {ring_key!r} is a {kind!r}, not a list"]
+    if ring and ring.count(b"") != 1:
+        problems.append(f"the ring holds the empty name {ring.count(b'')} times, not once")
+    if ring and len(ring) == 1:
+        problems.append("the ring holds no group (the empty name alone)")
+    meta_says = r.type(base + "meta") == b"hash" and r.hexists(base + "meta", "ring")
+    if bool(ring) != bool(meta_says):
+        said = "set" if meta_says else "absent"
+        problems.append(f"meta's ring is {said} but the ring has {len(ring)} members")
+    for group in sorted(set(ring) - {b""}):
+        if ring.count(group) > 1:
+            problems.append(f"group {group!r} is in the ring {ring.count(group)} times")
+        if r.hget(base + "group:" + group.decode("utf-8", "surrogateescape"), "ring") != b"1":
+            problems.append(f"group {group!r} is in the ring but its ring flag is not 1")
+    for group in waiting:
+        if group not in ring:
+            problems.append(f"group {group!r} has jobs in its lane but is not in the ring")
+    return problems
 
 
 def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:

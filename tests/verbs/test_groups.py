@@ -34,6 +34,14 @@ def gkey(group: str, queue: str = "q") -> str:
     return queue_keys(queue).base + "group:" + group
 
 
+def lane(group: str, queue: str = "q") -> str:
+    return queue_keys(queue).base + "g:" + group
+
+
+def ring(queue: str = "q") -> str:
+    return queue_keys(queue).base + "groups"
+
+
 def active_of(r: redis.Redis, group: str, queue: str = "q") -> int:
     return int(r.hget(gkey(group, queue), "active") or 0)
 
@@ -50,7 +58,7 @@ def ok(r: redis.Redis, queue: str = "q") -> None:
 # -- enqueue -------------------------------------------------------------------------------
 
 
-def test_the_row_keeps_its_group_and_the_job_waits_as_an_ungrouped_one(
+def test_the_row_keeps_its_group_and_the_job_waits_in_its_groups_lane(
     r: redis.Redis, client: echomq.Client
 ) -> None:
     keys = queue_keys("q")
@@ -58,8 +66,10 @@ def test_the_row_keeps_its_group_and_the_job_waits_as_an_ungrouped_one(
     client.enqueue("q", b"y", "b")
     assert r.hget(keys.job("a"), "group") == b"tenant-1"
     assert not r.hexists(keys.job("b"), "group")
-    assert r.lrange(keys.pending, 0, -1) == [b"a", b"b"]
-    assert not r.exists(gkey("tenant-1"))  # nothing active: no key
+    assert r.lrange(keys.pending, 0, -1) == [b"b"]
+    assert r.zrange(lane("tenant-1"), 0, -1) == [b"a"]
+    assert r.lrange(ring(), 0, -1) == [b"", b"tenant-1"]
+    assert r.hgetall(gkey("tenant-1")) == {b"ring": b"1"}  # nothing active: only the ring flag
     ids = client.enqueue_many("q", [("c", b""), ("d", b"")], group="t2", priority=3)
     assert ids == ["c", "d"]
     assert [r.hget(keys.job(i), "group") for i in ids] == [b"t2", b"t2"]
@@ -142,11 +152,11 @@ def test_fail_to_a_retry_to_dead_and_cancelled_take_one_off(r: redis.Redis, clie
     assert client.cancel("q", "c") == "requested"
     assert active_of(r, "g") == 1  # the job is still held: only asked
     assert client.fail("q", "c", jobs["c"].token, "E: x") == "cancelled"
-    assert not r.exists(gkey("g"))
+    assert r.hgetall(gkey("g")) == {b"ring": b"1"}  # nothing active; r waits in the group's lane
     ok(r)
     # the retried job waits at its lane's tail (FAIL's rule for every job), and counts again when claimed
     client.enqueue("q", b"", "later", group="g")
-    assert r.lrange(queue_keys("q").pending, 0, -1) == [b"r", b"later"]
+    assert r.zrange(lane("g"), 0, -1) == [b"r", b"later"]
     again = client.claim("q", 30_000)
     assert again is not None and again.id == "r" and again.attempt == 2
     assert active_of(r, "g") == 1
@@ -160,7 +170,7 @@ def test_release_takes_one_off_and_puts_the_job_back_at_the_head(
     first = client.claim("q", 30_000)
     assert first is not None and first.id == "a" and active_of(r, "g") == 1
     assert client.release("q", "a", first.token) == "pending"
-    assert not r.exists(gkey("g"))
+    assert active_of(r, "g") == 0 and r.zrange(lane("g"), 0, 0) == [b"a"]
     ok(r)
     again = claim_all(client, 3)
     assert [j.id for j in again] == ["a", "b", "c"]  # FIFO within the group, kept across the release
@@ -179,10 +189,11 @@ def test_sweep_recovery_and_death_take_one_off_each(r: redis.Redis, client: echo
     r.execute_command("DEBUG", "SLEEP", "0.01")
     swept = client.sweep("q", max_stalled=5, limit=100)
     assert swept.recovered == ["a", "b", "c", "h"]
-    assert not r.exists(gkey("g")) and not r.exists(gkey("h"))
+    assert active_of(r, "g") == 0 and active_of(r, "h") == 0
+    assert r.zrange(lane("g"), 0, -1) == [b"a", b"b", b"c"]
     ok(r)
-    # recovered to the head, in their order: FIFO kept
-    assert [j.id for j in claim_all(client, 4, lease_ms=1)] == ["a", "b", "c", "h"]
+    # recovered to the head of their group's lane, in their order: FIFO kept (the ring alternates)
+    assert [j.id for j in claim_all(client, 4, lease_ms=1)] == ["a", "h", "b", "c"]
     r.execute_command("DEBUG", "SLEEP", "0.01")
     client.sweep("q", max_stalled=1, limit=2)  # the oldest two die (their second stall)
     assert active_of(r, "g") + active_of(r, "h") == 2
@@ -310,9 +321,10 @@ def test_a_delayed_grouped_job_counts_once_claimed(r: redis.Redis, client: echom
 
 # -- ACL: <base>group:<g> is a derived key, checked before it is read ----------------------
 
-# Every key of queue q but its group counts.
+# Every key of queue q but its group hashes (the lanes and the ring included).
 NO_GROUPS = [f"~emq:{{q}}:{k}" for k in ("pending", "active", "dead", "priority", "delayed", "meta", "limit",
-                                        "queue", "job:*", "req:*", "unique:*", "metrics:*")]  # fmt: skip
+                                        "queue", "job:*", "req:*", "unique:*", "metrics:*", "groups",
+                                        "g:*")]  # fmt: skip
 
 
 @pytest.fixture
@@ -327,7 +339,9 @@ def test_a_claim_and_a_complete_need_write_access_to_the_group_count(
     r: redis.Redis, client: echomq.Client, no_groups: echomq.Client
 ) -> None:
     no_groups.enqueue("q", b"", "plain")
-    no_groups.enqueue("q", b"", "a", group="g")  # an enqueue does not touch the count
+    with pytest.raises(redis.ResponseError, match="no permissions"):
+        no_groups.enqueue("q", b"", "a", group="g")  # it writes the group's ring flag
+    client.enqueue("q", b"", "a", group="g")
     plain = no_groups.claim("q", 30_000)
     assert plain is not None and plain.id == "plain"  # an ungrouped job needs no group key
     no_groups.complete("q", plain.id, plain.token)
@@ -458,4 +472,154 @@ def test_the_asyncio_client_takes_group_too(r: redis.Redis, server: EmbeddedServ
 
     asyncio.run(main_())
     assert active_of(r, "g") == 2
+    ok(r)
+
+
+# -- stage 2: a lane per group and the ring ----------------------------------------------
+
+
+def test_a_claim_rotates_round_the_groups_and_keeps_fifo_within_each(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue_many("q", [(f"big-{i:04}", b"") for i in range(1000)], group="big")
+    for g in range(9):
+        client.enqueue_many("q", [(f"s{g}-{i:02}", b"") for i in range(10)], group=f"small-{g}")
+    assert r.lrange(ring(), 0, -1) == [b"", b"big", *[f"small-{g}".encode() for g in range(9)]]
+    assert client.counts("q").pending == 1090
+    ok(r)
+    taken = [j.id for j in client.claim_many("q", 30_000, 50)]
+    while len(taken) < 100:
+        job = client.claim("q", 30_000)
+        assert job is not None
+        taken.append(job.id)
+    small = [t for t in taken if t.startswith("s")]
+    assert len(small) == 90  # every small group's jobs within the first 100 claims
+    for g in range(9):
+        assert [t for t in taken if t.startswith(f"s{g}-")] == [f"s{g}-{i:02}" for i in range(10)]
+    assert [t for t in taken if t.startswith("big")] == [f"big-{i:04}" for i in range(10)]
+    assert r.lrange(ring(), 0, -1) == [b"", b"big"]  # the small groups left with their last jobs
+    assert not r.exists(lane("small-0")) and r.hget(gkey("small-0"), "ring") is None
+    assert client.counts("q").pending == 990
+    ok(r)
+
+
+def test_ungrouped_jobs_take_one_turn_of_the_ring(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [(f"p{i}", b"") for i in range(3)])
+    client.enqueue_many("q", [(f"a{i}", b"") for i in range(3)], group="a")
+    client.enqueue_many("q", [(f"b{i}", b"") for i in range(2)], group="b")
+    ids = [j.id for j in client.claim_many("q", 30_000, 8)]
+    assert ids == ["p0", "a0", "b0", "p1", "a1", "b1", "p2", "a2"]
+    assert not r.exists(ring()) and not r.hexists(queue_keys("q").meta, "ring")
+    assert client.claim("q", 30_000) is None
+    ok(r)
+
+
+def test_a_queue_without_groups_makes_no_ring(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [(f"p{i}", b"") for i in range(3)], priority=-1)
+    client.enqueue("q", b"", "x")
+    assert [j.id for j in client.claim_many("q", 30_000, 4)] == ["p0", "p1", "p2", "x"]
+    assert not r.exists(ring()) and not r.hexists(queue_keys("q").meta, "ring")
+    assert [k for k in r.scan_iter(match="emq:{q}:g*")] == []
+
+
+def test_release_and_sweep_put_back_at_the_head_of_the_groups_lane(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue_many("q", [(f"a{i}", b"") for i in range(4)], group="a")
+    first, second = client.claim_many("q", 30_000, 2)
+    assert (first.id, second.id) == ("a0", "a1")
+    client.release("q", second.id, second.token)
+    client.release("q", first.id, first.token)
+    assert r.zrange(lane("a"), 0, -1) == [b"a0", b"a1", b"a2", b"a3"]  # the later call's first
+    ok(r)
+    jobs = client.claim_many("q", 1, 2)
+    r.execute_command("DEBUG", "SLEEP", "0.01")
+    assert client.sweep("q", max_stalled=5, limit=10).recovered == sorted(j.id for j in jobs)
+    assert r.zrange(lane("a"), 0, 1) == [j.id.encode() for j in sorted(jobs, key=lambda j: j.id)]
+    ok(r)
+    assert [j.id for j in client.claim_many("q", 30_000, 10)] == ["a0", "a1", "a2", "a3"]
+    ok(r)
+
+
+def test_a_delayed_grouped_job_goes_to_its_lane_when_due(r: redis.Redis, client: echomq.Client) -> None:
+    now = server_now_ms(r)
+    client.enqueue("q", b"", "a0", group="a")
+    client.enqueue("q", b"", "later", group="a", run_at_ms=now + 60_000)
+    client.enqueue("q", b"", "due", group="b", run_at_ms=now - 5)
+    assert r.zrange(lane("a"), 0, -1) == [b"a0"]
+    assert not r.exists(lane("b"))
+    ok(r)
+    assert [j.id for j in client.claim_many("q", 30_000, 5)] == ["a0", "due"]
+    assert r.zrange(queue_keys("q").delayed, 0, -1) == [b"later"]
+    ok(r)
+
+
+def test_cancel_takes_a_waiting_job_out_of_its_lane(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [("a", b""), ("b", b"")], group="g")
+    assert client.cancel("q", "a") == "cancelled"
+    assert r.zrange(lane("g"), 0, -1) == [b"b"]
+    assert client.cancel("q", "b") == "cancelled"
+    assert not r.exists(lane("g"))
+    ok(r)  # the group stays in the ring until a claim finds its lane empty
+    assert client.claim("q", 30_000) is None
+    assert not r.exists(ring()) and not r.exists(gkey("g"))
+    ok(r)
+
+
+def test_retry_and_retry_dead_go_to_the_groups_lane(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [("a", b""), ("b", b"")], group="g")
+    for job in client.claim_many("q", 30_000, 2):
+        assert client.fail("q", job.id, job.token, "E: x", dead=True) == "dead"
+    assert not r.exists(lane("g"))
+    client.retry_dead("q")
+    assert sorted(r.zrange(lane("g"), 0, -1)) == [b"a", b"b"]
+    assert r.lrange(ring(), 0, -1) == [b"", b"g"]
+    ok(r)
+    assert sorted(j.id for j in client.claim_many("q", 30_000, 5)) == ["a", "b"]
+    ok(r)
+
+
+def test_obliterate_deletes_the_group_lanes_and_the_ring(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [(f"a{i}", b"") for i in range(5)], group="a")
+    client.enqueue_many("q", [(f"b{i}", b"") for i in range(3)], group="b")
+    client.enqueue("q", b"", "plain")
+    client.obliterate("q", limit=3)
+    assert [k for k in r.scan_iter(match="emq:{q}:*") if b":req:" not in k] == []  # request records expire
+
+
+def test_a_blocked_claim_is_woken_by_a_job_in_a_group_lane(
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, backend: str
+) -> None:
+    if backend == "scripts":
+        pytest.skip("the scripts backend polls: it has no blocked claim to wake")
+    keys = queue_keys("q")
+    client.enqueue("q", b"", "first", group="g")
+    assert client.claim("q", 30_000) is not None
+    waiter = server.client()
+    got: list[object] = []
+    t = threading.Thread(
+        target=lambda: got.append(
+            waiter.execute_command("EMQ.CLAIM", keys.pending, keys.active, keys.base, 30_000, "BLOCK", 5_000)
+        )
+    )
+    t.start()
+    deadline = server_now_ms(r) + 5_000
+    while r.info("clients")["blocked_clients"] < 1 and server_now_ms(r) < deadline:
+        pass
+    client.enqueue("q", b"", "second", group="h")
+    t.join(10)
+    waiter.close()
+    assert got and got[0] is not None and got[0][0][0] == b"second"
+    ok(r)
+
+
+def test_priorities_order_within_a_group_but_not_across_groups(r: redis.Redis, client: echomq.Client) -> None:
+    client.enqueue_many("q", [("a-late", b"")], group="a")
+    client.enqueue_many("q", [("a-urgent", b"")], group="a", priority=-5)
+    client.enqueue_many("q", [("b-low", b"")], group="b", priority=9)
+    client.enqueue("q", b"", "plain-urgent", priority=-9)
+    assert r.zrange(lane("a"), 0, -1) == [b"a-urgent", b"a-late"]
+    ok(r)
+    ids = [j.id for j in client.claim_many("q", 30_000, 4)]
+    assert ids == ["plain-urgent", "a-urgent", "b-low", "a-late"]
     ok(r)

@@ -319,6 +319,38 @@ def counts(queue: str) -> Read[QueueCounts]:
     return Read(keys.pending, build, parse)
 
 
+def ring_groups(queue: str) -> Read[list[bytes]]:
+    """The groups in the queue's ring ``<base>groups`` (the empty name, the ungrouped lanes, left
+    out): every group whose lane holds a job is there (docs/concepts/flow-control.md, "Groups")."""
+    keys = keys_of(queue)
+    ring = keys.base + "groups"
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        return [("TYPE", ring), ("LRANGE", ring, 0, -1)]
+
+    def parse(now: int, replies: list[Any]) -> list[bytes]:
+        kind, members = replies
+        if text(kind) != "list":
+            return []
+        return [m if isinstance(m, bytes) else str(m).encode() for m in members if m]
+
+    return Read(keys.pending, build, parse)
+
+
+def group_waiting(queue: str, groups: Sequence[bytes]) -> Read[int]:
+    """The jobs waiting in the lanes ``<base>g:<g>`` of ``groups``."""
+    keys = keys_of(queue)
+    base = keys.base.encode()
+
+    def build(now: int) -> list[tuple[Any, ...]]:
+        return [("ZCARD", base + b"g:" + g) for g in groups]
+
+    def parse(now: int, replies: list[Any]) -> int:
+        return sum(int(n) for n in replies)
+
+    return Read(keys.pending, build, parse)
+
+
 def priority_levels(queue: str, level: int | None) -> Read[tuple[int, int | None]]:
     """One step through the levels of <base>priority: (jobs at ``level``, the next level up or None).
 

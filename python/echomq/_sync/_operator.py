@@ -129,6 +129,10 @@ class OperatorVerbs:
         has jobs (at most ``MAX_LEVELS_SHOWN``).
         """
         counts = self._read(proto.counts(queue))
+        groups = self._read(proto.ring_groups(queue))
+        if groups:  # a group's waiting jobs are in its own lane
+            waiting = self._read(proto.group_waiting(queue, groups))
+            counts = dataclasses.replace(counts, pending=counts.pending + waiting)
         levels = dict(counts.by_priority)
         n, level = self._read(proto.priority_levels(queue, None))
         while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:

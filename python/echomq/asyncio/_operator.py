@@ -108,6 +108,10 @@ class OperatorVerbs:
     async def counts(self, queue: str) -> QueueCounts:
         """The queue's numbers, pending by priority level too (see ``echomq.Client.counts``)."""
         counts = await self._read(proto.counts(queue))
+        groups = await self._read(proto.ring_groups(queue))
+        if groups:  # a group's waiting jobs are in its own lane
+            waiting = await self._read(proto.group_waiting(queue, groups))
+            counts = dataclasses.replace(counts, pending=counts.pending + waiting)
         levels = dict(counts.by_priority)
         n, level = await self._read(proto.priority_levels(queue, None))
         while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:

@@ -230,47 +230,142 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     -- anything is written: the claim takes all of them or none
     local lanes = emq.lanes(base, pending)
     lanes:open(true, true, true)
+    if lanes.meta_ring then lanes:open_ring() end
     lanes:promote(now)
     local claim = { base = base, nonce = nonce, jobs = {}, taken = {}, lanes = lanes }
     if done then claim.taken[done] = true end
+    for _, g in ipairs(lanes.gl) do table.sort(g.promoted, function(x, y) return x.score < y.score end) end
     local stream, entry = priority_stream(lanes), lanes:entries()
     -- drops: every entry and member dropped (the bound); tombstones: the <pending> entries among them
-    local index, next_promoted, drops, tombstones, bound_hit = 0, 1, 0, 0, false
-    while #claim.jobs < count do
-        local level = stream.level()
-        if level ~= nil and level < 0 then
-            if drops >= emq.DROP_MAX then
-                bound_hit = true
-                break
-            end
-            if not take_member(claim, stream.take()) then drops = drops + 1 end
-        else
-            local live = false
-            while not live do
-                if drops >= emq.DROP_MAX then
-                    bound_hit = true
+    local w = { index = 0, next_promoted = 1, drops = 0, tombstones = 0, bound_hit = false, empty = false }
+
+    -- take_ungrouped (emq_claim.c): the next job of the ungrouped lanes, true when one was taken
+    local function take_ungrouped()
+        local before = #claim.jobs
+        while #claim.jobs == before do
+            local level = stream.level()
+            if level ~= nil and level < 0 then
+                if w.drops >= emq.DROP_MAX then
+                    w.bound_hit = true
                     break
                 end
-                local id = entry(index)
-                if id == nil then break end
-                index = index + 1
-                live = take_if_live(claim, id)
-                if not live then drops, tombstones = drops + 1, tombstones + 1 end
-            end
-            if bound_hit then break end
-            if not live then
-                local p = lanes.promoted_tails[next_promoted]
-                if p then
-                    next_promoted = next_promoted + 1
-                    take(claim, p.id)
-                elseif level ~= nil then
-                    if not take_member(claim, stream.take()) then drops = drops + 1 end
-                else
-                    break
+                if not take_member(claim, stream.take()) then w.drops = w.drops + 1 end
+            else
+                local live = false
+                while not live do
+                    if w.drops >= emq.DROP_MAX then
+                        w.bound_hit = true
+                        break
+                    end
+                    local id = entry(w.index)
+                    if id == nil then break end
+                    w.index = w.index + 1
+                    live = take_if_live(claim, id)
+                    if not live then w.drops, w.tombstones = w.drops + 1, w.tombstones + 1 end
+                end
+                if w.bound_hit then break end
+                if not live then
+                    local p = lanes.promoted_tails[w.next_promoted]
+                    if p then
+                        w.next_promoted = w.next_promoted + 1
+                        take(claim, p.id)
+                    elseif level ~= nil then
+                        if not take_member(claim, stream.take()) then w.drops = w.drops + 1 end
+                    else
+                        w.empty = true
+                        break
+                    end
                 end
             end
         end
+        return #claim.jobs > before
     end
+
+    -- take_grouped (emq_claim.c): the next job of a group's lane (stored members merged by score
+    -- with the ones this call promoted into it), true when one was taken
+    local function take_grouped(g)
+        local before = #claim.jobs
+        while #claim.jobs == before do
+            if w.drops >= emq.DROP_MAX then
+                w.bound_hit = true
+                break
+            end
+            local id, score
+            if g.ltype == 'zset' then
+                local got
+                if g.taken > 0 then
+                    got = redis.call('ZRANGE', g.lane, '(' .. emq.int(g.last_score), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                        'WITHSCORES')
+                else
+                    got = redis.call('ZRANGE', g.lane, 0, 0, 'WITHSCORES')
+                end
+                if #got > 0 then id, score = got[1], got[2] end
+            end
+            local p = g.promoted[g.promoted_next]
+            if p and (id == nil or p.score < tonumber(score)) then
+                id = p.id
+                g.promoted_next = g.promoted_next + 1
+            elseif id ~= nil then
+                g.taken = g.taken + 1
+                g.last_score = tonumber(score)
+            else
+                break
+            end
+            g.leave[#g.leave + 1] = { id = id }
+            if not take_member(claim, id) then w.drops = w.drops + 1 end
+        end
+        return #claim.jobs > before
+    end
+
+    -- lane_has_more (emq_claim.c): a group's lane holds a job after the ones this call took
+    local function lane_has_more(g)
+        if g.promoted[g.promoted_next] then return true end
+        if g.ltype ~= 'zset' then return false end
+        if g.taken > 0 then
+            return #redis.call('ZRANGE', g.lane, '(' .. emq.int(g.last_score), '+inf', 'BYSCORE', 'LIMIT', 0, 1) > 0
+        end
+        return redis.call('ZCARD', g.lane) > 0
+    end
+
+    if lanes.ring_len > 0 or #lanes.ring_push > 0 then
+        -- rotate (emq_claim.c): each job from the ring's head member, which moves to the tail
+        local idle = 0
+        while #claim.jobs < count and not w.bound_hit do
+            local size = (lanes.ring_len - lanes.ring_pops) + (#lanes.ring_push - lanes.ring_push_from)
+            if size == 0 or idle >= size then break end
+            local m, stored = nil, lanes.ring_pops < lanes.ring_len
+            if stored then
+                m = lanes:ring_at(lanes.ring_pops)
+                lanes.ring_pops = lanes.ring_pops + 1
+            else
+                lanes.ring_push_from = lanes.ring_push_from + 1
+                m = lanes.ring_push[lanes.ring_push_from].id
+            end
+            local took = false
+            if m == nil then
+                took = false
+            elseif m == '' then
+                if stored then lanes.ring_popped_empty = true end
+                if not w.empty then took = take_ungrouped() end
+                lanes.ring_push[#lanes.ring_push + 1] = { id = m }
+            else
+                local g = lanes:group(m)
+                took = take_grouped(g)
+                -- a group leaves the ring with its lane's last job (or when its lane is found empty)
+                if (took and lane_has_more(g)) or (not took and w.bound_hit) then
+                    lanes.ring_push[#lanes.ring_push + 1] = { id = m }
+                else
+                    g.leaves = true
+                end
+            end
+            idle = took and 0 or idle + 1
+        end
+    else
+        while #claim.jobs < count do
+            if not take_ungrouped() then break end
+        end
+    end
+    local index, next_promoted, tombstones, bound_hit = w.index, w.next_promoted, w.tombstones, w.bound_hit
     -- <pending> loses what was read of it, the promoted entries taken included
     lanes.pops = index + next_promoted - 1
     -- never below 0 (a hand-deleted row dropped more than `stale` counted), written only when it changes

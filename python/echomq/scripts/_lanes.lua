@@ -123,6 +123,8 @@ function emq.lanes(base, pending)
         leave_delayed = {}, tails = {}, heads = {}, priority_add = {}, delayed_add = {}, leave_priority = {},
         priority_heads = {},
         pops = 0, promoted_tails = {}, promoted_priority = {}, promoted = 0, dropped = 0,
+        gl = {}, gl_index = {}, ring = base .. 'groups', ring_len = 0, ring_pops = 0, ring_popped_empty = false,
+        ring_push = {}, ring_push_from = 0,
     }, Lanes)
 end
 
@@ -148,6 +150,7 @@ function Lanes:open(priority, delayed, meta)
         self.types.meta = t
         self.stale = meta_counter(emq.hget(self.meta, t, 'stale'))
         self.seq = meta_counter(emq.hget(self.meta, t, 'seq'))
+        self.meta_ring = emq.hexists(self.meta, t, 'ring')
     end
 end
 
@@ -170,6 +173,117 @@ function Lanes:place(id, level, head)
     self.seq = next_seq(self.seq, self.priority_card == 0 and #self.priority_add == 0 and #self.priority_heads == 0)
     self.seq_changed = true
     push(self.priority_add, id, emq.priority_score(level, tonumber(self.seq)))
+end
+
+-- emq_lanes_open_ring: <base>groups, the ring of the groups a claim rotates through (a list).
+function Lanes:open_ring()
+    if self.ring_opened then return end
+    self.ring_opened = true
+    local t = emq.open_derived(self.ring, emq.READ_WRITE)
+    if not emq.type_ok(t, 'list') then emq.refuse(E.WRONGTYPE) end
+    self.types.ring = t
+    if t == 'list' then self.ring_len = redis.call('LLEN', self.ring) end
+end
+
+-- emq_lanes_ring_at: the ring's member at 0-based `index` as stored, or nil.
+function Lanes:ring_at(index)
+    if not self.ring_opened or index >= self.ring_len then return nil end
+    return redis.call('LINDEX', self.ring, index) or nil
+end
+
+-- emq_lanes_group: a group's lane <base>g:<g> (and the ring), opened once per call.
+function Lanes:group(name)
+    local g = self.gl_index[name]
+    if g then return g end
+    self:open_ring()
+    g = { group = name, lane = self.base .. 'g:' .. name, hash = self.base .. 'group:' .. name, card = 0,
+        in_ring = false, enters = false, leaves = false, add = {}, leave = {}, heads = {}, promoted = {},
+        taken = 0, promoted_next = 1 }
+    self.gl[#self.gl + 1] = g
+    self.gl_index[name] = g
+    local t = emq.open_derived(g.lane, emq.LANE)
+    if not emq.type_ok(t, 'zset') then emq.refuse(E.WRONGTYPE) end
+    g.ltype = t
+    if t == 'zset' then g.card = redis.call('ZCARD', g.lane) end
+    local h = emq.open_derived(g.hash, emq.READ_WRITE)
+    if not emq.type_ok(h, 'hash') then emq.refuse(E.WRONGTYPE) end
+    g.in_ring = emq.hexists(g.hash, h, 'ring')
+    return g
+end
+
+-- ring_enter (emq_lanes.c): the group enters the ring's tail (a new ring starts with the empty name).
+local function ring_enter(self, g)
+    if g.in_ring or g.enters then return end
+    g.enters = true
+    if self.ring_len == 0 and #self.ring_push == 0 then push(self.ring_push, '') end
+    push(self.ring_push, g.group)
+end
+
+-- edge_seq (emq_lanes.c): the seq of the level's first (last) member of a sorted set, or nil.
+local function edge_seq(key, ktype, level, last)
+    if ktype ~= 'zset' then return nil end
+    local from = emq.priority_score(level, 0)
+    local got
+    if last then
+        got = redis.call('ZRANGE', key, '(' .. int(from + SEQ_LIMIT), int(from), 'BYSCORE', 'REV', 'LIMIT', 0, 1,
+            'WITHSCORES')
+    else
+        got = redis.call('ZRANGE', key, int(from), '(' .. int(from + SEQ_LIMIT), 'BYSCORE', 'LIMIT', 0, 1,
+            'WITHSCORES')
+    end
+    if #got == 0 then return nil end
+    return math.floor(tonumber(got[2])) - from
+end
+
+-- emq_lanes_place_in: a job of `group` (nil: Lanes:place) at its group lane's tail (<base>meta's
+-- seq, above the lane's own last seq at the level) or head.
+function Lanes:place_in(id, group, level, head)
+    if group == nil then return self:place(id, level, head) end
+    local g = self:group(group)
+    self:open(false, false, true)
+    if head then
+        push(g.heads, id, level)
+    else
+        local last = edge_seq(g.lane, g.ltype, level, true)
+        local seq = next_seq(self.seq, false)
+        if last ~= nil and tonumber(seq) <= last then seq = int(last + 1) end
+        self.seq = seq
+        self.seq_changed = true
+        push(g.add, id, emq.priority_score(level, tonumber(seq)))
+    end
+    if g.card == 0 then ring_enter(self, g) end
+end
+
+function Lanes:enter_in(id, group, level, due, now)
+    if due ~= now then self:delay(id, due) else self:place_in(id, group, level, false) end
+end
+
+-- emq_lanes_remove_in: out of <base>delayed, else out of its group's lane.
+function Lanes:remove_in(id, group, level)
+    if group == nil then return self:remove(id, level) end
+    self:open(false, true, false)
+    if self:is_delayed(id) then
+        push(self.leave_delayed, id)
+        return
+    end
+    local g = self:group(group)
+    if g.ltype == 'zset' and redis.call('ZSCORE', g.lane, id) then push(g.leave, id) end
+end
+
+-- emq_lanes_place_row / enter_row / remove_row: with the level and the group the row names.
+function Lanes:place_row(id, row, rtype, head)
+    local level = emq.row_level(row, rtype)
+    self:place_in(id, emq.hget(row, rtype, 'group'), level, head)
+end
+
+function Lanes:enter_row(id, row, rtype, due, now)
+    local level = emq.row_level(row, rtype)
+    self:enter_in(id, emq.hget(row, rtype, 'group'), level, due, now)
+end
+
+function Lanes:remove_row(id, row, rtype)
+    local level = emq.row_level(row, rtype)
+    self:remove_in(id, emq.hget(row, rtype, 'group'), level)
 end
 
 function Lanes:delay(id, due)
@@ -218,11 +332,17 @@ function Lanes:promote(now)
         push(self.leave_delayed, id)
         if emq.hget(row, rtype, 'state') == 'pending' then
             local level = emq.row_level(row, rtype)
+            local group = emq.hget(row, rtype, 'group')
             self.promoted = self.promoted + 1
-            self:place(id, level, false)
-            if level == 0 then
+            if group ~= nil then
+                self:place_in(id, group, level, false)
+                local g = self:group(group)
+                push(g.promoted, id, g.add[#g.add].score)
+            elseif level == 0 then
+                self:place(id, level, false)
                 push(self.promoted_tails, id)
             else
+                self:place(id, level, false)
                 push(self.promoted_priority, id, self.priority_add[#self.priority_add].score)
             end
         else
@@ -275,29 +395,65 @@ end
 
 -- settle_heads (emq_lanes.c): the jobs put back at levels other than 0 take their seqs, per level
 -- from how many this call puts back and the level's first job (ZRANGE BYSCORE LIMIT 0 1).
-function Lanes:settle_heads()
-    if #self.priority_heads == 0 then return end
+local function settle_in(key, ktype, heads, add)
+    if #heads == 0 then return end
     local levels = {}
-    for _, h in ipairs(self.priority_heads) do
+    for _, h in ipairs(heads) do
         local v = levels[h.score]
         if v == nil then
             v = { count = 0, seen = 0 }
             levels[h.score] = v
-            if self.types.priority == 'zset' then
-                local from = emq.priority_score(h.score, 0)
-                local got = redis.call('ZRANGE', self.priority, int(from), '(' .. int(from + SEQ_LIMIT), 'BYSCORE',
-                    'LIMIT', 0, 1, 'WITHSCORES')
-                if #got > 0 then v.first = math.floor(tonumber(got[2])) - from end
-            end
+            v.first = edge_seq(key, ktype, h.score, false)
         end
         v.count = v.count + 1
     end
-    for _, h in ipairs(self.priority_heads) do
+    for _, h in ipairs(heads) do
         local v = levels[h.score]
-        push(self.priority_add, h.id, emq.priority_score(h.score, head_seq(v.first, v.count, v.seen)))
+        push(add, h.id, emq.priority_score(h.score, head_seq(v.first, v.count, v.seen)))
         v.seen = v.seen + 1
     end
+end
+
+function Lanes:settle_heads()
+    settle_in(self.priority, self.types.priority, self.priority_heads, self.priority_add)
     self.priority_heads = {}
+    for _, g in ipairs(self.gl) do
+        settle_in(g.lane, g.ltype, g.heads, g.add)
+        g.heads = {}
+    end
+end
+
+-- apply_groups (emq_lanes.c): the group lanes' writes, then the ring's, then the groups' flags.
+function Lanes:apply_groups()
+    for _, g in ipairs(self.gl) do
+        if #g.add > 0 then chunked('ZADD', g.lane, g.add, true) end
+        if #g.leave > 0 then chunked('ZREM', g.lane, g.leave) end
+    end
+    if self.ring_opened and (self.ring_pops > 0 or #self.ring_push > self.ring_push_from) then
+        -- the ring as it is left; deleted when no group is left in it (the empty name alone)
+        local stays = self.ring_len - self.ring_pops
+        local groups = stays - ((self.ring_len > 0 and not self.ring_popped_empty) and 1 or 0)
+        local pushed = {}
+        for i = self.ring_push_from + 1, #self.ring_push do
+            pushed[#pushed + 1] = self.ring_push[i]
+            if self.ring_push[i].id ~= '' then groups = groups + 1 end
+        end
+        if groups <= 0 then
+            if self.ring_len > 0 then redis.call('DEL', self.ring) end
+        else
+            if self.ring_pops > 0 then redis.call('LPOP', self.ring, self.ring_pops) end
+            if #pushed > 0 then chunked('RPUSH', self.ring, pushed) end
+        end
+        -- <base>meta says whether the ring exists: a claim of a queue without groups opens no other key
+        if self.opened.meta and (groups > 0) ~= self.meta_ring then
+            if groups > 0 then redis.call('HSET', self.meta, 'ring', '1') else redis.call('HDEL', self.meta, 'ring') end
+        end
+    end
+    for _, g in ipairs(self.gl) do
+        if g.enters ~= g.leaves then
+            if g.enters then redis.call('HSET', g.hash, 'ring', '1') else redis.call('HDEL', g.hash, 'ring') end
+        end
+    end
 end
 
 -- emq_lanes_apply: the one order of every verb's lane writes.
@@ -314,6 +470,7 @@ function Lanes:apply()
     if #self.delayed_add > 0 then chunked('ZADD', self.delayed, self.delayed_add, true) end
     if self.pops > 0 then redis.call('LPOP', self.pending, self.pops) end
     if #self.leave_priority > 0 then chunked('ZREM', self.priority, self.leave_priority) end
+    self:apply_groups()
     if self.seq_changed and self.stale_changed then
         redis.call('HSET', self.meta, 'seq', self.seq, 'stale', self.stale)
     elseif self.seq_changed then

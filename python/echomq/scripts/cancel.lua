@@ -43,7 +43,7 @@ return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     end
     local meta = emq.read_meta(base)
     local lanes = emq.lanes(base, pending)
-    lanes:remove(id, emq.row_level(row, rtype))
+    lanes:remove_row(id, row, rtype)
     emq.ended_prepare(base, id, 'cancelled', false)
 
     -- apply: a waiting job is cancelled on the spot

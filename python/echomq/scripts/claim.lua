@@ -22,7 +22,8 @@
 -- forget, whose counter repeats; and it cannot be guessed without the nonce.
 -- include: _flow.lua
 -- include: _claim.lua
-return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'HMGET', 'SET', 'DEL', 'PEXPIREAT' },
+    function()
     -- parse
     local argv, argc, setting = emq.args()
     local nonce, max_limit = emq.claim_setting(setting)
@@ -39,4 +40,4 @@ return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'H
 
     -- apply
     return emq.claim_apply(pending, active, prepared, now, deadline)
-end)
+    end)

@@ -40,7 +40,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     if verdict ~= emq.UNIQUE_TAKE then return { verdict == emq.UNIQUE_HELD and 0 or 2, holder } end
     if rtype ~= 'none' then emq.refuse(emq.E.EXISTS) end
     local lanes = emq.lanes(base, pending)
-    lanes:enter(id, level, due, now)
+    lanes:enter_in(id, group, level, due, now)
 
     -- apply
     write_row(row, payload, now, level, group, u.key)

@@ -54,7 +54,7 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     end
     local lanes = emq.lanes(base, pending)
     for i = 1, count do
-        lanes:enter(argv[2 + 2 * i], level, due, now)
+        lanes:enter_in(argv[2 + 2 * i], group, level, due, now)
     end
 
     -- apply: the rows, then the lane (one RPUSH or ZADD), then the record

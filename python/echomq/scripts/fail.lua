@@ -88,7 +88,7 @@ return emq.verb({ 'ZREM', 'HSET', 'HDEL', 'ZADD', 'RPUSH', 'HINCRBY', 'DEL', 'PE
         emq.incr(emq.hget(metrics, mtype, 'count'), '1', emq.E.FAILED_NOT_INTEGER)
     end
     local lanes = emq.lanes(base, pending)
-    if route == emq.TO_PENDING then lanes:enter(id, emq.row_level(row, rtype), due, now) end
+    if route == emq.TO_PENDING then lanes:enter_row(id, row, rtype, due, now) end
     emq.left_active_prepare(base, id)
     if route ~= emq.TO_PENDING then emq.ended_prepare(base, id, route, false) end
 

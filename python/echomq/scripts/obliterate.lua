@@ -9,7 +9,7 @@
 -- (tombstones not counted), the entries and members left (tombstones counted).  -EMQBUSY when
 -- <active> is not empty and FORCE is not given: nothing written.  A job deleted before it ended
 -- is announced on <base>done:<id>.  Not deny-oom (allow-oom): it frees memory.
-return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
+return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HDEL', 'LPOP' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc ~= 6 and argc ~= 7 then emq.wrong_arity('emq.obliterate') end
@@ -30,6 +30,13 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
     if not force and redis.call('EXISTS', active) == 1 then emq.refuse(emq.E.BUSY) end
     local lanes = emq.lanes(base, pending)
     lanes:open(true, true, false)
+    -- the group lanes are found from the ring: a group whose lane holds a job is in it
+    local mtype = emq.open_derived(base .. 'meta', emq.READ)
+    if emq.hexists(base .. 'meta', mtype, 'ring') then lanes:open_ring() end
+    for i = 0, lanes.ring_len - 1 do
+        local m = lanes:ring_at(i)
+        if m ~= nil and m ~= '' then lanes:group(m) end
+    end
 
     -- read: the entries and members this step takes, <pending> first, the held last; every row
     -- it reads or deletes is checked first
@@ -52,8 +59,16 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
             members[#members + 1] = { id = id, set = set, row = base .. 'job:' .. id, deletes = true, ended = set == dead }
         end
     end
+    local grouped = 0
+    for _, g in ipairs(lanes.gl) do
+        grouped = grouped + g.card
+        for _, id in ipairs(emq.zset_head(g.lane, '+inf', limit - #members)) do
+            members[#members + 1] = { id = id, set = g.lane, row = base .. 'job:' .. id, deletes = true, ended = false }
+        end
+    end
     local remaining = redis.call('LLEN', pending) + redis.call('ZCARD', lanes.priority)
-        + redis.call('ZCARD', lanes.delayed) + redis.call('ZCARD', dead) + redis.call('ZCARD', active) - #members
+        + redis.call('ZCARD', lanes.delayed) + redis.call('ZCARD', dead) + redis.call('ZCARD', active) + grouped
+        - #members
 
     -- decide: every key this step deletes or writes is checked first
     for _, m in ipairs(members) do
@@ -95,6 +110,11 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'LPOP' }, function()
         redis.call('DEL', meta)
         redis.call('DEL', metrics)
         redis.call('DEL', registry)
+        -- the ring, and its groups' flags
+        if lanes.ring_len > 0 then redis.call('DEL', lanes.ring) end
+        for _, g in ipairs(lanes.gl) do
+            if emq.type(g.hash) == 'hash' then redis.call('HDEL', g.hash, 'ring') end
+        end
     else
         if not emq.hexists(meta, lanes.types.meta, 'paused') then redis.call('HSET', meta, 'paused', '1') end
         lanes:apply()

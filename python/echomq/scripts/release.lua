@@ -9,7 +9,7 @@
 -- +cancelled; :-1 gone; -EMQSTALE as COMPLETE; a retry answers as the first call did.  Not
 -- deny-oom (allow-oom): a shutdown must give jobs back under memory pressure.  BACKOFF (a
 -- handler's 429, _flow.lua) also stops every claim of the queue until now + <ms>.
-return emq.verb({ 'ZREM', 'HSET', 'LPUSH', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'LPUSH', 'RPUSH', 'ZADD', 'DEL', 'PEXPIREAT' }, function()
     -- parse
     local argv, argc = emq.args()
     if argc < 6 then emq.wrong_arity('emq.release') end
@@ -49,7 +49,7 @@ return emq.verb({ 'ZREM', 'HSET', 'LPUSH', 'ZADD', 'DEL', 'PEXPIREAT' }, functio
     if cancelled then
         meta = emq.read_meta(base)
     else
-        lanes:place(id, emq.row_level(row, rtype), true)
+        lanes:place_row(id, row, rtype, true)
     end
     emq.left_active_prepare(base, id)
     if cancelled then emq.ended_prepare(base, id, 'cancelled', false) end

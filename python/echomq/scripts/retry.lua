@@ -29,7 +29,7 @@ return emq.verb({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD', 'RPUSH' 
     if refusal then emq.refuse(refusal) end
     emq.incr(emq.hget(row, rtype, 'retries'), '1', emq.E.RETRIES_NOT_INTEGER)
     local lanes = emq.lanes(base, pending)
-    lanes:place(id, emq.row_level(row, rtype), false)
+    lanes:place_row(id, row, rtype, false)
 
     -- apply
     retry_apply(dead, row, id)

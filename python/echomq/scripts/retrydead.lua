@@ -27,7 +27,7 @@ return emq.verb({ 'ZREM', 'HSET', 'HINCRBY', 'HDEL', 'PERSIST', 'ZADD', 'RPUSH' 
     for _, d in ipairs(batch) do
         if d.rtype ~= 'none' and emq.retry_check(emq.hget(d.row, d.rtype, 'state')) == nil then
             emq.incr(emq.hget(d.row, d.rtype, 'retries'), '1', emq.E.RETRIES_NOT_INTEGER)
-            lanes:place(d.id, emq.row_level(d.row, d.rtype), false)
+            lanes:place_row(d.id, d.row, d.rtype, false)
             d.act = true
             retried = retried + 1
         end

@@ -79,7 +79,7 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'RPUSH', 'LPUSH', 'P
                     emq.ended_prepare(base, j.id, 'dead', false)
                 else
                     -- back to the head of its lane, in deadline order
-                    lanes:place(j.id, emq.row_level(j.row, rtype), true)
+                    lanes:place_row(j.id, j.row, rtype, true)
                 end
             end
         end
