@@ -12,7 +12,8 @@
  * one of them is still ahead (then every due one is known).
  *
  * The pure part -- which ticks fire, given the row -- is below, without the
- * module API; emq_schedules.c holds the index, the timer and the writes. */
+ * module API (emq_schedule_rules.c); emq_schedules.c holds the index, the
+ * timer and the writes. */
 #ifndef EMQ_SCHEDULES_H
 #define EMQ_SCHEDULES_H
 
