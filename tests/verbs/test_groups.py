@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -412,14 +414,12 @@ def test_the_group_count_is_in_the_queues_slot() -> None:
     assert key_slot(gkey("a:b@c.d", "other").encode()) == key_slot(queue_keys("other").active.encode())
 
 
-def test_a_blocked_claim_woken_by_a_grouped_job_counts_it(
-    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, backend: str
-) -> None:
-    if backend == "scripts":
-        pytest.skip("the scripts backend polls: it has no blocked claim to wake")
+def woken_claim(server: EmbeddedServer, r: redis.Redis, wake: Callable[[], object]) -> list[Any]:
+    """A CLAIM of "q" with BLOCK on a connection of its own, and ``wake()`` once the server counts
+    it blocked: what the claim answered (a list of one reply; empty if it never answered)."""
     keys = queue_keys("q")
     waiter = server.client()
-    got: list[object] = []
+    got: list[Any] = []
     t = threading.Thread(
         target=lambda: got.append(
             waiter.execute_command("EMQ.CLAIM", keys.pending, keys.active, keys.base, 30_000, "BLOCK", 5_000)
@@ -429,9 +429,18 @@ def test_a_blocked_claim_woken_by_a_grouped_job_counts_it(
     deadline = server_now_ms(r) + 5_000
     while r.info("clients")["blocked_clients"] < 1 and server_now_ms(r) < deadline:
         pass
-    client.enqueue("q", b"", "a", group="g")
+    wake()
     t.join(10)
     waiter.close()
+    return got
+
+
+def test_a_blocked_claim_woken_by_a_grouped_job_counts_it(
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, backend: str
+) -> None:
+    if backend == "scripts":
+        pytest.skip("the scripts backend polls: it has no blocked claim to wake")
+    got = woken_claim(server, r, lambda: client.enqueue("q", b"", "a", group="g"))
     assert got and got[0] is not None
     assert active_of(r, "g") == 1
     ok(r)
@@ -592,23 +601,9 @@ def test_a_blocked_claim_is_woken_by_a_job_in_a_group_lane(
 ) -> None:
     if backend == "scripts":
         pytest.skip("the scripts backend polls: it has no blocked claim to wake")
-    keys = queue_keys("q")
     client.enqueue("q", b"", "first", group="g")
     assert client.claim("q", 30_000) is not None
-    waiter = server.client()
-    got: list[object] = []
-    t = threading.Thread(
-        target=lambda: got.append(
-            waiter.execute_command("EMQ.CLAIM", keys.pending, keys.active, keys.base, 30_000, "BLOCK", 5_000)
-        )
-    )
-    t.start()
-    deadline = server_now_ms(r) + 5_000
-    while r.info("clients")["blocked_clients"] < 1 and server_now_ms(r) < deadline:
-        pass
-    client.enqueue("q", b"", "second", group="h")
-    t.join(10)
-    waiter.close()
+    got = woken_claim(server, r, lambda: client.enqueue("q", b"", "second", group="h"))
     assert got and got[0] is not None and got[0][0][0] == b"second"
     ok(r)
 
