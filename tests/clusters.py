@@ -104,6 +104,12 @@ def owner(nodes: list[EmbeddedServer], key: str | bytes) -> EmbeddedServer:
     raise AssertionError(f"no node serves slot {slot}")
 
 
+def owner_and_another(nodes: list[EmbeddedServer], key: str | bytes) -> tuple[EmbeddedServer, EmbeddedServer]:
+    """The node that serves `key`, and another master: the two ends of a move of its slot."""
+    source = owner(nodes, key)
+    return source, next(n for n in nodes if n is not source)
+
+
 def node_id(node: EmbeddedServer) -> str:
     c = node.client()
     try:

@@ -485,12 +485,11 @@ def test_after_a_resharding_the_node_that_got_the_queue_fires_its_ticks(server_f
     arrival (RESTORE's keyspace event), fires every tick with no client, and the source fires none."""
     from redis.cluster import RedisCluster
 
-    from ..clusters import node_id, owner, start_cluster, wait_for
+    from ..clusters import node_id, owner_and_another, start_cluster, wait_for
 
     nodes = start_cluster(server_factory, 3)
     try:
-        source = owner(nodes, SET)
-        target = next(n for n in nodes if n is not source)
+        source, target = owner_and_another(nodes, SET)
         src, dst = source.client(), target.client()
         client = echomq.Client(RedisCluster(host=source.host, port=source.port))
         first = (server_ms(src) // 1000 + 3) * 1000  # the ticks begin after the move

@@ -23,7 +23,7 @@ from echomq import Client, ExtendOutcome
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from ..clusters import node_id, owner, start_cluster
+from ..clusters import node_id, owner, owner_and_another, start_cluster
 from ..conftest import ServerFactory
 from ..helpers import now_ms, sweep_args
 from .test_fuzz import Resp, ServerError
@@ -275,8 +275,7 @@ def test_a_derived_key_on_a_moving_slot_answers_tryagain(cluster_nodes: list[Emb
     q = "moving"
     keys = queue_keys(q)
     slot = key_slot(keys.pending.encode())
-    source = owner(cluster_nodes, keys.pending)
-    target = next(n for n in cluster_nodes if n is not source)
+    source, target = owner_and_another(cluster_nodes, keys.pending)
     src, dst = source.client(), target.client()
     try:
         src.delete(keys.pending, keys.job("new"))
@@ -337,8 +336,7 @@ def test_group_counts_live_in_their_queues_slot_and_a_moving_one_answers_tryagai
     q = "moving-groups"
     keys = queue_keys(q)
     slot = key_slot(keys.pending.encode())
-    source = owner(cluster_nodes, keys.pending)
-    target = next(n for n in cluster_nodes if n is not source)
+    source, target = owner_and_another(cluster_nodes, keys.pending)
     src, dst = source.client(), target.client()
     try:
         src.rpush(keys.pending, "w")
