@@ -274,26 +274,22 @@ def define(
     return Schedule(name, cron, every_ms, body, tz, start, end, missed)  # type: ignore[arg-type]
 
 
-def _text(row: dict[Any, Any], key: str) -> str | None:
+def text_of(row: dict[Any, Any], key: str) -> str | None:
+    """A row's field as text (None when absent)."""
     value = row.get(key, row.get(key.encode()))
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def text_of(row: dict[Any, Any], key: str) -> str | None:
-    """A row's field as text (None when absent)."""
-    return _text(row, key)
-
-
 def out_of_ticks(row: dict[Any, Any], now_ms: int) -> bool:
     """A cron schedule whose stored ticks are all due: the module's timer, which fires a cron
     only from them (it has no cron parser), waits for a client's drive to compute the next ones."""
-    if _text(row, "cron") is None:
+    if text_of(row, "cron") is None:
         return False
     try:
-        last = int(_text(row, "last") or 0)
-        ticks = [int(t) for t in (_text(row, "ticks") or "").split(",") if t]
+        last = int(text_of(row, "last") or 0)
+        ticks = [int(t) for t in (text_of(row, "ticks") or "").split(",") if t]
     except ValueError:
         return False  # a malformed row: the drivers say so
     ahead = [t for t in ticks if t > last]
@@ -302,19 +298,19 @@ def out_of_ticks(row: dict[Any, Any], now_ms: int) -> bool:
 
 def from_row(name: str, row: dict[Any, Any]) -> Schedule:
     """A stored definition, read back (checked again: a row edited by hand is refused, not run)."""
-    every = _text(row, "every_ms")
-    start, end = _text(row, "start_at"), _text(row, "end_at")
+    every = text_of(row, "every_ms")
+    start, end = text_of(row, "start_at"), text_of(row, "end_at")
     raw = row.get("payload", row.get(b"payload", b""))
     try:
         return define(
             name,
-            cron=_text(row, "cron"),
+            cron=text_of(row, "cron"),
             every_ms=int(every) if every is not None else None,
             payload=raw if isinstance(raw, bytes) else str(raw).encode(),
-            tz=_text(row, "tz") or "UTC",
+            tz=text_of(row, "tz") or "UTC",
             start_at=int(start) if start is not None else None,
             end_at=int(end) if end is not None else None,
-            missed=_text(row, "missed") or "skip",
+            missed=text_of(row, "missed") or "skip",
         )
     except ValueError as exc:
         raise BadSchedule(f"schedule {name!r} has a malformed row: {exc}") from exc
@@ -341,13 +337,13 @@ class ScheduleInfo:
 
 def info_of(name: str, row: dict[Any, Any]) -> ScheduleInfo:
     schedule = from_row(name, row)
-    ticks = _text(row, "ticks") or ""
+    ticks = text_of(row, "ticks") or ""
     upcoming = [int(t) for t in ticks.split(",") if t]
     return ScheduleInfo(
         schedule,
-        int(_text(row, "last") or 0),
+        int(text_of(row, "last") or 0),
         upcoming[0] if upcoming else None,
-        int(_text(row, "fired") or 0),
+        int(text_of(row, "fired") or 0),
         upcoming,
     )
 
@@ -457,7 +453,7 @@ def decide_fire(
 ) -> tuple[Firing, list[Call[Enqueued]], list[tuple[Any, ...]]]:
     """Read under WATCH: what the EXEC holds -- the ticks' ENQUEUEs, then the cursor's advance."""
     schedule = from_row(name, row)
-    firing = plan(schedule, int(_text(row, "last") or 0), now_ms)
+    firing = plan(schedule, int(text_of(row, "last") or 0), now_ms)
     return firing, fire_calls(schedule, queue, firing), advance_commands(schedule, queue, firing)
 
 
@@ -495,11 +491,11 @@ def add_commands(schedule: Schedule, queue: str, row: dict[Any, Any], now_ms: in
     again, and those missed meanwhile are handled by ``missed``.  One whose timing changed keeps
     its count and starts after now: the old ticks are not the new ones'."""
     key = schedule_key(queue, schedule.name)
-    kept = _text(row, "last")
+    kept = text_of(row, "last")
     last = int(kept) if kept is not None else now_ms
     fresh = schedule.fields()
     if kept is not None and any(
-        _text(row, f) != (fresh[f].decode() if f in fresh else None) for f in TIMING_FIELDS
+        text_of(row, f) != (fresh[f].decode() if f in fresh else None) for f in TIMING_FIELDS
     ):
         last = max(last, now_ms)
     upcoming = schedule.ticks_after(last, STORED_TICKS)
