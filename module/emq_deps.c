@@ -325,6 +325,8 @@ int emq_deps_end_prepare(EmqEnd *e, RedisModuleString *id, int how, int already)
     (void)how;
     if (already) return EMQ_OK; /* settled when it ended */
     RedisModuleCtx *ctx = e->ctx;
+    for (size_t i = 0; e->deps && i < e->deps->n; i++) /* named twice in one call: once */
+        if (!e->deps->items[i].applied && emq_str_equal(e->deps->items[i].id, id)) return EMQ_OK;
     RedisModuleString *row_name = emq_derived_key(ctx, e->base, "job:", id);
     EmqKey row;
     emq_key_open(ctx, &row, row_name, REDISMODULE_READ);

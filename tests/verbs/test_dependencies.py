@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import echomq
 from echomq.keyspace import queue_keys
@@ -322,6 +324,31 @@ def test_obliterate_force_resolves_what_waited_on_deleted_jobs(r: redis.Redis, c
     assert state(r, "b") == "pending" and deps(r, "b") == {"a": "deleted"}
 
 
+def test_forget_of_a_waiting_job_leaves_its_sets_and_resolves_its_waiters(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("q", b"", "a")
+    send(client, "b", b"", "AFTER", "a")
+    send(client, "c", b"", "AFTER", "b")
+    send(client, "d", b"", "ON_PARENT_FAILURE", "ignore", "AFTER", "b")
+    assert client._send(("EMQ.FORGET", K.pending, K.base, "b", "b", "a")) == 1  # a is pending: kept
+    assert not r.exists(K.job("b"), K.base + "deps:b") and waiters(r, "a") == []
+    assert state(r, "c") == "dead" and r.hget(K.job("c"), "last_error") == b"dependency b deleted"
+    assert state(r, "d") == "pending" and deps(r, "d") == {"b": "deleted"}
+    ok(r)
+
+
+def test_obliterate_of_a_queue_with_waiting_jobs_leaves_nothing(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("q", b"", "a")
+    for i in range(150):
+        send(client, f"w{i:03d}", b"", "AFTER", "a")
+        send(client, f"v{i:03d}", b"", "AFTER", f"w{i:03d}")
+    client.obliterate("q", force=True)
+    assert [k for k in r.keys("emq:{q}:*") if b":req:" not in k] == []  # a REQ record expires
+
+
 # -- bounded resolution ---------------------------------------------------------------------------
 
 
@@ -531,3 +558,48 @@ def test_asyncio_enqueue_after_and_ctx_parents(server: EmbeddedServer, r: redis.
 
     assert asyncio.run(main()) == {"a": "done"}
     ok(r)
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> list[tuple[str, list[int], bool, bool]]:
+    """Up to 12 jobs: (policy, the earlier jobs it waits for, whether it fails, is cancelled)."""
+    n = draw(st.integers(1, 12))
+    return [
+        (
+            draw(st.sampled_from(["fail", "ignore", "continue"])),
+            draw(st.lists(st.integers(0, i - 1), max_size=3)) if i else [],
+            draw(st.booleans()),
+            draw(st.integers(0, 9)) == 0,
+        )
+        for i in range(n)
+    ]
+
+
+@given(dag=dags())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_hypothesis_dags_end_every_job_as_its_policy_says(
+    r: redis.Redis, client: echomq.Client, dag: list[tuple[str, list[int], bool, bool]]
+) -> None:
+    r.flushall()
+    fails = frozenset(f"j{i}" for i, (_, _, f, _) in enumerate(dag) if f)
+    for i, (policy, after, _, cancel) in enumerate(dag):
+        deps = [f"j{a}" for a in after]
+        args: list[object] = ["ON_PARENT_FAILURE", policy, "AFTER", *deps] if after else []
+        send(client, f"j{i}", b"", *args)
+        if cancel:
+            client.cancel("q", f"j{i}")
+        assert queue_problems(r, "q") == []
+    run(client, fails)
+    assert queue_problems(r, "q") == [] and not r.exists(K.base + "resolve")
+    states = {f"j{i}": state(r, f"j{i}") for i in range(len(dag))}
+    for i, (policy, after, failed, cancel) in enumerate(dag):
+        me, parents = f"j{i}", [states[f"j{a}"] for a in after]
+        assert states[me] in ("done", "dead", "cancelled"), (me, states)
+        if cancel or states[me] == "cancelled":
+            continue
+        bad = any(p != "done" for p in parents)
+        if policy == "fail" and bad:
+            reason = r.hget(K.job(me), "last_error") or b""
+            assert states[me] == "dead" and reason.startswith(b"dependency ")
+        else:
+            assert states[me] == ("dead" if failed else "done"), (me, policy, parents)
