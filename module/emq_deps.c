@@ -596,10 +596,18 @@ static void resolve_pop(RedisModuleCtx *ctx, EmqFx *fx, RedisModuleString *name)
 
 void emq_deps_drain(RedisModuleCtx *ctx, RedisModuleString *base, long budget) {
     if (draining || budget < 1) return;
-    RedisModuleUser *user = NULL;
-    if (!emq_acl_user(ctx, &user)) return;
     RedisModuleString *rname = emq_derived_key(ctx, base, "resolve", NULL);
     EmqKey r = {0};
+    /* The common case, nothing to resolve, costs one lookup (and no ACL
+     * check: nothing is read from the key, nor written, when it is empty). */
+    emq_key_open(ctx, &r, rname, REDISMODULE_READ);
+    int none = emq_key_empty(&r);
+    emq_key_close(&r);
+    RedisModuleUser *user = NULL;
+    if (none || !emq_acl_user(ctx, &user)) {
+        RedisModule_FreeString(ctx, rname);
+        return;
+    }
     int err = open_checked(ctx, user, &r, rname, EMQ_DERIVED_READ_WRITE, REDISMODULE_KEYTYPE_LIST);
     int empty = emq_key_empty(&r);
     emq_key_close(&r);
