@@ -607,3 +607,29 @@ def test_hypothesis_dags_end_every_job_as_its_policy_says(
             assert states[me] == "dead" and reason.startswith(b"dependency ")
         else:
             assert states[me] == ("dead" if failed else "done"), (me, policy, parents)
+
+
+def test_a_caller_who_may_not_touch_the_waiter_set_is_refused_and_nothing_is_written(
+    server: EmbeddedServer, r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("q", b"", "a")
+    r.execute_command(
+        "ACL", "SETUSER", "nodeps", "on", "nopass", "+@all", "~emq:{q}:pending", "~emq:{q}:job:*",
+        "~emq:{q}:meta", "~emq:{q}:queue", "~emq:{q}:req:*", "~emq:{q}:deps:*",
+    )  # fmt: skip
+    limited = server.client(username="nodeps", password="x")
+    try:
+        before = digest(r)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            echomq.Client(limited)._send(("EMQ.ENQUEUE", K.pending, K.base, "b", b"", "AFTER", "a"))
+        assert digest(r) == before
+        send(client, "b", b"", "AFTER", "a")  # a caller who may
+        job = client.claim("q", 30_000)
+        assert job is not None
+        # the end is refused as a whole for a caller who may not push it to resolve
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            echomq.Client(limited)._send(("EMQ.COMPLETE", K.active, K.job("a"), "a", job.token))
+        assert state(r, "a") == "active"
+    finally:
+        limited.close()
+        r.execute_command("ACL", "DELUSER", "nodeps")
