@@ -633,3 +633,18 @@ def test_a_caller_who_may_not_touch_the_waiter_set_is_refused_and_nothing_is_wri
     finally:
         limited.close()
         r.execute_command("ACL", "DELUSER", "nodeps")
+
+
+def test_completeclaim_ends_a_dependency_and_the_next_claim_takes_its_waiter(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("q", b"", "a")
+    send(client, "b", b"", "AFTER", "a")
+    job = client.claim("q", 30_000)
+    assert job is not None
+    reply = client._send(("EMQ.COMPLETECLAIM", K.active, K.job("a"), K.pending, "a", job.token, 30_000))
+    assert isinstance(reply, list) and reply[0] == 1  # its claim ran before the end resolved b
+    assert state(r, "b") == "pending" and r.lrange(K.pending, 0, -1) == [b"b"]
+    nxt = client.claim("q", 30_000)
+    assert nxt is not None and nxt.id == "b"
+    ok(r)
