@@ -109,7 +109,8 @@ static const EmqCommand commands[] = {
                       EMQ_OPTION("UNIQUE", "key", EMQ_STRING),
                       EMQ_ONE_OF("unique-hold", EMQ_CHOICE("FOR", "ms", EMQ_INTEGER),
                                  EMQ_CHOICE("UNTIL", "done", EMQ_STRING)),
-                      EMQ_FLAG("REPLACE"))},
+                      EMQ_FLAG("REPLACE"), EMQ_OPTION("ON_PARENT_FAILURE", "policy", EMQ_STRING),
+                      EMQ_OPTION("MISSING", "done", EMQ_STRING), EMQ_OPTION_MANY("AFTER", "dep-id", EMQ_STRING))},
     {"emq.enqueuemany", EmqEnqueueMany_RedisCommand, "write deny-oom",
      .summary = "Adds count jobs in one call, all or none: a row each and one entry each in their lane",
      .complexity = "O(M) for priority 0, else O(M log N), where M is the number added and N the number of jobs "

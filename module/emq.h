@@ -45,6 +45,7 @@
 
 #include "emq_config.h"
 #include "emq_core.h"
+#include "emq_deps.h"
 #include "emq_effects.h"
 #include "emq_end.h"
 #include "emq_flow.h"
@@ -108,6 +109,15 @@
     X(done, "done")                           \
     X(dead, "dead")                           \
     X(cancelled, "cancelled")                 \
+    X(waiting, "waiting")                     \
+    X(deleted, "deleted")                     \
+    X(missing, "missing")                     \
+    X(waits, "waits")                         \
+    X(after, "after")                         \
+    X(waiters, "waiters")                     \
+    X(due, "due")                             \
+    X(on_failure, "on_failure")               \
+    X(one, "1")                               \
     X(xx, "XX")                               \
     X(pxat, "PXAT")                           \
     X(acl_hget, "HGET")                       \

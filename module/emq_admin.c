@@ -433,7 +433,9 @@ reply:
  * EMQ.FORGET <pending> <base> <id> [<id> ...]
  *
  * DELetes each row <base>job:<id> whose state is done or cancelled (a
- * finished job in no set); other rows and absent ones are left alone.
+ * finished job in no set), or waiting (for its dependencies, in no set
+ * either: it leaves their waiter sets, and what waits on it resolves as
+ * `deleted`, emq_deps.h); other rows and absent ones are left alone.
  * Reply :<n>, the rows deleted.  What obliterate's SCAN finds, it deletes
  * through this: a job enqueued again after its row was found is pending,
  * so it is not deleted.
@@ -463,23 +465,26 @@ int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
         RedisModuleString *state = err ? NULL : emq_hget(&row, emq_str.state);
         size_t len = 0;
         const char *s = state ? RedisModule_StringPtrLen(state, &len) : NULL;
-        forget[i] = emq_forget_deletes_row(s, len);
+        forget[i] = emq_forget_deletes_row(s, len) ? 1 : state && emq_str_equal(state, emq_str.waiting) ? 2 : 0;
         if (state) RedisModule_FreeString(NULL, state);
         emq_key_close(&row);
     }
 
-    /* The rows deleted are of jobs that ended: the `ended` hook's deletion
-     * steps run (emq_end.h). */
+    /* The rows deleted are of jobs that ended (the `ended` hook's deletion
+     * steps run, emq_end.h) or that waited (all of its steps: it vanishes
+     * before it ended). */
     EmqEnd end;
     emq_end_init(&end, ctx, argv[2]);
     for (size_t i = 0; i < n && !err; i++)
-        if (forget[i]) err = emq_ended_prepare(&end, argv[3 + i], EMQ_END_DELETED, 1);
+        if (forget[i]) err = emq_ended_prepare(&end, argv[3 + i], EMQ_END_DELETED, forget[i] == 1);
 
     /* apply */
     for (size_t i = 0; i < n && !err; i++) {
         if (!forget[i]) continue;
-        deleted += del_checked(ctx, &fx, rows[i]);
-        emq_ended_apply(&end, &fx, argv[3 + i], EMQ_END_DELETED, 1);
+        long long gone = del_checked(ctx, &fx, rows[i]);
+        deleted += gone;
+        /* an id named twice: the second finds no row, and its end ran once */
+        if (gone || forget[i] == 1) emq_ended_apply(&end, &fx, argv[3 + i], EMQ_END_DELETED, forget[i] == 1);
     }
     emq_end_close(&end);
 

@@ -60,7 +60,9 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
      * or delayed) */
     int exists = !emq_key_empty(&row);
     RedisModuleString *state = emq_hget(&row, emq_str.state);
-    int waiting = state && emq_str_equal(state, emq_str.pending);
+    /* a job waiting for its dependencies (emq_deps.h) is in no lane */
+    int after = state && emq_str_equal(state, emq_str.waiting);
+    int waiting = state && (emq_str_equal(state, emq_str.pending) || after);
     if (state) RedisModule_FreeString(NULL, state);
     decision = emq_cancel_decide(exists, waiting, exists && !waiting && row_is_finished(&row));
     /* Idempotent: asking again keeps the first reason. */
@@ -69,7 +71,7 @@ int EmqCancel_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int ar
     if (decision == EMQ_CANCEL_NOW) {
         err = emq_read_meta(ctx, user, argv[2], &meta);
         lanes.user = user;
-        if (!err) err = emq_lanes_remove_row(&lanes, id, &row);
+        if (!err && !after) err = emq_lanes_remove_row(&lanes, id, &row);
         if (!err) err = emq_ended_prepare(&end, id, EMQ_END_CANCELLED, 0);
     }
     if (err) goto reply;

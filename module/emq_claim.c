@@ -380,6 +380,7 @@ int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     ClaimArgs a;
     int err = parse_args(ctx, argv, argc, now, &a);
     if (err) return emq_reply_error(ctx, err);
+    emq_deps_drain(ctx, argv[3], EMQ_DEPS_STEP); /* a step of the ends not resolved yet (emq_deps.h) */
 
     /* open, read, decide, apply, reply */
     if (claim_run(ctx, argv, &a, now, 0, &due) == CLAIM_ANSWERED) return REDISMODULE_OK;
@@ -428,6 +429,7 @@ int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
         if (base) RedisModule_FreeString(ctx, base);
         return emq_reply_error(ctx, err);
     }
+    emq_deps_drain(ctx, base, EMQ_DEPS_STEP); /* a step of the ends not resolved yet (emq_deps.h) */
 
     /* open, read, decide: the complete's, then the claim's */
     EmqCompleting done;

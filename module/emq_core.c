@@ -84,6 +84,14 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_UNIQUE_MANY] = "ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it",
     [EMQ_ERR_GROUP] = "ERR GROUP must be 1 to 128 bytes of letters, digits and -_.:@",
     [EMQ_ERR_GROUP_FIELD] = "ERR the group hash's 'active' field is not an integer from 0 to 2^53",
+    [EMQ_ERR_AFTER_TOO_MANY] = "ERR AFTER takes at most 1000 dependencies",
+    [EMQ_ERR_AFTER_EMPTY_ID] = "ERR a dependency id must not be empty",
+    [EMQ_ERR_AFTER_SELF] = "ERR a job cannot depend on itself",
+    [EMQ_ERR_AFTER_POLICY] = "ERR ON_PARENT_FAILURE must be fail, ignore or continue",
+    [EMQ_ERR_AFTER_MISSING] = "ERR MISSING takes only 'done' (without it a missing dependency is refused)",
+    [EMQ_ERR_AFTER_NEEDED] = "ERR ON_PARENT_FAILURE and MISSING need AFTER <id> ...",
+    [EMQ_ERR_AFTER_MANY] = "ERR AFTER is for one job: EMQ.ENQUEUEMANY does not take it",
+    [EMQ_ERR_AFTER_FIELD] = "ERR the job's 'waits' field is not an integer from 1 to 1000",
 };
 
 const char *emq_error_text(int err) {

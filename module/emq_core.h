@@ -146,6 +146,15 @@ typedef enum {
     /* groups (issue 45, emq_group.c) */
     EMQ_ERR_GROUP,
     EMQ_ERR_GROUP_FIELD,
+    /* dependencies (emq_deps.h) */
+    EMQ_ERR_AFTER_TOO_MANY,
+    EMQ_ERR_AFTER_EMPTY_ID,
+    EMQ_ERR_AFTER_SELF,
+    EMQ_ERR_AFTER_POLICY,
+    EMQ_ERR_AFTER_MISSING,
+    EMQ_ERR_AFTER_NEEDED,
+    EMQ_ERR_AFTER_MANY,
+    EMQ_ERR_AFTER_FIELD,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 

@@ -7,12 +7,14 @@ void emq_end_init(EmqEnd *e, RedisModuleCtx *ctx, RedisModuleString *base) {
     e->ctx = ctx;
     e->base = base;
     e->unique = NULL;
+    e->deps = NULL;
     emq_groups_init(&e->groups, ctx, base, NULL);
 }
 
 void emq_end_close(EmqEnd *e) {
     emq_unique_end_close(e);
     emq_groups_close(&e->groups);
+    emq_deps_end_close(e); /* last: it may resolve waiters, with its own effects */
 }
 
 int emq_left_active_prepare(EmqEnd *e, RedisModuleString *id, EmqKey *row) {
@@ -24,10 +26,10 @@ void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id) {
 }
 
 int emq_ended_prepare(EmqEnd *e, RedisModuleString *id, int how, int already) {
-    (void)already;
     /* The announcement needs nothing read or checked: a message nobody
      * hears is harmless, and a waiter reads the row before it waits. */
-    return emq_unique_end_prepare(e, id, how);
+    int err = emq_unique_end_prepare(e, id, how);
+    return err ? err : emq_deps_end_prepare(e, id, how, already);
 }
 
 /* Step: the announcement on <base>done:<id>, for the job's waiters. */
@@ -39,7 +41,7 @@ static void announce(EmqEnd *e, RedisModuleString *id) {
 }
 
 void emq_ended_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id, int how, int already) {
-    (void)how;
     emq_unique_end_apply(e, fx, id);
+    emq_deps_end_apply(e, fx, id, how, already);
     if (!already) announce(e, id);
 }

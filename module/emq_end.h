@@ -27,6 +27,9 @@
  *
  * The second: a unique key the job holds is released (emq_unique.h).
  *
+ * The third: the job's waiters are resolved, and a waiting job leaves the
+ * waiter sets of what it waited for (emq_deps.h).
+ *
  * Left active's one step: the job's group, if it has one, counts one
  * active job less (emq_group.h).
  *
@@ -44,11 +47,13 @@
 typedef enum { EMQ_END_DONE, EMQ_END_DEAD, EMQ_END_CANCELLED, EMQ_END_DELETED } EmqEndHow;
 
 typedef struct EmqUniqueEnd EmqUniqueEnd; /* emq_unique.c */
+typedef struct EmqDepsEnd EmqDepsEnd;     /* emq_deps.c */
 
 typedef struct {
     RedisModuleCtx *ctx;
     RedisModuleString *base; /* borrowed */
     EmqUniqueEnd *unique;    /* unique keys to release (emq_unique.c), NULL: none yet */
+    EmqDepsEnd *deps;        /* waiters to resolve, sets to leave (emq_deps.c), NULL: none yet */
     EmqGroups groups;        /* the group counts the jobs leaving <active> take one off (emq_group.h) */
 } EmqEnd;
 

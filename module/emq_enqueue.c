@@ -22,17 +22,20 @@ static const char *const PENDING[] = {"pending"};
  * options into *u (emq_unique.h; NULL for ENQUEUEMANY, which refuses
  * UNIQUE). */
 static int parse_options(RedisModuleString **argv, int from, int argc, long long now, RedisModuleString **req,
-                         long long *due, long long *level, RedisModuleString **group, EmqUniqueOpts *u) {
+                         long long *due, long long *level, RedisModuleString **group, EmqUniqueOpts *u,
+                         EmqDepsOpts *d, int *delayed) {
     int seen_when = 0, seen_priority = 0;
     *req = NULL;
     *group = NULL;
     *due = now;
     *level = 0;
     if (u) memset(u, 0, sizeof *u);
+    if (d) memset(d, 0, sizeof *d);
     for (int i = from; i < argc; i += 2) {
         int uerr, took = emq_unique_option(u, argv, i, argc, &uerr);
+        if (!uerr && !took) took = emq_deps_option(d, argv, i, argc, &uerr);
         if (uerr) return uerr;
-        if (took) { /* REPLACE takes one argument, the loop steps two */
+        if (took) { /* REPLACE takes one argument, AFTER the rest, the loop steps two */
             i += took - 2;
             continue;
         }
@@ -55,6 +58,7 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
         } else if (delay || at) {
             if (seen_when) return seen_when == (delay ? 1 : 2) ? EMQ_ERR_SYNTAX : EMQ_ERR_DELAY_AND_AT;
             seen_when = delay ? 1 : 2;
+            *delayed = 1;
             int err = delay ? emq_due_after_delay(now, val, vlen, due) : emq_due_at(now, val, vlen, due);
             if (err) return err;
         } else {
@@ -62,6 +66,15 @@ static int parse_options(RedisModuleString **argv, int from, int argc, long long
         }
     }
     return u ? emq_unique_options_check(u) : EMQ_OK;
+}
+
+/* The options, and AFTER's checks against the job's id. */
+static int parse_all(RedisModuleString **argv, int from, int argc, long long now, RedisModuleString **req,
+                     long long *due, long long *level, RedisModuleString **group, EmqUniqueOpts *u, EmqDepsOpts *d,
+                     int *delayed, RedisModuleString *id) {
+    *delayed = 0;
+    int err = parse_options(argv, from, argc, now, req, due, level, group, u, d, delayed);
+    return err || d == NULL ? err : emq_deps_options_check(d, id);
 }
 
 /* The payload's ceiling (emq.max-payload-bytes). */
@@ -75,14 +88,16 @@ static int check_payload(RedisModuleString *payload) {
  * and its pieces, enqueued_at, and the level when it is not 0.  No
  * counters: a row without `attempts` or `tries` has been claimed 0 times. */
 static void write_row(EmqFx *fx, EmqKey *row, RedisModuleString *payload, RedisModuleString *at,
-                      RedisModuleString *level, RedisModuleString *group, RedisModuleString *unique) {
-    RedisModuleString *fields[EMQ_MAX_PIECES + 5], *values[EMQ_MAX_PIECES + 5];
-    fields[0] = emq_str.state, values[0] = emq_str.pending;
+                      RedisModuleString *level, RedisModuleString *group, RedisModuleString *unique,
+                      RedisModuleString *state, int nextra, RedisModuleString **efields, RedisModuleString **evalues) {
+    RedisModuleString *fields[EMQ_MAX_PIECES + 10], *values[EMQ_MAX_PIECES + 10];
+    fields[0] = emq_str.state, values[0] = state;
     int n = 1 + emq_row_pieces(fx, EMQ_VALUE_PAYLOAD, payload, fields + 1, values + 1);
     fields[n] = emq_str.enqueued_at, values[n++] = at;
     if (level) fields[n] = emq_str.priority, values[n++] = level;
     if (group) fields[n] = emq_str.group, values[n++] = group;
     if (unique) fields[n] = emq_str.unique, values[n++] = unique;
+    for (int k = 0; k < nextra; k++) fields[n] = efields[k], values[n++] = evalues[k];
     emq_fx_hset_argv(fx, row, "hset", n, fields, values);
 }
 
@@ -135,10 +150,15 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     RedisModuleString *id = argv[3], *payload = argv[4], *req, *group;
     long long now = RedisModule_Milliseconds(), due, level;
     EmqUniqueOpts uopts;
-    int err = parse_options(argv, 5, argc, now, &req, &due, &level, &group, &uopts);
+    EmqDepsOpts dopts;
+    int delayed;
+    int err = parse_all(argv, 5, argc, now, &req, &due, &level, &group, &uopts, &dopts, &delayed, id);
     if (!err) err = check_payload(payload);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
-    if (err) return emq_reply_error(ctx, err);
+    if (err) {
+        emq_deps_opts_free(&dopts);
+        return emq_reply_error(ctx, err);
+    }
 
     /* open and type-check: the row's and the record's ACL before they are read */
     RedisModuleUser *user = NULL;
@@ -154,6 +174,8 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
     emq_unique_init(&unique, ctx, &uopts);
     EmqRegistry registry;
     emq_registry_init(&registry, ctx);
+    EmqDeps deps;
+    emq_deps_init(&deps, ctx, &dopts);
     int wrote = 0;
     if (!emq_type_ok(&pending, REDISMODULE_KEYTYPE_LIST)) err = EMQ_ERR_WRONGTYPE;
     else if (!emq_acl_user(ctx, &user)) err = EMQ_ERR_NOPERM_DERIVED;
@@ -175,23 +197,34 @@ int EmqEnqueue_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int a
         err = EMQ_ERR_EXISTS;
         goto reply;
     }
+    /* its dependencies: all met, waited for (no lane yet), or one failed
+     * under `fail` (it ends dead at once) */
+    err = emq_deps_decide(&deps, user, argv[2], id);
+    if (err) goto reply;
     lanes.user = user;
-    err = emq_lanes_enter_in(&lanes, id, group, level, due, now);
+    int laned = deps.verdict == EMQ_DEPS_NONE || deps.verdict == EMQ_DEPS_MET;
+    if (laned) err = emq_lanes_enter_in(&lanes, id, group, level, due, now);
     if (err) goto reply;
 
     /* apply */
-    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level), group, uopts.key);
+    RedisModuleString *efields[4], *evalues[4], *state;
+    int nextra = emq_deps_row_fields(&deps, &fx, now, due, delayed, efields, evalues, &state);
+    write_row(&fx, &row, payload, emq_fx_number(&fx, now), level_field(&fx, level), group,
+              deps.verdict == EMQ_DEPS_DIES ? NULL : uopts.key, state, nextra, efields, evalues);
     emq_lanes_apply(&lanes, &fx);
-    emq_unique_take(&unique, &fx, id, now);
+    emq_deps_apply(&deps, &fx, argv[2], id, now);
+    if (deps.verdict != EMQ_DEPS_DIES) emq_unique_take(&unique, &fx, id, now);
     emq_registry_mark(&registry, &fx);
     if (req) write_record(ctx, &fx, &record, 1, now);
-    wrote = 1;
+    wrote = laned;
 
 reply:
-    if (err) emq_reply_error(ctx, err);
+    if (err) emq_deps_reply_error(ctx, &deps, err);
     else if (uopts.key) emq_unique_reply(&unique, id);
     else RedisModule_ReplyWithLongLong(ctx, 1);
     emq_fx_commit(&fx);
+    emq_deps_close(&deps);
+    emq_deps_opts_free(&dopts);
     emq_unique_close(&unique);
     emq_registry_close(&registry);
     emq_lanes_close(&lanes);
@@ -202,6 +235,8 @@ reply:
     emq_key_close(&pending);
     if (wrote) emq_signal_due(ctx, argv[1], due, now);
     if (user) RedisModule_FreeModuleUser(user);
+    /* Every enqueue takes a step of the ends not resolved yet. */
+    if (!err) emq_deps_drain(ctx, argv[2], EMQ_DEPS_STEP);
     return REDISMODULE_OK;
 }
 
@@ -253,7 +288,8 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
     if (!emq_count_fits(count, 2, 4, argc)) return RedisModule_WrongArity(ctx);
     RedisModuleString *req, *group;
     long long now = RedisModule_Milliseconds(), due, level;
-    err = parse_options(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level, &group, NULL);
+    int delayed;
+    err = parse_all(argv, 4 + 2 * (int)count, argc, now, &req, &due, &level, &group, NULL, NULL, &delayed, NULL);
     for (long long i = 0; !err && i < count; i++) err = check_payload(argv[5 + 2 * i]);
     if (!err) err = emq_check_queue(ctx, &argv[1], PENDING, 1, argv[2], EMQ_ERR_PENDING_KEY);
     if (err) return emq_reply_error(ctx, err);
@@ -308,7 +344,8 @@ int EmqEnqueueMany_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, i
 
     /* apply: the rows, then the lane (one RPUSH or ZADD), then the record */
     RedisModuleString *at = emq_fx_number(&fx, now), *lf = level_field(&fx, level);
-    for (long i = 0; i < m.n; i++) write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf, group, NULL);
+    for (long i = 0; i < m.n; i++)
+        write_row(&fx, &m.rows[i], argv[5 + 2 * i], at, lf, group, NULL, emq_str.pending, 0, NULL, NULL);
     emq_lanes_apply(&lanes, &fx);
     emq_registry_mark(&registry, &fx);
     if (req) write_record(ctx, &fx, &record, count, now);

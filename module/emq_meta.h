@@ -65,6 +65,9 @@ typedef struct EmqArg {
 #define EMQ_ARG(name, type) {(name), (type), NULL, 0, 0, NULL}
 /* `[TOKEN name]`, e.g. EMQ_OPTION("COUNT", "count", EMQ_INTEGER). */
 #define EMQ_OPTION(token, name, type) {(name), (type), (token), REDISMODULE_CMD_ARG_OPTIONAL, 0, NULL}
+/* `[TOKEN name [name ...]]`: the token once, then one value or more. */
+#define EMQ_OPTION_MANY(token, name, type) \
+    {(name), (type), (token), REDISMODULE_CMD_ARG_OPTIONAL | REDISMODULE_CMD_ARG_MULTIPLE, 0, NULL}
 /* `[TOKEN]` alone. */
 #define EMQ_FLAG(token) {(token), EMQ_TOKEN, (token), REDISMODULE_CMD_ARG_OPTIONAL, 0, NULL}
 /* One alternative of a choice: `TOKEN name`. */

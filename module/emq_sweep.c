@@ -252,5 +252,7 @@ done:
     int requeued = s.pending.modified || s.lanes.priority.modified;
     sweep_release(&s);
     if (requeued) emq_signal_claimable(ctx, argv[2]);
+    /* The ends not resolved yet (emq_deps.h): up to <limit> waiters. */
+    if (!err) emq_deps_drain(ctx, argv[4], limit > EMQ_DEPS_STEP ? (long)limit : EMQ_DEPS_STEP);
     return REDISMODULE_OK;
 }

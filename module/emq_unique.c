@@ -105,7 +105,8 @@ int emq_unique_decide(EmqUnique *u, RedisModuleUser *user, RedisModuleString *ba
                            opts->replace ? EMQ_DERIVED_READ_WRITE : EMQ_DERIVED_READ);
     if (err) return err;
     int pending = state_is(&u->holder_row, emq_str.pending);
-    if (!window && !pending && !state_is(&u->holder_row, emq_str.active)) return EMQ_OK; /* an orphan */
+    int live = pending || state_is(&u->holder_row, emq_str.active) || state_is(&u->holder_row, emq_str.waiting);
+    if (!window && !live) return EMQ_OK; /* an orphan */
     u->verdict = opts->replace && pending ? EMQ_UNIQUE_REPLACE : EMQ_UNIQUE_HELD;
     return EMQ_OK;
 }

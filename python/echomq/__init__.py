@@ -17,6 +17,7 @@ from . import keyspace
 from ._log import configure_logging
 from ._module_so import module_path
 from ._protocol import KEEP_FOREVER
+from ._protocol.deps import OnParentFailure, Parents
 from ._protocol.unique import Enqueued
 from ._version import __version__ as __version__
 from .cancel import Cancellation, CancelToken
@@ -99,6 +100,8 @@ __all__ = [
     "NotReplicated",
     "NotRetryable",
     "ObliterateResult",
+    "OnParentFailure",
+    "Parents",
     "PendingJob",
     "Progress",
     "QueueBusy",

@@ -122,8 +122,9 @@ def _file(name: str) -> str:
 # What every verb shares, by concept as the C files are, read as one text in this order (one
 # function's body: its locals are each other's): emq_core.c's errors, parsing and limits;
 # emq_keys.c's keys, ACL, settings and fence; the v3 keyspace and the lanes (emq_row.c,
-# emq_lanes.c); the end hooks and unique keys (emq_end.c, emq_unique.c), which returns ``emq``.
-PRELUDE = ("_prelude.lua", "_keys.lua", "_lanes.lua", "_end.lua")
+# emq_lanes.c); the dependencies (emq_deps.c); the end hooks and unique keys (emq_end.c,
+# emq_unique.c), which returns ``emq``.
+PRELUDE = ("_prelude.lua", "_keys.lua", "_lanes.lua", "_deps.lua", "_end.lua")
 
 
 def _prelude() -> str:

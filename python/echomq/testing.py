@@ -353,6 +353,10 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
                 continue  # not a row: nothing claims a state
             member, text_state, level, group = row[prefix:], (got[0] or b"").decode(), got[1], got[2]
             held = where.get(member, [])
+            if text_state == "waiting":  # waiting for its dependencies: in no lane (dependency_problems)
+                if held:
+                    problems.append(f"row {row!r} says waiting but {held[0]} holds it")
+                continue
             if text_state not in ("pending", "active", "dead", "done", "cancelled"):
                 says = f"says {text_state!r}" if got[0] is not None else "has no state"
                 problems.append(f"row {row!r} {says}: no lane holds it, no verb moves it")
@@ -395,6 +399,7 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
         + unique_problems(r, queue, batch=batch)
         + group_problems(r, queue, batch=batch)
         + schedule_problems(r, queue)
+        + dependency_problems(r, queue, batch=batch)
     )
 
 
@@ -502,6 +507,66 @@ def _rowless(r: redis.Redis, keys: QueueKeys, ids: list[bytes], batch: int) -> l
     return out
 
 
+def _as_bytes(v: bytes | str) -> bytes:
+    return v if isinstance(v, bytes) else v.encode()
+
+
+def dependency_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
+    """Where ``queue``'s dependencies (docs/concepts/workflows.md) could wait forever; [] when none.
+
+    - a row that says waiting has its ``deps:<id>`` hash, whose ``waiting`` fields number its
+      ``waits``; for each, the job is in ``waiters:<dep>``, and ``<dep>`` can still end (its
+      row says pending, active or waiting) or its end is in ``resolve``;
+    - every member of a ``waiters:<dep>`` set is a row that says waiting and waits on ``<dep>``.
+
+    SCANs ``<base>job:*`` and ``<base>waiters:*``: a tool for tests, as ``queue_problems``.
+    """
+    keys = queue_keys(queue)
+    escaped = "".join("\\" + c if c in "\\*?[]" else c for c in keys.base)
+    problems: list[str] = []
+    resolving: set[bytes] = set()
+    if r.type(keys.base + "resolve") == b"list":
+        for entry in r.lrange(keys.base + "resolve", 0, -1):
+            resolving.add(_as_bytes(entry).partition(b":")[2])
+    prefix = len(keys.base.encode()) + 4
+    rows = list(r.scan_iter(match=escaped + "job:*", count=batch))
+    for i in range(0, len(rows), batch):
+        chunk = rows[i : i + batch]
+        pipe = r.pipeline(transaction=False)
+        for row in chunk:
+            pipe.hmget(row, "state", "waits")
+        for row, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(got, Exception) or got[0] != b"waiting":
+                continue
+            job = row[prefix:]
+            deps_key = keys.base.encode() + b"deps:" + job
+            deps = r.hgetall(deps_key) if r.type(deps_key) == b"hash" else {}
+            unmet = sorted(_as_bytes(d) for d, v in deps.items() if v == b"waiting")
+            if not deps:
+                problems.append(f"row {row!r} says waiting but has no deps hash")
+                continue
+            if int(got[1] or 0) != len(unmet):
+                problems.append(f"row {row!r} waits for {got[1]!r} but its deps hash has {len(unmet)} unmet")
+            for dep in unmet:
+                if r.zscore(keys.base.encode() + b"waiters:" + dep, job) is None:
+                    problems.append(f"{job!r} waits on {dep!r} but is not in its waiter set")
+                dstate = r.hget(keys.job(dep), "state")
+                if dstate not in (b"pending", b"active", b"waiting") and dep not in resolving:
+                    said = "has no row" if dstate is None else f"is {_as_bytes(dstate).decode()}"
+                    problems.append(
+                        f"{job!r} waits on {dep!r}, which {said} and is not in resolve: it waits forever"
+                    )
+    wprefix = len(keys.base.encode()) + 8
+    for key in sorted(r.scan_iter(match=escaped + "waiters:*", count=batch)):
+        dep = key[wprefix:]
+        for member, _ in r.zscan_iter(key, count=batch):
+            row_state = r.hget(keys.job(member), "state")
+            mine = r.hget(keys.base.encode() + b"deps:" + member, dep)
+            if row_state != b"waiting" or mine != b"waiting":
+                problems.append(f"{member!r} is in the waiter set of {dep!r} but does not wait on it")
+    return problems
+
+
 def unique_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
     """The orphan unique keys of ``queue``: an UNTIL-done key (no expiry) whose job has no row,
     or a row that ended.  The verbs release a key when its job ends, so none should exist; an
@@ -523,7 +588,7 @@ def unique_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[st
         for _, holder in untils:
             pipe.hget(keys.job(holder), "state")
         for (key, holder), state in zip(untils, pipe.execute(raise_on_error=False), strict=True):
-            if state in (b"pending", b"active"):
+            if state in (b"pending", b"active", b"waiting"):
                 continue
             shown = state.decode() if isinstance(state, bytes) else state
             says = "has no row" if state is None else f"is {shown}"

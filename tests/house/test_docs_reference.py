@@ -61,6 +61,8 @@ def render(arguments: list[dict[str, Any]]) -> str:
             out.append("[" + " | ".join(f"{a['token']} <>" for a in arg["arguments"]) + "]")
         elif kind == "pure-token":
             out.append(f"[{arg['token']}]")
+        elif "token" in arg and "multiple" in flags:  # AFTER <dep-id> [<dep-id> ...]
+            out.append(f"[{arg['token']} <> [<{arg['name']}> ...]]")
         elif "token" in arg:
             out.append(f"[{arg['token']} <>]")
         else:
@@ -70,7 +72,7 @@ def render(arguments: list[dict[str, Any]]) -> str:
 
 def as_documented(line: str) -> str:
     """A page's syntax line, an option's value name left out (``[COUNT <n>]`` -> ``[COUNT <>]``)."""
-    return re.sub(r"(\[|\| )([A-Z]+) <[a-z-]+>", r"\1\2 <>", line)
+    return re.sub(r"(\[|\| )([A-Z_]+) <[a-z-]+>", r"\1\2 <>", line)
 
 
 def test_every_command_has_one_page(r: redis.Redis) -> None:
@@ -172,6 +174,10 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
     assert job is not None
     client.complete("q", "j", job.token, result="done")
     look()
+    # a job waiting for another (issue 46), delayed, and the one it waits for
+    client.enqueue("q", b"", job_id="dep-p")
+    client.enqueue("q", b"", job_id="dep-w", delay_ms=600_000, after=["dep-p"], on_parent_failure="ignore")
+    seen.update(k.decode() for k in r.hkeys(keys.job("dep-w")) + r.hkeys(keys.job("dep-p")))
     # pieces are named after their field (`payload:1`, ...): the page says so in its own section
     assert seen == documented_fields("The job row"), "docs/reference/keyspace.md, The job row"
 

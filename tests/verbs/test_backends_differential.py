@@ -80,7 +80,7 @@ TOKEN = re.compile(rb"(-?[0-9]+)-([0-9a-f]{16})")
 TIME_FIELDS = {b"enqueued_at", b"claimed_at", b"finished_at", b"checkpoint_at"}
 # times a step writes in the future (server-now + a back-off, issue 32): resynced as TIME_FIELDS,
 # never inside the step's window
-LATER_FIELDS = {b"backoff_until"}
+LATER_FIELDS = {b"backoff_until", b"due"}
 TIME_SETS = (b"active", b"dead", b"delayed")
 A_TIME = 10**12  # scores and fields above this are server times (2001 on), not counters
 
@@ -93,6 +93,11 @@ UNIQUE_BAD = [[b"UNIQUE", b""], [b"UNIQUE", b"k" * 513], [b"UNIQUE", b"k", b"FOR
 # Groups (issue 45): a few names the trace's jobs share, so that claims and every path out of
 # active move their counts; and bad ones.
 GROUPS = [b"g1", b"g1", b"g2", b"t:3@x"]
+AFTER_BAD = [[b"AFTER"], [b"AFTER", b""], [b"AFTER", b"dq"], [b"ON_PARENT_FAILURE", b"maybe", b"AFTER", b"a"],
+             [b"MISSING", b"yes", b"AFTER", b"a"], [b"ON_PARENT_FAILURE", b"ignore"], [b"MISSING", b"done"],
+             [b"ON_PARENT_FAILURE"], [b"AFTER", *(b"x%d" % i for i in range(1001))], [b"AFTER", b"nope"],
+             [b"AFTER", b"a", b"DELAY", b"5"],
+             [b"ON_PARENT_FAILURE", b"fail", b"ON_PARENT_FAILURE", b"fail"]]  # fmt: skip
 GROUP_BAD = [[b"GROUP", b""], [b"GROUP", b"a b"], [b"GROUP", b"x" * 129], [b"GROUP", "ü".encode()],
              [b"GROUP"], [b"GROUP", b"g", b"GROUP", b"g"]]  # fmt: skip
 IDS = [b"a", b"b", b"c", b"d", b"e", b"f", "ü".encode(), b"sp ace", b"x:y", b"\xff\x00"]
@@ -178,6 +183,7 @@ class Gen:
         self.rng = rng
         self.urng = random.Random(rng.getstate()[1][0] ^ 31)  # UNIQUE's options (Gen.unique)
         self.grng = random.Random(rng.getstate()[1][0] ^ 45)  # GROUP's (Gen.group)
+        self.drng = random.Random(rng.getstate()[1][0] ^ 46)  # AFTER's (Gen.after)
         self.held: list[bytes] = []  # ids the last claims handed out (the runner keeps it)
 
     def pick(self, seq: list[Any]) -> Any:
@@ -294,15 +300,35 @@ class Gen:
             return list(g.choice(GROUP_BAD))
         return [g.choice([b"GROUP", b"group"]), g.choice(GROUPS)]
 
+    def after(self, job: bytes) -> list[bytes]:
+        """ENQUEUE's dependencies (issue 46), last: a few of the trace's ids (waiting on live
+        jobs, resolved at once by ended ones, refused when missing), a policy, MISSING done;
+        and bad ones.  Drawn from a generator of their own (as Gen.unique)."""
+        d = self.drng
+        if d.random() >= 0.3:
+            return []
+        if d.random() < 0.3:
+            bad = [[b"AFTER"], [b"AFTER", b""], [b"AFTER", job],
+                   [b"ON_PARENT_FAILURE", b"maybe", b"AFTER", b"a"], [b"MISSING", b"yes", b"AFTER", b"a"],
+                   [b"ON_PARENT_FAILURE", b"ignore"], [b"MISSING", b"done"], [b"ON_PARENT_FAILURE"],
+                   [b"AFTER", *(b"x%d" % i for i in range(1001))]]  # fmt: skip
+            return list(d.choice(bad))
+        opts: list[bytes] = []
+        if d.random() < 0.5:
+            opts += [d.choice([b"ON_PARENT_FAILURE", b"on_parent_failure"]),
+                     d.choice([b"fail", b"ignore", b"continue", b"IGNORE"])]  # fmt: skip
+        if d.random() < 0.4:
+            opts += [b"MISSING", d.choice([b"done", b"DONE"])]
+        ids = [i for i in IDS if i != job]
+        return [*opts, d.choice([b"AFTER", b"after"]), *d.sample(ids, d.randint(1, 3))]
+
     def payload(self) -> bytes:
         return bytes(self.pick(PIECED)) if self.chance(0.2) else bytes(self.pick(PAYLOADS))
 
     def enqueue(self) -> Step:
         job, payload = self.pick(IDS), self.payload()
-        return self.line(
-            "EMQ.ENQUEUE",
-            [self.key("pending"), self.base(), job, payload, *self.when(), *self.unique(), *self.group()],
-        )
+        opts = [*self.when(), *self.unique(), *self.group(), *self.after(job)]
+        return self.line("EMQ.ENQUEUE", [self.key("pending"), self.base(), job, payload, *opts])
 
     def enqueuemany(self) -> Step:
         n = self.rng.randint(1, 4)
@@ -316,6 +342,8 @@ class Gen:
                 + [b"4611686018427387905", b"9223372036854775807", b"2147483648"]
             )
         unique = [b"UNIQUE", self.urng.choice(UNIQUE_KEYS)] if self.urng.random() < 0.03 else []
+        if self.drng.random() < 0.02:
+            unique += self.drng.choice([[b"AFTER", b"a"], [b"ON_PARENT_FAILURE", b"x"], [b"MISSING", b"o"]])
         return self.line(
             "EMQ.ENQUEUEMANY",
             [self.key("pending"), self.base(), count, *pairs, *self.when(), *unique, *self.group()],
@@ -599,7 +627,7 @@ class Diff:
 
 
 def is_time_set(key: bytes) -> bool:
-    return key.endswith(TIME_SETS)
+    return key.endswith(TIME_SETS) or b":waiters:" in key  # a waiter set: scored with enqueue times
 
 
 def compare(m: Snapshot, s: Snapshot, tol: int) -> Diff:
@@ -963,6 +991,19 @@ def grid() -> list[Step]:
         line("EMQ.COMPLETE", key("active"), row(b"ga"), b"ga", held(b"ga")),
         lapse(b"gb"), lapse(b"gc"), lapse(b"gd"), grp(b"h", b"?"), sweep,
         grp(b"h", b"1"), sweep, sweep, claim8,
+        # AFTER (issue 46): every refusal; a chain waiting, resolved by a complete, failed by a
+        # fail (the cascade), a waiter cancelled, a resolution stopped by a corrupt `waits` and
+        # by a waiter set of the wrong type, taken again by an enqueue and a sweep
+        *[uq(b"dq", *bad) for bad in AFTER_BAD], enqueue(b"d1"),
+        uq(b"d2", b"AFTER", b"d1"), uq(b"d3", b"ON_PARENT_FAILURE", b"continue", b"AFTER", b"d2", b"d1"),
+        uq(b"d4", b"AFTER", b"d2"), uq(b"d5", b"MISSING", b"done", b"AFTER", b"d9", b"d3"),
+        line("EMQ.CANCEL", key("pending"), base, b"d5", b"r"),
+        claim8, line("EMQ.COMPLETE", key("active"), row(b"d1"), b"d1", held(b"d1")), claim8, fail(b"d2"),
+        claim8, enqueue(b"d6"), uq(b"d7", b"AFTER", b"d6"), uq(b"d8", b"AFTER", b"d6"),
+        hset(b"d7", b"waits", b"x"), claim8,
+        line("EMQ.COMPLETE", key("active"), row(b"d6"), b"d6", held(b"d6")), hset(b"d7", b"waits", b"1"),
+        enqueue(b"d0"), raw(lambda s: [b"SET", b(s.keys.base) + b"waiters:d0", b"s"]),
+        uq(b"da", b"AFTER", b"d0"), sweep, claim8,
     ]  # fmt: skip
     for verb in _scripts.scripts():
         steps.append(line(verb))  # no arguments at all: the server's arity error
@@ -1026,7 +1067,8 @@ def test_the_traces_reach_every_verb_and_its_refusals(diff_server: EmbeddedServe
 # Every error the traces must reach: the module's table (module/emq_core.c) but for what
 # needs a cluster, an ACL or memory pressure (tests/verbs/test_backends.py has those), and each
 # verb's arity error.
-UNREACHABLE_HERE = {"NO_HASH_TAG", "NOPERM_DERIVED", "TRYAGAIN", "OOM"}
+# AFTER_FIELD stops a drain of dependencies and is never answered (tests/verbs/test_dependencies.py).
+UNREACHABLE_HERE = {"NO_HASH_TAG", "NOPERM_DERIVED", "TRYAGAIN", "OOM", "AFTER_FIELD"}
 REACHED_ERRORS = [
     *(text for name, text in error_table().items() if name not in UNREACHABLE_HERE),
     *(f"ERR wrong number of arguments for '{verb.lower()}' command" for verb in _scripts.scripts()),

@@ -4,7 +4,7 @@ The same harness and rules as test_fuzz.py (which covers EXTEND and SWEEP):
 random keyspaces and command lines for ENQUEUE, CLAIM, COMPLETE, FAIL,
 CANCEL and CHECKPOINT, every arity from 0 to 12, malformed numbers, binary
 ids, wrong key types, repeated keys, ENQUEUE's and CLAIM's options (COUNT,
-REQ: good, repeated, unknown, empty), mismatched <job>/<id> pairs, corrupt
+REQ: good, repeated, unknown, empty; ENQUEUE's AFTER and its policy), mismatched <job>/<id> pairs, corrupt
 `tries` and queue settings (<base>meta).  After each: PING answers; the reply
 has the verb's shape (CLAIM: null or jobs [id, token, payload, attempt,
 state], tokens "<attempts>-<16 hex>") or is one of the documented errors,
@@ -106,6 +106,16 @@ ERRORS: list[tuple[bytes, str | None]] = [
     # groups' (issue 45): a bad name, a count a hand edit broke
     (rb"ERR GROUP must be 1 to 128 bytes of letters, digits and -_\.:@", "-ERR GROUP must be 1 to 128 bytes"),
     (rb"ERR the group hash's 'active' field is not an integer from 0 to 2\^53", "'active' field is not an"),
+    # dependencies' (issue 46): AFTER and its options
+    (rb"ERR AFTER takes at most 1000 dependencies", None),
+    (rb"ERR a dependency id must not be empty", None),
+    (rb"ERR a job cannot depend on itself", None),
+    (rb"ERR ON_PARENT_FAILURE must be fail, ignore or continue", None),
+    (rb"ERR MISSING takes only 'done' \(without it a missing dependency is refused\)",
+     "-ERR MISSING takes only 'done' (without it a missing dependency is refused)"),
+    (rb"ERR ON_PARENT_FAILURE and MISSING need AFTER <id> \.\.\.",
+     "-ERR ON_PARENT_FAILURE and MISSING need AFTER"),
+    (rb"ERR dependency [^\r\n]* does not exist", "-ERR dependency <dep-id> does not exist"),
 ]  # fmt: skip
 ERROR_RE = re.compile(b"|".join(b"(?:%s)" % p for p, _ in ERRORS))
 NUMBERS = [*GOOD_NUMBERS, *MALFORMED]
@@ -164,6 +174,23 @@ def options(draw: st.DrawFn, verb: bytes) -> list[bytes]:
     return out
 
 
+@st.composite
+def after(draw: st.DrawFn, job: bytes) -> list[bytes]:
+    """ENQUEUE's dependencies (issue 46), the last option: mostly none, some ids (live, ended,
+    missing, itself), a policy and MISSING, good and bad."""
+    if draw(st.integers(0, 3)):
+        return []
+    out: list[bytes] = []
+    if draw(st.booleans()):
+        out += [b"ON_PARENT_FAILURE", draw(st.sampled_from([b"fail", b"ignore", b"CONTINUE", b"", b"maybe"]))]
+    if draw(st.integers(0, 3)) == 0:
+        out += [b"MISSING", draw(st.sampled_from([b"done", b"DONE", b"yes"]))]
+    if draw(st.integers(0, 9)):
+        ids = draw(st.lists(st.sampled_from([*IDS, job, b""]), max_size=4))
+        out += [b"AFTER", *ids]
+    return out
+
+
 def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
     job = draw(st.sampled_from([*IDS[:3], *IDS[:3], *IDS]))
     token = draw(st.sampled_from([b"1", b"1", b"1", b"0", *TOKENS, *FIELD_VALUES[:4]]))
@@ -173,7 +200,7 @@ def well_formed(draw: st.DrawFn, base: bytes) -> list[bytes]:
     row = base + b"job:" + (job if draw(st.integers(0, 5)) else draw(st.sampled_from(IDS)))
     return {
         b"emq.enqueue": [b"EMQ.ENQUEUE", base + b"pending", base, job, draw(st.binary(max_size=8)),
-                         *draw(options(b"emq.enqueue"))],
+                         *draw(options(b"emq.enqueue")), *draw(after(job))],
         b"emq.claim": [b"EMQ.CLAIM", base + b"pending", base + b"active", base, draw(number),
                        *draw(options(b"emq.claim"))],
         b"emq.complete": [b"EMQ.COMPLETE", base + b"active", row, job, token,
@@ -530,6 +557,18 @@ def grid() -> list[tuple[list[list[bytes]], list[bytes]]]:
         ([*held, [b"HSET", b + b"job:h", b"group", b"g1"], [b"HSET", b + b"group:g1", b"active", b"-1"]],
          complete),
         ([], [*enqueue, b"priority", b"1000", b"DELAY", b"60000"]),
+        # dependencies (issue 46): a waiter on a live job, resolved by its complete; every refusal
+        (held, [*enqueue, b"AFTER", b"h"]),
+        ([*held, [b"HSET", b + b"job:h", b"waiters", b"1"], [b"ZADD", b + b"waiters:h", b"1", b"new"],
+          [b"HSET", b + b"job:new", b"state", b"waiting", b"waits", b"1", b"after", b"1"],
+          [b"HSET", b + b"deps:new", b"h", b"waiting"]], complete),
+        (held, [*enqueue, b"AFTER", *(b"x%d" % i for i in range(1001))]),
+        (held, [*enqueue, b"AFTER", b"h", b""]),
+        (held, [*enqueue, b"AFTER", b"new"]),
+        (held, [*enqueue, b"AFTER", b"nope"]),
+        (held, [*enqueue, b"ON_PARENT_FAILURE", b"maybe", b"AFTER", b"h"]),
+        (held, [*enqueue, b"MISSING", b"yes", b"AFTER", b"h"]),
+        (held, [*enqueue, b"MISSING", b"done"]),
         ([], [enqueue[0], *enqueue[1:4], b"q" * 1025]),
         (held, [*complete, b"RESULT", b"r" * 1024]),
         (held, [*fail, b"TRACE", b"Traceback\n", b"DEAD"]),

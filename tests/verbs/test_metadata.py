@@ -50,6 +50,14 @@ class Optional:
 
 
 @dataclass(frozen=True)
+class OptionalMany:
+    """An optional token followed by one value or more (AFTER <dep-id> [<dep-id> ...])."""
+
+    token: str
+    type: str
+
+
+@dataclass(frozen=True)
 class Repeated:
     """One or more groups of arguments of `types` (e.g. <id> [<id> ...], or <id> <payload> [...])."""
 
@@ -64,7 +72,9 @@ class OneOf:
 
 
 def required(verb: str) -> list[tuple[str, Any]]:
-    return [(name, kind) for name, kind in SPEC[verb][1] if not isinstance(kind, Optional | OneOf)]
+    return [
+        (name, kind) for name, kind in SPEC[verb][1] if not isinstance(kind, Optional | OptionalMany | OneOf)
+    ]
 
 
 def required_words(verb: str) -> int:
@@ -73,7 +83,7 @@ def required_words(verb: str) -> int:
 
 
 def variadic(verb: str) -> bool:
-    return any(isinstance(kind, Optional | Repeated | OneOf) for _, kind in SPEC[verb][1])
+    return any(isinstance(kind, Optional | OptionalMany | Repeated | OneOf) for _, kind in SPEC[verb][1])
 
 
 WHEN = ("when", OneOf((("DELAY", "ms", "integer"), ("AT", "unix-time-ms", "unix-time"))))
@@ -105,7 +115,8 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
          ("priority", Optional("PRIORITY", "integer")), ("group", Optional("GROUP", "string")),
          ("request-id", Optional("REQ", "string")), ("key", Optional("UNIQUE", "string")),
          ("unique-hold", OneOf((("FOR", "ms", "integer"), ("UNTIL", "done", "string")))),
-         ("REPLACE", Optional("REPLACE", "pure-token"))],
+         ("REPLACE", Optional("REPLACE", "pure-token")), ("policy", Optional("ON_PARENT_FAILURE", "string")),
+         ("done", Optional("MISSING", "string")), ("dep-id", OptionalMany("AFTER", "string"))],
         [Q + "pending", Q, "j", "x"],
     ),
     "emq.enqueuemany": (
@@ -313,6 +324,13 @@ def test_command_docs(conn: redis.Redis, verb: str) -> None:
     for arg, (name, kind) in zip(args, expected, strict=True):
         if isinstance(kind, Optional):
             assert (arg["type"], arg["token"], arg["flags"]) == (kind.type, kind.token, ["optional"])
+            continue
+        if isinstance(kind, OptionalMany):
+            assert (arg["type"], arg["token"], arg["flags"]) == (
+                kind.type,
+                kind.token,
+                ["optional", "multiple"],
+            )
             continue
         if isinstance(kind, Repeated):
             assert (arg["type"], arg["flags"]) == ("block", ["multiple"])

@@ -304,6 +304,12 @@ _BAD_ARGUMENT = (
     "<dead>",
     "<job>",
     "in cluster mode <base>",
+    "AFTER ",
+    "a dependency id ",
+    "a job cannot depend ",
+    "ON_PARENT_FAILURE ",
+    "MISSING ",
+    "dependency ",
 )
 _CORRUPT = (
     "WRONGTYPE",

@@ -42,6 +42,7 @@ from .calls import (
     when_args,
     wire,
 )
+from .deps import OnParentFailure, after_args
 from .groups import group_args
 from .unique import Enqueued, enqueued, unique_args
 
@@ -231,13 +232,18 @@ def enqueue(
     unique_for_ms: int | None = None,
     replace: bool = False,
     group: str | None = None,
+    after: Iterable[JobId] | None = None,
+    on_parent_failure: OnParentFailure | None = None,
+    missing_ok: bool = False,
 ) -> Call[Enqueued]:
     keys = keys_of(queue)
     body = payload_bytes(payload)
     when = (*when_args(delay_ms, run_at_ms), *priority_args(priority), *group_args(group))
     unique = unique_args(unique_key, unique_for_ms, replace)
     wid = wire(job_id) if job_id is not None else new_id()
-    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, *unique, "REQ", new_request_id())
+    deps = after_args(after, on_parent_failure, missing_ok, wid)
+    # AFTER takes every argument after it: it comes last, after REQ
+    args = ("EMQ.ENQUEUE", keys.pending, keys.base, wid, body, *when, *unique, "REQ", new_request_id(), *deps)
     return Call(args, _enqueued_id, queue, wid)
 
 

@@ -327,22 +327,32 @@ class OperatorVerbs:
         the server's ``emq.max-limit`` refuses it): no step holds the server
         long, whatever the queue's size.
         """
-        removed = 0
-        while True:
-            (step, remaining), limit = self._within_max_limit(
-                lambda n: proto.obliterate(queue, n, force), limit
-            )
-            removed += step
-            if remaining == 0:
-                break
-        forgotten, cursor = 0, 0
-        target = self._node_of(proto.keys_of(queue).pending)
-        while True:
-            reply = self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)  # type: ignore[no-untyped-call]
-            cursor, found = proto.scan_reply(reply)
-            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
-                forgotten += self._run(call)
-            if cursor == 0:
+        removed, forgotten, rounds = 0, 0, 0
+        while True:  # a round: the sets, then the rows in none (SCAN)
+            rounds += 1
+            while True:
+                (step, remaining), limit = self._within_max_limit(
+                    lambda n: proto.obliterate(queue, n, force), limit
+                )
+                removed += step
+                if remaining == 0:
+                    break
+            cursor = 0
+            target = self._node_of(proto.keys_of(queue).pending)
+            while True:
+                reply = self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)  # type: ignore[no-untyped-call]
+                cursor, found = proto.scan_reply(reply)
+                for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                    forgotten += self._run(call)
+                if cursor == 0:
+                    break
+            # a forget of a waiting job resolves what waited on it: a waiter under `fail` ends
+            # dead (or, under `ignore`, enters a lane), which the next round removes
+            # (docs/concepts/workflows.md)
+            keys = proto.keys_of(queue)
+            if rounds >= 100 or not self.redis.exists(keys.dead, keys.pending, keys.base + "priority"):
                 self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
+                # ends left to resolve whose waiters the forgets deleted (docs/concepts/workflows.md)
+                self.redis.delete(proto.keys_of(queue).base + "resolve")
                 self._unregister(queue)
                 return ObliterateResult(removed, forgotten)

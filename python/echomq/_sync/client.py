@@ -39,6 +39,7 @@ from .._protocol import (
     SweepResult,
 )
 from .._protocol.calls import missing_code
+from .._protocol.deps import OnParentFailure
 from .._protocol.unique import Enqueued
 from .._redis import _missing, check_redis_client, connection_defaults, never_reached, unreachable, unwrapped
 from .._result_wait import wait_result
@@ -443,6 +444,9 @@ class Client(ClaimVerbs, OperatorVerbs):
         unique_for_ms: int | None = None,
         replace: bool = False,
         group: str | None = None,
+        after: Iterable[JobId] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
+        missing_ok: bool = False,
     ) -> Enqueued:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
@@ -472,10 +476,22 @@ class Client(ClaimVerbs, OperatorVerbs):
         ``group`` (1 to 128 bytes of letters, digits and ``-_.:@``): the job
         belongs to that group, whose active jobs the server counts exactly
         (docs/concepts/flow-control.md, "Groups").
+
+        ``after`` (1 to 1,000 ids of the same queue): the job waits, in no
+        lane, until each of them has ended; then it goes where it would have
+        gone (its delay, priority and group kept).  ``on_parent_failure``
+        says what a dependency that ends dead, cancelled or deleted does:
+        ``"fail"`` (the default: this job ends dead, ``last_error``
+        ``dependency <id> <how>``), ``"ignore"`` or ``"continue"`` (it runs;
+        ``ctx.parents()`` says which failed).  A dependency that does not
+        exist raises ``BadArgument`` unless ``missing_ok=True`` (counted as
+        met).  Dependencies already ended resolve at once
+        (docs/concepts/workflows.md).
         """
         call = proto.enqueue(
-            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group
-        )
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group,
+            after, on_parent_failure, missing_ok,
+        )  # fmt: skip
         enqueued: Enqueued = self._run_request(call)
         self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return enqueued

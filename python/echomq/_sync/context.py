@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._protocol.deps import Parents, parents_key, parse_parents
 from .._runtime import ContextCore, Progress, progress_bytes
 from .lease import LeaseKeeper
 
@@ -72,6 +73,16 @@ class JobContext(ContextCore[LeaseKeeper]):
         stored = self._keeper._store(state)
         self.cancel.raise_if_cancelled()
         return stored
+
+    def parents(self) -> Parents:
+        """The job's dependencies (``client.enqueue(..., after=[...])``) and how each ended, in one read.
+
+        A ``Parents``: a dict of id -> ``"done"``, ``"dead"``, ``"cancelled"``, ``"deleted"`` or
+        ``"missing"``, with ``.failed`` (those that did not end done: a job runs with any only
+        under ``on_parent_failure="ignore"`` or ``"continue"``).  Empty for a job enqueued
+        without ``after`` (docs/concepts/workflows.md)."""
+        job = self.job
+        return parse_parents(self._keeper.client.redis.hgetall(parents_key(job.queue, job.id)))
 
     def checkpoint_step(self, step: int, data: dict[str, Any] | None = None) -> bool:
         """``checkpoint()`` storing ``Progress(step, data)`` as JSON; ``resume_point`` reads it back.

@@ -253,22 +253,32 @@ class OperatorVerbs:
 
     async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:
         """Delete the queue in bounded steps (see ``echomq.Client.obliterate``)."""
-        removed = 0
-        while True:
-            (step, remaining), limit = await self._within_max_limit(
-                lambda n: proto.obliterate(queue, n, force), limit
-            )
-            removed += step
-            if remaining == 0:
-                break
-        forgotten, cursor = 0, 0
-        target = self._node_of(proto.keys_of(queue).pending)
-        while True:
-            reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
-            cursor, found = proto.scan_reply(reply)
-            for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
-                forgotten += await self._run(call)
-            if cursor == 0:
+        removed, forgotten, rounds = 0, 0, 0
+        while True:  # a round: the sets, then the rows in none (SCAN)
+            rounds += 1
+            while True:
+                (step, remaining), limit = await self._within_max_limit(
+                    lambda n: proto.obliterate(queue, n, force), limit
+                )
+                removed += step
+                if remaining == 0:
+                    break
+            cursor = 0
+            target = self._node_of(proto.keys_of(queue).pending)
+            while True:
+                reply = await self.redis.execute_command(*proto.scan_rows(queue, cursor, limit), **target)
+                cursor, found = proto.scan_reply(reply)
+                for call in proto.forget_steps(queue, [proto.row_id(queue, k) for k in found], limit):
+                    forgotten += await self._run(call)
+                if cursor == 0:
+                    break
+            # a forget of a waiting job resolves what waited on it: a waiter under `fail` ends
+            # dead (or, under `ignore`, enters a lane), which the next round removes
+            # (docs/concepts/workflows.md)
+            keys = proto.keys_of(queue)
+            if rounds >= 100 or not await self.redis.exists(keys.dead, keys.pending, keys.base + "priority"):
                 await self.redis.delete(proto.counters_key(queue))  # the shared counters (echomq.metrics)
+                # ends left to resolve whose waiters the forgets deleted (docs/concepts/workflows.md)
+                await self.redis.delete(proto.keys_of(queue).base + "resolve")
                 await self._unregister(queue)
                 return ObliterateResult(removed, forgotten)

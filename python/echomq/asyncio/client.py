@@ -37,6 +37,7 @@ from .._protocol import (
     SweepResult,
 )
 from .._protocol.calls import missing_code
+from .._protocol.deps import OnParentFailure
 from .._protocol.unique import Enqueued
 from .._redis import (
     _missing,
@@ -431,12 +432,16 @@ class Client(ClaimVerbs, OperatorVerbs):
         unique_for_ms: int | None = None,
         replace: bool = False,
         group: str | None = None,
+        after: Iterable[JobId] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
+        missing_ok: bool = False,
     ) -> Enqueued:
-        """Add a job, now or delayed, at a priority, unique by a key, in a group; returns its id
-        as an ``Enqueued`` (see ``echomq.Client.enqueue``)."""
+        """Add a job, now or delayed, at a priority, unique by a key, in a group, after other
+        jobs; returns its id as an ``Enqueued`` (see ``echomq.Client.enqueue``)."""
         call = proto.enqueue(
-            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group
-        )
+            queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group,
+            after, on_parent_failure, missing_ok,
+        )  # fmt: skip
         enqueued: Enqueued = await self._run_request(call)
         await self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return enqueued

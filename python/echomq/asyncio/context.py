@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._protocol import Job
+from .._protocol.deps import Parents, parents_key, parse_parents
 from .._runtime import ContextCore, Progress, progress_bytes
 from ..cancel import CancelToken
 from .lease import LeaseKeeper
@@ -32,6 +33,12 @@ class JobContext(ContextCore[LeaseKeeper]):
         stored = await self._keeper._store(state)
         self.cancel.raise_if_cancelled()
         return stored
+
+    async def parents(self) -> Parents:
+        """The job's dependencies and how each ended, in one read (see ``echomq.JobContext.parents``)."""
+        job = self.job
+        reply = await self._keeper.client.redis.hgetall(parents_key(job.queue, job.id))
+        return parse_parents(reply)
 
     async def checkpoint_step(self, step: int, data: dict[str, Any] | None = None) -> bool:
         """Store ``Progress(step, data)`` as the job's state (see ``echomq.JobContext.checkpoint_step``)."""

@@ -29,6 +29,12 @@ end
 -- Step (emq_unique.c: emq_unique_end_prepare): a unique key the job holds is released -- an UNTIL
 -- key at any end, a FOR window only when the row goes.  The row is the caller's, checked by it.
 function emq.ended_prepare(base, id, how, already)
+    emq.unique_end_prepare(base, id, how)
+    -- Step (emq_deps.c): the job's waiters are resolved; a waiting job leaves its waiter sets.
+    emq.deps_end_prepare(base, id, how, already)
+end
+
+function emq.unique_end_prepare(base, id, how)
     local row = base .. 'job:' .. id
     local key = emq.hget(row, emq.type(row), 'unique')
     if key == nil then return end
@@ -47,6 +53,7 @@ function emq.ended_apply(base, id, how, already)
         unique_release[id] = nil
         if redis.call('EXISTS', name) == 1 then redis.call('DEL', name) end
     end
+    emq.deps_end_apply(base, id, how, already)
     if already then return end
     local channel = base .. 'done:' .. id
     if redis.acl_check_cmd('SPUBLISH', channel, id) then redis.call('SPUBLISH', channel, id) end
@@ -183,7 +190,9 @@ function emq.unique_decide(base, u)
     local row = base .. 'job:' .. holder
     local rtype = emq.open_derived(row, u.replace and emq.READ_WRITE or emq.READ)
     local state = emq.hget(row, rtype, 'state')
-    if not window and state ~= 'pending' and state ~= 'active' then return emq.UNIQUE_TAKE end -- an orphan
+    if not window and state ~= 'pending' and state ~= 'active' and state ~= 'waiting' then
+        return emq.UNIQUE_TAKE -- an orphan
+    end
     if u.replace and state == 'pending' then return emq.UNIQUE_REPLACE, holder end
     return emq.UNIQUE_HELD, holder
 end

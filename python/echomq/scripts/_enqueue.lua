@@ -5,11 +5,12 @@
 -- request id (or nil), the due time (now when neither DELAY nor AT), the level (0 without
 -- PRIORITY) and the group (or nil); and
 -- ENQUEUE's UNIQUE options into `u` (emq.unique_option; nil for ENQUEUEMANY, which refuses UNIQUE).
-local function parse_options(argv, from, argc, now, u)
+local function parse_options(argv, from, argc, now, u, d)
     local seen_when, req, due, level, seen_priority, group = nil, nil, now, 0, false, nil
     local i = from
     while i < argc do
         local took = emq.unique_option(u, argv, i, argc)
+        if took == 0 then took = emq.deps_option(d, argv, i, argc) end
         if took > 0 then
             i = i + took
         else
@@ -36,7 +37,7 @@ local function parse_options(argv, from, argc, now, u)
         end
     end
     if u then emq.unique_options_check(u) end
-    return req, due, level, group
+    return req, due, level, group, seen_when ~= nil
 end
 
 -- <setting>: "<max-limit> <max-payload-bytes>" (ENQUEUE has no count: its max-limit is unused).
@@ -53,8 +54,8 @@ end
 -- The new row: one HSET, as the core command would be: state, the payload and its pieces,
 -- enqueued_at, the level when it is not 0, the group and the UNIQUE key when given.  No counters:
 -- absent is 0 claims.
-local function write_row(row, payload, now, level, group, unique)
-    local fields = { 'state', 'pending' }
+local function write_row(row, payload, now, level, group, unique, state, extra)
+    local fields = { 'state', state or 'pending' }
     emq.pieces(fields, 'payload', payload)
     fields[#fields + 1] = 'enqueued_at'
     fields[#fields + 1] = emq.int(now)
@@ -70,6 +71,7 @@ local function write_row(row, payload, now, level, group, unique)
         fields[#fields + 1] = 'unique'
         fields[#fields + 1] = unique
     end
+    for _, x in ipairs(extra or {}) do fields[#fields + 1] = x end
     redis.call('HSET', row, unpack(fields))
 end
 

@@ -112,6 +112,14 @@ local E = {
     UNIQUE_MANY = 'ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it',
     GROUP = 'ERR GROUP must be 1 to 128 bytes of letters, digits and -_.:@',
     GROUP_FIELD = "ERR the group hash's 'active' field is not an integer from 0 to 2^53",
+    AFTER_TOO_MANY = 'ERR AFTER takes at most 1000 dependencies',
+    AFTER_EMPTY_ID = 'ERR a dependency id must not be empty',
+    AFTER_SELF = 'ERR a job cannot depend on itself',
+    AFTER_POLICY = 'ERR ON_PARENT_FAILURE must be fail, ignore or continue',
+    AFTER_MISSING = "ERR MISSING takes only 'done' (without it a missing dependency is refused)",
+    AFTER_NEEDED = 'ERR ON_PARENT_FAILURE and MISSING need AFTER <id> ...',
+    AFTER_MANY = 'ERR AFTER is for one job: EMQ.ENQUEUEMANY does not take it',
+    AFTER_FIELD = "ERR the job's 'waits' field is not an integer from 1 to 1000",
 }
 emq.E = E
 
@@ -142,6 +150,7 @@ local group_next = 1 -- where emq.left_active_apply looks first: the verbs apply
 
 function emq.run(commands, body)
     declared, unique_release, group_left, group_next = {}, {}, {}, 1
+    emq.deps_reset()
     for _, key in ipairs(KEYS) do declared[key] = true end
     for _, command in ipairs(commands) do
         if KEYS[1] and not redis.acl_check_cmd(command, KEYS[1], unpack(CHECK_ARGS[command])) then
@@ -151,6 +160,7 @@ function emq.run(commands, body)
     end
     local ok, reply = pcall(body)
     if ok then
+        emq.deps_after()
         return reply
     end
     if type(reply) == 'table' and reply.emq_refusal then

@@ -27,7 +27,8 @@ return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     if rtype == 'none' then return -1 end
     local state = emq.hget(row, rtype, 'state')
     local first = not emq.hexists(row, rtype, 'cancel_requested')
-    if state ~= 'pending' then
+    local after = state == 'waiting' -- waiting for its dependencies (emq_deps.c): in no lane
+    if state ~= 'pending' and not after then
         if emq.state_is_finished(state) then return redis.status_reply('finished') end
         -- held: store the request (only the first time) and tell the holder now; workers
         -- listen on <base>cancel and checkpoint at once, which delivers the reason
@@ -43,7 +44,7 @@ return emq.verb({ 'ZREM', 'HSET', 'DEL', 'PEXPIREAT' }, function()
     end
     local meta = emq.read_meta(base)
     local lanes = emq.lanes(base, pending)
-    lanes:remove_row(id, row, rtype)
+    if not after then lanes:remove_row(id, row, rtype) end
     emq.ended_prepare(base, id, 'cancelled', false)
 
     -- apply: a waiting job is cancelled on the spot

@@ -33,6 +33,7 @@ return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'H
     local pending, active, base = argv[1], argv[2], argv[3]
     emq.check_queue(argv, 1, { 'pending', 'active' }, base, emq.E.PENDING_ACTIVE_KEYS)
     local deadline = emq.lease_deadline(now, argv[4])
+    emq.deps_drain(base, emq.DEPS_STEP) -- a step of the ends not resolved yet (emq_deps.c)
 
     -- open, type-check, read and decide
     local prepared = emq.claim_prepare(pending, active, base, count, req, now, nonce)

@@ -23,6 +23,7 @@ return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'H
     local base = active:sub(1, #active - #'active')
     emq.check_queue({ pending, active }, 1, { 'pending', 'active' }, base, emq.E.PENDING_ACTIVE_KEYS)
     local deadline = emq.lease_deadline(now, argv[6])
+    emq.deps_drain(base, emq.DEPS_STEP) -- a step of the ends not resolved yet (emq_deps.c)
 
     -- open, type-check, read and decide: the complete's, then the claim's
     local done = emq.complete_prepare(active, row, id, token, result)

@@ -19,10 +19,12 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     local _, max_payload = enqueue_setting(setting)
     local pending, base, id, payload = argv[1], argv[2], argv[3], argv[4]
     local now = emq.now_ms()
-    local u = {}
-    local req, due, level, group = parse_options(argv, 5, argc, now, u)
+    local u, d = {}, emq.deps_opts()
+    local req, due, level, group, delayed = parse_options(argv, 5, argc, now, u, d)
+    emq.deps_options_check(d, id)
     check_payload(payload, max_payload)
     emq.check_queue(argv, 1, { 'pending' }, base, emq.E.PENDING_KEY)
+    emq.deps_drain_after(base, emq.DEPS_STEP) -- every enqueue takes a step of the ends not resolved yet
 
     -- open and type-check: the row's and the record's ACL before they are read
     if not emq.type_ok(emq.type(pending), 'list') then emq.refuse(emq.E.WRONGTYPE) end
@@ -39,13 +41,18 @@ return emq.verb({ 'HSET', 'RPUSH', 'ZADD', 'SET', 'PEXPIREAT' }, function()
     if verdict == emq.UNIQUE_REPLACE then emq.unique_replace(base, holder, payload) end
     if verdict ~= emq.UNIQUE_TAKE then return { verdict == emq.UNIQUE_HELD and 0 or 2, holder } end
     if rtype ~= 'none' then emq.refuse(emq.E.EXISTS) end
+    -- its dependencies: all met, waited for (no lane yet), or one failed under `fail` (dead at once)
+    local v = emq.deps_decide(base, d, id)
     local lanes = emq.lanes(base, pending)
-    lanes:enter_in(id, group, level, due, now)
+    if v.verdict == 'none' or v.verdict == 'met' then lanes:enter_in(id, group, level, due, now) end
 
     -- apply
-    write_row(row, payload, now, level, group, u.key)
+    local extra = {}
+    local state = emq.deps_row_fields(d, v, extra, now, due, delayed)
+    write_row(row, payload, now, level, group, v.verdict ~= 'dies' and u.key or nil, state, extra)
     lanes:apply()
-    emq.unique_take(base, u, id, now)
+    emq.deps_apply(base, d, v, id, now)
+    if v.verdict ~= 'dies' then emq.unique_take(base, u, id, now) end
     mark_registry(registry, registered)
     if record then write_record(record, 1, now) end
     return u.key and { 1, id } or 1

@@ -124,5 +124,6 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HINCRBY', 'ZADD', 'RPUSH', 'LPUSH', 'P
     end
     -- the lanes last: the promotion, and the recovered at their heads
     lanes:apply()
+    emq.deps_drain_after(base, math.max(limit, emq.DEPS_STEP)) -- the ends not resolved yet (emq_deps.c)
     return { lists[RECOVERED], lists[DEAD], lists[CANCELLED], #jobs - lapsed }
 end)
