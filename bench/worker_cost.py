@@ -86,7 +86,10 @@ class Counter:
         elif event == "c_call":
             next(self.c_calls)
             if self.top:
-                self.where[f"C {getattr(arg, '__qualname__', arg)}"] += 1
+                code = frame.f_code  # the caller: where a C call comes from is the point
+                name = getattr(arg, "__qualname__", arg)
+                caller = f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_qualname}"
+                self.where[f"C {name} <- {caller}"] += 1
 
 
 def finished(stats: Any) -> int:
@@ -273,7 +276,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_N} jobs a shape instead of {N}")
     parser.add_argument("--only", nargs="+", choices=list(SHAPES), help="these shapes only")
-    parser.add_argument("--top", type=int, default=0, help="also list the N most called functions per shape")
+    parser.add_argument(
+        "--top", type=int, default=0, help="also list the N most called functions (C calls by caller)"
+    )
     parser.add_argument("--save-baseline", action="store_true", help=f"write {BASELINE.name} from this run")
     parser.add_argument("--child", choices=list(SHAPES), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

@@ -36,7 +36,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
-from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
+from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent, pack
 
 __all__ = ["Cutter", "NotSent", "WorkerConnections", "read_within"]
 
@@ -237,7 +237,7 @@ class WorkerConnections:
             if sock is None:
                 raise NotSent("the connection was closed")
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+            connection.send_packed_command(pack(connection, commands), check_health=False)
             replies: list[Any] = []
             for _ in commands:
                 try:
