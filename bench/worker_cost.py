@@ -81,8 +81,10 @@ class Counter:
         if event == "call":
             next(self.calls)
             if self.top:
-                code = frame.f_code
-                self.where[f"{Path(code.co_filename).name}:{code.co_firstlineno} {code.co_qualname}"] += 1
+                code, back = frame.f_code, frame.f_back
+                caller = f"{Path(back.f_code.co_filename).name}:{back.f_lineno}" if back else "?"
+                callee = f"{Path(code.co_filename).name}:{code.co_firstlineno} {code.co_qualname}"
+                self.where[f"{callee} <- {caller}"] += 1
         elif event == "c_call":
             next(self.c_calls)
             if self.top:
