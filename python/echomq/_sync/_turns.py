@@ -115,7 +115,7 @@ class Turns(Finisher[HandlerT]):
                     self._wait_for_work(turn[1])
             except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
                 self._trouble(exc, "a worker thread's turn")
-            if threading.current_thread() in self._abandoned:
+            if self._abandoned and threading.current_thread() in self._abandoned:
                 return  # its handler was abandoned: another thread has its place
 
     def _next_turn(self, runs: bool = True) -> LeaseKeeper | tuple[str, int] | None:
