@@ -44,6 +44,10 @@ machine's drift:
    each verb's exact count of the server's instructions, EXTEND's against a bare ZADD's,
    and every figure's ratio to bench/instructions-baseline.json: the one figure a
    drifting VM cannot move.  `--only instructions` runs only it.
+7d. The worker's own cost per job (bench/worker_cost.py, a server of its own): Python calls
+   and C calls per no-op job of each worker shape (sync 1 and 10 threads, asyncio 10 tasks,
+   `@app.task` sync and asyncio), counted by a profile hook, against
+   bench/worker-cost-baseline.json.  `--only workercost` runs only it.
 7c. Schedule ticks (bench/ticks.py, servers of their own): how late a schedule's jobs are
    enqueued after their ticks (p50, p99, worst) and how many are missed, by driver (thread and
    asyncio workers at their defaults), module and scripts.  `--only ticks` runs only it.
@@ -88,6 +92,7 @@ from bench import (  # noqa: E402
     saturation,
     ticks,
     unique,
+    worker_cost,
 )
 from bench.peers import harness as peers  # noqa: E402
 from echomq.keyspace import QueueKeys, queue_keys  # noqa: E402
@@ -618,7 +623,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 SECTIONS = [
     "extend", "sweep", "python", "claimpath", "backends", "memory", "saturation", "peers", "flow", "unique",
-    "instructions", "ticks",
+    "instructions", "ticks", "workercost",
 ]
 
 
@@ -666,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
         return instructions.main_section(args.quick, command)
     if args.only == "ticks":
         return ticks.main_section(args.quick, command)
+    if args.only == "workercost":
+        return worker_cost.main_section(args.quick, command)
     with EmbeddedServer(["--appendonly", "no"]) as server:
         r = server.client()
         # The 100,000-job sweep is measured on purpose: above the default emq.max-limit.
@@ -709,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     flow.main_section(args.quick, command)
     unique.main_section(args.quick, command)
     instructions.main_section(args.quick, command)
+    worker_cost.main_section(args.quick, command)
     ticks.main_section(args.quick, command)
     saturated = saturation.main_section(args.quick, command)
     if args.no_peers:

@@ -49,6 +49,11 @@ def _refuse(value: object) -> Any:
     raise TypeError(f"JSON cannot carry a {type(value).__module__}.{type(value).__qualname__}: {value!r:.80}")
 
 
+# What json.dumps(value, separators=..., ...) builds on each call: one, shared (it keeps no state
+# between calls, as json's own default encoder does not).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_refuse)
+
+
 class JsonSerializer:
     """JSON (compact, UTF-8, no NaN): str, int, float, bool, None, lists, tuples, dicts with str keys."""
 
@@ -56,9 +61,7 @@ class JsonSerializer:
 
     def dumps(self, value: Any, where: str) -> bytes:
         try:
-            return json.dumps(
-                value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_refuse
-            ).encode("utf-8")
+            return _ENCODER.encode(value).encode("utf-8")
         except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
             raise SerializationError(
                 f"{where}: {exc} (convert it to str, a number, a list or a dict first, or give the app "

@@ -47,7 +47,9 @@ class DeadlineWatch:
     """Watches the deadlines of held jobs from one background thread (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # Its sections take the lock itself (C), not the Condition's Python __enter__/__exit__.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._watched: dict[int, tuple[HeldJob, _Lock, Callable[[], float]]] = {}
         self._retained = 0
         # While the thread sleeps: when it wakes next (time.monotonic; inf: only when notified).
@@ -59,7 +61,7 @@ class DeadlineWatch:
 
     def add(self, held: HeldJob, lock: _Lock, clock: Callable[[], float] = time.monotonic) -> None:
         """Watch ``held``'s deadline; ``lock`` is what its keeper holds while it updates ``held``."""
-        with self._cond:
+        with self._mutex:
             self._watched[id(held)] = (held, lock, clock)
             if self._thread is None or not self._retained:  # a retained thread never ends (_run)
                 self._ensure_thread()
@@ -71,14 +73,14 @@ class DeadlineWatch:
 
     def earlier(self, when: float) -> None:
         """A watched job's next deadline is now ``when`` (a handler's timeout): look by then."""
-        with self._cond:
+        with self._mutex:
             self._changes += 1
             if when < self._wakes_at:
                 self._cond.notify()
 
     def remove(self, held: HeldJob) -> None:
         """Stop watching ``held``; the thread ends (and is joined) when nothing is left to watch."""
-        with self._cond:
+        with self._mutex:
             self._watched.pop(id(held), None)
             idle = self._idle()
             if idle:
@@ -88,12 +90,12 @@ class DeadlineWatch:
 
     def retain(self) -> None:
         """Keep the thread for a worker's whole run, instead of one per job."""
-        with self._cond:
+        with self._mutex:
             self._retained += 1
             self._ensure_thread()
 
     def release(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._retained = max(0, self._retained - 1)
             self._cond.notify()
         self._join_if_idle()
@@ -116,14 +118,14 @@ class DeadlineWatch:
     def _join_if_idle(self) -> None:
         # Nothing left: wait the few microseconds the thread takes to see it,
         # so whoever stopped the last keeper leaves no thread behind.
-        with self._cond:
+        with self._mutex:
             thread = self._last if self._idle() else None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._mutex:
                 if self._idle():
                     if self._thread is threading.current_thread():
                         self._thread = None
@@ -136,7 +138,7 @@ class DeadlineWatch:
                 log.exception("the deadline watch failed; it goes on")
                 wait = FAKE_CLOCK_POLL_S
             wait = HORIZON_S if wait is None else min(wait, HORIZON_S)
-            with self._cond:
+            with self._mutex:
                 if self._changes != seen or self._idle():
                     continue  # added while we looked: look again before sleeping
                 self._wakes_at = time.monotonic() + wait

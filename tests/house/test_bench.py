@@ -42,3 +42,12 @@ def test_the_bench_runner_answers_help() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--only" in done.stdout
+
+
+def test_the_worker_cost_counter_answers_help() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "worker_cost.py"), "--help"], cwd=ROOT, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--save-baseline" in done.stdout and "--top" in done.stdout

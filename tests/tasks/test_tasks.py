@@ -163,6 +163,27 @@ def test_arguments_that_cannot_bind_are_refused_at_enqueue_and_dead_at_once_in_t
     assert info is not None and info.state == "dead" and info.tries == 1
 
 
+def test_a_call_shape_that_bound_once_does_not_let_another_through(client: echomq.Client) -> None:
+    # The worker keeps the call shapes that bound (positional count, keyword names): a shape it has
+    # not seen is checked, even with the same number of arguments as one that bound.
+    app = echomq.App(client, queue="shapes")
+
+    @app.task(max_attempts=3)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    stranger = echomq.App(client, queue="shapes")
+    good = [stranger.enqueue("add", a=1, b=2), stranger.enqueue("add", 1, b=2), stranger.enqueue("add", 1, 2)]
+    bad = stranger.enqueue("add", a=1, c=2)
+    again = stranger.enqueue("add", b=5, a=1)
+    with quick(app):
+        assert [handle.result(timeout=20) for handle in good] == [3, 3, 3]
+        with pytest.raises(echomq.JobFailed) as failed:
+            bad.result(timeout=20)
+        assert again.result(timeout=20) == 6
+    assert failed.value.type == "BadArguments" and "missing a required argument: 'b'" in failed.value.message
+
+
 def test_a_retry_policys_default_attempts_do_not_count_as_given(client: echomq.Client) -> None:
     app = echomq.App(client, queue="policy")
     policy = echomq.RetryPolicy(backoff="fixed", base_ms=0)

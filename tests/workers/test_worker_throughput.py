@@ -198,21 +198,23 @@ def test_a_burst_is_completed_once_each(
     assert r.zcard(K.active) == 0 and queued(r, K) == 0
 
 
-def test_the_asyncio_worker_packs_its_commands_as_redis_py_does() -> None:
+@pytest.mark.parametrize("driver", ["asyncio", "sync"])
+def test_the_worker_packs_its_commands_as_redis_py_does(driver: str) -> None:
     # Packed by hiredis when installed (redis-py's asyncio packer is pure Python), byte for byte
     # what redis-py sends: a command name with a space in it ("COMMAND INFO", the backend probe)
     # is two arguments, or the probe fails and the worker falls back to the scripts.
+    import redis
     from redis.asyncio.connection import Connection
 
     from echomq import _protocol as proto
+    from echomq._runtime.tries import pack
     from echomq._scripts import PROBE
-    from echomq.asyncio._attempt import _pack
 
-    connection = Connection()
+    connection = Connection() if driver == "asyncio" else redis.Connection()
     commands = [
         PROBE,
         proto.claim("qé", 30_000, 10, 5000).args,
         proto.complete_claim("q", "j\udcff", "3-00aa", 30_000, 4).args,
         ("SET", "k", 1.5),
     ]
-    assert b"".join(_pack(connection, commands)) == b"".join(connection.pack_commands(commands))
+    assert b"".join(pack(connection, commands)) == b"".join(connection.pack_commands(commands))

@@ -68,13 +68,19 @@ class Call(Generic[T]):
 
 def text(value: bytes | str) -> str:
     """An id or reply as str; surrogateescape keeps non-UTF-8 ids round-trippable."""
-    if isinstance(value, bytes):
+    # ``__class__ is``, not isinstance: an attribute read where isinstance is a call, on every
+    # reply a worker reads (and a subclass takes the general path below, as before).
+    if value.__class__ is bytes or isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
     return value
 
 
 def wire(value: JobId, name: str = "job_id") -> bytes:
     """An id as the bytes sent to the server; ``name`` is the argument named in errors."""
+    if value.__class__ is str and value:  # a claim's own id, as a worker sends it back
+        return value.encode("utf-8", "surrogateescape")
+    if value.__class__ is bytes and value:
+        return value
     if isinstance(value, bytes):
         data = value
     elif isinstance(value, str):
@@ -114,6 +120,8 @@ def new_request_id() -> bytes:
 
 def check_token(value: object) -> bytes:
     """A fencing token as sent: the str (or bytes) a claim handed out."""
+    if value.__class__ is str and value:  # the hot path: a claim's token, as a worker sends it back
+        return value.encode("utf-8", "surrogateescape")
     if isinstance(value, str):
         data = value.encode("utf-8", "surrogateescape")
     elif isinstance(value, bytes):
@@ -133,6 +141,8 @@ MAX_MS = 2**53
 
 def positive_int(name: str, value: object, maximum: int = MAX_COUNT) -> int:
     """``value`` if it is an int in [1, maximum], else TypeError/ValueError naming ``name``."""
+    if value.__class__ is int and 0 < value <= maximum:  # a bool is not: its class is bool
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < 1:
@@ -236,7 +246,7 @@ def when_args(delay_ms: int | None, run_at_ms: int | None) -> tuple[Any, ...]:
 
 def keys_of(queue: object) -> QueueKeys:
     """queue_keys, memoized: the hot path (extend) should not rebuild key names."""
-    if not isinstance(queue, str):
+    if queue.__class__ is not str and not isinstance(queue, str):
         return queue_keys(queue)  # type: ignore[arg-type]  # raises its TypeError, naming the queue name
     return _keys_of(queue)
 

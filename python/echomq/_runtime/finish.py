@@ -194,11 +194,12 @@ class Finishing:
     def _landed(self, finish: Finish, where: FailOutcome | ReleaseOutcome | None = None) -> None:
         """COMPLETE, FAIL or RELEASE was accepted; ``where`` is FAIL's or RELEASE's answer."""
         self._troubles.healed()
-        fields = job_fields(finish.job)
-        if finish.action is Action.COMPLETE:
+        if finish.action is Action.COMPLETE:  # the usual end: no log line, so no log fields
             self.stats.completed += 1
-            self._ended(finish.job, "completed")
+            if self.metrics is not None:
+                self.metrics.finished(finish.held.job, "completed")
             return
+        fields = job_fields(finish.job)
         assert where is not None
         if finish.action is Action.RELEASE:
             if where == "cancelled":

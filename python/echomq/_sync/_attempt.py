@@ -36,7 +36,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
-from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
+from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent, pack
 
 __all__ = ["Cutter", "NotSent", "WorkerConnections", "read_within"]
 
@@ -109,9 +109,12 @@ class WorkerConnections:
         self._options = options
         self._class = base.connection_class
         self.cap = max(1, int(getattr(base, "max_connections", 0) or 2**31))
-        self._cond = threading.Condition()
+        # Its sections take the lock itself (C), not the Condition's Python __enter__/__exit__.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._idle: list[Any] = []
         self._busy = 0
+        self._takers = 0  # tries waiting in take() for a connection
         self._reserved = 0
         self._generation = 0  # bumped by drop_idle(): connections older than it are not kept
         self._subscribers: redis.ConnectionPool | None = None
@@ -123,17 +126,17 @@ class WorkerConnections:
 
     def reserve(self, n: int) -> None:
         """A worker starts: ``n`` more connections may be open at once (within the caller's limit)."""
-        with self._cond:
+        with self._mutex:
             self._reserved += n
             self._cond.notify_all()
 
     def unreserve(self, n: int) -> None:
-        with self._cond:
+        with self._mutex:
             self._reserved = max(0, self._reserved - n)
 
     def drop_idle(self) -> None:
         """Close the idle connections (after a timeout they may be half-open too)."""
-        with self._cond:
+        with self._mutex:
             idle, self._idle = self._idle, []
             self._generation += 1
         for connection in idle:
@@ -145,7 +148,7 @@ class WorkerConnections:
         ``confirmations``: hand the subscriptions' confirmations up too (a
         result wait reads its row again on each).
         """
-        with self._cond:
+        with self._mutex:
             pool = self._subscribers
             if pool is None:
                 options = dict(self._options)
@@ -176,12 +179,16 @@ class WorkerConnections:
 
     def take(self, deadline: float) -> tuple[Any, int]:
         """``connection()``'s first half, for the worker's hot path: a connection and its generation."""
-        with self._cond:
+        with self._mutex:
             while self._busy >= self.limit:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise NotSent(f"no free connection within the attempt's time ({self.limit} in use)")
-                self._cond.wait(left)
+                self._takers += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._takers -= 1
             self._busy += 1
             generation = self._generation
             connection = self._idle.pop() if self._idle else None
@@ -196,12 +203,13 @@ class WorkerConnections:
 
     def give(self, connection: Any, generation: int, clean: bool) -> None:
         """``connection()``'s second half: kept after a clean use (of this generation), else closed."""
-        with self._cond:
+        with self._mutex:
             self._busy -= 1
             keep = clean and generation == self._generation and connection is not None
             if keep:
                 self._idle.append(connection)
-            self._cond.notify()
+            if self._takers:  # a notify with nobody waiting is a Python call for nothing, each try
+                self._cond.notify()
         if not keep and connection is not None:
             connection.disconnect()
 
@@ -237,7 +245,7 @@ class WorkerConnections:
             if sock is None:
                 raise NotSent("the connection was closed")
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+            connection.send_packed_command(pack(connection, commands), check_health=False)
             replies: list[Any] = []
             for _ in commands:
                 try:

@@ -63,6 +63,9 @@ class Turns(Finisher[HandlerT]):
         # The Condition's own lock, taken directly: its __enter__ is a Python call more, a few per job.
         self._turns_lock = threading.Lock()
         self._turns = threading.Condition(self._turns_lock)
+        # Threads asleep in _next_turn: a notify with none of them is a Python call and its
+        # ownership check for nothing, a few times a job (read and written under _turns_lock).
+        self._sleeping = 0
         self._ready: collections.deque[LeaseKeeper] = collections.deque()  # claimed, waiting for a thread
         self._pending: list[Finish] = []  # ends waiting for the finisher's turn
         self._sending = False  # a thread has the finisher's turn
@@ -112,7 +115,7 @@ class Turns(Finisher[HandlerT]):
                     self._wait_for_work(turn[1])
             except Exception as exc:  # a bug of ours: logged once with its traceback; the thread goes on
                 self._trouble(exc, "a worker thread's turn")
-            if threading.current_thread() in self._abandoned:
+            if self._abandoned and threading.current_thread() in self._abandoned:
                 return  # its handler was abandoned: another thread has its place
 
     def _next_turn(self, runs: bool = True) -> LeaseKeeper | tuple[str, int] | None:
@@ -141,7 +144,11 @@ class Turns(Finisher[HandlerT]):
                         return (WAIT, count)
                     if wait <= 0:
                         wait = None  # every slot taken: a job's end wakes us
-                self._turns.wait(wait)
+                self._sleeping += 1
+                try:
+                    self._turns.wait(wait)
+                finally:
+                    self._sleeping -= 1
 
     def _hand(self, finish: Finish) -> None:
         """A handler ended: its slot is free and its end pending; this thread sends, unless one does.
@@ -155,12 +162,14 @@ class Turns(Finisher[HandlerT]):
             finally:  # its slot is free once its give-back is settled, however that ended
                 with self._turns_lock:
                     self._slots.ended()
-                    self._turns.notify()
+                    if self._sleeping:
+                        self._turns.notify()
             return
         with self._turns_lock:
             self._slots.ended()
             if finish.action is Action.DROP:
-                self._turns.notify()
+                if self._sleeping:
+                    self._turns.notify()
                 return
             self._pending.append(finish)
             if self._sending:
@@ -202,7 +211,8 @@ class Turns(Finisher[HandlerT]):
                 self._sending = False
                 # The next turn is one thread's (to send what came meanwhile, or the idle claim);
                 # this one looks for its own next turn itself.
-                self._turns.notify(2)
+                if self._sleeping:
+                    self._turns.notify(2)
             for sent in left:
                 if sent.doubt is not None and (jobs := self._ask_again(sent.doubt)):
                     self._take(jobs, sent.doubt.since)
@@ -263,7 +273,8 @@ class Turns(Finisher[HandlerT]):
             # A thread per job (and prefetch's sender, which takes none): waking every thread for
             # each claim's answer cost a quarter of a busy worker's time in waking threads that
             # found nothing to do.  Whatever else changes notifies for itself.
-            self._turns.notify(len(keepers) + (1 if self.prefetch else 0))
+            if self._sleeping:
+                self._turns.notify(len(keepers) + (1 if self.prefetch else 0))
         if unrun:
             now = time.monotonic()
             until = max(max(held.confirmed_until for held in unrun), now + ATTEMPT_TIMEOUT_S)

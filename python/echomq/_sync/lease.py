@@ -230,7 +230,9 @@ class SharedKeeper:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cond = threading.Condition()
+        # Its sections take the lock itself (C), not the Condition's Python __enter__/__exit__.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._keepers: dict[LeaseKeeper, None] = {}
         self._by_id: dict[str, LeaseKeeper] = {}  # for a pushed cancel: the job's keeper
         self._wakes_at = math.inf
@@ -240,7 +242,7 @@ class SharedKeeper:
         self._start_failed = False
 
     def add(self, keeper: LeaseKeeper) -> None:
-        with self._cond:
+        with self._mutex:
             self._keepers[keeper] = None
             self._by_id[keeper.job.id] = keeper
             self._changes += 1
@@ -252,7 +254,7 @@ class SharedKeeper:
 
     def ensure(self) -> bool:
         """Start the thread unless it runs (never started, could not start, died); True if it runs."""
-        with self._cond:
+        with self._mutex:
             if self._closed or (self._thread is not None and self._thread.is_alive()):
                 return not self._closed
             thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -273,7 +275,7 @@ class SharedKeeper:
             return True
 
     def discard(self, keeper: LeaseKeeper) -> None:
-        with self._cond:
+        with self._mutex:
             self._keepers.pop(keeper, None)
             if self._by_id.get(keeper.job.id) is keeper:
                 del self._by_id[keeper.job.id]
@@ -284,7 +286,7 @@ class SharedKeeper:
         Runs in the caller's thread (the worker's cancel listener); False
         when this worker does not hold the job.
         """
-        with self._cond:
+        with self._mutex:
             keeper = self._by_id.get(job_id)
         if keeper is None:
             return False
@@ -293,18 +295,18 @@ class SharedKeeper:
 
     def checkpoint_all(self) -> None:
         """Checkpoint every held job now, in one batch (cancels published while nobody listened)."""
-        with self._cond:
+        with self._mutex:
             keepers = list(self._keepers)
         for keeper in keepers:
             with keeper._lock:
                 if keeper._held.active:
                     keeper._held.next_checkpoint = min(keeper._held.next_checkpoint, keeper._clock())
-        with self._cond:
+        with self._mutex:
             self._changes += 1
             self._cond.notify()
 
     def close(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._closed = True
             self._cond.notify()
             thread = self._thread
@@ -313,7 +315,7 @@ class SharedKeeper:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._mutex:
                 if self._closed:
                     return
                 keepers = list(self._keepers)
@@ -328,7 +330,7 @@ class SharedKeeper:
                 wait = 0.1
             # Not past the horizon, even with nothing held: see _watch.HORIZON_S.
             wait = HORIZON_S if wait is None else min(wait, HORIZON_S)
-            with self._cond:
+            with self._mutex:
                 if self._closed:
                     return
                 if self._changes != seen:

@@ -643,7 +643,8 @@ class Worker(Turns[Handler]):
         else:
             with self._turns_lock:
                 self._slots.ended()
-                self._turns.notify()
+                if self._sleeping:
+                    self._turns.notify()
 
     def _execute(self, keeper: LeaseKeeper) -> Finish | None:
         """Run the handler of an adopted job; its end, or None when it was not run (given back, lost)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,12 +38,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
 from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent
-
-_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
-try:
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # the fast extra is not installed
-    _hiredis_pack = None
+from .._runtime.tries import pack as _pack
 
 __all__ = ["STOP_LANE", "Progress", "WorkerConnections"]
 
@@ -237,28 +232,6 @@ class WorkerConnections:
             except ResponseError as exc:
                 replies.append(exc)
         return replies
-
-
-def _pack(connection: Any, commands: list[tuple[Any, ...]]) -> Any:
-    """The commands as RESP: hiredis's packer when installed (the ``fast`` extra) and the connection
-    encodes as it does (UTF-8, strict), else redis-py's own (pure Python in its asyncio connection,
-    and a busy worker's largest cost after the event loop)."""
-    encoder = getattr(connection, "encoder", None)
-    if (
-        _hiredis_pack is not None
-        and getattr(encoder, "encoding", None) == "utf-8"
-        and getattr(encoder, "encoding_errors", None) == "strict"
-    ):
-        return [b"".join(_hiredis_pack(_split_name(command)) for command in commands)]
-    return connection.pack_commands(commands)
-
-
-def _split_name(command: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A command name with words in it ("COMMAND INFO") sent as separate arguments, as redis-py does."""
-    name = command[0]
-    if isinstance(name, str) and " " in name:
-        return (*name.split(), *command[1:])
-    return command
 
 
 async def _usable(connection: Any) -> bool:

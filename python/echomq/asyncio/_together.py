@@ -64,14 +64,16 @@ class Coalescer:
     async def attempt(self, call: proto.Call[T], timeout: float, orphan: Orphan | None = None) -> T:
         """One try of ``call`` in the next batch: its answer, or its error (a timeout: its batch's)."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieved)
         entry = _Entry(call, future, timeout, orphan)
         self._waiting.append(entry)
         if not self._flushing:  # the task starts next turn: calls made this turn join the batch
             self._flushing = True
             self._task = asyncio.create_task(self._flush(), name="echomq-send-together")
+        # Awaited as it is, not through asyncio.shield (a second future and four callbacks a
+        # call): a cancel of this task cancels the future, and _settle hands the answer that
+        # comes later to the orphan; an answer set before the cancel reached us is handed here.
         try:
-            return await asyncio.shield(future)
+            return await future
         except asyncio.CancelledError:
             entry.abandoned = True
             if future.done() and not future.cancelled():  # answered just as we were cancelled
@@ -121,12 +123,14 @@ class Coalescer:
             self._in_flight = None
 
     def _settle(self, entry: _Entry, outcome: Any) -> None:
-        if entry.abandoned:
+        future = entry.future
+        if entry.abandoned or future.cancelled():  # its caller was cancelled: the answer is the orphan's
             self._orphan(entry, outcome)
             return
-        if entry.future.done():
+        if future.done():
             return
         if isinstance(outcome, BaseException):
-            entry.future.set_exception(outcome)
+            future.add_done_callback(_retrieved)  # read even if its caller is gone before it wakes
+            future.set_exception(outcome)
         else:
-            entry.future.set_result(outcome)
+            future.set_result(outcome)

@@ -599,8 +599,6 @@ class Worker(Finisher[AsyncHandler]):
                 self._interrupted(error, time.monotonic())
                 self._poke()
             chained = chain and finish.action is Action.COMPLETE and self._complete_claim
-            current = asyncio.current_task()
-            assert current is not None
             self._ending.add(current)  # a forced stop lets this end have its real try (_force_stop)
             try:
                 if chained and not self._stop_requested:

@@ -30,6 +30,9 @@ from .serializers import JSON, Serializer
 
 __all__ = ["AppCore", "EnqueueOptions", "TaskCore"]
 
+MAX_SHAPES = 64
+"""Call shapes (positional count, keyword names) a task remembers as binding its signature."""
+
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
@@ -77,6 +80,7 @@ class TaskCore:
         # isolation="process": its jobs run in a child process even in a worker of threads (isolated.py).
         self.isolation: str | None = None
         self.max_jobs_per_child: int | None = None
+        self._binds: set[int | tuple[Any, ...]] = set()  # the call shapes that bind (binding_problem)
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):  # a builtin without one: the call itself will tell
@@ -100,10 +104,18 @@ class TaskCore:
         """Why ``args`` and ``kwargs`` do not bind the function's signature (None: they do, or unknown)."""
         if self._signature is None:
             return None
+        # Whether a call binds depends on how many positional arguments it has and which names its
+        # keywords are, never on their values: the answer is kept per shape (a task is called the
+        # same few ways), where Signature.bind was a dozen calls a job.
+        shape = (len(args), *kwargs) if kwargs else len(args)
+        if shape in self._binds:
+            return None
         try:
             self._signature.bind(*args, **kwargs)
         except TypeError as exc:
             return str(exc)
+        if len(self._binds) < MAX_SHAPES:
+            self._binds.add(shape)
         return None
 
     def set_unique(self, unique: Callable[..., str | bytes | None] | str | None, for_ms: int | None) -> None:

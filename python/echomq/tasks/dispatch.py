@@ -31,14 +31,14 @@ import asyncio
 import contextvars
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._protocol import Job
 from .._runtime import JobSettings, StoredResult
 from ..errors import NonRetryable
 from .core import AppCore, TaskCore
-from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call, task_name
+from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call
 from .isolated import TaskProcesses, check_import_path, import_path_of
 from .serializers import Serializer
 
@@ -143,6 +143,26 @@ class DispatchCore:
         self.app = app
         self.in_child = in_child  # in a child process: every task runs here, none asks for another
         self.processes = TaskProcesses(self)
+        # The last payload read and its header: a job's settings (its lease, then its timeout)
+        # and its dispatch read the same payload object, three parses a job otherwise.  Kept by
+        # identity (a payload is immutable bytes, held here while cached), so never stale.
+        self._last: tuple[bytes, TaskCall] | None = None
+
+    def _call_of(self, payload: bytes) -> TaskCall:
+        """``parse_call(payload)``, read once for the three asks of one job."""
+        last = self._last
+        if last is not None and last[0] is payload:
+            return last[1]
+        call = parse_call(payload)
+        self._last = (payload, call)
+        return call
+
+    def _name_of(self, payload: bytes) -> str | None:
+        """``task_name(payload)``, through the same cache."""
+        try:
+            return self._call_of(payload).name
+        except BadTaskPayload:
+            return None
 
     @classmethod
     def of(cls: type[D], app: AppCore, *, in_child: bool = False) -> D:
@@ -178,7 +198,7 @@ class DispatchCore:
         the task (``ProcessPool(limit_of=...)``), as the task's own children
         are in a worker of threads.
         """
-        name = task_name(job.payload)
+        name = self._name_of(job.payload)
         task = self.tasks.get(name) if name is not None else None
         if name is None or task is None or task.max_jobs_per_child is None:
             return None
@@ -186,14 +206,13 @@ class DispatchCore:
 
     def job_settings(self, job: Job) -> JobSettings | None:
         """The task's lease, timeout and tries for ``job`` (None: not a task this worker knows)."""
-        name = task_name(job.payload)
+        name = self._name_of(job.payload)
         task = self.tasks.get(name) if name is not None else None
         return task.settings if task is not None else None
 
-    @staticmethod
-    def parse(job: Job) -> TaskCall:
+    def parse(self, job: Job) -> TaskCall:
         try:
-            return parse_call(job.payload)
+            return self._call_of(job.payload)
         except BadTaskPayload as exc:
             raise NotATask(
                 f"{exc} (a task call is enqueued by `echomq call TASK ARGS_JSON` or app.enqueue)"
@@ -238,7 +257,8 @@ class Dispatcher(DispatchCore):
         isolated = self.in_process(call)
         if isolated is not None:  # the whole dispatch, the app's hooks included, happens in the child
             return cast("StoredResult", self.processes.run(ctx, isolated))
-        with self.hooked(ctx, call) as seen:
+        # No hooks (the usual app): no generator context and ExitStack a job.
+        with self.hooked(ctx, call) if self.hooks else nullcontext(ctx) as seen:
             task, args, kwargs = self.resolve(call)
             token = CURRENT.set(seen)
             try:
@@ -260,7 +280,8 @@ class AsyncDispatcher(DispatchCore):
         isolated = self.in_process(call)
         if isolated is not None:  # as the threads dispatcher's; the wait on the child in a thread
             return cast("StoredResult", await self.processes.run_async(ctx, isolated))
-        with self.hooked(ctx, call) as seen:
+        # No hooks (the usual app): no generator context and ExitStack a job.
+        with self.hooked(ctx, call) if self.hooks else nullcontext(ctx) as seen:
             task, args, kwargs = self.resolve(call)
             token = CURRENT.set(seen)
             try:
