@@ -37,6 +37,7 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from ._partitions import partition_of
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -54,6 +55,10 @@ class OperatorVerbs:
 
     def _run(self, call: proto.Call[T]) -> T:
         raise NotImplementedError
+
+    def _partition_of(self, queue: str, job_id: JobId) -> str:
+        """The queue that holds ``job_id`` (its partition, on a partitioned queue: ``_partitions.py``)."""
+        return partition_of(self, queue, job_id)  # type: ignore[arg-type]
 
     def _node_of(self, key: str) -> dict[str, Any]:
         """For a keyless command (TIME, SCAN): in a cluster, the node that serves ``key``."""
@@ -119,7 +124,7 @@ class OperatorVerbs:
 
         With ``payload=True`` the payload bytes are included (``payload_size`` always is).
         """
-        return self._read(proto.job_info(queue, job_id, payload))
+        return self._read(proto.job_info(self._partition_of(queue, job_id), job_id, payload))
 
     def counts(self, queue: str) -> QueueCounts:
         """Pending (claimable now, and by priority level), delayed, active (and lapsed), dead, paused,

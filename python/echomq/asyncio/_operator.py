@@ -36,6 +36,7 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from ._partitions import partition_of
 
 T = TypeVar("T")
 
@@ -49,6 +50,10 @@ class OperatorVerbs:
 
     async def _run(self, call: proto.Call[T]) -> T:
         raise NotImplementedError
+
+    async def _partition_of(self, queue: str, job_id: JobId) -> str:
+        """The queue that holds ``job_id`` (its partition, on a partitioned queue: ``_partitions.py``)."""
+        return await partition_of(self, queue, job_id)  # type: ignore[arg-type]
 
     def _node_of(self, key: str) -> dict[str, Any]:
         if hasattr(self.redis, "get_node_from_key"):
@@ -103,7 +108,7 @@ class OperatorVerbs:
 
     async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
         """The job's status, or None (see ``echomq.Client.job``)."""
-        return await self._read(proto.job_info(queue, job_id, payload))
+        return await self._read(proto.job_info(await self._partition_of(queue, job_id), job_id, payload))
 
     async def counts(self, queue: str) -> QueueCounts:
         """The queue's numbers, pending by priority level too (see ``echomq.Client.counts``)."""

@@ -1,0 +1,164 @@
+"""A partitioned queue, for ``echomq.Client``: its declaration, read once per client, the
+producers' routing, and what a worker of it adds (``_protocol/partitions.py`` and
+``_runtime/partitions.py`` hold the rules; docs/concepts/partitions.md).
+
+Hand-written beside its twin ``asyncio/_partitions.py``, not generated from it
+(``tests/unasync.py``): the wakes' listener is a thread with its events here, a task there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import redis
+from redis.exceptions import NoPermissionError, ResponseError
+
+from .. import _protocol as proto
+from .._protocol import EnqueueItem, JobId
+from .._protocol import partitions as rules
+from .._protocol.partitions import Partitioned
+from .._protocol.unique import Enqueued
+from ..errors import ServerUnreachable
+
+
+class Client(Protocol):
+    """What these functions use of ``echomq.Client`` (a Protocol: the client imports this module)."""
+
+    redis: Any
+    _partitioned_queues: dict[str, Partitioned | None]
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Enqueued: ...
+
+    def enqueue_many(self, *args: Any, **kwargs: Any) -> list[str]: ...
+
+    def _pipeline_run(self, calls: list[proto.Call[Any]]) -> list[Any]: ...
+
+    def _register(self, queue: str) -> None: ...
+
+    def _bounded(self) -> bool: ...
+
+    def _connections(self) -> Any: ...
+
+
+def declare(client: Client, queue: str, partitions: int) -> None:
+    queue = rules.check_logical(queue)
+    partitions = rules.check_partitions(partitions)
+    key, count = rules.declaration(queue, partitions)
+    before = rules.declared(client.redis.set(key, count, nx=True, get=True))
+    rules.check_declared(queue, before, partitions)
+    client._partitioned_queues[queue] = Partitioned(queue, partitions)
+
+
+def lookup(client: Client, queue: str) -> Partitioned | None:
+    """``queue``'s declaration as this client first read it (None: an ordinary queue).
+
+    A partition's name (it has a ``#``) is never declared: no read.  A user whose
+    ACL may not read the declaration's key sees an ordinary queue.
+    """
+    known = client._partitioned_queues
+    if queue in known:
+        return known[queue]
+    found: Partitioned | None = None
+    if isinstance(queue, str) and "#" not in queue:
+        try:
+            count = rules.declared(_read(client, queue))
+        except NoPermissionError:
+            count = None
+        found = None if count is None else Partitioned(queue, count)
+    known[queue] = found
+    return found
+
+
+def _read(client: Client, queue: str) -> Any:
+    """The declaration's GET, sent again after a lost reply within the enqueue's own window (a GET
+    is safe to repeat): a stall the enqueue would ride out does not fail it here."""
+    window = proto.RequestWindow(time.monotonic(), proto.socket_timeout_of(client.redis))
+    while True:
+        try:
+            return client.redis.execute_command(*rules.read_args(queue))
+        except ServerUnreachable:  # nothing listens there (a wrong URL): at once, as the enqueue would
+            raise
+        except (redis.ConnectionError, redis.TimeoutError):
+            pause = window.next_pause(time.monotonic())
+            if pause is None:
+                raise
+            time.sleep(pause)
+
+
+def partition_of(client: Client, queue: str, job_id: JobId) -> str:
+    """The queue that holds ``job_id``: its partition on a partitioned queue, else ``queue``."""
+    partitioned = lookup(client, queue)
+    return queue if partitioned is None else partitioned.partition_of_id(job_id)
+
+
+def enqueue(
+    client: Client,
+    partitioned: Partitioned,
+    payload: bytes | str,
+    job_id: JobId | None,
+    partition_key: str | bytes | None,
+    unique_key: str | bytes | None,
+    group: str | None,
+    **options: Any,
+) -> Enqueued:
+    index = partitioned.route(partition_key, group, unique_key, job_id)
+    name = partitioned.names[index]
+    return client.enqueue(
+        name, payload, partitioned.job_id(index, job_id), unique_key=unique_key, group=group, **options
+    )
+
+
+def enqueue_many(
+    client: Client,
+    partitioned: Partitioned,
+    items: Iterable[EnqueueItem],
+    partition_key: str | bytes | None,
+    delay_ms: int | None,
+    priority: int | None,
+    group: str | None,
+) -> list[str]:
+    """Each item to its partition, every partition's ENQUEUEMANY in one pipeline (a round trip per node)."""
+    fixed = (
+        None
+        if partition_key is None and group is None
+        else partitioned.route(partition_key, group, None, None)
+    )
+    per: dict[int, list[EnqueueItem]] = {}
+    ids: list[bytes] = []
+    for item in items:
+        if isinstance(item, tuple) and len(item) != 2:
+            raise ValueError(f"an enqueue_many item must be a payload or (job_id, payload), got {item!r}")
+        given = item[0] if isinstance(item, tuple) else None
+        body = item[1] if isinstance(item, tuple) else item
+        index = fixed if fixed is not None else partitioned.route(None, None, None, given)
+        wid = partitioned.job_id(index, given)
+        ids.append(wid)
+        per.setdefault(index, []).append((wid, body))
+    calls = [
+        call
+        for index, jobs in sorted(per.items())
+        for call in proto.enqueue_many(
+            partitioned.names[index], jobs, delay_ms, priority=priority, group=group
+        )
+    ]
+    if not calls:
+        return []
+    replies = client._pipeline_run(calls)
+    first_error: BaseException | None = None
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, ResponseError) and proto.over_max_limit(reply):  # emq.max-limit below 10,000
+            count = int(call.args[3])
+            jobs = [(call.args[4 + 2 * i], call.args[5 + 2 * i]) for i in range(count)]
+            client.enqueue_many(call.queue, jobs, delay_ms=delay_ms, priority=priority, group=group)
+        elif isinstance(reply, BaseException) and first_error is None:
+            first_error = reply
+    if first_error is not None:
+        if isinstance(first_error, ResponseError):
+            bad = next(c for c, r in zip(calls, replies, strict=True) if r is first_error)
+            proto.raise_mapped(first_error, bad)
+        raise first_error
+    for index in per:
+        client._register(partitioned.names[index])
+    return [proto.text(wid) for wid in ids]
