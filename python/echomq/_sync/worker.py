@@ -58,6 +58,7 @@ from .._watch import WATCH
 from ..cancel import CancelToken
 from ..errors import NotReplicated
 from ..isolation import ProcessPool, check_isolated_handler
+from . import _partitions
 from ._attempt import Cutter
 from ._finisher import SETTLE_TRY_S, _GaveUp
 from ._pushes import CancelListener
@@ -291,6 +292,7 @@ class Worker(Turns[Handler]):
         return True
 
     def _spawn_loops(self) -> None:
+        _partitions.adopt_worker(self)  # a partitioned queue's: claims and sweeps rotate over its partitions
         if self.isolation == "process":  # the children start (and import) before anything is claimed
             pool = self._process_pool()
             try:

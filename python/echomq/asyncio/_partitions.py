@@ -8,6 +8,7 @@ Hand-written beside its twin ``_sync/_partitions.py``, not generated from it
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from .._protocol import EnqueueItem, JobId
 from .._protocol import partitions as rules
 from .._protocol.partitions import Partitioned
 from .._protocol.unique import Enqueued
+from .._runtime.partitions import adopt
 from ..errors import ServerUnreachable
 
 
@@ -158,3 +160,21 @@ async def enqueue_many(
     for index in per:
         await client._register(partitioned.names[index])
     return [proto.text(wid) for wid in ids]
+
+
+async def adopt_worker(worker: Any) -> None:
+    """A worker of a partitioned queue claims and sweeps across its partitions (``_runtime.partitions``);
+    a worker of any other queue is left as it is."""
+    partitioned = await lookup(worker.client, worker.queue)
+    if partitioned is None:
+        return
+    adopt(worker, partitioned.names, random.randrange(partitioned.partitions))
+    claim = worker._claim
+
+    async def claim_and_move_on(step: Any, **options: Any) -> Any:
+        try:
+            return await claim(step, **options)
+        finally:
+            step.renew()  # an empty answer (or jobs) ends this partition's turn: the next claim moves on
+
+    worker._claim = claim_and_move_on
