@@ -106,25 +106,95 @@ def test_sync_and_asyncio_workers_run_every_job_once_across_nine_partitions(
     client.close()
 
 
-def test_an_idle_worker_is_quiet(nodes: list[EmbeddedServer]) -> None:
+def emq_calls(delta: Counter[str]) -> int:
+    return sum(n for name, n in delta.items() if name.startswith("cmdstat_emq."))
+
+
+def test_an_idle_worker_is_quiet_and_woken(nodes: list[EmbeddedServer]) -> None:
     flush(nodes)
     client = echomq.Client.from_url(nodes[0].url, cluster=True)
     client.declare_queue(Q, partitions=K)
     got: list[str] = []
     worker = echomq.Worker(client, Q, lambda ctx: got.append(ctx.id))
     with worker:
-        time.sleep(3)  # started, its first claims sent
+        state = worker._partition_wakes.state
+        # subscribed to the wakes, and once around the partitions since: now it only waits
+        assert wait_until(lambda: state.subscribed and state.empties >= K, timeout=60)
         before = commands(nodes)
         started = time.monotonic()
         time.sleep(12)
         delta = commands(nodes) - before
         # the claims and sweeps over the 9 partitions (the cancel listener's and the schedule
         # driver's reads of the logical name are the worker's as on any queue: not counted here)
-        rate = sum(n for name, n in delta.items() if name.startswith("cmdstat_emq.")) / (
-            time.monotonic() - started
-        )
-        # a job is still claimed while it idles: within one rotation of waits
-        job_id = client.enqueue(Q, b"late")
-        assert wait_until(lambda: got == [job_id], timeout=60), got
+        rate = emq_calls(delta) / (time.monotonic() - started)
+        # a job in any partition wakes it: claimed by the next claim or two, not around the rotation
+        before = commands(nodes)
+        job_ids = [client.enqueue(Q, b"late", partition_key=f"k{i}") for i in range(3)]
+        assert wait_until(lambda: sorted(got) == sorted(job_ids), timeout=60), got
+        claims = (commands(nodes) - before)["cmdstat_emq.claim"]
     client.close()
     assert rate <= 0.5, (rate, delta)
+    assert claims <= 6, claims  # a rotation of 9 partitions would take up to 9 per job
+
+
+def test_an_idle_asyncio_worker_is_quiet_and_woken(nodes: list[EmbeddedServer]) -> None:
+    flush(nodes)
+    producer = echomq.Client.from_url(nodes[0].url, cluster=True)
+    producer.declare_queue(Q, partitions=K)
+    got: list[str] = []
+
+    async def handler(ctx: emq.JobContext) -> None:
+        got.append(ctx.id)
+
+    async def scenario() -> tuple[float, Counter[str], int]:
+        client = emq.Client.from_url(nodes[1].url, cluster=True)
+        worker = emq.Worker(client, Q, handler)
+        task = asyncio.create_task(worker.run(handle_signals=False))
+        try:
+            for _ in range(600):
+                wakes = getattr(worker, "_partition_wakes", None)
+                if wakes is not None and wakes.state.subscribed and wakes.state.empties >= K:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the asyncio worker never went idle on its wakes")
+            before = commands(nodes)
+            started = time.monotonic()
+            await asyncio.sleep(12)
+            delta = commands(nodes) - before
+            rate = emq_calls(delta) / (time.monotonic() - started)
+            before = commands(nodes)
+            job_ids = [producer.enqueue(Q, b"late", partition_key=f"k{i}") for i in range(3)]
+            for _ in range(600):
+                if sorted(got) == sorted(job_ids):
+                    break
+                await asyncio.sleep(0.1)
+            assert sorted(got) == sorted(job_ids), got
+            claims = (commands(nodes) - before)["cmdstat_emq.claim"]
+        finally:
+            worker.stop()
+            await task
+            await client.aclose()
+        return rate, delta, claims
+
+    rate, delta, claims = asyncio.run(scenario())
+    producer.close()
+    assert rate <= 0.5, (rate, delta)
+    assert claims <= 6, claims
+
+
+@pytest.mark.backends
+def test_a_partitioned_queue_on_one_server_with_either_backend(client: echomq.Client) -> None:
+    # One server holds every partition: the same calls, a worker claims across them (its idle
+    # claims never wait on the server, so the scripts backend's work the same).
+    client.redis.flushall()
+    client.declare_queue("one-server", partitions=4)
+    ids = client.enqueue_many("one-server", [b""] * 200)
+    done: Counter[str] = Counter()
+    worker = echomq.Worker(client, "one-server", lambda ctx: done.update([ctx.id]), poll_interval=0.02)
+    with worker:
+        assert wait_until(lambda: len(done) == 200, timeout=120), len(done)
+        late = client.enqueue("one-server", b"late")  # after the worker idled: a wake or the rotation
+        assert wait_until(lambda: late in done, timeout=60)
+    assert set(done) == {*ids, late} and set(done.values()) == {1}
+    assert all(client.counts(name).pending == 0 for name in client.partitions("one-server"))

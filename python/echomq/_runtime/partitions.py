@@ -7,10 +7,13 @@ its start (``adopt``), so a queue never declared takes no new branch on any path
 - **Claims rotate**: each claim (the idle one, or the one riding with a batch of ends) goes
   to the next partition, so a busy worker never starves one; EMQ.COMPLETECLAIM is off (its
   claim would stay in the finished job's partition).
-- **The idle wait** is one waiting claim at a time, on one partition, ``PARTITION_BLOCK_S``
-  long (a sixth of the lease at most), then the next: about 0.4 commands/s, its sweeps
-  besides.  A job arriving in a partition the wait is not on is claimed when the rotation
-  reaches it, within K waits.
+- **The idle wait**: once a whole rotation of claims came back empty, the worker subscribes
+  to its partitions' wake channels (``<base>wake``, SPUBLISHed by the producers after each
+  enqueue into a partition: ``wake_channel``), claims around the rotation once more (a job
+  that came before the subscription), then waits: a wake sends the next claim to the
+  partition it names at once; without one, a claim every ``IDLE_CLAIM_S`` goes on around the
+  rotation (a wake lost with a dropped subscription waits for it).  The first job a claim
+  brings ends the subscription: a busy worker hears no wakes.
 - **Sweeps rotate** the same way, a partition a turn (each partition swept every K turns of
   one worker, every K/W of W workers).
 - Pushed cancels listen on the logical name only: a running job of a partition hears of its
@@ -25,8 +28,53 @@ from .. import _protocol as proto
 from .._protocol import Call, Job, SweepResult
 from .sweep import REAP_LIMIT
 
-# An idle partitioned worker's waiting claim: this long on one partition, then the next.
+# An idle partitioned worker's waiting claim: this long on one partition, then the next
+# (without wakes: a server or client where the subscription cannot be made).
 PARTITION_BLOCK_S = 2.5
+# With wakes, the idle worker's claim (one partition, around the rotation) every so often.
+IDLE_CLAIM_S = 5.0
+
+
+def wake_channel(name: str) -> str:
+    """The channel a producer announces a job on, in its partition's slot (``SPUBLISH``)."""
+    return proto.keys_of(name).base + "wake"
+
+
+class IdleWakes:
+    """An idle worker's state between its claims and its wakes (no I/O: each driver's listener
+    subscribes while ``wanted`` and feeds ``woken``).
+
+    ``claimed(jobs)`` after every idle claim says how long to wait for a wake before the next
+    (0: claim on at once).
+    """
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.empties = 0
+        self.wanted = False  # the listener subscribes while this is True
+        self.subscribed = False  # the listener's subscription is made
+        self.pending: list[int] = []  # partitions woken, oldest first
+
+    def claimed(self, jobs: int) -> float:
+        if jobs:
+            self.empties = 0
+            self.wanted = False
+            return 0.0
+        self.empties += 1
+        if self.empties < self.partitions:
+            return 0.0
+        if not self.subscribed:  # subscribe, then once more around (a job from before it)
+            self.wanted = True
+            self.empties = 0
+            return 0.0
+        return IDLE_CLAIM_S
+
+    def woken(self, index: int) -> None:
+        if index not in self.pending:
+            self.pending.append(index)
+
+    def next_woken(self) -> int | None:
+        return self.pending.pop(0) if self.pending else None
 
 
 class Rotation:
@@ -46,14 +94,18 @@ def block_ms(lease_ms: int) -> int:
     return max(1, round(min(PARTITION_BLOCK_S * 1000, lease_ms / 6)))
 
 
-def adopt(worker: Any, names: tuple[str, ...], start: int = 0) -> None:
-    """Make ``worker`` (either driver's, not started yet) claim and sweep across ``names``."""
+def adopt(worker: Any, names: tuple[str, ...], start: int = 0, wakes: IdleWakes | None = None) -> None:
+    """Make ``worker`` (either driver's, not started yet) claim and sweep across ``names``; with
+    ``wakes``, an idle claim never waits on the server (the driver waits for a wake)."""
     claims, sweeps = Rotation(names, start), Rotation(names, start)
     lease_ms, wait_ms = worker.lease_ms, block_ms(worker.lease_ms)
     sweeping = [names[start % len(names)]]
 
     def claim_call(block: int | None = None, count: int = 1) -> Call[list[Job]]:
-        return proto.claim(claims.next(), lease_ms, count, None if block is None else wait_ms)
+        if wakes is None:
+            return proto.claim(claims.next(), lease_ms, count, None if block is None else wait_ms)
+        woken = wakes.next_woken()
+        return proto.claim(claims.next() if woken is None else names[woken], lease_ms, count)
 
     reap_tick = worker._reap_tick
 

@@ -8,7 +8,9 @@ Hand-written beside its twin ``asyncio/_partitions.py``, not generated from it
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -21,7 +23,9 @@ from .._protocol import EnqueueItem, JobId
 from .._protocol import partitions as rules
 from .._protocol.partitions import Partitioned
 from .._protocol.unique import Enqueued
-from .._runtime.partitions import adopt
+from .._result_wait import _next_message, _sharded
+from .._runtime import ATTEMPT_TIMEOUT_S
+from .._runtime.partitions import IdleWakes, adopt, wake_channel
 from ..errors import ServerUnreachable
 
 
@@ -107,9 +111,11 @@ def enqueue(
 ) -> Enqueued:
     index = partitioned.route(partition_key, group, unique_key, job_id)
     name = partitioned.names[index]
-    return client.enqueue(
+    enqueued = client.enqueue(
         name, payload, partitioned.job_id(index, job_id), unique_key=unique_key, group=group, **options
     )
+    wake(client, name)
+    return enqueued
 
 
 def enqueue_many(
@@ -163,22 +169,159 @@ def enqueue_many(
         raise first_error
     for index in per:
         client._register(partitioned.names[index])
+        wake(client, partitioned.names[index])
     return [proto.text(wid) for wid in ids]
 
 
-def adopt_worker(worker: Any) -> None:
-    """A worker of a partitioned queue claims and sweeps across its partitions (``_runtime.partitions``);
-    a worker of any other queue is left as it is."""
-    partitioned = lookup(worker.client, worker.queue)
-    if partitioned is None:
+def wake(client: Client, name: str) -> None:
+    """Announce a job in partition ``name`` to its idle workers (``_runtime.partitions``): a
+    failure (an ACL without SPUBLISH, say) is no error of the enqueue, which is done."""
+    with contextlib.suppress(redis.RedisError):
+        client.redis.execute_command(
+            "SPUBLISH" if _sharded(client.redis) else "PUBLISH", wake_channel(name), b""
+        )
+
+
+class Wakes:
+    """A partitioned worker's listener of its partitions' wakes: subscribed while it idles."""
+
+    def __init__(self, client: Client, names: tuple[str, ...], state: IdleWakes) -> None:
+        self.client, self.state = client, state
+        self.index = {wake_channel(name).encode(): i for i, name in enumerate(names)}
+        self.woken = threading.Event()  # a wake came (or the state changed): the claim looks again
+        self._changed = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._changed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+
+    def _run(self) -> None:
+        state, pubsub, sharded = self.state, None, False
+        while not self._done.is_set():
+            try:
+                if state.wanted and pubsub is None:
+                    sharded = _sharded(self.client.redis)
+                    pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
+                    (pubsub.ssubscribe if sharded else pubsub.subscribe)(*self.index)
+                    state.subscribed = True
+                elif not state.wanted and pubsub is not None:
+                    state.subscribed = False
+                    pubsub.close()
+                    pubsub = None
+                if pubsub is None:
+                    self._changed.wait(0.5)
+                    self._changed.clear()
+                    continue
+                message = _next_message(pubsub, sharded, 0.2)
+                if message is not None and message.get("type") in ("message", "smessage"):
+                    index = self.index.get(message["channel"])
+                    if index is not None:
+                        state.woken(index)
+                        self.woken.set()
+            except Exception:  # the subscription dropped: made again while still wanted (the
+                state.subscribed = False  # rotation of claims covers the wakes lost meanwhile)
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                pubsub = None
+                self._done.wait(1.0)
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
+
+def hook_worker(worker: Any) -> None:
+    """At a worker's start: it reads its queue's declaration with its first claim, on its own
+    bounded connection (a stop cuts it: a frozen server holds no stop), and a worker of a
+    partitioned queue then claims and sweeps across its partitions (``_runtime.partitions``).
+    A worker of any other queue is left as it was: the hook goes with the first read."""
+    known = worker.client._partitioned_queues
+    if worker.queue in known:
+        if (partitioned := known[worker.queue]) is not None:
+            _adopt(worker, partitioned)
         return
-    adopt(worker, partitioned.names, random.randrange(partitioned.partitions))
+    claim = worker._claim
+
+    def first_claim(step: Any, **options: Any) -> Any:
+        try:
+            partitioned = _worker_lookup(worker.client, worker.queue, worker._claim_cutter)
+        except Exception:  # not read (the server is away, the stop cut it): the claim, its own way
+            return claim(step, **options)
+        del worker._claim  # the class's own again: no hook on any later claim
+        if partitioned is not None:
+            _adopt(worker, partitioned)
+        return worker._claim(step, **options)
+
+    worker._claim = first_claim
+
+
+def _worker_lookup(client: Client, queue: str, cutter: Any) -> Partitioned | None:
+    """``lookup`` in one bounded try on the worker's own connections (where it has them)."""
+    known = client._partitioned_queues
+    if queue in known or "#" in queue or not client._bounded():
+        return lookup(client, queue)
+    connections = client._connections()
+    deadline = time.monotonic() + ATTEMPT_TIMEOUT_S
+    connection, generation = connections.take(deadline)
+    clean = False
+    try:
+        (reply,) = connections.round_trip(connection, [rules.read_args(queue)], deadline, cutter)
+        clean = True
+    finally:
+        connections.give(connection, generation, clean)
+    if isinstance(reply, NoPermissionError):
+        reply = None
+    elif isinstance(reply, BaseException):
+        raise reply
+    count = rules.declared(reply)
+    found = known[queue] = None if count is None else Partitioned(queue, count)
+    return found
+
+
+def _adopt(worker: Any, partitioned: Partitioned) -> None:
+    state = IdleWakes(partitioned.partitions)
+    adopt(worker, partitioned.names, random.randrange(partitioned.partitions), state)
+    wakes = worker._partition_wakes = Wakes(worker.client, partitioned.names, state)
     claim = worker._claim
 
     def claim_and_move_on(step: Any, **options: Any) -> Any:
         try:
-            return claim(step, **options)
+            jobs, claimed_at = claim(step, **options)
         finally:
             step.renew()  # an empty answer (or jobs) ends this partition's turn: the next claim moves on
+        if options.get("block_ms") is None:  # a claim with ends: the worker is busy
+            return jobs, claimed_at
+        was = state.wanted
+        wait = state.claimed(len(jobs))
+        if state.wanted != was:
+            wakes.changed()
+        if state.wanted and not state.subscribed:  # the subscription first, then around once more
+            deadline = time.monotonic() + 2.0
+            while not state.subscribed and time.monotonic() < deadline and not worker._stop_requested:
+                time.sleep(0.01)
+        until = time.monotonic() + wait
+        while not state.pending and not worker._stop_requested and (left := until - time.monotonic()) > 0:
+            wakes.woken.wait(min(left, 0.1))
+            wakes.woken.clear()
+        return jobs, claimed_at
 
     worker._claim = claim_and_move_on
+    wakes.start(f"echomq-worker-{worker.queue}-wakes")
+
+
+def stop_worker(worker: Any) -> None:
+    """The worker stops: its wakes' listener too (a worker of an ordinary queue has none)."""
+    wakes = getattr(worker, "_partition_wakes", None)
+    if wakes is not None:
+        wakes.stop()

@@ -8,6 +8,7 @@ Hand-written beside its twin ``_sync/_partitions.py``, not generated from it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Iterable
@@ -21,7 +22,9 @@ from .._protocol import EnqueueItem, JobId
 from .._protocol import partitions as rules
 from .._protocol.partitions import Partitioned
 from .._protocol.unique import Enqueued
-from .._runtime.partitions import adopt
+from .._result_wait import _anext_message, _asharded
+from .._runtime import ATTEMPT_TIMEOUT_S
+from .._runtime.partitions import IdleWakes, adopt, wake_channel
 from ..errors import ServerUnreachable
 
 
@@ -103,9 +106,11 @@ async def enqueue(
 ) -> Enqueued:
     index = partitioned.route(partition_key, group, unique_key, job_id)
     name = partitioned.names[index]
-    return await client.enqueue(
+    enqueued = await client.enqueue(
         name, payload, partitioned.job_id(index, job_id), unique_key=unique_key, group=group, **options
     )
+    await wake(client, name)
+    return enqueued
 
 
 async def enqueue_many(
@@ -159,22 +164,149 @@ async def enqueue_many(
         raise first_error
     for index in per:
         await client._register(partitioned.names[index])
+        await wake(client, partitioned.names[index])
     return [proto.text(wid) for wid in ids]
 
 
-async def adopt_worker(worker: Any) -> None:
-    """A worker of a partitioned queue claims and sweeps across its partitions (``_runtime.partitions``);
-    a worker of any other queue is left as it is."""
-    partitioned = await lookup(worker.client, worker.queue)
-    if partitioned is None:
+async def wake(client: Client, name: str) -> None:
+    """Announce a job in partition ``name`` to its idle workers (see ``_sync/_partitions.wake``)."""
+    with contextlib.suppress(redis.RedisError):
+        await client.redis.execute_command(
+            "SPUBLISH" if await _asharded(client.redis) else "PUBLISH", wake_channel(name), b""
+        )
+
+
+async def _close(pubsub: Any) -> None:
+    closing = getattr(pubsub, "aclose", None) or pubsub.close  # aclose() from redis-py 5.0.1
+    await closing()
+
+
+class Wakes:
+    """A partitioned worker's listener of its partitions' wakes: subscribed while it idles."""
+
+    def __init__(self, client: Client, names: tuple[str, ...], state: IdleWakes) -> None:
+        self.client, self.state = client, state
+        self.index = {wake_channel(name).encode(): i for i, name in enumerate(names)}
+        self.woken = asyncio.Event()  # a wake came: the claim looks again
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, name: str) -> None:
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _run(self) -> None:
+        state, pubsub, sharded = self.state, None, False
+        try:
+            while True:
+                try:
+                    if state.wanted and pubsub is None:
+                        sharded = await _asharded(self.client.redis)
+                        pubsub = self.client.redis.pubsub(ignore_subscribe_messages=True)
+                        await (pubsub.ssubscribe if sharded else pubsub.subscribe)(*self.index)
+                        state.subscribed = True
+                    elif not state.wanted and pubsub is not None:
+                        state.subscribed = False
+                        await _close(pubsub)
+                        pubsub = None
+                    if pubsub is None:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._changed.wait(), 0.5)
+                        self._changed.clear()
+                        continue
+                    message = await _anext_message(pubsub, sharded, 0.2)
+                    if message is not None and message.get("type") in ("message", "smessage"):
+                        index = self.index.get(message["channel"])
+                        if index is not None:
+                            state.woken(index)
+                            self.woken.set()
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception:  # the subscription dropped: made again while still wanted
+                    state.subscribed = False
+                    if pubsub is not None:
+                        with contextlib.suppress(Exception):
+                            await _close(pubsub)
+                    pubsub = None
+                    await asyncio.sleep(1.0)
+        finally:
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await _close(pubsub)
+
+
+def hook_worker(worker: Any) -> None:
+    """At a worker's start: it reads its queue's declaration with its first claim, a stop
+    cutting the read (see ``_sync/_partitions.hook_worker``)."""
+    known = worker.client._partitioned_queues
+    if worker.queue in known:
+        if (partitioned := known[worker.queue]) is not None:
+            _adopt(worker, partitioned)
         return
-    adopt(worker, partitioned.names, random.randrange(partitioned.partitions))
+    claim = worker._claim
+
+    async def first_claim(step: Any, **options: Any) -> Any:
+        read = asyncio.ensure_future(lookup(worker.client, worker.queue))
+        stopping = asyncio.ensure_future(worker._stopping.wait())
+        try:
+            await asyncio.wait(
+                {read, stopping}, timeout=ATTEMPT_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (read, stopping):
+                task.cancel()
+        if not read.done() or read.cancelled() or read.exception() is not None:
+            return await claim(step, **options)  # not read: the claim, its own way
+        del worker._claim  # the class's own again: no hook on any later claim
+        if (partitioned := read.result()) is not None:
+            _adopt(worker, partitioned)
+        return await worker._claim(step, **options)
+
+    worker._claim = first_claim
+
+
+def _adopt(worker: Any, partitioned: Partitioned) -> None:
+    state = IdleWakes(partitioned.partitions)
+    adopt(worker, partitioned.names, random.randrange(partitioned.partitions), state)
+    wakes = worker._partition_wakes = Wakes(worker.client, partitioned.names, state)
     claim = worker._claim
 
     async def claim_and_move_on(step: Any, **options: Any) -> Any:
         try:
-            return await claim(step, **options)
+            jobs, claimed_at = await claim(step, **options)
         finally:
             step.renew()  # an empty answer (or jobs) ends this partition's turn: the next claim moves on
+        if options.get("block_ms") is None:  # a claim with ends: the worker is busy
+            return jobs, claimed_at
+        was = state.wanted
+        wait = state.claimed(len(jobs))
+        if state.wanted != was:
+            wakes.changed()
+        if state.wanted and not state.subscribed:  # the subscription first, then around once more
+            deadline = time.monotonic() + 2.0
+            while not state.subscribed and time.monotonic() < deadline and not worker._stop_requested:
+                await asyncio.sleep(0.01)
+        until = time.monotonic() + wait
+        while not state.pending and not worker._stop_requested and (left := until - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakes.woken.wait(), min(left, 0.1))
+            wakes.woken.clear()
+        return jobs, claimed_at
 
     worker._claim = claim_and_move_on
+    wakes.start(f"echomq-worker-{worker.queue}-wakes")
+
+
+async def stop_worker(worker: Any) -> None:
+    """The worker stops: its wakes' listener too (a worker of an ordinary queue has none)."""
+    wakes = getattr(worker, "_partition_wakes", None)
+    if wakes is not None:
+        await wakes.stop()

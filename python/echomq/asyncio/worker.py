@@ -196,7 +196,7 @@ class Worker(Finisher[AsyncHandler]):
         self._started = True
         if self._stop_requested:  # stop() came first: never start
             return
-        await _partitions.adopt_worker(self)  # a partitioned queue: claims and sweeps rotate over it
+        _partitions.hook_worker(self)  # a partitioned queue: claims and sweeps rotate over it
         if self.isolation == "process":  # the children start (and import) before anything is claimed
             pool = self._process_pool()
             try:
@@ -259,6 +259,7 @@ class Worker(Finisher[AsyncHandler]):
                 if restore is not None:
                     restore()
             await self._close_pool()
+            await _partitions.stop_worker(self)
             if self._listener is not None:
                 await self._listener.close()
             await self._keepers.close()
