@@ -198,3 +198,57 @@ def test_a_partitioned_queue_on_one_server_with_either_backend(client: echomq.Cl
         assert wait_until(lambda: late in done, timeout=60)
     assert set(done) == {*ids, late} and set(done.values()) == {1}
     assert all(client.counts(name).pending == 0 for name in client.partitions("one-server"))
+
+
+def test_a_cancel_is_pushed_to_the_running_job_of_any_partition(nodes: list[EmbeddedServer]) -> None:
+    # A lease of 10 minutes checkpoints every 200 s: within the test only a push delivers.
+    flush(nodes)
+    client = echomq.Client.from_url(nodes[0].url, cluster=True)
+    client.declare_queue(Q, partitions=K)
+    started, seen = threading.Event(), []
+
+    def handler(ctx: echomq.JobContext) -> None:
+        started.set()
+        ctx.cancel.sleep(60)
+        seen.append(ctx.check())
+        ctx.raise_if_cancelled()
+
+    worker = echomq.Worker(client, Q, handler, lease_ms=600_000, poll_interval=0.02).start()
+    try:
+        job_id = client.enqueue(Q, b"x", partition_key="somewhere")
+        assert started.wait(60)
+        assert client.cancel(Q, job_id, "user asked") == "requested"
+        assert wait_until(lambda: worker.stats.cancelled == 1, timeout=30), worker.stats
+    finally:
+        worker.stop(grace=0)
+    client.close()
+    assert seen == [echomq.Cancellation("user asked")]
+
+    async def aio() -> None:
+        aclient = emq.Client.from_url(nodes[1].url, cluster=True)
+        astarted, aseen = asyncio.Event(), []
+
+        async def ahandler(ctx: emq.JobContext) -> None:
+            astarted.set()
+            await asyncio.wait_for(ctx.cancel.wait(), 60)
+            aseen.append(ctx.check())
+            ctx.raise_if_cancelled()
+
+        aworker = emq.Worker(aclient, Q, ahandler, lease_ms=600_000, poll_interval=0.02)
+        task = asyncio.create_task(aworker.run(handle_signals=False))
+        try:
+            job_id = await aclient.enqueue(Q, b"y", partition_key="elsewhere")
+            await asyncio.wait_for(astarted.wait(), 60)
+            assert await aclient.cancel(Q, job_id, "again") == "requested"
+            for _ in range(600):
+                if aworker.stats.cancelled == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert aworker.stats.cancelled == 1, aworker.stats
+        finally:
+            aworker.stop()
+            await task
+            await aclient.aclose()
+        assert aseen == [echomq.Cancellation("again")]
+
+    asyncio.run(aio())

@@ -2,7 +2,9 @@
 each sweep goes to, for both drivers.
 
 A worker on a declared queue is the ordinary worker with a few of its small calls replaced at
-its start (``adopt``), so a queue never declared takes no new branch on any path:
+its first claim, once it has read the declaration (each driver's ``hook_worker``, then
+``adopt``); a worker of a queue never declared drops the hook with that claim, so no later
+claim and no job takes a new branch:
 
 - **Claims rotate**: each claim (the idle one, or the one riding with a batch of ends) goes
   to the next partition, so a busy worker never starves one; EMQ.COMPLETECLAIM is off (its
@@ -16,8 +18,8 @@ its start (``adopt``), so a queue never declared takes no new branch on any path
   brings ends the subscription: a busy worker hears no wakes.
 - **Sweeps rotate** the same way, a partition a turn (each partition swept every K turns of
   one worker, every K/W of W workers).
-- Pushed cancels listen on the logical name only: a running job of a partition hears of its
-  cancel at its next checkpoint.
+- Pushed cancels: the worker's one cancel subscription listens to every partition's
+  ``<base>cancel`` (``CancelListener.listen_to``).
 """
 
 from __future__ import annotations
@@ -28,10 +30,8 @@ from .. import _protocol as proto
 from .._protocol import Call, Job, SweepResult
 from .sweep import REAP_LIMIT
 
-# An idle partitioned worker's waiting claim: this long on one partition, then the next
-# (without wakes: a server or client where the subscription cannot be made).
-PARTITION_BLOCK_S = 2.5
-# With wakes, the idle worker's claim (one partition, around the rotation) every so often.
+# An idle worker's claim (one partition, around the rotation) every so often, wakes or not:
+# the bound on a wake lost with a dropped subscription (K of these).
 IDLE_CLAIM_S = 5.0
 
 
@@ -90,20 +90,14 @@ class Rotation:
         return name
 
 
-def block_ms(lease_ms: int) -> int:
-    return max(1, round(min(PARTITION_BLOCK_S * 1000, lease_ms / 6)))
-
-
-def adopt(worker: Any, names: tuple[str, ...], start: int = 0, wakes: IdleWakes | None = None) -> None:
-    """Make ``worker`` (either driver's, not started yet) claim and sweep across ``names``; with
-    ``wakes``, an idle claim never waits on the server (the driver waits for a wake)."""
+def adopt(worker: Any, names: tuple[str, ...], start: int, wakes: IdleWakes) -> None:
+    """Make ``worker`` (either driver's) claim and sweep across ``names``: its claims never wait
+    on the server (the driver waits for a wake between them: ``IdleWakes``)."""
     claims, sweeps = Rotation(names, start), Rotation(names, start)
-    lease_ms, wait_ms = worker.lease_ms, block_ms(worker.lease_ms)
+    lease_ms = worker.lease_ms
     sweeping = [names[start % len(names)]]
 
     def claim_call(block: int | None = None, count: int = 1) -> Call[list[Job]]:
-        if wakes is None:
-            return proto.claim(claims.next(), lease_ms, count, None if block is None else wait_ms)
         woken = wakes.next_woken()
         return proto.claim(claims.next() if woken is None else names[woken], lease_ms, count)
 

@@ -246,11 +246,6 @@ def hook_worker(worker: Any) -> None:
     bounded connection (a stop cuts it: a frozen server holds no stop), and a worker of a
     partitioned queue then claims and sweeps across its partitions (``_runtime.partitions``).
     A worker of any other queue is left as it was: the hook goes with the first read."""
-    known = worker.client._partitioned_queues
-    if worker.queue in known:
-        if (partitioned := known[worker.queue]) is not None:
-            _adopt(worker, partitioned)
-        return
     claim = worker._claim
 
     def first_claim(step: Any, **options: Any) -> Any:
@@ -290,6 +285,8 @@ def _worker_lookup(client: Client, queue: str, cutter: Any) -> Partitioned | Non
 
 
 def _adopt(worker: Any, partitioned: Partitioned) -> None:
+    if worker._listener is not None:  # pushed cancels: every partition's channel
+        worker._listener.listen_to(partitioned.names)
     state = IdleWakes(partitioned.partitions)
     adopt(worker, partitioned.names, random.randrange(partitioned.partitions), state)
     wakes = worker._partition_wakes = Wakes(worker.client, partitioned.names, state)

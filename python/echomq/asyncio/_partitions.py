@@ -246,11 +246,6 @@ class Wakes:
 def hook_worker(worker: Any) -> None:
     """At a worker's start: it reads its queue's declaration with its first claim, a stop
     cutting the read (see ``_sync/_partitions.hook_worker``)."""
-    known = worker.client._partitioned_queues
-    if worker.queue in known:
-        if (partitioned := known[worker.queue]) is not None:
-            _adopt(worker, partitioned)
-        return
     claim = worker._claim
 
     async def first_claim(step: Any, **options: Any) -> Any:
@@ -274,6 +269,8 @@ def hook_worker(worker: Any) -> None:
 
 
 def _adopt(worker: Any, partitioned: Partitioned) -> None:
+    if worker._listener is not None:  # pushed cancels: every partition's channel
+        worker._listener.listen_to(partitioned.names)
     state = IdleWakes(partitioned.partitions)
     adopt(worker, partitioned.names, random.randrange(partitioned.partitions), state)
     wakes = worker._partition_wakes = Wakes(worker.client, partitioned.names, state)
