@@ -14,8 +14,8 @@ claim and no job takes a new branch:
   enqueue into a partition: ``wake_channel``), claims around the rotation once more (a job
   that came before the subscription), then waits: a wake sends the next claim to the
   partition it names at once; without one, a claim every ``IDLE_CLAIM_S`` goes on around the
-  rotation (a wake lost with a dropped subscription waits for it).  The first job a claim
-  brings ends the subscription: a busy worker hears no wakes.
+  rotation (a wake lost with a dropped subscription waits for it).  The first claim that
+  rides with ends (the worker is busy) ends the subscription: a busy worker hears no wakes.
 - **Sweeps rotate** the same way, a partition a turn (each partition swept every K turns of
   one worker, every K/W of W workers).
 - Pushed cancels: the worker's one cancel subscription listens to every partition's
@@ -56,9 +56,9 @@ class IdleWakes:
         self.pending: list[int] = []  # partitions woken, oldest first
 
     def claimed(self, jobs: int) -> float:
-        if jobs:
+        """After an idle claim: the seconds to wait for a wake before the next one."""
+        if jobs:  # the subscription stays: the wakes still pending go first
             self.empties = 0
-            self.wanted = False
             return 0.0
         self.empties += 1
         if self.empties < self.partitions:
@@ -68,6 +68,11 @@ class IdleWakes:
             self.empties = 0
             return 0.0
         return IDLE_CLAIM_S
+
+    def busy(self) -> None:
+        """A claim rode with ends (the worker is busy): no wakes until it idles again."""
+        self.empties = 0
+        self.wanted = False
 
     def woken(self, index: int) -> None:
         if index not in self.pending:
@@ -98,6 +103,8 @@ def adopt(worker: Any, names: tuple[str, ...], start: int, wakes: IdleWakes) -> 
     sweeping = [names[start % len(names)]]
 
     def claim_call(block: int | None = None, count: int = 1) -> Call[list[Job]]:
+        if block is None:  # a claim with ends, not an idle one
+            wakes.busy()
         woken = wakes.next_woken()
         return proto.claim(claims.next() if woken is None else names[woken], lease_ms, count)
 
@@ -115,3 +122,4 @@ def adopt(worker: Any, names: tuple[str, ...], start: int, wakes: IdleWakes) -> 
     worker._reap_call = reap_call
     worker._complete_claim = False
     worker.partitions = names
+    worker._partition_rotation = claims  # where the claims are (the tests aim a job behind it)
