@@ -172,3 +172,40 @@ def test_a_queue_never_declared_is_unchanged(client: echomq.Client) -> None:
     assert client.counts("plain").pending == 1
     assert client.redis.get(queue_keys("plain").base + "partitions") is None
     assert client.partitions("plain") == ["plain"] and client.job("plain", "j2") is not None
+
+
+def test_a_rate_limit_is_split_into_shares_that_add_up_to_it(client: echomq.Client) -> None:
+    client.declare_queue(Q, partitions=K)
+    client.enqueue_many(Q, [b""] * 300)  # 33 or 34 in each partition
+    limit = client.set_rate_limit(Q, 95, 60_000)  # one window for the whole test
+    assert (limit.max, limit.per_ms, limit.used) == (95, 60_000, 0)
+    shares = [client.rate_limit(name).max for name in client.partitions(Q)]
+    assert shares == [11] * 5 + [10] * 4 and sum(shares) == 95  # type: ignore[arg-type]
+    claimed = sum(len(client.claim_many(name, 30_000, 100)) for name in client.partitions(Q))
+    assert claimed == 95  # every share used, none exceeded: the queue-wide bound is exact
+    assert client.rate_limit(Q).used == 95
+    with pytest.raises(ValueError, match="at least 9"):
+        client.set_rate_limit(Q, 8, 1000)
+    assert client.rate_limit(Q).max == 95  # the refused call changed nothing
+    until = client.back_off(Q, 5_000).backoff_until
+    assert until is not None and all(
+        client.rate_limit(name).backoff_until == until for name in client.partitions(Q)
+    )
+    assert client.remove_rate_limit(Q).max is None
+    assert all(client.rate_limit(name).max is None for name in client.partitions(Q))
+
+    async def aio() -> None:
+        aclient = emq.Client.from_url(client_url(client), cluster=True)
+        try:
+            assert (await aclient.set_rate_limit(Q, 18, 1000)).max == 18
+            assert (await aclient.rate_limit(Q)).max == 18
+            assert (await aclient.remove_rate_limit(Q)).max is None
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(aio())
+
+
+def client_url(client: echomq.Client) -> str:
+    node = client.redis.get_default_node()
+    return f"redis://{node.host}:{node.port}"

@@ -37,6 +37,7 @@ from redis.crc import key_slot
 from ..errors import PartitionsChanged
 from ..keyspace import queue_keys
 from .calls import JobId, new_id, positive_int, text, wire
+from .flow import RateLimit
 
 MAX_PARTITIONS = 1024
 """The most partitions a queue may be declared with (each is a queue and a slot of its own)."""
@@ -166,3 +167,36 @@ class Partitioned:
 
     def partition_of_id(self, job_id: JobId) -> str:
         return self.names[self.index_of_id(job_id)]
+
+
+def rate_shares(max: int | None, partitions: int) -> list[int | None]:
+    """A queue-wide rate limit as each partition's share: ``max`` split as evenly as it goes
+    (the first ``max % K`` partitions one more), so the shares add up to ``max`` exactly.
+
+    The bound: the queue never hands out more than ``max`` per window; a partition claims at
+    most its share, so while only some partitions have work the queue may hand out less (at
+    worst ``max / K`` when one partition has all the work).  None: no limit anywhere.
+    """
+    if max is None:
+        return [None] * partitions
+    if max < partitions:
+        raise ValueError(
+            f"max must be at least {partitions} on a queue of {partitions} partitions "
+            f"(a share of at least 1 each), got {max}"
+        )
+    share, extra = divmod(max, partitions)
+    return [share + (1 if i < extra else 0) for i in range(partitions)]
+
+
+def combined_limit(limits: list[RateLimit]) -> RateLimit:
+    """The partitions' limits as one: the shares and their use added, the latest window end and back-off."""
+    maxes = [limit.max for limit in limits]
+    ends = [limit.window_ends_at for limit in limits if limit.window_ends_at is not None]
+    until = [limit.backoff_until for limit in limits if limit.backoff_until is not None]
+    return RateLimit(
+        None if None in maxes else sum(m for m in maxes if m is not None),
+        limits[0].per_ms if limits else None,
+        sum(limit.used for limit in limits),
+        max(ends) if ends else None,
+        max(until) if until else None,
+    )

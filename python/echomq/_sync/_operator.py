@@ -37,6 +37,7 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from . import _partitions
 from ._partitions import partition_of
 
 if TYPE_CHECKING:
@@ -301,15 +302,24 @@ class OperatorVerbs:
         waits on the server for the next window).  ``max`` None removes the
         limit (as ``remove_rate_limit``).  Changing ``per_ms`` restarts the
         count; changing only ``max`` keeps it.  Returns the limit after the call.
+        On a partitioned queue ``max`` (at least one per partition) is split into
+        shares that add up to it (docs/concepts/partitions.md, "Rate limits").
         """
+        proto.set_rate_limit(queue, max, per_ms)  # the arguments, checked before anything is sent
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.set_rate_limit(self, partitioned, max, per_ms)  # type: ignore[arg-type]
         return self._run(proto.set_rate_limit(queue, max, per_ms))
 
     def remove_rate_limit(self, queue: str) -> RateLimit:
         """Remove the rate limit of ``queue`` (a back-off in force stays); waiting claims wake."""
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.set_rate_limit(self, partitioned, None, None)  # type: ignore[arg-type]
         return self._run(proto.set_rate_limit(queue, None))
 
     def rate_limit(self, queue: str) -> RateLimit:
         """The rate limit of ``queue``, the current window's use, and any back-off in force."""
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.rate_limit(self, partitioned)  # type: ignore[arg-type]
         return self._run(proto.limit(queue))
 
     def back_off(self, queue: str, ms: int) -> RateLimit:
@@ -318,6 +328,9 @@ class OperatorVerbs:
         A back-off in force is never shortened by a shorter one.  Handlers
         call it through ``ctx.rate_limited(ms)`` (or ``raise RateLimited(ms)``).
         """
+        proto.back_off(queue, ms)  # the arguments, checked before anything is sent
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.back_off(self, partitioned, ms)  # type: ignore[arg-type]
         return self._run(proto.back_off(queue, ms))
 
     def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:

@@ -18,7 +18,7 @@ import redis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from .. import _protocol as proto
-from .._protocol import EnqueueItem, JobId
+from .._protocol import EnqueueItem, JobId, RateLimit
 from .._protocol import partitions as rules
 from .._protocol.partitions import Partitioned
 from .._protocol.unique import Enqueued
@@ -307,3 +307,35 @@ async def stop_worker(worker: Any) -> None:
     wakes = getattr(worker, "_partition_wakes", None)
     if wakes is not None:
         await wakes.stop()
+
+
+async def set_rate_limit(
+    client: Client, partitioned: Partitioned, max: int | None, per_ms: int | None
+) -> RateLimit:
+    """The queue-wide limit split into the partitions' shares (``rules.rate_shares``), one pipeline."""
+    shares = rules.rate_shares(max, partitioned.partitions)
+    calls = [
+        proto.set_rate_limit(name, share, per_ms)
+        for name, share in zip(partitioned.names, shares, strict=True)
+    ]
+    return await _limits(client, calls)
+
+
+async def rate_limit(client: Client, partitioned: Partitioned) -> RateLimit:
+    return await _limits(client, [proto.limit(name) for name in partitioned.names])
+
+
+async def back_off(client: Client, partitioned: Partitioned, ms: int) -> RateLimit:
+    return await _limits(client, [proto.back_off(name, ms) for name in partitioned.names])
+
+
+async def _limits(client: Client, calls: list[proto.Call[RateLimit]]) -> RateLimit:
+    replies = await client._pipeline_run(list(calls))
+    limits = []
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, ResponseError):
+            proto.raise_mapped(reply, call)
+        if isinstance(reply, BaseException):
+            raise reply
+        limits.append(call.read(reply))
+    return rules.combined_limit(limits)
