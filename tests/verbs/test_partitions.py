@@ -11,6 +11,7 @@ import pytest
 import echomq
 import echomq.asyncio as emq
 from echomq._protocol.partitions import MAX_PARTITIONS, partition_names
+from echomq.cli import main
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
@@ -209,3 +210,17 @@ def test_a_rate_limit_is_split_into_shares_that_add_up_to_it(client: echomq.Clie
 def client_url(client: echomq.Client) -> str:
     node = client.redis.get_default_node()
     return f"redis://{node.host}:{node.port}"
+
+
+def test_inspect_shows_one_logical_queue_with_its_partitions(
+    nodes: list[EmbeddedServer], client: echomq.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client.declare_queue(Q, partitions=K)
+    client.enqueue_many(Q, [b""] * 90)
+    assert main(["--cluster", "--url", nodes[0].url, "inspect", Q]) == 0
+    out = capsys.readouterr().out
+    assert f"queue {Q}  (partitioned: {K} partitions)" in out
+    assert "pending 90   active 0   delayed 0   dead 0" in out
+    for name in client.partitions(Q):
+        port = owner(nodes, queue_keys(name).pending).port
+        assert any(line.split()[:3] == [name, f"127.0.0.1:{port}", "10"] for line in out.splitlines()), out
