@@ -44,6 +44,8 @@
 #               every worker at it, then asyncio (and threads) at 100 and 500 slots with
 #               prefetch, forced stops (SIGTERM twice) and 1 s leases (MODE:N+prefetch+forced
 #               +short), on Redis 7.0 and Valkey 8 (minutes)
+#   make partitions-long  a partitioned queue at the issue's size (issue 47): 30,000 jobs over
+#               9 partitions on 3 masters, a sync and an asyncio worker (the suite runs 3,000)
 #
 # Set-up is idempotent: Debian's redis-server, valgrind and chromium (apt-get, only when
 # missing; chromium is the real browser of the dashboard's test, driven by Playwright),
@@ -57,7 +59,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The test environment's versions (tests/constraints.txt says why); empty: the newest releases.
 CONSTRAINTS ?= tests/constraints.txt
 
-.PHONY: demo test smoke unasync compat bench wheel soak chaos outage schedules-long lint docs docs-serve setup server-binary debian-packages memchecker browser module clean
+.PHONY: demo test smoke unasync compat bench wheel soak chaos outage schedules-long partitions-long lint docs docs-serve setup server-binary debian-packages memchecker browser module clean
 
 demo: setup
 	$(BIN)/python -m echomq demo
@@ -167,6 +169,10 @@ SCHEDULE_TICKS ?= 60
 schedules-long: setup
 	ECHOMQ_SCHEDULE_LONG=1 ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine redis tests/tasks/test_schedules.py -k "reaper or restart or minute_cron"
 	ECHOMQ_SCHEDULE_LONG=1 ECHOMQ_SCHEDULE_TICKS=$(SCHEDULE_TICKS) $(BIN)/python -m pytest -q --engine valkey tests/tasks/test_schedules.py -k "reaper or restart or minute_cron"
+
+# A partitioned queue at the issue's size (issue 47): 30,000 jobs over 9 partitions on 3 masters.
+partitions-long: setup
+	ECHOMQ_PARTITION_JOBS=30000 $(BIN)/python -m pytest -q --engine redis tests/workers/test_worker_partitions.py
 
 OUTAGE_SLOTS ?= 1,100,500,asyncio:100+prefetch+short,asyncio:500+prefetch+forced,asyncio:100+forced+short,sync:100+prefetch+forced
 outage: setup

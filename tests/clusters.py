@@ -63,16 +63,18 @@ def cluster_cli() -> str:
 
 
 def start_cluster(
-    server_factory: ServerFactory, nodes: int = 3, load_module: bool = True
+    server_factory: ServerFactory, nodes: int = 3, load_module: bool = True, replicas: int = 0
 ) -> list[EmbeddedServer]:
-    """N masters, every slot served, every node agreeing that the cluster is ok (with the module,
-    or without it: a cluster for the scripts backend)."""
+    """N nodes, every slot served, every node agreeing that the cluster is ok (with the module,
+    or without it: a cluster for the scripts backend); with ``replicas``, that many replicas of
+    each master among the N (``redis-cli --cluster create --cluster-replicas``)."""
     cli = cluster_cli()
     started = [start_node(server_factory, load_module) for _ in range(nodes)]
     addresses = [f"{n.host}:{n.port}" for n in started]
     done = subprocess.run(
-        [cli, "--cluster", "create", *addresses, "--cluster-yes"], capture_output=True, text=True, timeout=120
-    )
+        [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas), "--cluster-yes"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     conns = [n.client() for n in started]
 

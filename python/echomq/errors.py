@@ -91,6 +91,19 @@ class JobExists(EchoMQError):
         self.job_id = str(job_id)
 
 
+class PartitionsChanged(EchoMQError, ValueError):
+    """``declare_queue`` with a partition count other than the one the server holds for the queue.
+
+    ``queue``, ``declared`` (the server's) and ``asked``.  The count of a
+    partitioned queue changes only by the migration of
+    docs/concepts/partitions.md, never by declaring again.
+    """
+
+    def __init__(self, message: str, queue: str, declared: int, asked: int) -> None:
+        super().__init__(message)
+        self.queue, self.declared, self.asked = queue, declared, asked
+
+
 class Unblocked(EchoMQError):
     """The server ended a waiting claim (``block_ms``) before a job came: nothing was claimed.
 

@@ -37,6 +37,8 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from . import _partitions
+from ._partitions import partition_of
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -54,6 +56,10 @@ class OperatorVerbs:
 
     def _run(self, call: proto.Call[T]) -> T:
         raise NotImplementedError
+
+    def _partition_of(self, queue: str, job_id: JobId) -> str:
+        """The queue that holds ``job_id`` (its partition, on a partitioned queue: ``_partitions.py``)."""
+        return partition_of(self, queue, job_id)  # type: ignore[arg-type]
 
     def _node_of(self, key: str) -> dict[str, Any]:
         """For a keyless command (TIME, SCAN): in a cluster, the node that serves ``key``."""
@@ -119,7 +125,7 @@ class OperatorVerbs:
 
         With ``payload=True`` the payload bytes are included (``payload_size`` always is).
         """
-        return self._read(proto.job_info(queue, job_id, payload))
+        return self._read(proto.job_info(self._partition_of(queue, job_id), job_id, payload))
 
     def counts(self, queue: str) -> QueueCounts:
         """Pending (claimable now, and by priority level), delayed, active (and lapsed), dead, paused,
@@ -296,15 +302,24 @@ class OperatorVerbs:
         waits on the server for the next window).  ``max`` None removes the
         limit (as ``remove_rate_limit``).  Changing ``per_ms`` restarts the
         count; changing only ``max`` keeps it.  Returns the limit after the call.
+        On a partitioned queue ``max`` (at least one per partition) is split into
+        shares that add up to it (docs/concepts/partitions.md, "Rate limits").
         """
+        proto.set_rate_limit(queue, max, per_ms)  # the arguments, checked before anything is sent
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.set_rate_limit(self, partitioned, max, per_ms)  # type: ignore[arg-type]
         return self._run(proto.set_rate_limit(queue, max, per_ms))
 
     def remove_rate_limit(self, queue: str) -> RateLimit:
         """Remove the rate limit of ``queue`` (a back-off in force stays); waiting claims wake."""
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.set_rate_limit(self, partitioned, None, None)  # type: ignore[arg-type]
         return self._run(proto.set_rate_limit(queue, None))
 
     def rate_limit(self, queue: str) -> RateLimit:
         """The rate limit of ``queue``, the current window's use, and any back-off in force."""
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.rate_limit(self, partitioned)  # type: ignore[arg-type]
         return self._run(proto.limit(queue))
 
     def back_off(self, queue: str, ms: int) -> RateLimit:
@@ -313,6 +328,9 @@ class OperatorVerbs:
         A back-off in force is never shortened by a shorter one.  Handlers
         call it through ``ctx.rate_limited(ms)`` (or ``raise RateLimited(ms)``).
         """
+        proto.back_off(queue, ms)  # the arguments, checked before anything is sent
+        if (partitioned := _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return _partitions.back_off(self, partitioned, ms)  # type: ignore[arg-type]
         return self._run(proto.back_off(queue, ms))
 
     def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:

@@ -66,6 +66,8 @@ class CancelListener:
         # The queue's schedule changes, heard on the same connection (the worker's tick driver).
         self._on_schedules = on_schedules
         self._channels = [self._channel] + ([changes_channel(queue)] if on_schedules is not None else [])
+        self._cancels = {self._channel}  # a partitioned queue's worker hears every partition's (listen_to)
+        self._renew = False  # listen_to asked for a new subscription
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._pubsub: Any = None
@@ -85,6 +87,14 @@ class CancelListener:
             worker_log.debug("worker of %r: cannot start the cancel listener: %r", self.queue, exc)
             return
         self._thread = thread
+
+    def listen_to(self, queues: tuple[str, ...]) -> None:
+        """Hear the cancels of ``queues`` instead (a partitioned queue's partitions), from the next
+        subscription on (made at once; a cancel between the two is asked for by a checkpoint)."""
+        self._cancels = {proto.keys_of(queue).base + "cancel" for queue in queues}
+        self._channel = proto.keys_of(queues[0]).base + "cancel"
+        self._channels = [*sorted(self._cancels), *(c for c in self._channels if not c.endswith(":cancel"))]
+        self._renew = True
 
     def close(self) -> None:
         """Stop listening: cut the subscription's connection, and wait (bounded) for the thread."""
@@ -111,6 +121,9 @@ class CancelListener:
         while not self._done.is_set():
             try:
                 pubsub = self._pubsub
+                if self._renew and pubsub is not None:  # other channels (listen_to): subscribed anew
+                    self._renew, lost, pubsub = False, True, None
+                    self._drop()
                 if pubsub is None:
                     pubsub = self.client._subscriber(confirmations=True)
                     with self._lock:
@@ -126,10 +139,11 @@ class CancelListener:
                 if message is not None:
                     health.heard_from(now)
                     kind = message.get("type")
-                    ours = proto.text(message.get("channel", b"")) == self._channel
+                    channel = proto.text(message.get("channel", b""))
+                    ours = channel == self._channel or channel in self._cancels
                     if kind == "message" and ours:
                         self._keepers.pushed(proto.text(message["data"]))
-                    elif kind == "subscribe" and ours and health.confirmed():
+                    elif kind == "subscribe" and channel == self._channel and health.confirmed():
                         self.resubscribed += 1  # by redis-py, after a dropped connection
                         self._keepers.checkpoint_all()
                     if not ours and kind in ("message", "subscribe") and self._on_schedules is not None:

@@ -40,6 +40,7 @@ from .._protocol import (
 )
 from .._protocol.calls import missing_code
 from .._protocol.deps import OnParentFailure
+from .._protocol.partitions import Partitioned
 from .._protocol.unique import Enqueued
 from .._redis import _missing, check_redis_client, connection_defaults, never_reached, unreachable, unwrapped
 from .._result_wait import wait_result
@@ -56,7 +57,7 @@ from .._scripts import (
 from .._serializers import JSON
 from ..cancel import Cancellation
 from ..schedules import DriveResult, ScheduleInfo
-from . import _schedules
+from . import _partitions, _schedules
 from ._attempt import Cutter, NotSent, WorkerConnections
 from ._claims import ClaimVerbs
 from ._operator import OperatorVerbs
@@ -117,6 +118,8 @@ class Client(ClaimVerbs, OperatorVerbs):
         self._reached = False  # a request of ours got an answer once (never_reached)
         self._registrations = proto.Registrations()
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
+        # Each queue's partition declaration as first read (None: an ordinary queue): _partitions.lookup.
+        self._partitioned_queues: dict[str, Partitioned | None] = {}
 
     @classmethod
     def from_url(
@@ -447,6 +450,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         after: Iterable[JobId] | None = None,
         on_parent_failure: OnParentFailure | None = None,
         missing_ok: bool = False,
+        partition_key: str | bytes | None = None,
     ) -> Enqueued:
         """Add a job to ``queue``; returns its id (a new time-ordered one unless given).
 
@@ -487,11 +491,27 @@ class Client(ClaimVerbs, OperatorVerbs):
         exist raises ``BadArgument`` unless ``missing_ok=True`` (counted as
         met).  Dependencies already ended resolve at once
         (docs/concepts/workflows.md).
+
+        On a queue declared with ``declare_queue(queue, partitions=K)``, the job
+        goes to one partition: by ``partition_key`` when given, else by
+        ``group``, else by ``unique_key``, else by ``job_id``, else round-robin;
+        the id returned is ``"<partition>~<id>"`` (``"3~order-42"`` for
+        ``job_id="order-42"``), the one ``cancel``, ``result`` and ``job`` take
+        (docs/concepts/partitions.md).  ``partition_key`` is ignored on a queue
+        not partitioned.  With ``after``, the job goes to the partition of the
+        jobs it waits for, which must be one (``ValueError`` otherwise).
         """
         call = proto.enqueue(
             queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group,
             after, on_parent_failure, missing_ok,
         )  # fmt: skip
+        if (partitioned := _partitions.lookup(self, queue)) is not None:
+            return _partitions.enqueue(
+                self, partitioned, payload, job_id, partition_key, unique_key, group,
+                delay_ms=delay_ms, run_at_ms=run_at_ms, priority=priority,
+                unique_for_ms=unique_for_ms, replace=replace,
+                after=after, on_parent_failure=on_parent_failure, missing_ok=missing_ok,
+            )  # fmt: skip
         enqueued: Enqueued = self._run_request(call)
         self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return enqueued
@@ -504,6 +524,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         delay_ms: int | None = None,
         priority: int | None = None,
         group: str | None = None,
+        partition_key: str | bytes | None = None,
     ) -> list[str]:
         """Add many jobs in few round trips; returns their ids, in order.
 
@@ -514,7 +535,19 @@ class Client(ClaimVerbs, OperatorVerbs):
         chunks before it were added).  Ids must be distinct (``ValueError``
         before anything is sent).  ``delay_ms``, ``priority`` and ``group``
         apply to every job alike; the jobs enter their lane in the order given.
+
+        On a partitioned queue (``declare_queue``) the whole batch goes to one
+        partition with ``partition_key`` or ``group``; else each job to its own,
+        by its id when given, else round-robin; each partition's
+        EMQ.ENQUEUEMANY go in one pipeline: one round trip per node.  The ids
+        are ``"<partition>~<id>"``, in order.  An error of one partition's
+        call (``JobExists``) is raised after the round trip; the other
+        partitions' jobs were added.
         """
+        if (partitioned := _partitions.lookup(self, queue)) is not None:
+            return _partitions.enqueue_many(
+                self, partitioned, items, partition_key, delay_ms, priority, group
+            )
         ids: list[str] = []
         calls = proto.enqueue_many(queue, items, delay_ms, priority=priority, group=group)
         while calls:
@@ -620,6 +653,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         ``echomq.tasks.JSON``; a result stored otherwise is refused, so a
         pickle is read only when ``echomq.tasks.PICKLE`` is given).
         """
+        queue = _partitions.partition_of(self, queue, job_id)
         return wait_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or JSON)
 
     def fail(
@@ -666,9 +700,32 @@ class Client(ClaimVerbs, OperatorVerbs):
         claimed), ``"requested"`` if it is held (its handler hears of it at the
         holder's next checkpoint), ``"finished"`` if it is already done, dead
         or cancelled.  Idempotent; the first reason is kept.  Raises
-        ``JobGone`` for an unknown id.
+        ``JobGone`` for an unknown id.  On a partitioned queue the id names its
+        partition: one round trip.
         """
-        return self._run(proto.cancel(queue, job_id, reason))
+        proto.cancel(queue, job_id, reason)  # the arguments, checked before anything is sent
+        return self._run(proto.cancel(_partitions.partition_of(self, queue, job_id), job_id, reason))
+
+    def declare_queue(self, queue: str, *, partitions: int) -> None:
+        """Declare ``queue`` a partitioned queue of ``partitions`` queues (1 to 1,024), on the server.
+
+        The count is stored once, in the key ``emq:{<queue>}:partitions``, so
+        that every client and worker reads the same; declaring again with the
+        same count changes nothing, with another raises ``PartitionsChanged``
+        (the count changes only by the migration of docs/concepts/partitions.md).
+        Partition i is the ordinary queue ``partitions(queue)[i]``
+        (``"<queue>#<i>.<n>"``, spread over the cluster's slots).  Declare a
+        queue before producing into it: a client that already read it as
+        not partitioned keeps it so until it is made anew.  ``queue`` may not
+        contain ``#``.
+        """
+        _partitions.declare(self, queue, partitions)
+
+    def partitions(self, queue: str) -> list[str]:
+        """The queues ``queue``'s jobs live in: its partitions' names in order, or ``[queue]``
+        for a queue not partitioned (the declaration read once per client)."""
+        partitioned = _partitions.lookup(self, proto.keys_of(queue).queue)
+        return [queue] if partitioned is None else list(partitioned.names)
 
     def close(self) -> None:
         """Close the redis client's connections (and a worker's own)."""

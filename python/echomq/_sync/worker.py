@@ -58,6 +58,7 @@ from .._watch import WATCH
 from ..cancel import CancelToken
 from ..errors import NotReplicated
 from ..isolation import ProcessPool, check_isolated_handler
+from . import _partitions
 from ._attempt import Cutter
 from ._finisher import SETTLE_TRY_S, _GaveUp
 from ._pushes import CancelListener
@@ -136,6 +137,9 @@ class Worker(Turns[Handler]):
       failed with a timeout error (a try used).  Python cannot stop a
       thread: an abandoned handler's thread runs on, another takes its place.
     - ``stats``: a ``WorkerStats``.
+    - A queue declared partitioned (``Client.declare_queue``): the worker
+      claims across its partitions in turn and sweeps them in turn; idle, it
+      waits for the producers' wakes (docs/concepts/partitions.md).
 
     Every argument is checked here: TypeError or ValueError naming it.  A
     worker runs once (``run()`` or ``start()``); make a new one to run again.
@@ -291,6 +295,7 @@ class Worker(Turns[Handler]):
         return True
 
     def _spawn_loops(self) -> None:
+        _partitions.hook_worker(self)  # a partitioned queue's: claims and sweeps rotate over its partitions
         if self.isolation == "process":  # the children start (and import) before anything is claimed
             pool = self._process_pool()
             try:
@@ -395,6 +400,7 @@ class Worker(Turns[Handler]):
         finally:
             if self._sweeper is not None:
                 self._sweeper.stop()
+            _partitions.stop_worker(self)
             if self._ticks is not None:
                 self._ticks.stop()
             self._join_threads()

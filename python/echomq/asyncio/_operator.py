@@ -36,6 +36,8 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from . import _partitions
+from ._partitions import partition_of
 
 T = TypeVar("T")
 
@@ -49,6 +51,10 @@ class OperatorVerbs:
 
     async def _run(self, call: proto.Call[T]) -> T:
         raise NotImplementedError
+
+    async def _partition_of(self, queue: str, job_id: JobId) -> str:
+        """The queue that holds ``job_id`` (its partition, on a partitioned queue: ``_partitions.py``)."""
+        return await partition_of(self, queue, job_id)  # type: ignore[arg-type]
 
     def _node_of(self, key: str) -> dict[str, Any]:
         if hasattr(self.redis, "get_node_from_key"):
@@ -103,7 +109,7 @@ class OperatorVerbs:
 
     async def job(self, queue: str, job_id: JobId, *, payload: bool = False) -> JobInfo | None:
         """The job's status, or None (see ``echomq.Client.job``)."""
-        return await self._read(proto.job_info(queue, job_id, payload))
+        return await self._read(proto.job_info(await self._partition_of(queue, job_id), job_id, payload))
 
     async def counts(self, queue: str) -> QueueCounts:
         """The queue's numbers, pending by priority level too (see ``echomq.Client.counts``)."""
@@ -237,18 +243,28 @@ class OperatorVerbs:
 
     async def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
         """Set or remove the queue's rate limit (see ``echomq.Client.set_rate_limit``)."""
+        proto.set_rate_limit(queue, max, per_ms)  # the arguments, checked before anything is sent
+        if (partitioned := await _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return await _partitions.set_rate_limit(self, partitioned, max, per_ms)  # type: ignore[arg-type]
         return await self._run(proto.set_rate_limit(queue, max, per_ms))
 
     async def remove_rate_limit(self, queue: str) -> RateLimit:
         """Remove the queue's rate limit (see ``echomq.Client.remove_rate_limit``)."""
+        if (partitioned := await _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return await _partitions.set_rate_limit(self, partitioned, None, None)  # type: ignore[arg-type]
         return await self._run(proto.set_rate_limit(queue, None))
 
     async def rate_limit(self, queue: str) -> RateLimit:
         """The queue's rate limit and back-off (see ``echomq.Client.rate_limit``)."""
+        if (partitioned := await _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return await _partitions.rate_limit(self, partitioned)  # type: ignore[arg-type]
         return await self._run(proto.limit(queue))
 
     async def back_off(self, queue: str, ms: int) -> RateLimit:
         """Stop every claim of the queue for ``ms`` (see ``echomq.Client.back_off``)."""
+        proto.back_off(queue, ms)  # the arguments, checked before anything is sent
+        if (partitioned := await _partitions.lookup(self, queue)) is not None:  # type: ignore[arg-type]
+            return await _partitions.back_off(self, partitioned, ms)  # type: ignore[arg-type]
         return await self._run(proto.back_off(queue, ms))
 
     async def obliterate(self, queue: str, *, force: bool = False, limit: int = 100) -> ObliterateResult:

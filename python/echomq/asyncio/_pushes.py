@@ -49,12 +49,21 @@ class CancelListener:
         # The queue's schedule changes, heard on the same connection (the worker's tick driver).
         self._on_schedules = on_schedules
         self._channels = [self._channel] + ([changes_channel(queue)] if on_schedules is not None else [])
+        self._cancels = {self._channel}  # a partitioned queue's worker hears every partition's (listen_to)
+        self._renew = False  # listen_to asked for a new subscription
         self._listening = True
         self._task: asyncio.Task[None] | None = None
         self.resubscribed = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"echomq-worker-{self.queue}-cancels")
+
+    def listen_to(self, queues: tuple[str, ...]) -> None:
+        """Hear the cancels of ``queues`` instead (see ``_sync/_pushes.CancelListener.listen_to``)."""
+        self._cancels = {proto.keys_of(queue).base + "cancel" for queue in queues}
+        self._channel = proto.keys_of(queues[0]).base + "cancel"
+        self._channels = [*sorted(self._cancels), *(c for c in self._channels if not c.endswith(":cancel"))]
+        self._renew = True
 
     async def close(self) -> None:
         """Stop listening; it looks up every ``CANCEL_POLL_S`` (redis-py's pub/sub read does not always
@@ -76,6 +85,11 @@ class CancelListener:
         try:
             while self._listening:
                 try:
+                    if self._renew and pubsub is not None:  # other channels (listen_to): subscribed anew
+                        self._renew, lost = False, True
+                        with contextlib.suppress(Exception):
+                            await _close(pubsub)
+                        pubsub = None
                     if pubsub is None:
                         pubsub = self.client._subscriber(confirmations=True)
                         await pubsub.subscribe(*self._channels)
@@ -89,10 +103,11 @@ class CancelListener:
                     if message is not None:
                         health.heard_from(now)
                         kind = message.get("type")
-                        ours = proto.text(message.get("channel", b"")) == self._channel
+                        channel = proto.text(message.get("channel", b""))
+                        ours = channel == self._channel or channel in self._cancels
                         if kind == "message" and ours:
                             self._keepers.pushed(proto.text(message["data"]))
-                        elif kind == "subscribe" and ours and health.confirmed():
+                        elif kind == "subscribe" and channel == self._channel and health.confirmed():
                             self.resubscribed += 1  # by redis-py, after a dropped connection
                             self._keepers.checkpoint_all()
                         if not ours and kind in ("message", "subscribe") and self._on_schedules is not None:

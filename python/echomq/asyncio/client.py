@@ -38,6 +38,7 @@ from .._protocol import (
 )
 from .._protocol.calls import missing_code
 from .._protocol.deps import OnParentFailure
+from .._protocol.partitions import Partitioned
 from .._protocol.unique import Enqueued
 from .._redis import (
     _missing,
@@ -63,7 +64,7 @@ from .._scripts import (
 from .._serializers import JSON
 from ..cancel import Cancellation
 from ..schedules import DriveResult, ScheduleInfo
-from . import _schedules
+from . import _partitions, _schedules
 from ._attempt import Progress, WorkerConnections
 from ._claims import ClaimVerbs
 from ._operator import OperatorVerbs
@@ -98,6 +99,8 @@ class Client(ClaimVerbs, OperatorVerbs):
         choice = check_backend(backend)
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
+        # Each queue's partition declaration as first read (None: an ordinary queue): _partitions.lookup.
+        self._partitioned_queues: dict[str, Partitioned | None] = {}
         self._pool: WorkerConnections | None = None  # a worker's attempts: its own connections
         self._reached = False  # a request of ours got an answer once (never_reached)
         self._registrations = proto.Registrations()
@@ -435,13 +438,21 @@ class Client(ClaimVerbs, OperatorVerbs):
         after: Iterable[JobId] | None = None,
         on_parent_failure: OnParentFailure | None = None,
         missing_ok: bool = False,
+            partition_key: str | bytes | None = None,
     ) -> Enqueued:
         """Add a job, now or delayed, at a priority, unique by a key, in a group, after other
-        jobs; returns its id as an ``Enqueued`` (see ``echomq.Client.enqueue``)."""
+        jobs, to a partition; returns its id as an ``Enqueued`` (see ``echomq.Client.enqueue``)."""
         call = proto.enqueue(
             queue, payload, job_id, delay_ms, run_at_ms, priority, unique_key, unique_for_ms, replace, group,
             after, on_parent_failure, missing_ok,
         )  # fmt: skip
+        if (partitioned := await _partitions.lookup(self, queue)) is not None:
+            return await _partitions.enqueue(
+                self, partitioned, payload, job_id, partition_key, unique_key, group,
+                delay_ms=delay_ms, run_at_ms=run_at_ms, priority=priority,
+                unique_for_ms=unique_for_ms, replace=replace,
+                after=after, on_parent_failure=on_parent_failure, missing_ok=missing_ok,
+            )  # fmt: skip
         enqueued: Enqueued = await self._run_request(call)
         await self._register(queue)  # the registry's index (docs/concepts/registry.md)
         return enqueued
@@ -454,8 +465,13 @@ class Client(ClaimVerbs, OperatorVerbs):
         delay_ms: int | None = None,
         priority: int | None = None,
         group: str | None = None,
+        partition_key: str | bytes | None = None,
     ) -> list[str]:
         """Add many jobs in few round trips (see ``echomq.Client.enqueue_many``)."""
+        if (partitioned := await _partitions.lookup(self, queue)) is not None:
+            return await _partitions.enqueue_many(
+                self, partitioned, items, partition_key, delay_ms, priority, group
+            )
         ids: list[str] = []
         calls = proto.enqueue_many(queue, items, delay_ms, priority=priority, group=group)
         while calls:
@@ -563,13 +579,25 @@ class Client(ClaimVerbs, OperatorVerbs):
 
     async def cancel(self, queue: str, job_id: JobId, reason: str | None = None) -> CancelOutcome:
         """Request a cancel (see ``echomq.Client.cancel``)."""
+        proto.cancel(queue, job_id, reason)  # the arguments, checked before anything is sent
+        queue = await _partitions.partition_of(self, queue, job_id)
         return await self._run(proto.cancel(queue, job_id, reason))
 
     async def result(
         self, queue: str, job_id: JobId, *, timeout: float | None = None, serializer: Any = None
     ) -> Any:
         """Wait for the job's end and return its result's value (see ``echomq.Client.result``)."""
+        queue = await _partitions.partition_of(self, queue, job_id)
         return await await_result(self, queue, proto.text(proto.wire(job_id)), timeout, serializer or JSON)
+
+    async def declare_queue(self, queue: str, *, partitions: int) -> None:
+        """Declare ``queue`` partitioned, in ``partitions`` queues (see ``echomq.Client.declare_queue``)."""
+        await _partitions.declare(self, queue, partitions)
+
+    async def partitions(self, queue: str) -> list[str]:
+        """The queues ``queue``'s jobs live in (see ``echomq.Client.partitions``)."""
+        partitioned = await _partitions.lookup(self, proto.keys_of(queue).queue)
+        return [queue] if partitioned is None else list(partitioned.names)
 
     async def aclose(self) -> None:
         """Close the redis client's connections (and a worker's own)."""

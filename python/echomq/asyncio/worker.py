@@ -42,6 +42,7 @@ from .._runtime import (
 from .._watch import WATCH
 from ..cancel import CancelToken
 from ..isolation import ProcessPool, check_isolated_handler
+from . import _partitions
 from ._attempt import STOP_LANE
 from ._finisher import SETTLE_TRY_S, Finisher, _GaveUp, _Stopped
 from ._isolation import InChild, run_in_child
@@ -195,6 +196,7 @@ class Worker(Finisher[AsyncHandler]):
         self._started = True
         if self._stop_requested:  # stop() came first: never start
             return
+        _partitions.hook_worker(self)  # a partitioned queue: claims and sweeps rotate over it
         if self.isolation == "process":  # the children start (and import) before anything is claimed
             pool = self._process_pool()
             try:
@@ -257,6 +259,7 @@ class Worker(Finisher[AsyncHandler]):
                 if restore is not None:
                     restore()
             await self._close_pool()
+            await _partitions.stop_worker(self)
             if self._listener is not None:
                 await self._listener.close()
             await self._keepers.close()

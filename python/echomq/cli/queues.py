@@ -63,9 +63,33 @@ def _library_loads(client: Client, queue: str) -> bool:
     return True
 
 
+def inspect_partitioned(client: Client, queue: str, names: list[str]) -> int:
+    """A partitioned queue as one logical queue, with a line per partition (docs/concepts/partitions.md)."""
+    out = sys.stdout
+    rows = [["partition", "node", "pending", "active", "delayed", "dead"]]
+    totals = [0, 0, 0, 0]
+    where = getattr(client.redis, "get_node_from_key", None)
+    for name in names:
+        counts = client.counts(name)
+        node = where(queue_keys(name).base) if where is not None else None
+        values = [counts.pending, counts.active, counts.delayed, counts.dead]
+        totals = [t + v for t, v in zip(totals, values, strict=True)]
+        rows.append([name, f"{node.host}:{node.port}" if node is not None else "-", *map(str, values)])
+    pending, active, delayed, dead = totals
+    out.write(f"queue {queue}  (partitioned: {len(names)} partitions)\n")
+    out.write(f"  pending {pending}   active {active}   delayed {delayed}   dead {dead}\n")
+    for line in describe(client.rate_limit(queue), client.counts(names[0]).server_time):
+        out.write(f"  {line}\n")
+    out.write("\n")
+    table(rows, out)
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     client = connect(args)
     require_module(client)
+    if (names := client.partitions(args.queue)) != [args.queue]:
+        return inspect_partitioned(client, args.queue, names)
     r, keys = client.redis, queue_keys(args.queue)
     counts = client.counts(args.queue)
     now, active = counts.server_time, counts.active
