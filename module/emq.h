@@ -92,6 +92,7 @@
     X(unique, "unique")                       \
     X(group, "group")                         \
     X(ring, "ring")                           \
+    X(max, "max")                             \
     X(empty, "")                              \
     X(stale, "stale")                         \
     X(seq, "seq")                             \
@@ -146,6 +147,7 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
 int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqRetention_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqPause_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqGroupLimit_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqResume_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);

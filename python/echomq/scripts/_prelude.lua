@@ -112,6 +112,8 @@ local E = {
     UNIQUE_MANY = 'ERR UNIQUE is for one job: EMQ.ENQUEUEMANY does not take it',
     GROUP = 'ERR GROUP must be 1 to 128 bytes of letters, digits and -_.:@',
     GROUP_FIELD = "ERR the group hash's 'active' field is not an integer from 0 to 2^53",
+    GROUP_MAX = 'ERR MAX must be an integer from 1 to 1000000000',
+    GROUP_MAX_FIELD = "ERR the group hash's 'max' field is not an integer from 1 to 1000000000",
 }
 emq.E = E
 
@@ -139,9 +141,10 @@ local declared = {} -- the names in KEYS, for emq.open_derived; made anew by eve
 local unique_release = {} -- the unique keys a call's ending jobs release (emq.ended_prepare): id -> key
 local group_left = {} -- the jobs leaving <active> whose group counts one less (emq.left_active_prepare)
 local group_next = 1 -- where emq.left_active_apply looks first: the verbs apply in prepare order
+local group_defer = false -- emq.left_active_apply leaves the ring's settle to emq.settle_deferred
 
 function emq.run(commands, body)
-    declared, unique_release, group_left, group_next = {}, {}, {}, 1
+    declared, unique_release, group_left, group_next, group_defer = {}, {}, {}, 1, false
     for _, key in ipairs(KEYS) do declared[key] = true end
     for _, command in ipairs(commands) do
         if KEYS[1] and not redis.acl_check_cmd(command, KEYS[1], unpack(CHECK_ARGS[command])) then
