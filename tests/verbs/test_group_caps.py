@@ -442,3 +442,42 @@ def test_obliterate_finds_the_lanes_of_groups_held_out_of_the_ring(
     # what a group leaves behind is its settings, and the index names them
     assert r.hgetall(gkey("a")) == {b"paused": b"1"} and r.hgetall(gkey("b")) == {b"max": b"1"}
     ok(r)
+
+
+# -- FIFO across a retry (bullmq #2774) ----------------------------------------------------
+
+
+def test_a_failed_try_retried_at_once_goes_back_to_its_groups_head(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    fill(client, "a", 3)
+    client.enqueue_many("q", [("p0", b""), ("p1", b"")])
+    limit(client, "a", "MAX", 1)  # a sequence: a0, a1, a2, whatever fails
+    order: list[str] = []
+    fails = {"a0": 2, "a1": 1}
+    while (job := client.claim("q", 30_000)) is not None:
+        order.append(job.id)
+        if fails.get(job.id, 0) > 0:
+            fails[job.id] -= 1
+            assert client.fail("q", job.id, job.token, "boom", max_attempts=5) == "pending"
+        else:
+            client.complete("q", job.id, job.token)
+        ok(r)
+    assert [i for i in order if i.startswith("a")] == ["a0", "a0", "a0", "a1", "a1", "a2"]
+    # an ungrouped job's retry is a new turn: the tail, behind the jobs waiting
+    client.enqueue_many("q", [("u0", b""), ("u1", b"")])
+    job = client.claim("q", 30_000)
+    assert job is not None and job.id == "u0"
+    client.fail("q", job.id, job.token, "boom", max_attempts=5)
+    assert r.lrange(queue_keys("q").pending, 0, -1) == [b"u1", b"u0"]
+
+
+def test_a_retry_with_a_delay_waits_and_then_goes_to_its_groups_tail(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    fill(client, "a", 2)
+    job = client.claim("q", 30_000)
+    assert job is not None and job.id == "a0"
+    assert client.fail("q", job.id, job.token, "boom", max_attempts=5, delay_ms=60_000) == "pending"
+    assert r.zrange(lane("a"), 0, -1) == [b"a1"] and r.zscore(queue_keys("q").delayed, "a0") is not None
+    ok(r)
