@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from echomq._protocol.lifecycle import complete_claim
 from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer, queue_problems
 
+from ..conftest import ServerFactory, wait_for_replica
 from ..helpers import digest
 from .test_groups import active_of, gkey, lane, ring, woken_claim
 
@@ -481,3 +483,38 @@ def test_a_retry_with_a_delay_waits_and_then_goes_to_its_groups_tail(
     assert client.fail("q", job.id, job.token, "boom", max_attempts=5, delay_ms=60_000) == "pending"
     assert r.zrange(lane("a"), 0, -1) == [b"a1"] and r.zscore(queue_keys("q").delayed, "a0") is not None
     ok(r)
+
+
+def test_a_replica_and_the_aof_hold_the_masters_caps_pauses_ring_and_index(
+    server_factory: ServerFactory, backend: str, tmp_path: Path
+) -> None:
+    load = backend == "module"
+    master = server_factory(["--repl-diskless-sync-delay", "0", "--appendonly", "yes",
+                             "--appendfsync", "always"], dir=tmp_path, load_module=load)  # fmt: skip
+    replica = server_factory(["--replicaof", master.host, str(master.port)], load_module=load)
+    m, s = master.client(), replica.client()
+    client = echomq.Client(m)
+    assert client.backend == backend
+    for g in ("g1", "g2", "g3"):
+        client.enqueue_many("q", [(f"{g}-{i}", b"") for i in range(4)], group=g)
+    limit(client, "g1", "MAX", 1)
+    limit(client, "g2", "PAUSE")
+    jobs = client.claim_many("q", 30_000, 6)
+    client.complete("q", jobs[0].id, jobs[0].token)  # a slot freed: a settle
+    client.fail("q", jobs[1].id, jobs[1].token, "E: x")  # a retry to the head
+    limit(client, "g3", "MAX", 1)  # lowered below its count: out of the ring
+    limit(client, "g2", "RESUME")
+    client.claim_many("q", 30_000, 3)
+    assert queue_problems(m, "q") == []
+    m.execute_command("WAIT", 1, 5000)
+    wait_for_replica(m, s)
+    assert digest(s) == digest(m)
+    expected = digest(m)
+    m.close()
+    s.close()
+    replica.stop()
+    master.stop()
+    replay = server_factory(["--appendonly", "yes"], dir=tmp_path, load_module=load)
+    again = replay.client()
+    assert digest(again) == expected
+    again.close()
