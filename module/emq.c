@@ -47,7 +47,9 @@ int emq_reply_error(RedisModuleCtx *ctx, int err) {
  *     PAUSE, RESUME and LIMIT are not deny-oom (an incident may be memory pressure,
  *     and pausing must still work then); PURGE, OBLITERATE and FORGET free
  *     memory and are not deny-oom.  RETRYDEAD, PURGE, OBLITERATE (up to
- *     <limit> each) and FORGET (one row per id) are not `fast`.
+ *     <limit> each) and FORGET (one row per id) are not `fast`.  GROUPLIMIT
+ *     is neither deny-oom (as LIMIT) nor `fast` (a group leaving the ring
+ *     rewrites the ring: O(groups waiting)).
  * ACL categories follow: @write, @fast or @slow, and @emq.
  *
  * Key flags say what the verb does to each declared key (the ACL check of a
@@ -207,6 +209,14 @@ static const EmqCommand commands[] = {
      .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE, EMQ_OPTION("RATE", "max", EMQ_INTEGER),
                       EMQ_OPTION("PER", "ms", EMQ_INTEGER), EMQ_FLAG("OFF"),
                       EMQ_OPTION("BACKOFF", "ms", EMQ_INTEGER))},
+    {"emq.grouplimit", EmqGroupLimit_RedisCommand, "write",
+     .summary = "Sets, removes or reads one group's cap (at most max of its jobs active at once) and pauses "
+                "or resumes the group",
+     .complexity = "O(1), or O(G) where G is the number of groups waiting when the group leaves the ring",
+     .since = EMQ_SINCE,
+     .args = EMQ_ARGS(EMQ_ARG_KEY("pending", EMQ_RO), EMQ_ARG_BASE, EMQ_ARG("group", EMQ_STRING),
+                      EMQ_OPTION("MAX", "max", EMQ_INTEGER), EMQ_FLAG("NOMAX"), EMQ_FLAG("PAUSE"),
+                      EMQ_FLAG("RESUME"))},
     {"emq.obliterate", EmqObliterate_RedisCommand, "write",
      .summary = "Deletes a queue in bounded steps: up to limit jobs and their rows per call, then its keys",
      .complexity = "O(log N + M) where N is the number of jobs in the queue's sets and M at most limit",

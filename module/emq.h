@@ -93,6 +93,7 @@
     X(unique, "unique")                       \
     X(group, "group")                         \
     X(ring, "ring")                           \
+    X(max, "max")                             \
     X(empty, "")                              \
     X(stale, "stale")                         \
     X(seq, "seq")                             \
@@ -156,6 +157,7 @@ int EmqRetryDead_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int
 int EmqPurge_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqRetention_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqPause_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+int EmqGroupLimit_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqResume_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 int EmqForget_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);

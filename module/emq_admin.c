@@ -288,6 +288,22 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         if (mlen > 0) err = emq_lanes_group(&lanes, m, &at);
         if (m) RedisModule_FreeString(NULL, m);
     }
+    /* then the index's (emq_group.h): a group held out of the ring by its
+     * cap or its pause has its lane too */
+    if (!err) err = emq_group_index_check(ctx, user, argv[4]);
+    if (!err) {
+        RedisModuleString *index = emq_derived_key(ctx, argv[4], "groupset", NULL);
+        RedisModuleCallReply *r = RedisModule_Call(ctx, "ZRANGE", "sll", index, 0LL, -1LL);
+        size_t k = r && RedisModule_CallReplyType(r) == REDISMODULE_REPLY_ARRAY ? RedisModule_CallReplyLength(r) : 0;
+        for (size_t i = 0; !err && i < k; i++) {
+            RedisModuleString *m = RedisModule_CreateStringFromCallReply(RedisModule_CallReplyArrayElement(r, i));
+            long at;
+            err = emq_lanes_group(&lanes, m, &at);
+            RedisModule_FreeString(NULL, m);
+        }
+        if (r) RedisModule_FreeCallReply(r);
+        RedisModule_FreeString(ctx, index);
+    }
     if (err) goto reply;
 
     /* read: the entries and members this call takes, <pending> first, the
@@ -377,6 +393,10 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
 
     /* apply: the entries of <pending> in one LPOP, then member by member */
     emq_fx_lpop(&fx, &pending, (long)entries);
+    /* A group whose active job this step takes off is settled after the
+     * lanes' writes (a step that is not the last: the ring stays exact), or
+     * not at all (the last step deletes the ring). */
+    end.groups.defer_settle = 1;
     for (size_t i = 0; i < n; i++) {
         if (d[i].from) emq_fx_zrem(&fx, d[i].from, d[i].id);
         if (d[i].from == &active) emq_left_active_apply(&end, &fx, d[i].id);
@@ -394,13 +414,16 @@ int EmqObliterate_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, in
         for (long g = 0; g < lanes.ngl; g++) {
             EmqKey h;
             emq_key_open(ctx, &h, lanes.gl[g].hash_name, REDISMODULE_READ | REDISMODULE_WRITE);
-            if (emq_type_ok(&h, REDISMODULE_KEYTYPE_HASH)) emq_fx_hdel(&fx, &h, emq_str.ring);
+            int existed = emq_type_ok(&h, REDISMODULE_KEYTYPE_HASH) && !emq_key_empty(&h);
+            if (existed) emq_fx_hdel(&fx, &h, emq_str.ring);
+            emq_group_index_sync(ctx, &fx, argv[4], lanes.gl[g].group, existed, &h);
             emq_key_close(&h);
         }
     } else {
         if (!emq_hexists(&lanes.meta, emq_str.paused))
             emq_fx_hset(&fx, &lanes.meta, "hset", 1, emq_str.paused, emq_small_int[1]);
         emq_lanes_apply(&lanes, &fx);
+        emq_groups_settle_deferred(&end.groups, &fx);
     }
 
 reply:

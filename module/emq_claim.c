@@ -443,8 +443,13 @@ int EmqCompleteClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv,
 
     /* apply, reply */
     if (!err) {
+        /* The complete's "left active" hook settles the group of the job
+         * it ends (a slot freed puts a group held at its cap back in the
+         * ring) after the claim's writes: as the claim left the ring. */
+        done.end.groups.defer_settle = 1;
         emq_complete_apply(&fx, &done, id, now);
         if (!c.reanswered) apply(&c, &fx, now, a.deadline);
+        emq_groups_settle_deferred(&done.end.groups, &fx);
         RedisModule_ReplyWithArray(ctx, 2);
         RedisModule_ReplyWithLongLong(ctx, done.reply);
         if (outcome == CLAIM_ANSWERED) reply_jobs(&c);

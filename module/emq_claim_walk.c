@@ -315,17 +315,45 @@ static int rotate(Claim *c, Walk *w, long count) {
         } else {
             long at;
             err = emq_lanes_group(l, m, &at);
-            if (!err) err = take_grouped(c, w, at, count, &took);
+            EmqGroupLane *g = err ? NULL : &l->gl[at];
+            /* A group paused or at its cap takes nothing and leaves (one a
+             * cap lowered below its active count, or one pushed by this
+             * call's promotion); one that reaches its cap here leaves with
+             * the job that took its last slot. */
+            int open = g && emq_group_claimable(1, g->paused, g->active + g->took, g->cap);
+            if (open) err = take_grouped(c, w, at, count, &took);
+            if (took) g->took++;
+            open = open && emq_group_claimable(1, g->paused, g->active + g->took, g->cap);
             /* A group leaves the ring with its lane's last job (or when its
              * lane is found empty); the bound leaves it for the next call. */
-            if (!err && ((took && lane_has_more(&l->gl[at])) || (!took && c->bound_hit)))
+            if (!err && open && ((took && lane_has_more(g)) || (!took && c->bound_hit)))
                 emq_ids_add(&l->ring_push, m, 0);
-            else if (!err) l->gl[at].leaves = 1;
+            else if (!err) g->leaves = 1;
         }
         RedisModule_FreeString(NULL, m);
         idle = took ? 0 : idle + 1;
     }
     return err;
+}
+
+/* COMPLETECLAIM: the job its complete ends frees a slot of its group for
+ * this claim (the group enters the ring if that slot was its cap's last). */
+static int free_done_slot(Claim *c) {
+    RedisModuleString *name = emq_derived_key(c->ctx, c->base, "job:", c->done);
+    EmqKey row;
+    emq_key_open(c->ctx, &row, name, REDISMODULE_READ);
+    RedisModuleString *group = emq_row_group(&row);
+    emq_key_close(&row);
+    RedisModule_FreeString(c->ctx, name);
+    if (group == NULL) return EMQ_OK;
+    long at;
+    int err = emq_lanes_group(&c->lanes, group, &at);
+    RedisModule_FreeString(NULL, group);
+    if (err) return err;
+    EmqGroupLane *g = &c->lanes.gl[at];
+    if (g->active > 0) g->active--;
+    if (!g->in_ring && g->card > 0) emq_lanes_ring_enter(&c->lanes, g);
+    return EMQ_OK;
 }
 
 /* Decide the claim: promote what is due, then take up to `count` jobs --
@@ -338,6 +366,7 @@ int emq_claim_collect(Claim *c, long long now, long count) {
     l->user = c->user;
     int err = emq_lanes_open(l, EMQ_LANE_ALL);
     if (!err && l->meta_ring) err = emq_lanes_open_ring(l);
+    if (!err && c->done) err = free_done_slot(c);
     if (!err) err = emq_lanes_promote(l, now);
     if (err) return err;
     /* The promoted jobs of a level follow its waiting ones (their seq is

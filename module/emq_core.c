@@ -92,6 +92,8 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_AFTER_NEEDED] = "ERR ON_PARENT_FAILURE and MISSING need AFTER <id> ...",
     [EMQ_ERR_AFTER_MANY] = "ERR AFTER is for one job: EMQ.ENQUEUEMANY does not take it",
     [EMQ_ERR_AFTER_FIELD] = "ERR the job's 'waits' field is not an integer from 1 to 1000",
+    [EMQ_ERR_GROUP_MAX] = "ERR MAX must be an integer from 1 to 1000000000",
+    [EMQ_ERR_GROUP_MAX_FIELD] = "ERR the group hash's 'max' field is not an integer from 1 to 1000000000",
 };
 
 const char *emq_error_text(int err) {
@@ -531,6 +533,25 @@ int emq_parse_group_active(const char *s, size_t len, int present, long long *ou
     if (present && (emq_parse_ll(s, len, &v) != 0 || v < 0 || v > EMQ_MAX_EXACT_SCORE)) return EMQ_ERR_GROUP_FIELD;
     *out = v;
     return EMQ_OK;
+}
+
+int emq_parse_group_max(const char *s, size_t len, long long *out) {
+    long long v;
+    if (s == NULL || emq_parse_ll(s, len, &v) != 0 || v < 1 || v > EMQ_GROUP_CAP_MAX) return EMQ_ERR_GROUP_MAX;
+    *out = v;
+    return EMQ_OK;
+}
+
+int emq_parse_group_max_field(const char *s, size_t len, int present, long long *out) {
+    if (!present) {
+        *out = EMQ_NO_CAP;
+        return EMQ_OK;
+    }
+    return emq_parse_group_max(s, len, out) ? EMQ_ERR_GROUP_MAX_FIELD : EMQ_OK;
+}
+
+int emq_group_claimable(int lane_has_job, int paused, long long active, long long cap) {
+    return lane_has_job && !paused && active < cap;
 }
 
 int emq_entry_live(int row_exists, int state_pending, int has_priority, int in_delayed, int taken) {

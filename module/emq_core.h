@@ -155,6 +155,8 @@ typedef enum {
     EMQ_ERR_AFTER_NEEDED,
     EMQ_ERR_AFTER_MANY,
     EMQ_ERR_AFTER_FIELD,
+    EMQ_ERR_GROUP_MAX,
+    EMQ_ERR_GROUP_MAX_FIELD,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 
@@ -429,6 +431,21 @@ EMQ_EXPORT int emq_parse_group(const char *s, size_t len);
 /* <base>group:<g>'s `active`: absent is 0; anything but a canonical integer
  * from 0 to 2^53 is EMQ_ERR_GROUP_FIELD. */
 EMQ_EXPORT int emq_parse_group_active(const char *s, size_t len, int present, long long *out);
+
+/* A group's cap (EMQ.GROUPLIMIT ... MAX <n>): an integer from 1 to
+ * EMQ_GROUP_CAP_MAX, else EMQ_ERR_GROUP_MAX.  The stored `max` of
+ * <base>group:<g>: absent is no cap (EMQ_NO_CAP), anything but such an
+ * integer is EMQ_ERR_GROUP_MAX_FIELD. */
+#define EMQ_GROUP_CAP_MAX 1000000000LL
+#define EMQ_NO_CAP 9223372036854775807LL
+EMQ_EXPORT int emq_parse_group_max(const char *s, size_t len, long long *out);
+EMQ_EXPORT int emq_parse_group_max_field(const char *s, size_t len, int present, long long *out);
+
+/* Is a group in the ring of groups a claim rotates through?  Exactly when
+ * its lane holds a due job, it is not paused and fewer than its cap of its
+ * jobs are active (a group whose lane was emptied by a cancel may stay in
+ * the ring until a claim meets it: `lane_has_job` is what a claim needs). */
+EMQ_EXPORT int emq_group_claimable(int lane_has_job, int paused, long long active, long long cap);
 
 /* Is an entry of <base>pending live, a job a claim may take?  Its row
  * exists and says pending, it has no priority (it waits in <base>priority

@@ -266,7 +266,14 @@ int EmqFail_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int argc
     }
     if (!err && route == EMQ_FAIL_TO_PENDING) {
         lanes.user = user;
-        err = emq_lanes_enter_row(&lanes, id, &row, due, now);
+        /* A grouped job retried at once goes back to its group's head: with
+         * a cap of 1 a group is a sequence, and a retry behind its
+         * successors would break its order.  Ungrouped, or with DELAY: the
+         * tail (a new turn) when due. */
+        RedisModuleString *group = emq_row_group(&row);
+        if (group && due == now) err = emq_lanes_place_row(&lanes, id, &row, EMQ_AT_HEAD);
+        else err = emq_lanes_enter_row(&lanes, id, &row, due, now);
+        if (group) RedisModule_FreeString(NULL, group);
     }
     if (!err) err = emq_left_active_prepare(&end, id, &row);
     if (!err && route != EMQ_FAIL_TO_PENDING)

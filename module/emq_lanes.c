@@ -207,15 +207,24 @@ int emq_lanes_group(EmqLanes *l, RedisModuleString *group, long *at) {
     EmqKey h = {0};
     if (!err) err = emq_open_derived(l->ctx, l->user, &h, g->hash_name, EMQ_DERIVED_READ_WRITE);
     if (!err && !emq_type_ok(&h, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
-    if (!err) g->in_ring = emq_hexists(&h, emq_str.ring);
+    if (!err) {
+        g->in_ring = emq_hexists(&h, emq_str.ring);
+        g->paused = emq_hexists(&h, emq_str.paused);
+        err = emq_group_caps_read(&h, &g->active, &g->cap);
+    }
     emq_key_close(&h);
+    if (!err) err = emq_group_index_check(l->ctx, l->user, l->base);
     return err;
 }
 
 /* The group enters the ring's tail (the ring made with the empty name, the
  * ungrouped lanes, first). */
-static void ring_enter(EmqLanes *l, EmqGroupLane *g) {
+void emq_lanes_ring_enter(EmqLanes *l, EmqGroupLane *g) {
     if (g->in_ring || g->enters) return;
+    if (!emq_group_claimable(1, g->paused, g->active, g->cap)) {
+        g->held = 1;
+        return;
+    }
     g->enters = 1;
     if (l->ring_len == 0 && l->ring_push.n == 0) emq_ids_add(&l->ring_push, emq_str.empty, 0);
     emq_ids_add(&l->ring_push, g->group, 0);
@@ -264,7 +273,7 @@ int emq_lanes_place_in(EmqLanes *l, RedisModuleString *id, RedisModuleString *gr
         l->seq_changed = 1;
         emq_ids_add(&g->add, id, emq_priority_score(level, seq));
     }
-    if (g->card == 0) ring_enter(l, g);
+    if (!g->in_ring) emq_lanes_ring_enter(l, g);
     return EMQ_OK;
 }
 
@@ -532,10 +541,14 @@ static void apply_groups(EmqLanes *l, EmqFx *fx) {
         if (g->enters == g->leaves) continue;
         EmqKey h;
         emq_key_open(l->ctx, &h, g->hash_name, REDISMODULE_READ | REDISMODULE_WRITE);
+        int existed = emq_type_ok(&h, REDISMODULE_KEYTYPE_HASH) && !emq_key_empty(&h);
         if (g->enters) emq_fx_hset(fx, &h, "hset", 1, emq_str.ring, emq_fx_number(fx, 1));
         else emq_fx_hdel(fx, &h, emq_str.ring);
+        emq_group_index_sync(l->ctx, fx, l->base, g->group, existed, &h);
         emq_key_close(&h);
     }
+    for (long i = 0; i < l->ngl; i++)
+        if (l->gl[i].held && !l->gl[i].enters) emq_group_settle(l->ctx, fx, l->base, l->gl[i].group, &l->ring);
 }
 
 void emq_lanes_apply(EmqLanes *l, EmqFx *fx) {

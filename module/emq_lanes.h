@@ -40,7 +40,8 @@
  *   ZADD <base>delayed, LPOP <pending>, ZREM <base>priority,
  *   then per group lane met: ZADD, ZREM; then the ring: LPOP, RPUSH (or DEL),
  *   HSET/HDEL <base>meta ring; then per group: HSET/HDEL <base>group:<g> ring;
- *   HSET <base>meta
+ *   then each group its cap or pause kept out of the ring, settled as it
+ *   stands (emq_group_settle); HSET <base>meta
  * each one command, skipped when it has nothing to do. */
 #ifndef EMQ_LANES_H
 #define EMQ_LANES_H
@@ -81,6 +82,10 @@ typedef struct {
     EmqKey lane;
     long card;
     int in_ring, enters, leaves;
+    int held;                  /* would have entered the ring but its cap or pause kept it out: settled at apply */
+    int paused;                /* <base>group:<g>'s `paused` (EMQ.GROUPLIMIT ... PAUSE) */
+    long long active, cap;     /* its `active` as read, its `max` (EMQ_NO_CAP: none) */
+    long took;                 /* a claim: the group's jobs it took */
     EmqIds add, leave, heads; /* heads: scored with the level until settled */
     EmqIds promoted;          /* a claim: promoted into it in this call (scores) */
     long taken, promoted_next; /* a claim: stored members read, promoted ones taken */
@@ -138,11 +143,17 @@ int emq_lanes_place(EmqLanes *l, RedisModuleString *id, long long level, int end
 
 /* The same for a job of `group` (NULL: emq_lanes_place): its group's lane,
  * at the tail (the next seq, above every seq of that level in the lane) or
- * the head; a group whose lane was empty and is not in the ring enters it. */
+ * the head; a group not in the ring enters it -- unless it is paused or at
+ * its cap (then the call settles it at apply, when a job of it that leaves
+ * <active> in the same call has left). */
 int emq_lanes_place_in(EmqLanes *l, RedisModuleString *id, RedisModuleString *group, long long level, int end);
 
 /* Open `group`'s lane (and the ring) once per call: *at its index in l->gl. */
 int emq_lanes_group(EmqLanes *l, RedisModuleString *group, long *at);
+
+/* The group enters the ring's tail (pushed at apply) unless it is in it,
+ * paused or at its cap (then `held`: settled at apply). */
+void emq_lanes_ring_enter(EmqLanes *l, EmqGroupLane *g);
 
 /* Open the ring: l->ring_len. */
 int emq_lanes_open_ring(EmqLanes *l);

@@ -73,6 +73,7 @@
 /* CallReplyType() answers (the ones we look at). */
 #define REDISMODULE_REPLY_STRING 0
 #define REDISMODULE_REPLY_ERROR 1
+#define REDISMODULE_REPLY_ARRAY 3
 
 /* Server events (SubscribeToServerEvent): an event is its id and the
  * version of the data its callback receives. */

@@ -109,7 +109,7 @@ def check_backend(backend: object) -> BackendChoice:
 VERBS = (
     "enqueue", "enqueuemany", "claim", "completeclaim", "extend", "checkpoint", "complete", "fail",
     "release", "cancel", "sweep", "retention", "retry", "retrydead", "purge", "pause", "resume",
-    "obliterate", "forget", "limit",
+    "obliterate", "forget", "limit", "grouplimit",
 )  # fmt: skip
 
 _INCLUDE = re.compile(r"^-- include: (\S+)$", re.MULTILINE)
@@ -349,6 +349,7 @@ KEYS_OF: dict[str, KeyFn] = {
     "EMQ.OBLITERATE": _keys((1, 2, 3), ((4, "meta", None),)),
     "EMQ.FORGET": _forget_keys,
     "EMQ.LIMIT": _keys((1,), ((2, "limit", None),)),
+    "EMQ.GROUPLIMIT": _keys((1,)),
 }
 
 

@@ -286,8 +286,9 @@ def queue_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
       (UNTIL done) names a job whose row says pending or active
       (docs/concepts/unique.md);
     - every group whose lane holds a job is in the ring ``groups`` once, with
-      ``ring`` 1 in ``group:<g>`` (and every group in the ring has it); the
-      ring holds the empty name once;
+      ``ring`` 1 in ``group:<g>`` (and every group in the ring has it), unless
+      it is paused or has as many jobs active as its ``max`` (EMQ.GROUPLIMIT):
+      then it is not in the ring; the ring holds the empty name once;
     - every group's ``active`` count equals the number of its jobs in
       ``active`` (docs/concepts/flow-control.md, "Groups").
 
@@ -425,16 +426,34 @@ def _ring_problems(r: redis.Redis, base: str, waiting: list[bytes]) -> list[str]
             problems.append(f"group {group!r} is in the ring {ring.count(group)} times")
         if r.hget(base + "group:" + group.decode("utf-8", "surrogateescape"), "ring") != b"1":
             problems.append(f"group {group!r} is in the ring but its ring flag is not 1")
+        held = _held_by(r, base, group)
+        if held:
+            problems.append(f"group {group!r} is in the ring but {held}")
     for group in waiting:
-        if group not in ring:
+        if group not in ring and not _held_by(r, base, group):
             problems.append(f"group {group!r} has jobs in its lane but is not in the ring")
     return problems
+
+
+def _held_by(r: redis.Redis, base: str, group: bytes) -> str:
+    """Why a group may not be claimed now (EMQ.GROUPLIMIT: paused, or as many active as its
+    ``max``), or "" when it may."""
+    key = base + "group:" + group.decode("utf-8", "surrogateescape")
+    if r.type(key) != b"hash":
+        return ""
+    active, cap, paused = r.hmget(key, "active", "max", "paused")
+    if paused is not None:
+        return "it is paused"
+    if cap is not None and cap.isdigit() and int(active or 0) >= int(cap):
+        return f"it has {int(active or 0)} active, its max is {int(cap)}"
+    return ""
 
 
 def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str]:
     """Where a group's count is off: ``<base>group:<g>``'s ``active`` (absent: 0) against the
     jobs of ``<g>`` in ``active`` (their rows' ``group``), for every group either names.  The
-    count is kept by every claim and every path out of ``active``, so none should differ.
+    count is kept by every claim and every path out of ``active``, so none should differ.  And
+    the index ``<base>groupset`` names exactly the groups whose hash exists.
     SCANs ``<base>group:*`` and reads the rows of ``active``."""
     keys = queue_keys(queue)
     running: dict[bytes, int] = {}
@@ -458,6 +477,16 @@ def group_problems(r: redis.Redis, queue: str, *, batch: int = 1000) -> list[str
         for key, got in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
             counted[key[prefix:]] = got if isinstance(got, bytes) else None
     problems: list[str] = []
+    index = keys.base + "groupset"
+    kind = r.type(index)
+    if kind not in (b"zset", b"none"):
+        problems.append(f"the group index {index!r} is a {kind!r}, not a sorted set")
+    else:
+        listed = {m if isinstance(m, bytes) else str(m).encode() for m in r.zrange(index, 0, -1)}
+        for name in sorted(set(counted) - listed):
+            problems.append(f"group {name!r} has a hash but is not in the index {index!r}")
+        for name in sorted(listed - set(counted)):
+            problems.append(f"group {name!r} is in the index {index!r} but has no hash")
     for group in sorted(set(running) | set(counted)):
         said = counted.get(group)
         if not (said or b"0").isdigit():

@@ -451,6 +451,18 @@ class Gen:
                 [b"backoff", b"86400000"], [*rate, b"BACKOFF", b"0"]]  # fmt: skip
         return self.line("EMQ.LIMIT", [self.key("pending"), self.base(), *self.options(bad, good, 0.15)])
 
+    def grouplimit(self) -> Step:
+        # a group's cap and pause (issue 45): caps of 1 and 2 on the trace's groups, so claims
+        # meet groups at their cap, and every refusal of the options
+        bad = [[], [b"a b"], [b"g1", b"MAX", b"0"], [b"g1", b"MAX", b"1000000001"],
+               [b"g1", b"MAX", b"1", b"NOMAX"], [b"g1", b"PAUSE", b"RESUME"], [b"g1", b"NOPE"],
+               [b"g1", b"GROUP", b"g2"], [b"g1", b"MAX", b"x"], [b"g1", b"MAX"]]  # fmt: skip
+        opts = [self.pick(GROUPS)]
+        opts += self.pick([[], [b"MAX", b"1"], [b"max", b"2"], [b"MAX", b"2"], [b"NOMAX"]])
+        opts += self.pick([[], [], [b"PAUSE"], [b"RESUME"], [b"resume"]])
+        opts = self.options(bad, [opts], 0.15)
+        return self.line("EMQ.GROUPLIMIT", [self.key("pending"), self.base(), *opts])
+
     def cancel(self) -> Step:
         job = self.job()
         return self.line("EMQ.CANCEL", [self.key("pending"), self.base(), job, self.pick([b"why", b""])])
@@ -558,6 +570,7 @@ class Gen:
             (self.sweep, 6),
             (self.retention, 3), (self.retry, 4), (self.retrydead, 2), (self.purge, 2), (self.pause, 3),
             (self.obliterate, 1), (self.forget, 2), (self.harness, 9), (self.limit, 3),
+            (self.grouplimit, 4),
         ]  # fmt: skip
         make = self.rng.choices([v for v, _ in verbs], [w for _, w in verbs])[0]
         return make()
@@ -952,6 +965,9 @@ def grid() -> list[Step]:
         raw(lambda s: [b"DEL", b(s.keys.base) + b"limit"]),
         line("EMQ.LIMIT", key("pending"), base, b"RATE", b"1", b"PER", b"86400000"), claim, claim,
         line("EMQ.LIMIT", key("pending"), base, b"OFF", b"BACKOFF", b"0"),
+        # the range refusals, here too: the random traces reach them only by the draw
+        line("EMQ.LIMIT", key("pending"), base, b"RATE", b"0", b"PER", b"86400000"),
+        line("EMQ.LIMIT", key("pending"), base, b"RATE", b"2", b"PER", b"86400001"),
         # UNIQUE: every refusal; a key held, replaced, of the wrong type, an orphan taken over,
         # released by a CANCEL; ENQUEUEMANY refusing it
         *[uq(b"u", *bad) for bad in UNIQUE_BAD],
@@ -1004,6 +1020,20 @@ def grid() -> list[Step]:
         line("EMQ.COMPLETE", key("active"), row(b"d6"), b"d6", held(b"d6")), hset(b"d7", b"waits", b"1"),
         enqueue(b"d0"), raw(lambda s: [b"SET", b(s.keys.base) + b"waiters:d0", b"s"]),
         uq(b"da", b"AFTER", b"d0"), sweep, claim8,
+        # caps (EMQ.GROUPLIMIT): a cap of 1 a claim of 8 meets, a slot freed by COMPLETECLAIM, a
+        # pause and a resume, a stored `max` corrupt (met by an enqueue and the verb), an
+        # OBLITERATE without FORCE refused while a job is active
+        raw(lambda s: [b"DEL", b(s.keys.base) + b"group:g", b(s.keys.base) + b"group:h"]),
+        uq(b"k1", b"GROUP", b"k"), uq(b"k2", b"GROUP", b"k"), uq(b"k3", b"GROUP", b"k"),
+        line("EMQ.GROUPLIMIT", key("pending"), base, b"k", b"MAX", b"1"), claim8,
+        line("EMQ.COMPLETECLAIM", key("active"), row(b"k1"), key("pending"), b"k1", held(b"k1"), b"60000",
+             b"COUNT", b"8"),
+        line("EMQ.GROUPLIMIT", key("pending"), base, b"k", b"PAUSE", b"NOMAX"),
+        line("EMQ.GROUPLIMIT", key("pending"), base, b"k", b"RESUME", b"MAX", b"3"),
+        raw(lambda s: [b"HSET", b(s.keys.base) + b"group:k", b"max", b"0"]), uq(b"k4", b"GROUP", b"k"),
+        line("EMQ.GROUPLIMIT", key("pending"), base, b"k"), claim8,
+        raw(lambda s: [b"HDEL", b(s.keys.base) + b"group:k", b"max"]), claim8,
+        line("EMQ.OBLITERATE", key("active"), key("pending"), key("dead"), base, b"5"),
     ]  # fmt: skip
     for verb in _scripts.scripts():
         steps.append(line(verb))  # no arguments at all: the server's arity error

@@ -237,8 +237,10 @@ def test_the_checker_names_a_count_that_is_off(r: redis.Redis, client: echomq.Cl
     assert group_problems(r, "q") == []
     r.hset(gkey("g"), "active", 2)
     assert group_problems(r, "q") == ["group b'g' counts 2 active but 1 of its jobs are in active"]
-    r.hset(gkey("other"), "active", 1)
-    assert len(queue_problems(r, "q")) == 2
+    r.hset(gkey("other"), "active", 1)  # a hash written by hand: off, and not in the index
+    assert len(queue_problems(r, "q")) == 3
+    r.zadd(queue_keys("q").base + "groupset", {"other": 0, "ghost": 0})
+    assert group_problems(r, "q")[0] == "group b'ghost' is in the index 'emq:{q}:groupset' but has no hash"
 
 
 def test_a_bad_count_is_refused_by_the_claim_and_the_hook_with_nothing_written(

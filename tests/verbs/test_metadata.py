@@ -196,6 +196,13 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
          ("OFF", Optional("OFF", "pure-token")), ("ms", Optional("BACKOFF", "integer"))],
         [Q + "pending", Q],
     ),
+    "emq.grouplimit": (
+        {"write"},
+        [("pending", ["RO"]), BASE, ("group", "string"), ("max", Optional("MAX", "integer")),
+         ("NOMAX", Optional("NOMAX", "pure-token")), ("PAUSE", Optional("PAUSE", "pure-token")),
+         ("RESUME", Optional("RESUME", "pure-token"))],
+        [Q + "pending", Q, "g"],
+    ),
     "emq.obliterate": (
         {"write"},
         [("active", RW_ACCESS_DELETE), ("pending", RW_ACCESS_DELETE), ("dead", RW_ACCESS_DELETE), BASE,
@@ -208,7 +215,10 @@ SPEC: dict[str, tuple[set[str], list[tuple[str, Any]], list[str]]] = {
         [Q + "pending", Q, "j"],
     ),
 }  # fmt: skip
-SLOW = {"emq.sweep", "emq.retrydead", "emq.purge", "emq.obliterate", "emq.forget", "emq.enqueuemany"}
+SLOW = {
+    "emq.sweep", "emq.retrydead", "emq.purge", "emq.obliterate", "emq.forget", "emq.enqueuemany",
+    "emq.grouplimit",
+}  # fmt: skip
 # Categories a row adds to the derived ones: CLAIM may wait (BLOCK).
 EXTRA_CATEGORIES = {"emq.claim": {"@blocking"}}
 
@@ -452,7 +462,8 @@ def test_acl_dryrun_follows_the_key_flags(acl_server: EmbeddedServer, admin: red
         try:
             before = digest(admin)
             # without options these only read
-            writes = {"emq.retention": ["DONE", "1000"], "emq.limit": ["BACKOFF", "1000"]}.get(verb, [])
+            writes = {"emq.retention": ["DONE", "1000"], "emq.limit": ["BACKOFF", "1000"],
+                      "emq.grouplimit": ["PAUSE"]}.get(verb, [])
             with pytest.raises(redis.exceptions.NoPermissionError, match="derived from <base>"):
                 reader.execute_command(verb, *SPEC[verb][2], *writes)
             assert digest(admin) == before

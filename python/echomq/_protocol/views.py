@@ -320,19 +320,22 @@ def counts(queue: str) -> Read[QueueCounts]:
 
 
 def ring_groups(queue: str) -> Read[list[bytes]]:
-    """The groups in the queue's ring ``<base>groups`` (the empty name, the ungrouped lanes, left
-    out): every group whose lane holds a job is there (docs/concepts/flow-control.md, "Groups")."""
+    """Every group that may have a job waiting, in name order: the index ``<base>groupset`` (every
+    group whose hash exists, those a cap or a pause keeps out of the ring included) and the ring
+    ``<base>groups`` (its empty name, the ungrouped lanes, left out) (docs/concepts/flow-control.md,
+    "Groups")."""
     keys = keys_of(queue)
-    ring = keys.base + "groups"
+    ring, index = keys.base + "groups", keys.base + "groupset"
 
     def build(now: int) -> list[tuple[Any, ...]]:
-        return [("TYPE", ring), ("LRANGE", ring, 0, -1)]
+        return [("TYPE", ring), ("LRANGE", ring, 0, -1), ("TYPE", index), ("ZRANGE", index, 0, -1)]
 
     def parse(now: int, replies: list[Any]) -> list[bytes]:
-        kind, members = replies
-        if text(kind) != "list":
-            return []
-        return [m if isinstance(m, bytes) else str(m).encode() for m in members if m]
+        kind, members, index_kind, names = replies
+        found = set(names) if text(index_kind) == "zset" else set()
+        if text(kind) == "list":
+            found |= {m for m in members if m}
+        return sorted(m if isinstance(m, bytes) else str(m).encode() for m in found)
 
     return Read(keys.pending, build, parse)
 

@@ -27,6 +27,7 @@ from .. import _protocol as proto
 from .._protocol import (
     ActiveJob,
     DeadJob,
+    GroupInfo,
     JobId,
     JobInfo,
     ObliterateResult,
@@ -293,6 +294,40 @@ class OperatorVerbs:
     def resume(self, queue: str) -> bool:
         """Hand out jobs of ``queue`` again; False if it was not paused."""
         return self._run(proto.resume(queue))
+
+    def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo:
+        """Cap ``group`` of ``queue``: never more than ``max_active`` of its jobs active at once.
+
+        Across all workers, in every claim (the blocking one too); ``None``
+        removes the cap.  It costs a claim nothing: a group at its cap is
+        out of the ring of groups claims rotate through until a job of it
+        ends.  A cap below the group's active count lets those run on and
+        holds the rest until it drains.  Returns the group after the call.
+        """
+        return self._run(proto.set_group_limit(queue, group, max_active))
+
+    def group(self, queue: str, group: str) -> GroupInfo:
+        """One group of ``queue``: its waiting and active jobs, its cap and whether it is paused."""
+        return self._run(proto.group_limit(queue, group))
+
+    def pause_group(self, queue: str, group: str) -> GroupInfo:
+        """Hold back the waiting jobs of ``group`` (still counted and listed); its active ones run on."""
+        return self._run(proto.pause_group(queue, group))
+
+    def resume_group(self, queue: str, group: str) -> GroupInfo:
+        """Let the waiting jobs of a paused ``group`` be claimed again; the group after the call."""
+        return self._run(proto.resume_group(queue, group))
+
+    def groups(self, queue: str) -> list[GroupInfo]:
+        """Every group of ``queue`` with a job waiting or active, a cap or a pause, by name.
+
+        Each with its waiting and active counts, its cap and whether it is
+        paused.  Two reads: the names (the index ``<base>groupset`` and the
+        ring, in one MULTI), then every group's hash and lane (one MULTI:
+        each group read whole at one instant).
+        """
+        names = self._read(proto.ring_groups(queue))
+        return self._read(proto.group_rows(queue, names)) if names else []
 
     def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
         """Let claims of ``queue`` hand out at most ``max`` jobs per ``per_ms`` (server clock).

@@ -26,6 +26,7 @@ from .. import _protocol as proto
 from .._protocol import (
     ActiveJob,
     DeadJob,
+    GroupInfo,
     JobId,
     JobInfo,
     ObliterateResult,
@@ -240,6 +241,27 @@ class OperatorVerbs:
     async def resume(self, queue: str) -> bool:
         """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
         return await self._run(proto.resume(queue))
+
+    async def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo:
+        """Cap one group's active jobs (see ``echomq.Client.set_group_limit``)."""
+        return await self._run(proto.set_group_limit(queue, group, max_active))
+
+    async def group(self, queue: str, group: str) -> GroupInfo:
+        """One group of the queue (see ``echomq.Client.group``)."""
+        return await self._run(proto.group_limit(queue, group))
+
+    async def pause_group(self, queue: str, group: str) -> GroupInfo:
+        """Hold back one group's waiting jobs (see ``echomq.Client.pause_group``)."""
+        return await self._run(proto.pause_group(queue, group))
+
+    async def resume_group(self, queue: str, group: str) -> GroupInfo:
+        """Let a paused group's jobs be claimed again (see ``echomq.Client.resume_group``)."""
+        return await self._run(proto.resume_group(queue, group))
+
+    async def groups(self, queue: str) -> list[GroupInfo]:
+        """Every group of the queue, by name (see ``echomq.Client.groups``)."""
+        names = await self._read(proto.ring_groups(queue))
+        return await self._read(proto.group_rows(queue, names)) if names else []
 
     async def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
         """Set or remove the queue's rate limit (see ``echomq.Client.set_rate_limit``)."""

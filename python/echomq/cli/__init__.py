@@ -7,6 +7,8 @@
     echomq pause mail / resume mail     stop / restart handing out jobs
     echomq retention mail --done 60000  how long finished rows are kept (ms; -1 forever)
     echomq limit mail --rate 50 --per 1000  at most 50 claims a second (--off; --backoff MS)
+    echomq group limit mail customer-42 --max 2   at most 2 of a group's jobs at once (--no-max)
+    echomq group list mail              the groups: waiting, active, cap, paused (pause, resume)
     echomq obliterate mail              delete the queue and all its jobs (asks first)
     echomq enqueue mail '{"to": "ada"}'
     echomq job mail job-42              one job's status
@@ -49,13 +51,13 @@ import redis
 from .. import __version__
 from .._log import configure_logging
 from ..errors import EchoMQError
-from . import flow, jobs, queues, schedules, serve, worker
+from . import flow, groups, jobs, queues, schedules, serve, worker
 from ._common import CliError, format_sweep, global_options, log
 
 __all__ = ["CliError", "build_parser", "format_sweep", "main"]
 
 # Each module registers its commands; --help lists them in this order.
-COMMANDS = (queues, flow, jobs, schedules, worker, serve)
+COMMANDS = (queues, flow, groups, jobs, schedules, worker, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ from ._common import (
     task_calls,
 )
 from .flow import describe
+from .groups import rows as group_rows
 
 
 def backend_note(client: Client, queue: str) -> str:
@@ -117,6 +118,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     for line in schedule_problems(cast(redis.Redis, r), args.queue):
         out.write(f"  {line}\n")
+    found = client.groups(args.queue)  # issue 45: each group's waiting, active against its cap
+    if found:
+        out.write("\ngroups\n")
+        table(group_rows(found[: args.limit]), out)
+        if len(found) > args.limit:
+            out.write(f"  ... and {len(found) - args.limit} more (--limit)\n")
     waiting = client.pending(args.queue, count=min(args.limit, 10)) if counts.pending else []
     if waiting:  # the head of the line: what the next claims take
         out.write("\nnext to run\n")

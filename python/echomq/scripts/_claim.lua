@@ -231,6 +231,14 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
     local lanes = emq.lanes(base, pending)
     lanes:open(true, true, true)
     if lanes.meta_ring then lanes:open_ring() end
+    if done then -- free_done_slot (emq_claim.c): COMPLETECLAIM's job frees a slot of its group
+        local group = redis.call('HGET', base .. 'job:' .. done, 'group')
+        if group then
+            local g = lanes:group(group)
+            if g.active > 0 then g.active = g.active - 1 end
+            if not g.in_ring and g.card > 0 then lanes:ring_enter(g) end
+        end
+    end
     lanes:promote(now)
     local claim = { base = base, nonce = nonce, jobs = {}, taken = {}, lanes = lanes }
     if done then claim.taken[done] = true end
@@ -350,9 +358,14 @@ function emq.claim_prepare(pending, active, base, count, req, now, nonce, done)
                 lanes.ring_push[#lanes.ring_push + 1] = { id = m }
             else
                 local g = lanes:group(m)
-                took = take_grouped(g)
+                -- a group paused or at its cap takes nothing and leaves; one that reaches its cap
+                -- here leaves with the job that took its last slot
+                local open = emq.group_claimable(true, g.paused, g.active + g.took, g.cap)
+                if open then took = take_grouped(g) end
+                if took then g.took = g.took + 1 end
+                open = open and emq.group_claimable(true, g.paused, g.active + g.took, g.cap)
                 -- a group leaves the ring with its lane's last job (or when its lane is found empty)
-                if (took and lane_has_more(g)) or (not took and w.bound_hit) then
+                if open and ((took and lane_has_more(g)) or (not took and w.bound_hit)) then
                     lanes.ring_push[#lanes.ring_push + 1] = { id = m }
                 else
                     g.leaves = true
@@ -400,7 +413,7 @@ function emq.claim_apply(pending, active, prepared, now, deadline)
         record_put(rec, j.token)
     end
     emq.flow_claim_apply(prepared.flow, #reply)
-    emq.groups_claimed_apply(prepared.groups)
+    emq.groups_claimed_apply(prepared.lanes.base, prepared.groups)
     if #reply == 0 then return false end
     if prepared.record then
         -- remembered as long as the lease: a retry after that finds the jobs lapsed anyway

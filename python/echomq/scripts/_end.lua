@@ -9,7 +9,8 @@ function emq.left_active_prepare(base, id)
     if group == nil then return end
     local name = base .. 'group:' .. group
     emq.group_check(name, -1)
-    group_left[#group_left + 1] = { id = id, name = name }
+    emq.group_settle_check(base, group)
+    group_left[#group_left + 1] = { id = id, name = name, group = group, base = base }
 end
 
 function emq.left_active_apply(base, id)
@@ -20,9 +21,20 @@ function emq.left_active_apply(base, id)
         if not g.applied and g.id == id then
             g.applied = true
             group_next = i + 1
-            emq.group_write(g.name, -1)
+            emq.group_write(base, g.group, -1)
+            if not group_defer then emq.group_settle(base, g.group) end -- a slot freed
             return
         end
+    end
+end
+
+-- emq_groups_settle_deferred: left_active_apply settles nothing from defer_settle() on; this
+-- settles what it left, in the order met.
+function emq.defer_settle() group_defer = true end
+
+function emq.settle_deferred(base)
+    for _, g in ipairs(group_left) do
+        if g.applied then emq.group_settle(base, g.group) end
     end
 end
 
@@ -89,15 +101,111 @@ function emq.group_check(name, delta)
     if delta > 0 and n > 9007199254740992 - delta then emq.refuse(E.OVERFLOW) end
 end
 
+-- The count, or refused (EMQ.GROUPLIMIT's read).
+function emq.group_active_read(name, t)
+    local n = group_active(emq.hget(name, t, 'active'))
+    if n == nil then emq.refuse(E.GROUP_FIELD) end
+    return n
+end
+
+-- emq_group_index_check / emq_group_index_sync: <base>groupset, the names of the groups whose hash
+-- exists (a sorted set, every score 0); `existed` whether the hash existed before the write.
+function emq.group_index_check(base)
+    if not emq.type_ok(emq.open_derived(base .. 'groupset', emq.LANE), 'zset') then emq.refuse(E.WRONGTYPE) end
+end
+
+function emq.group_index_sync(base, group, existed)
+    local exists = redis.call('EXISTS', base .. 'group:' .. group) == 1
+    if exists == existed then return end
+    local index = base .. 'groupset'
+    if not emq.type_ok(emq.type(index), 'zset') then return end
+    if exists then redis.call('ZADD', index, 0, group) else redis.call('ZREM', index, group) end
+end
+
 -- write_count: the count as it stands, moved by `delta`, never below 0, written back.
-function emq.group_write(name, delta)
-    local v = emq.hget(name, emq.type(name), 'active')
+function emq.group_write(base, group, delta)
+    local name = base .. 'group:' .. group
+    local t = emq.type(name)
+    local v = emq.hget(name, t, 'active')
     local n = group_active(v) or 0
     local next = math.max(0, n + delta)
     if next > 0 then
         redis.call('HSET', name, 'active', emq.int(next))
     elseif v then
         redis.call('HDEL', name, 'active')
+    end
+    emq.group_index_sync(base, group, t == 'hash')
+end
+
+-- Caps (emq_group.h): `max` and `paused` of <base>group:<g>; a group is in the ring exactly when
+-- emq.group_claimable says so.
+local GROUP_CAP_MAX = 1000000000
+emq.NO_CAP = 1e18 -- above every cap (1 to 1e9)
+
+-- emq_parse_group_max: MAX's value, an integer from 1 to 1,000,000,000.
+function emq.parse_group_max(v)
+    local n = emq.parse_ll(v)
+    if n == nil or n < 1 or n > GROUP_CAP_MAX then emq.refuse(E.GROUP_MAX) end
+    return n
+end
+
+-- emq_group_claimable: its lane holds a job, it is not paused, it is below its cap.
+function emq.group_claimable(has_job, paused, active, cap)
+    return has_job and not paused and active < cap
+end
+
+-- emq_group_caps_read: `active` (a broken one reads 0: the claim and the hook refuse it) and
+-- `max` (emq.NO_CAP when absent; a bad one refused).
+local function caps(name, htype)
+    if htype ~= 'hash' then return 0, emq.NO_CAP end
+    local active = group_active(emq.hget(name, htype, 'active')) or 0
+    local v = emq.hget(name, htype, 'max')
+    if v == nil then return active, emq.NO_CAP end
+    local n = emq.parse_ll(v)
+    if n == nil or n < 1 or n > GROUP_CAP_MAX then return active, nil end
+    return active, n
+end
+
+function emq.group_caps_read(name, htype)
+    local active, cap = caps(name, htype)
+    if cap == nil then emq.refuse(E.GROUP_MAX_FIELD) end
+    return active, cap
+end
+
+-- emq_group_settle_check: the lane, the ring and <base>meta, checked for emq.group_settle.
+function emq.group_settle_check(base, group)
+    for _, k in ipairs({ { base .. 'g:' .. group, emq.LANE, 'zset' }, { base .. 'groups', emq.READ_WRITE, 'list' },
+        { base .. 'meta', emq.READ_WRITE, 'hash' }, { base .. 'groupset', emq.LANE, 'zset' } }) do
+        if not emq.type_ok(emq.open_derived(k[1], k[2]), k[3]) then emq.refuse(E.WRONGTYPE) end
+    end
+end
+
+-- emq_group_settle: the group enters the ring's tail if it may and is not in it, read as it stands.
+function emq.group_settle(base, group)
+    local name = base .. 'group:' .. group
+    local htype = emq.type(name)
+    if htype ~= 'hash' and htype ~= 'none' then return end
+    if emq.hexists(name, htype, 'ring') then return end
+    local active, cap = caps(name, htype)
+    if cap == nil then return end
+    local lane = base .. 'g:' .. group
+    local has = emq.type(lane) == 'zset'
+    if not emq.group_claimable(has, emq.hexists(name, htype, 'paused'), active, cap) then return end
+    local ring = base .. 'groups'
+    local rtype = emq.type(ring)
+    if rtype == 'none' then
+        redis.call('RPUSH', ring, '', group) -- a new ring starts with the empty name
+    elseif rtype == 'list' then
+        redis.call('RPUSH', ring, group)
+    else
+        return
+    end
+    redis.call('HSET', name, 'ring', '1')
+    emq.group_index_sync(base, group, htype == 'hash')
+    local meta = base .. 'meta'
+    local mtype = emq.type(meta)
+    if (mtype == 'hash' or mtype == 'none') and not emq.hexists(meta, mtype, 'ring') then
+        redis.call('HSET', meta, 'ring', '1')
     end
 end
 
@@ -113,7 +221,8 @@ function emq.groups_claimed(base, jobs)
                 s.delta = s.delta + 1
             else
                 emq.group_check(name, 1)
-                s = { name = name, delta = 1 }
+                emq.group_index_check(base)
+                s = { name = name, group = group, delta = 1 }
                 by_name[name] = s
                 sums[#sums + 1] = s
             end
@@ -122,8 +231,8 @@ function emq.groups_claimed(base, jobs)
     return sums
 end
 
-function emq.groups_claimed_apply(sums)
-    for _, s in ipairs(sums) do emq.group_write(s.name, s.delta) end
+function emq.groups_claimed_apply(base, sums)
+    for _, s in ipairs(sums) do emq.group_write(base, s.group, s.delta) end
 end
 
 -- ---------------------------------------------------------------------------

@@ -198,7 +198,7 @@ function Lanes:group(name)
     self:open_ring()
     g = { group = name, lane = self.base .. 'g:' .. name, hash = self.base .. 'group:' .. name, card = 0,
         in_ring = false, enters = false, leaves = false, add = {}, leave = {}, heads = {}, promoted = {},
-        taken = 0, promoted_next = 1 }
+        taken = 0, promoted_next = 1, held = false, took = 0 }
     self.gl[#self.gl + 1] = g
     self.gl_index[name] = g
     local t = emq.open_derived(g.lane, emq.LANE)
@@ -208,16 +208,25 @@ function Lanes:group(name)
     local h = emq.open_derived(g.hash, emq.READ_WRITE)
     if not emq.type_ok(h, 'hash') then emq.refuse(E.WRONGTYPE) end
     g.in_ring = emq.hexists(g.hash, h, 'ring')
+    g.paused = emq.hexists(g.hash, h, 'paused')
+    g.active, g.cap = emq.group_caps_read(g.hash, h)
+    emq.group_index_check(self.base)
     return g
 end
 
 -- ring_enter (emq_lanes.c): the group enters the ring's tail (a new ring starts with the empty name).
 local function ring_enter(self, g)
     if g.in_ring or g.enters then return end
+    if not emq.group_claimable(true, g.paused, g.active, g.cap) then -- settled at apply
+        g.held = true
+        return
+    end
     g.enters = true
     if self.ring_len == 0 and #self.ring_push == 0 then push(self.ring_push, '') end
     push(self.ring_push, g.group)
 end
+
+Lanes.ring_enter = ring_enter
 
 -- edge_seq (emq_lanes.c): the seq of the level's first (last) member of a sorted set, or nil.
 local function edge_seq(key, ktype, level, last)
@@ -251,7 +260,7 @@ function Lanes:place_in(id, group, level, head)
         self.seq_changed = true
         push(g.add, id, emq.priority_score(level, tonumber(seq)))
     end
-    if g.card == 0 then ring_enter(self, g) end
+    if not g.in_ring then ring_enter(self, g) end
 end
 
 function Lanes:enter_in(id, group, level, due, now)
@@ -451,8 +460,14 @@ function Lanes:apply_groups()
     end
     for _, g in ipairs(self.gl) do
         if g.enters ~= g.leaves then
+            local existed = redis.call('EXISTS', g.hash) == 1
             if g.enters then redis.call('HSET', g.hash, 'ring', '1') else redis.call('HDEL', g.hash, 'ring') end
+            emq.group_index_sync(self.base, g.group, existed)
         end
+    end
+    -- the groups a cap or a pause kept out, settled as they stand (emq_group_settle)
+    for _, g in ipairs(self.gl) do
+        if g.held and not g.enters then emq.group_settle(self.base, g.group) end
     end
 end
 

@@ -120,6 +120,8 @@ local E = {
     AFTER_NEEDED = 'ERR ON_PARENT_FAILURE and MISSING need AFTER <id> ...',
     AFTER_MANY = 'ERR AFTER is for one job: EMQ.ENQUEUEMANY does not take it',
     AFTER_FIELD = "ERR the job's 'waits' field is not an integer from 1 to 1000",
+    GROUP_MAX = 'ERR MAX must be an integer from 1 to 1000000000',
+    GROUP_MAX_FIELD = "ERR the group hash's 'max' field is not an integer from 1 to 1000000000",
 }
 emq.E = E
 
@@ -147,9 +149,10 @@ local declared = {} -- the names in KEYS, for emq.open_derived; made anew by eve
 local unique_release = {} -- the unique keys a call's ending jobs release (emq.ended_prepare): id -> key
 local group_left = {} -- the jobs leaving <active> whose group counts one less (emq.left_active_prepare)
 local group_next = 1 -- where emq.left_active_apply looks first: the verbs apply in prepare order
+local group_defer = false -- emq.left_active_apply leaves the ring's settle to emq.settle_deferred
 
 function emq.run(commands, body)
-    declared, unique_release, group_left, group_next = {}, {}, {}, 1
+    declared, unique_release, group_left, group_next, group_defer = {}, {}, {}, 1, false
     emq.deps_reset()
     for _, key in ipairs(KEYS) do declared[key] = true end
     for _, command in ipairs(commands) do

@@ -8,7 +8,7 @@
 -- Not deny-oom (allow-oom): finishing a job must work under memory pressure (a RESULT past
 -- maxmemory is refused).  <setting> is the client's max_result_bytes.
 -- include: _complete.lua
-return emq.verb({ 'ZREM', 'HSET', 'HDEL', 'DEL', 'PEXPIREAT' }, function()
+return emq.verb({ 'ZREM', 'HSET', 'HDEL', 'DEL', 'PEXPIREAT', 'RPUSH', 'ZADD' }, function()
     -- parse
     local argv, argc, setting = emq.args()
     if argc < 5 then emq.wrong_arity('emq.complete') end

@@ -29,8 +29,12 @@ return emq.verb({ 'ZREM', 'RPUSH', 'LPOP', 'HINCRBY', 'HSET', 'HDEL', 'ZADD', 'H
     local done = emq.complete_prepare(active, row, id, token, result)
     local claimed = emq.claim_prepare(pending, active, base, count, req, now, nonce, done.write and id or nil)
 
-    -- apply
+    -- apply: the complete's "left active" hook settles its job's group after the claim's
+    -- writes, as the claim left the ring (emq_claim.c)
+    emq.defer_settle()
     emq.complete_apply(active, row, id, done, now)
-    if claimed.answer ~= nil then return { done.reply, claimed.answer } end
-    return { done.reply, emq.claim_apply(pending, active, claimed, now, deadline) }
+    local answer = claimed.answer
+    if answer == nil then answer = emq.claim_apply(pending, active, claimed, now, deadline) end
+    emq.settle_deferred(base)
+    return { done.reply, answer }
     end)

@@ -88,7 +88,14 @@ return emq.verb({ 'ZREM', 'HSET', 'HDEL', 'ZADD', 'RPUSH', 'HINCRBY', 'DEL', 'PE
         emq.incr(emq.hget(metrics, mtype, 'count'), '1', emq.E.FAILED_NOT_INTEGER)
     end
     local lanes = emq.lanes(base, pending)
-    if route == emq.TO_PENDING then lanes:enter_row(id, row, rtype, due, now) end
+    if route == emq.TO_PENDING then
+        -- a grouped job retried at once goes back to its group's head (emq_finish.c)
+        if due == now and emq.hget(row, rtype, 'group') then
+            lanes:place_row(id, row, rtype, true)
+        else
+            lanes:enter_row(id, row, rtype, due, now)
+        end
+    end
     emq.left_active_prepare(base, id)
     if route ~= emq.TO_PENDING then emq.ended_prepare(base, id, route, false) end
 

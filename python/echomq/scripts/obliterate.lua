@@ -9,7 +9,7 @@
 -- (tombstones not counted), the entries and members left (tombstones counted).  -EMQBUSY when
 -- <active> is not empty and FORCE is not given: nothing written.  A job deleted before it ended
 -- is announced on <base>done:<id>.  Not deny-oom (allow-oom): it frees memory.
-return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HDEL', 'LPOP' }, function()
+return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HDEL', 'LPOP', 'RPUSH', 'ZADD' }, function()
     -- parse
     local argv, argc, max_limit = emq.args()
     if argc ~= 6 and argc ~= 7 then emq.wrong_arity('emq.obliterate') end
@@ -36,6 +36,13 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HDEL', 'LPOP' }, function()
     for i = 0, lanes.ring_len - 1 do
         local m = lanes:ring_at(i)
         if m ~= nil and m ~= '' then lanes:group(m) end
+    end
+    -- then the index's (emq_group.h): a group held out of the ring by its cap or pause has its lane
+    local index = base .. 'groupset'
+    if emq.open_derived(index, emq.LANE) == 'zset' then
+        for _, m in ipairs(redis.call('ZRANGE', index, 0, -1)) do lanes:group(m) end
+    elseif not emq.type_ok(emq.type(index), 'zset') then
+        emq.refuse(emq.E.WRONGTYPE)
     end
 
     -- read: the entries and members this step takes, <pending> first, the held last; every row
@@ -96,6 +103,9 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HDEL', 'LPOP' }, function()
         end
     end
 
+    -- a group whose active job this step takes off is settled after the lanes' writes (a step
+    -- that is not the last), or not at all (the last deletes the ring) (emq_admin.c)
+    emq.defer_settle()
     -- apply: the entries of <pending> in one LPOP, then member by member
     if entries > 0 then redis.call('LPOP', pending, entries) end
     for _, m in ipairs(members) do
@@ -113,11 +123,15 @@ return emq.verb({ 'ZREM', 'DEL', 'HSET', 'HDEL', 'LPOP' }, function()
         -- the ring, and its groups' flags
         if lanes.ring_len > 0 then redis.call('DEL', lanes.ring) end
         for _, g in ipairs(lanes.gl) do
-            if emq.type(g.hash) == 'hash' then redis.call('HDEL', g.hash, 'ring') end
+            if emq.type(g.hash) == 'hash' then
+                redis.call('HDEL', g.hash, 'ring')
+                emq.group_index_sync(base, g.group, true)
+            end
         end
     else
         if not emq.hexists(meta, lanes.types.meta, 'paused') then redis.call('HSET', meta, 'paused', '1') end
         lanes:apply()
+        emq.settle_deferred(base)
     end
     return { #members - tombstones, remaining } -- the jobs removed (a tombstone is none), the entries left
 end)
