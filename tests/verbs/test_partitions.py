@@ -208,9 +208,11 @@ def test_a_rate_limit_is_split_into_shares_that_add_up_to_it(client: echomq.Clie
         client.set_rate_limit(Q, 8, 1000)
     assert client.rate_limit(Q).max == 95  # the refused call changed nothing
     until = client.back_off(Q, 5_000).backoff_until
-    assert until is not None and all(
-        client.rate_limit(name).backoff_until == until for name in client.partitions(Q)
-    )
+    # each partition's back-off is its own master's now + 5 s: the logical one is the latest of them,
+    # the others a few ms earlier (the masters answer the pipelines one after another)
+    offs = [client.rate_limit(name).backoff_until for name in client.partitions(Q)]
+    assert until is not None and max(o or 0 for o in offs) == until
+    assert all(o is not None and until - 2_000 < o <= until for o in offs), (until, offs)
     assert client.remove_rate_limit(Q).max is None
     assert all(client.rate_limit(name).max is None for name in client.partitions(Q))
 
