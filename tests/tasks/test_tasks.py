@@ -400,6 +400,8 @@ def test_a_wait_sends_a_subscription_and_one_read_per_announcement_not_a_poll(
     # one read, then nothing while it waits; one read after the announcement, and the unsubscribe.
     handshake = ("HELLO", "CLIENT", "INFO")
     waited = [c for c in before if c not in handshake]
+    if waited[:1] == ["GET"]:  # the queue's partition declaration, read once a client and queue
+        waited = waited[1:]
     assert waited in (["SSUBSCRIBE", "HMGET"], ["SUBSCRIBE", "HMGET"]), before
     after = [c for c in Counting.sent[len(before) :] if c not in handshake]
     assert after[0] == "HMGET" and after[1:] in ([], ["SUNSUBSCRIBE"], ["UNSUBSCRIBE"]), after

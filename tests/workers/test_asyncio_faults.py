@@ -163,6 +163,8 @@ def test_stop_during_an_in_flight_claim_gives_the_claimed_job_back_unrun(
 
     async def body(client: emq.Client) -> None:
         await client.redis.ping()
+        # the queue's declaration read (once a client), so the call in flight is the claim
+        assert await client.partitions(Q) == [Q]
         worker = emq.Worker(client, Q, handler, poll_interval=0.05)
         stalled = stall(server, 0.5)
         await asyncio.sleep(0.1)
