@@ -116,6 +116,7 @@
     X(waits, "waits")                         \
     X(after, "after")                         \
     X(waiters, "waiters")                     \
+    X(deps, "deps")                           \
     X(due, "due")                             \
     X(on_failure, "on_failure")               \
     X(one, "1")                               \

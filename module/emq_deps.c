@@ -123,6 +123,12 @@ int emq_deps_decide(EmqDeps *d, RedisModuleUser *user, RedisModuleString *base, 
     const EmqDepsOpts *o = d->opts;
     if (!o->seen_after) return EMQ_OK;
     RedisModuleCtx *ctx = d->ctx;
+    /* <base>meta's `deps`: the queue has had a dependency, so its ends look
+     * for them (a queue that never had one reads no row field for them). */
+    d->meta_name = emq_derived_key(ctx, base, "meta", NULL);
+    int err = emq_open_derived(ctx, user, &d->meta, d->meta_name, EMQ_DERIVED_READ_WRITE);
+    if (!err && !emq_type_ok(&d->meta, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
+    if (err) return err;
     int n = o->n;
     d->outcome = RedisModule_Alloc((size_t)n * sizeof *d->outcome);
     d->waiters = RedisModule_Alloc((size_t)n * sizeof *d->waiters);
@@ -130,7 +136,6 @@ int emq_deps_decide(EmqDeps *d, RedisModuleUser *user, RedisModuleString *base, 
     memset(d->waiters, 0, (size_t)n * sizeof *d->waiters);
     memset(d->names, 0, (size_t)n * sizeof *d->names);
     d->verdict = EMQ_DEPS_MET;
-    int err = EMQ_OK;
     for (int k = 0; k < n && !err; k++) {
         d->outcome[k] = NULL;
         RedisModuleString *row_name = emq_derived_key(ctx, base, "job:", o->ids[k]);
@@ -232,6 +237,7 @@ static void mark_waited(RedisModuleCtx *ctx, EmqFx *fx, RedisModuleString *base,
 
 void emq_deps_apply(EmqDeps *d, EmqFx *fx, RedisModuleString *base, RedisModuleString *id, long long now) {
     if (d->verdict == EMQ_DEPS_NONE) return;
+    if (!emq_hexists(&d->meta, emq_str.deps)) emq_fx_hset(fx, &d->meta, "hset", 1, emq_str.deps, emq_str.one);
     if (d->verdict == EMQ_DEPS_DIES) {
         emq_fx_zadd(fx, &d->dead, now, id, 0);
         return;
@@ -264,6 +270,8 @@ void emq_deps_close(EmqDeps *d) {
     RedisModule_Free(d->names);
     emq_key_close(&d->deps);
     emq_key_close(&d->dead);
+    emq_key_close(&d->meta);
+    if (d->meta_name) RedisModule_FreeString(d->ctx, d->meta_name);
     if (d->deps_name) RedisModule_FreeString(d->ctx, d->deps_name);
     if (d->dead_name) RedisModule_FreeString(d->ctx, d->dead_name);
     if (d->reason) RedisModule_FreeString(d->ctx, d->reason);
@@ -321,18 +329,12 @@ static int waited_for(RedisModuleCtx *ctx, RedisModuleString *base, RedisModuleS
     return n;
 }
 
-int emq_deps_end_prepare(EmqEnd *e, RedisModuleString *id, int how, int already) {
+int emq_deps_end_prepare(EmqEnd *e, RedisModuleString *id, int how, int already, int has_deps, int has_waiters) {
     (void)how;
     if (already) return EMQ_OK; /* settled when it ended */
     RedisModuleCtx *ctx = e->ctx;
     for (size_t i = 0; e->deps && i < e->deps->n; i++) /* named twice in one call: once */
         if (!e->deps->items[i].applied && emq_str_equal(e->deps->items[i].id, id)) return EMQ_OK;
-    RedisModuleString *row_name = emq_derived_key(ctx, e->base, "job:", id);
-    EmqKey row;
-    emq_key_open(ctx, &row, row_name, REDISMODULE_READ);
-    int has_deps = emq_hexists(&row, emq_str.after), has_waiters = emq_hexists(&row, emq_str.waiters);
-    emq_key_close(&row);
-    RedisModule_FreeString(ctx, row_name);
     if (!has_deps && !has_waiters) return EMQ_OK;
 
     EmqDepsEnd *s = end_state(e);

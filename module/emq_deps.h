@@ -76,8 +76,8 @@ typedef struct {
     RedisModuleString *missing;   /* the id refused as missing (borrowed) */
     EmqKey *waiters;              /* per id: its <base>waiters:<id>, open when live */
     RedisModuleString **names;
-    EmqKey deps, dead;
-    RedisModuleString *deps_name, *dead_name;
+    EmqKey deps, dead, meta; /* meta: <base>meta, whose `deps` the first AFTER sets */
+    RedisModuleString *deps_name, *dead_name, *meta_name;
 } EmqDeps;
 
 void emq_deps_init(EmqDeps *d, RedisModuleCtx *ctx, const EmqDepsOpts *opts);
@@ -108,7 +108,7 @@ void emq_deps_close(EmqDeps *d);
 void emq_deps_drain(RedisModuleCtx *ctx, RedisModuleString *base, long budget);
 
 /* -- the `ended` hook's step (emq_end.c) ---------------------------------- */
-int emq_deps_end_prepare(EmqEnd *e, RedisModuleString *id, int how, int already);
+int emq_deps_end_prepare(EmqEnd *e, RedisModuleString *id, int how, int already, int has_deps, int has_waiters);
 void emq_deps_end_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id, int how, int already);
 /* Frees the step's state; when an end was pushed, drains (unless draining). */
 void emq_deps_end_close(EmqEnd *e);

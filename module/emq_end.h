@@ -70,6 +70,12 @@ void emq_left_active_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id);
  * ended (PURGE, FORGET, the dead retention): only the deletion's steps
  * run. */
 int emq_ended_prepare(EmqEnd *e, RedisModuleString *id, int how, int already);
+/* The same, with the job's row when the caller has it open (read, not
+ * written), else NULL: opened here by name; and `deps` 0 when the caller
+ * read <base>meta and its `deps` is absent (the queue never had a
+ * dependency: no row field of theirs is looked for), else 1.  Either way
+ * the row is opened and read once for every step (one HashGet). */
+int emq_ended_prepare_row(EmqEnd *e, RedisModuleString *id, int how, int already, EmqKey *row, int deps);
 void emq_ended_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id, int how, int already);
 
 #endif

@@ -74,7 +74,7 @@ int emq_complete_prepare(RedisModuleCtx *ctx, EmqCompleting *c, RedisModuleStrin
     if (!emq_acl_user(ctx, &c->user)) err = EMQ_ERR_NOPERM_DERIVED;
     else err = emq_read_meta(ctx, c->user, c->base, &c->meta);
     if (!err) err = emq_left_active_prepare(&c->end, id, &c->row);
-    if (!err) err = emq_ended_prepare(&c->end, id, EMQ_END_DONE, 0);
+    if (!err) err = emq_ended_prepare_row(&c->end, id, EMQ_END_DONE, 0, &c->row, c->meta.deps);
     c->write = !err;
     return err;
 }

@@ -197,6 +197,7 @@ static int read_retention(EmqKey *k, RedisModuleString *field, long long *out) {
 
 int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString *base, EmqMeta *meta) {
     meta->paused = 0;
+    meta->deps = 0;
     meta->done_ttl = EMQ_DEFAULT_DONE_TTL_MS;
     meta->cancelled_ttl = EMQ_DEFAULT_CANCELLED_TTL_MS;
     meta->dead_ttl = EMQ_DEFAULT_DEAD_TTL_MS;
@@ -206,6 +207,7 @@ int emq_read_meta(RedisModuleCtx *ctx, RedisModuleUser *user, RedisModuleString 
     if (!err && !emq_type_ok(&k, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
     if (!err) {
         meta->paused = emq_hexists(&k, emq_str.paused);
+        meta->deps = emq_hexists(&k, emq_str.deps);
         err = read_retention(&k, emq_str.done_ttl_ms, &meta->done_ttl);
         if (!err) err = read_retention(&k, emq_str.cancelled_ttl_ms, &meta->cancelled_ttl);
         if (!err) err = read_retention(&k, emq_str.dead_ttl_ms, &meta->dead_ttl);

@@ -106,6 +106,7 @@ void emq_keys_unload(void);
 /* The queue's settings, from <base>meta (absent fields: the defaults). */
 typedef struct {
     int paused;
+    int deps; /* `deps`: the queue has had a dependency (ENQUEUE ... AFTER) */
     long long done_ttl, cancelled_ttl, dead_ttl;
 } EmqMeta;
 

@@ -158,14 +158,8 @@ static EmqUniqueEnd *end_state(EmqEnd *e) {
     return e->unique;
 }
 
-int emq_unique_end_prepare(EmqEnd *e, RedisModuleString *id, int how) {
-    /* The row is the caller's, checked by it; only its `unique` is read. */
-    RedisModuleString *row_name = emq_derived_key(e->ctx, e->base, "job:", id);
-    EmqKey row;
-    emq_key_open(e->ctx, &row, row_name, REDISMODULE_READ);
-    RedisModuleString *key = emq_hget(&row, emq_str.unique);
-    emq_key_close(&row);
-    RedisModule_FreeString(e->ctx, row_name);
+int emq_unique_end_prepare(EmqEnd *e, RedisModuleString *id, int how, RedisModuleString *key) {
+    /* `key`: the row's `unique` (read by emq_ended_prepare_row), freed here. */
     if (key == NULL) return EMQ_OK;
 
     EmqUniqueEnd *s = end_state(e);

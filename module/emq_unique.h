@@ -89,7 +89,7 @@ void emq_unique_close(EmqUnique *u);
 /* The job `id` ends `how`: when its row names a key that the job holds
  * (UNTIL done; or any, when the row is deleted), note its release.  Checks
  * the caller's ACL on the key (GET, DEL). */
-int emq_unique_end_prepare(EmqEnd *e, RedisModuleString *id, int how);
+int emq_unique_end_prepare(EmqEnd *e, RedisModuleString *id, int how, RedisModuleString *key);
 
 /* DEL what prepare noted for `id`. */
 void emq_unique_end_apply(EmqEnd *e, EmqFx *fx, RedisModuleString *id);

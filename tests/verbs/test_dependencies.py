@@ -83,6 +83,40 @@ def test_a_job_waits_for_its_dependency_in_no_lane_then_runs(r: redis.Redis, cli
     ok(r)
 
 
+def test_the_first_after_marks_the_queue_and_a_queue_without_one_is_not_marked(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    # <base>meta's `deps`: the ends of a queue without it look for no dependency field (issue 41)
+    client.enqueue("q", b"", "a")
+    job = client.claim("q", 30_000)
+    assert job is not None
+    client.complete("q", "a", job.token)
+    assert not r.hexists(K.base + "meta", "deps") and state(r, "a") == "done"
+    client.enqueue("q", b"", "a2")
+    assert send(client, "b", b"", "MISSING", "done", "AFTER", "gone") == 1  # met at once: marked all the same
+    assert r.hget(K.base + "meta", "deps") == b"1"
+    send(client, "c", b"", "AFTER", "a2")
+    assert r.hget(K.base + "meta", "deps") == b"1"
+    assert run(client) == ["a2", "b", "c"]
+    assert not r.exists(K.base + "deps:b") and not r.exists(K.base + "deps:c")
+    ok(r)
+
+
+def test_a_dependency_completed_in_a_queue_marked_by_a_refused_after_still_resolves(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("q", b"", "a")
+    with pytest.raises(redis.exceptions.ResponseError):
+        send(client, "x", b"", "AFTER", "nope")  # refused: writes nothing, marks nothing
+    assert not r.hexists(K.base + "meta", "deps")
+    send(client, "b", b"", "AFTER", "a")
+    job = client.claim("q", 30_000)
+    assert job is not None and job.id == "a"
+    client.complete("q", "a", job.token)
+    assert state(r, "b") == "pending" and not r.exists(K.base + "waiters:a")
+    ok(r)
+
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -412,11 +446,12 @@ def test_what_is_left_to_resolve_survives_a_restart_from_the_aof(
     client.complete("q", "a", job.token)
     assert r.zcard(K.base + "waiters:a") == 200
     before = digest(r)
+    assert r.hget(K.base + "meta", "deps") == b"1"
     r.close()
     srv.stop()
     again = server_factory(["--appendonly", "yes"], dir=tmp_path, load_module=backend == "module")
     r = again.client()
-    assert digest(r) == before
+    assert digest(r) == before and r.hget(K.base + "meta", "deps") == b"1"
     client = echomq.Client(r)
     client.sweep("q", limit=1000)
     assert not r.exists(K.base + "resolve") and r.llen(K.pending) == 300

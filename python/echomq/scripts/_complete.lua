@@ -36,7 +36,7 @@ function emq.complete_prepare(active, row, id, token, result)
     local base = active:sub(1, #active - #'active')
     local meta = emq.read_meta(base)
     emq.left_active_prepare(base, id)
-    emq.ended_prepare(base, id, 'done', false)
+    emq.ended_prepare(base, id, 'done', false, not meta.deps)
     return { reply = 1, write = true, meta = meta, base = base, rtype = rtype, result = result }
 end
 

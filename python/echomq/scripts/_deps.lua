@@ -82,6 +82,9 @@ end
 function emq.deps_decide(base, d, id)
     local v = { verdict = 'none', outcome = {}, live = 0 }
     if not d.seen_after then return v end
+    -- <base>meta's `deps`: the queue has had a dependency, so its ends look for them
+    local mt = emq.open_derived(base .. 'meta', emq.READ_WRITE)
+    if not emq.type_ok(mt, 'hash') then emq.refuse(E.WRONGTYPE) end
     v.verdict = 'met'
     for k, dep in ipairs(d.ids) do
         local row = base .. 'job:' .. dep
@@ -140,6 +143,7 @@ end
 -- or <base>dead for a job that dies at once.
 function emq.deps_apply(base, d, v, id, now)
     if v.verdict == 'none' then return end
+    if redis.call('HEXISTS', base .. 'meta', 'deps') == 0 then redis.call('HSET', base .. 'meta', 'deps', '1') end
     if v.verdict == 'dies' then
         redis.call('ZADD', base .. 'dead', emq.int(now), id)
         return

@@ -40,10 +40,11 @@ end
 
 -- Step (emq_unique.c: emq_unique_end_prepare): a unique key the job holds is released -- an UNTIL
 -- key at any end, a FOR window only when the row goes.  The row is the caller's, checked by it.
-function emq.ended_prepare(base, id, how, already)
+-- `no_deps`: the caller read <base>meta and the queue never had a dependency (its `deps` absent).
+function emq.ended_prepare(base, id, how, already, no_deps)
     emq.unique_end_prepare(base, id, how)
     -- Step (emq_deps.c): the job's waiters are resolved; a waiting job leaves its waiter sets.
-    emq.deps_end_prepare(base, id, how, already)
+    if not no_deps then emq.deps_end_prepare(base, id, how, already) end
 end
 
 function emq.unique_end_prepare(base, id, how)

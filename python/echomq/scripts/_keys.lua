@@ -167,6 +167,7 @@ emq.DEFAULT_DEAD_TTL_MS = -1
 function emq.read_meta(base)
     local meta = {
         paused = false,
+        deps = false,
         done_ttl = emq.DEFAULT_DONE_TTL_MS,
         cancelled_ttl = emq.DEFAULT_CANCELLED_TTL_MS,
         dead_ttl = emq.DEFAULT_DEAD_TTL_MS,
@@ -175,8 +176,9 @@ function emq.read_meta(base)
     local t = emq.open_derived(name, emq.READ)
     if not emq.type_ok(t, 'hash') then emq.refuse(E.WRONGTYPE) end
     if t == 'hash' then
-        local v = redis.call('HMGET', name, 'paused', 'done_ttl_ms', 'cancelled_ttl_ms', 'dead_ttl_ms')
+        local v = redis.call('HMGET', name, 'paused', 'done_ttl_ms', 'cancelled_ttl_ms', 'dead_ttl_ms', 'deps')
         meta.paused = v[1] ~= false
+        meta.deps = v[5] ~= false
         if v[2] then meta.done_ttl = emq.parse_retention(v[2], E.META_NOT_INTEGER) end
         if v[3] then meta.cancelled_ttl = emq.parse_retention(v[3], E.META_NOT_INTEGER) end
         if v[4] then meta.dead_ttl = emq.parse_retention(v[4], E.META_NOT_INTEGER) end
