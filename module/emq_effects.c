@@ -33,6 +33,18 @@ static void push_arg(EmqFxEntry *e, RedisModuleString *s) {
 /* The entry this write joins: the key's latest one when it is the same
  * kind of command, else a new one at the end.  Joining an earlier entry
  * reorders this write only against writes to other keys, which commute. */
+/* A handle opened on an absent key holds no value; if another handle of the
+ * same command has created the key since (two steps of one verb may each
+ * open <base>meta, say), writing through the first would make the server
+ * add the key a second time (an assertion: the server goes down).  So every
+ * write through a handle that holds no value opens the key again first: at
+ * the cost of one lookup, and only for a key absent when it was opened. */
+static void fresh(EmqKey *k) {
+    if (k->key == NULL || RedisModule_KeyType(k->key) != REDISMODULE_KEYTYPE_EMPTY) return;
+    RedisModule_CloseKey(k->key);
+    k->key = RedisModule_OpenKey(k->ctx, k->name, REDISMODULE_READ | REDISMODULE_WRITE);
+}
+
 static EmqFxEntry *entry_for(EmqFx *fx, EmqKey *k, const char *cmd, int xx) {
     if (k->last >= 0 && k->last < fx->n) {
         EmqFxEntry *e = &fx->entries[k->last];
@@ -72,6 +84,7 @@ static const char ZADD[] = "ZADD", ZREM[] = "ZREM", HSET[] = "HSET", HDEL[] = "H
                   LPUSH[] = "LPUSH", LPOP[] = "LPOP";
 
 int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *member, int xx) {
+    fresh(set);
     int flags = xx ? REDISMODULE_ZADD_XX : 0;
     /* An absent set is not handed to ZsetAdd under XX: it would create the
      * key before finding nothing to update. */
@@ -89,6 +102,7 @@ int emq_fx_zadd(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *memb
 }
 
 long emq_fx_zadd_many(EmqFx *fx, EmqKey *set, long long score, RedisModuleString *const *members, long n) {
+    fresh(set);
     long changed = 0;
     EmqFxEntry *e = NULL;
     RedisModuleString *at = NULL;
@@ -151,6 +165,7 @@ long emq_fx_zrem_many(EmqFx *fx, EmqKey *set, RedisModuleString *const *members,
 }
 
 void emq_fx_push(EmqFx *fx, EmqKey *list, int head, RedisModuleString *const *members, long n) {
+    fresh(list);
     if (n <= 0) return;
     EmqFxEntry *e = entry_for(fx, list, head ? LPUSH : RPUSH, 0);
     for (long i = 0; i < n; i++) {
@@ -191,6 +206,7 @@ long emq_fx_lpop(EmqFx *fx, EmqKey *list, long n) {
 }
 
 int emq_fx_zrem(EmqFx *fx, EmqKey *set, RedisModuleString *member) {
+    fresh(set);
     int deleted = 0;
     RedisModule_ZsetRem(set->key, member, &deleted);
     if (!deleted) return 0;
@@ -211,6 +227,7 @@ static int same_bytes(RedisModuleString *a, RedisModuleString *b) {
 }
 
 void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...) {
+    fresh(row);
     EmqFxEntry *e = entry_for(fx, row, HSET, 0);
     va_list ap;
     va_start(ap, npairs);
@@ -237,6 +254,7 @@ void emq_fx_hset(EmqFx *fx, EmqKey *row, const char *event, int npairs, ...) {
 
 void emq_fx_hset_argv(EmqFx *fx, EmqKey *row, const char *event, int npairs, RedisModuleString *const *fields,
                       RedisModuleString *const *values) {
+    fresh(row);
     EmqFxEntry *e = entry_for(fx, row, HSET, 0);
     for (int p = 0; p < npairs; p++) {
         RedisModule_HashSet(row->key, REDISMODULE_HASH_NONE, fields[p], values[p], NULL);
@@ -256,6 +274,7 @@ void emq_fx_hset_argv(EmqFx *fx, EmqKey *row, const char *event, int npairs, Red
 }
 
 int emq_fx_hdel(EmqFx *fx, EmqKey *row, RedisModuleString *field) {
+    fresh(row);
     if (RedisModule_KeyType(row->key) != REDISMODULE_KEYTYPE_HASH) return 0;
     if (!RedisModule_HashSet(row->key, REDISMODULE_HASH_NONE, field, REDISMODULE_HASH_DELETE, NULL)) return 0;
     row->modified = 1;
@@ -268,6 +287,7 @@ int emq_fx_hdel(EmqFx *fx, EmqKey *row, RedisModuleString *field) {
 }
 
 void emq_fx_set(EmqFx *fx, EmqKey *key, RedisModuleString *value) {
+    fresh(key);
     RedisModule_StringSet(key->key, value);
     key->modified = 1;
     RedisModule_NotifyKeyspaceEvent(fx->ctx, REDISMODULE_NOTIFY_STRING, "set", key->name);

@@ -683,3 +683,28 @@ def test_completeclaim_ends_a_dependency_and_the_next_claim_takes_its_waiter(
     nxt = client.claim("q", 30_000)
     assert nxt is not None and nxt.id == "b"
     ok(r)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ("GROUP", "g"),
+        ("REQ", "r1", "GROUP", "g"),
+        ("GROUP", "g", "UNIQUE", "u"),
+        ("PRIORITY", "3", "GROUP", "g"),
+    ],
+)
+def test_the_first_job_of_a_fresh_queue_in_a_group_with_after_writes_meta_once(
+    r: redis.Redis, client: echomq.Client, options: tuple[str, ...]
+) -> None:
+    # The queue's meta is absent, and two steps of one ENQUEUE create it: the group's
+    # ring (`ring`) and the dependencies' flag (`deps`).  Writing the second through a
+    # handle opened before the first created the key took the server down (the module's
+    # write helpers now open such a key again).
+    assert not r.exists(K.base + "meta")
+    assert send(client, "e", b"", *options, "MISSING", "done", "AFTER", "d") in (1, [1, b"e"])
+    assert r.ping()
+    meta = r.hgetall(K.base + "meta")
+    assert meta.get(b"deps") == b"1" and meta.get(b"ring") == b"1", meta
+    assert state(r, "e") == "pending"
+    ok(r)
