@@ -15,7 +15,6 @@ are the types of ``redis``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,6 +37,7 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from ..errors import EchoMQError
 from . import _partitions
 from ._partitions import partition_of
 
@@ -132,22 +132,21 @@ class OperatorVerbs:
         """Pending (claimable now, and by priority level), delayed, active (and lapsed), dead, paused,
         and the failed metric.
 
-        ``by_priority`` costs one more round trip per level other than 0 that
-        has jobs (at most ``MAX_LEVELS_SHOWN``).
+        One snapshot: every number is of the same instant (one MULTI), the jobs
+        waiting in group lanes included.  A read that finds a group or a
+        priority level the read before did not know of is made again with it,
+        so ``by_priority`` costs one more round trip per level other than 0
+        that has jobs (at most ``MAX_LEVELS_SHOWN``); ``EchoMQError`` after
+        ``SNAPSHOT_TRIES`` reads that each found another.
         """
-        counts = self._read(proto.counts(queue))
-        groups = self._read(proto.ring_groups(queue))
-        if groups:  # a group's waiting jobs are in its own lane
-            waiting = self._read(proto.group_waiting(queue, groups))
-            counts = dataclasses.replace(counts, pending=counts.pending + waiting)
-        levels = dict(counts.by_priority)
-        n, level = self._read(proto.priority_levels(queue, None))
-        while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:
-            n, following = self._read(proto.priority_levels(queue, level))
-            if n:
-                levels[level] = n
-            level = following
-        return dataclasses.replace(counts, by_priority=dict(sorted(levels.items())))
+        hint = proto.CountsHint()
+        for _ in range(proto.SNAPSHOT_TRIES):
+            found = self._read(proto.counts(queue, hint))
+            if isinstance(found, QueueCounts):
+                return found
+            hint = found
+        tries = proto.SNAPSHOT_TRIES
+        raise EchoMQError(f"counts({queue!r}): groups or priority levels changed in each of {tries} reads")
 
     def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
         """A page of the dead set, oldest death first: ``count`` jobs from position ``offset``.
@@ -322,12 +321,19 @@ class OperatorVerbs:
         """Every group of ``queue`` with a job waiting or active, a cap or a pause, by name.
 
         Each with its waiting and active counts, its cap and whether it is
-        paused.  Two reads: the names (the index ``<base>groupset`` and the
-        ring, in one MULTI), then every group's hash and lane (one MULTI:
-        each group read whole at one instant).
+        paused.  One snapshot (one MULTI): the names (the index
+        ``<base>groupset`` and the ring) and the hash and lane of every group
+        the read before found; read again while the snapshot holds a group
+        that read did not know of (so two reads when the queue has groups;
+        ``EchoMQError`` after ``SNAPSHOT_TRIES``).
         """
-        names = self._read(proto.ring_groups(queue))
-        return self._read(proto.group_rows(queue, names)) if names else []
+        known: tuple[bytes, ...] = ()
+        for _ in range(proto.SNAPSHOT_TRIES):
+            found = self._read(proto.group_rows(queue, known))
+            if isinstance(found, list):
+                return found
+            known = found
+        raise EchoMQError(f"groups({queue!r}): its groups changed in each of {proto.SNAPSHOT_TRIES} reads")
 
     def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
         """Let claims of ``queue`` hand out at most ``max`` jobs per ``per_ms`` (server clock).
