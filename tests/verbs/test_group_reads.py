@@ -1,4 +1,5 @@
-"""``client.counts`` and ``client.groups`` read one snapshot each (issue 45).
+"""``client.counts`` and ``client.groups`` read one snapshot each; ``client.pending`` (and so
+``echomq inspect``) lists the jobs waiting in groups' lanes (issue 45, bullmq #3210).
 
 Each is one MULTI that reads the names of the queue's groups (the index and the ring) with
 the lanes (and hashes) of the groups the read before found, made again while the snapshot
@@ -17,6 +18,7 @@ import pytest
 import redis
 
 import echomq
+from echomq.cli import main
 from echomq.testing import EmbeddedServer, queue_problems
 
 pytestmark = [pytest.mark.backends]
@@ -114,3 +116,62 @@ def test_a_level_or_a_group_met_late_is_read_again_not_left_out(
     assert [g.name for g in client.groups("q")] == ["x", "y", "z"]
     assert queue_problems(r, "q") == []
 
+
+
+def test_pending_lists_the_jobs_waiting_in_group_lanes_with_their_group_in_claim_order(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    client.enqueue("q", b"", "u0")
+    client.enqueue("q", b"", "u-2", priority=-2)
+    client.enqueue_many("q", [("b0", b""), ("b1", b"")], group="b")
+    client.enqueue_many("q", [("a0", b""), ("a1", b""), ("a2", b"")], group="a")
+    client.enqueue("q", b"", "a-hi", group="a", priority=-1)  # priorities order within a group
+    client.enqueue("q", b"", "a-late", group="a", delay_ms=3_600_000)
+    client.set_group_limit("q", "b", max_active=1)
+    client.pause_group("q", "b")  # held back: still waiting, still listed
+    listed = client.pending("q")
+    assert [(j.id, j.group) for j in listed] == [
+        ("u-2", None),
+        ("u0", None),
+        ("a-hi", "a"),
+        ("a0", "a"),
+        ("a1", "a"),
+        ("a2", "a"),
+        ("b0", "b"),
+        ("b1", "b"),
+        ("a-late", "a"),  # delayed, last
+    ]
+    assert [j.priority for j in listed[2:4]] == [-1, 0] and listed[-1].delayed
+    assert len(listed) == client.counts("q").pending + client.counts("q").delayed
+    pages = [client.pending("q", offset=o, count=3) for o in range(0, 9, 3)]
+    assert [j.id for page in pages for j in page] == [j.id for j in listed]  # pages cut across lanes
+    client.resume_group("q", "b")
+    taken = []
+    while (job := client.claim("q", 30_000)) is not None:  # the claims take each group in that order
+        taken.append(job.id)
+    assert [i for i in taken if i.startswith("a")] == ["a-hi", "a0", "a1", "a2"]
+    assert [i for i in taken if i.startswith("b")] == ["b0"]  # capped at 1
+    client.release("q", "a0", _token(r, "a0"))  # back to its group's head
+    assert [(j.id, j.group) for j in client.pending("q")] == [("a0", "a"), ("b1", "b"), ("a-late", "a")]
+    assert queue_problems(r, "q") == []
+
+
+def _token(r: redis.Redis, job_id: str) -> str:
+    token = r.hget(f"emq:{{q}}:job:{job_id}", "token")
+    assert token is not None
+    return token.decode() if isinstance(token, bytes) else str(token)
+
+
+def test_inspect_shows_the_group_of_each_job_next_to_run(
+    r: redis.Redis, server: EmbeddedServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = echomq.Client(server.client())
+    c.enqueue("q", b"", "plain")
+    c.enqueue("q", b"", "t0", group="tenant-1")
+    capsys.readouterr()
+    assert main(["--url", server.url, "inspect", "q"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("next to run") :].splitlines()
+    assert section[1].split() == ["job", "task", "priority", "group"], out
+    rows = [line.split() for line in section[2:] if line.split()[:1] in (["plain"], ["t0"])]
+    assert [(row[0], row[-1]) for row in rows] == [("plain", "0"), ("t0", "tenant-1")], out

@@ -171,11 +171,16 @@ class OperatorVerbs:
 
         Priority order first (smaller levels first, first in first out
         within a level), each with its ``priority``; the first one's
-        ``waiting_ms`` is the age of the next job a claim takes.  A job
+        ``waiting_ms`` is the age of the next job a claim takes.  Then the
+        jobs waiting in groups' lanes, each with its ``group``: groups by
+        name, each group's jobs in the order claims take them (a claim goes
+        round-robin across the groups).  A job
         claimed or cancelled while the page is read is left out (a cancelled
         job's tombstone too: a page may hold fewer than ``count``).
         """
         layout = self._read(proto.pending_layout(queue))
+        if layout.names:  # the groups' lanes, by the names found
+            layout = self._read(proto.pending_layout(queue, layout.names))
         page = self._read(proto.pending_page(queue, offset, count, layout))
         return self._read(proto.pending_rows(queue, page)) if page else []
 

@@ -136,6 +136,8 @@ class OperatorVerbs:
     async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
         """A page of the waiting jobs, in claim order (see ``echomq.Client.pending``)."""
         layout = await self._read(proto.pending_layout(queue))
+        if layout.names:  # the groups' lanes, by the names found
+            layout = await self._read(proto.pending_layout(queue, layout.names))
         page = await self._read(proto.pending_page(queue, offset, count, layout))
         return await self._read(proto.pending_rows(queue, page)) if page else []
 
