@@ -10,7 +10,9 @@ instant must hold in every read.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 
@@ -18,6 +20,7 @@ import pytest
 import redis
 
 import echomq
+import echomq.asyncio as aemq
 from echomq.cli import main
 from echomq.testing import EmbeddedServer, queue_problems
 
@@ -117,7 +120,6 @@ def test_a_level_or_a_group_met_late_is_read_again_not_left_out(
     assert queue_problems(r, "q") == []
 
 
-
 def test_pending_lists_the_jobs_waiting_in_group_lanes_with_their_group_in_claim_order(
     r: redis.Redis, client: echomq.Client
 ) -> None:
@@ -175,3 +177,31 @@ def test_inspect_shows_the_group_of_each_job_next_to_run(
     assert section[1].split() == ["job", "task", "priority", "group"], out
     rows = [line.split() for line in section[2:] if line.split()[:1] in (["plain"], ["t0"])]
     assert [(row[0], row[-1]) for row in rows] == [("plain", "0"), ("t0", "tenant-1")], out
+
+
+def test_the_asyncio_client_reads_the_same(
+    r: redis.Redis, client: echomq.Client, server: EmbeddedServer, backend: str
+) -> None:
+    client.enqueue_many("q", [("a0", b""), ("a1", b"")], group="a")
+    client.enqueue("q", b"", "b0", group="b", priority=2)
+    client.enqueue("q", b"", "p3", priority=3)
+
+    async def run() -> tuple[echomq.QueueCounts, list[echomq.GroupInfo], list[echomq.PendingJob]]:
+        aclient = aemq.Client.from_url(server.url, backend=backend)
+        try:
+            return await aclient.counts("q"), await aclient.groups("q"), await aclient.pending("q")
+        finally:
+            await aclient.aclose()
+
+    counts, groups, pending = asyncio.run(run())
+    same = dataclasses.replace(client.counts("q"), server_time=counts.server_time)  # the clock moved on
+    assert (counts, groups) == (same, client.groups("q"))
+    assert counts.pending == 4 and counts.by_priority == {3: 1}  # a group's levels are its lane's
+    assert [(j.id, j.group, j.priority) for j in pending] == [
+        ("p3", None, 3),
+        ("a0", "a", 0),
+        ("a1", "a", 0),
+        ("b0", "b", 2),
+    ]
+    assert [(j.id, j.group) for j in client.pending("q")] == [(j.id, j.group) for j in pending]
+    assert queue_problems(r, "q") == []
