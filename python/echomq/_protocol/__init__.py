@@ -58,6 +58,7 @@ from .flow import PER_MAX_MS, RATE_MAX, RateLimit, back_off, limit, set_rate_lim
 from .groups import (
     GROUP_CAP_MAX,
     GROUP_MAX,
+    GroupDefault,
     GroupInfo,
     group_args,
     group_limit,
@@ -65,6 +66,7 @@ from .groups import (
     group_rows,
     pause_group,
     resume_group,
+    set_group_default,
     set_group_limit,
 )
 from .lifecycle import (
@@ -264,6 +266,7 @@ __all__ = [
     "Enqueued",
     "ExtendOutcome",
     "FailOutcome",
+    "GroupDefault",
     "GroupInfo",
     "Job",
     "JobId",
@@ -399,6 +402,7 @@ __all__ = [
     "scan_reply",
     "scan_rows",
     "server_ms",
+    "set_group_default",
     "set_group_limit",
     "set_rate_limit",
     "sharded_announcements",

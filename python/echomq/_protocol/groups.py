@@ -67,6 +67,36 @@ class GroupInfo:
     paused: bool
 
 
+@dataclass(frozen=True)
+class GroupDefault:
+    """The queue's default group cap (``set_group_limit(queue, None, ...)``): ``max_active`` caps
+    every group without its own (None: none); ``groups``: the groups the queue holds now."""
+
+    max_active: int | None
+    groups: int
+
+
+def _group_default(call: Call[GroupDefault], reply: Any) -> GroupDefault:
+    cap, groups = reply
+    return GroupDefault(None if cap is None else int(cap), int(groups))
+
+
+def set_group_default(queue: str, max_active: int | None) -> Call[GroupDefault]:
+    """Cap every group without its own cap at ``max_active`` (None: no default): EMQ.GROUPLIMIT
+    with ``*`` for the group."""
+    keys = keys_of(queue)
+    options: tuple[Any, ...] = ("NOMAX",) if max_active is None else ("MAX", _cap(max_active))
+    return Call(("EMQ.GROUPLIMIT", keys.pending, keys.base, "*", *options), _group_default, queue)
+
+
+def _cap(max_active: object) -> int:
+    if isinstance(max_active, bool) or not isinstance(max_active, int):
+        raise TypeError(f"max_active must be an int or None, not {type(max_active).__name__}")
+    if not 1 <= max_active <= GROUP_CAP_MAX:
+        raise ValueError(f"max_active must be from 1 to {GROUP_CAP_MAX} (None: no cap), got {max_active}")
+    return max_active
+
+
 def _group_info(call: Call[GroupInfo], reply: Any) -> GroupInfo:
     cap, active, waiting, paused = reply
     max_active = None if cap is None else int(cap)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import redis
 from redis.exceptions import ResponseError
@@ -26,6 +26,7 @@ from .. import _protocol as proto
 from .._protocol import (
     ActiveJob,
     DeadJob,
+    GroupDefault,
     GroupInfo,
     JobId,
     JobInfo,
@@ -299,7 +300,13 @@ class OperatorVerbs:
         """Hand out jobs of ``queue`` again; False if it was not paused."""
         return self._run(proto.resume(queue))
 
-    def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo:
+    @overload
+    def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo: ...
+    @overload
+    def set_group_limit(self, queue: str, group: None, *, max_active: int | None) -> GroupDefault: ...
+    def set_group_limit(
+        self, queue: str, group: str | None, *, max_active: int | None
+    ) -> GroupInfo | GroupDefault:
         """Cap ``group`` of ``queue``: never more than ``max_active`` of its jobs active at once.
 
         Across all workers, in every claim (the blocking one too); ``None``
@@ -307,7 +314,16 @@ class OperatorVerbs:
         out of the ring of groups claims rotate through until a job of it
         ends.  A cap below the group's active count lets those run on and
         holds the rest until it drains.  Returns the group after the call.
+
+        ``group=None`` sets the queue's default (``group_max`` in
+        ``<base>meta``): the cap of every group without its own, re-applied
+        to each group's place in the ring at once (at most 10,000 groups:
+        more raise ``redis.ResponseError``, nothing changed); returns a
+        ``GroupDefault``.  ``group(...)``'s ``max_active`` stays the group's
+        own cap (None while the default governs it).
         """
+        if group is None:
+            return self._run(proto.set_group_default(queue, max_active))
         return self._run(proto.set_group_limit(queue, group, max_active))
 
     def group(self, queue: str, group: str) -> GroupInfo:

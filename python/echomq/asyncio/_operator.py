@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import redis
 import redis.asyncio as aioredis
@@ -25,6 +25,7 @@ from .. import _protocol as proto
 from .._protocol import (
     ActiveJob,
     DeadJob,
+    GroupDefault,
     GroupInfo,
     JobId,
     JobInfo,
@@ -239,8 +240,16 @@ class OperatorVerbs:
         """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
         return await self._run(proto.resume(queue))
 
-    async def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo:
-        """Cap one group's active jobs (see ``echomq.Client.set_group_limit``)."""
+    @overload
+    async def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo: ...
+    @overload
+    async def set_group_limit(self, queue: str, group: None, *, max_active: int | None) -> GroupDefault: ...
+    async def set_group_limit(
+        self, queue: str, group: str | None, *, max_active: int | None
+    ) -> GroupInfo | GroupDefault:
+        """Cap one group's active jobs, or every group's (see ``echomq.Client.set_group_limit``)."""
+        if group is None:
+            return await self._run(proto.set_group_default(queue, max_active))
         return await self._run(proto.set_group_limit(queue, group, max_active))
 
     async def group(self, queue: str, group: str) -> GroupInfo:
