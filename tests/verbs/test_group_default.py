@@ -139,3 +139,21 @@ def test_set_group_limit_with_no_group_sets_the_default_sync_and_asyncio(
     assert asyncio.run(run()) == echomq.GroupDefault(max_active=None, groups=1)
     assert len(client.claim_many("q", 30_000, 10)) == 1  # the default gone: the second runs
     assert queue_problems(r, "q") == []
+
+
+def test_a_default_lowered_to_a_groups_active_count_takes_it_out_of_the_ring_at_once(
+    r: redis.Redis, client: echomq.Client
+) -> None:
+    fill(client, "a", 2)
+    fill(client, "b", 2)
+    assert client.set_group_limit("q", "b", max_active=5).max_active == 5
+    job = client.claim("q", 30_000)
+    assert job is not None and job.id == "a0" and ring(r) == ["b", "", "a"]  # the claim turned it
+    assert limit(client, "*", "MAX", 1) == [1, 2]  # a: 1 active of 1 -> out; b keeps its own cap
+    assert ring(r) == ["b", ""]  # the others stay, in their order
+    assert queue_problems(r, "q") == []
+    assert ids(client.claim_many("q", 30_000, 10)) == ["b0", "b1"]
+    assert ring(r) == [] and r.hget("emq:{q}:meta", "ring") is None  # the ring went with its last group
+    client.complete("q", job.id, job.token)  # a's slot frees: back in
+    assert ring(r) == ["", "a"]
+    assert queue_problems(r, "q") == []
