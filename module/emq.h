@@ -94,6 +94,7 @@
     X(group, "group")                         \
     X(ring, "ring")                           \
     X(max, "max")                             \
+    X(group_max, "group_max")                 \
     X(empty, "")                              \
     X(stale, "stale")                         \
     X(seq, "seq")                             \

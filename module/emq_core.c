@@ -94,6 +94,8 @@ static const char *const error_texts[EMQ_ERR_COUNT_] = {
     [EMQ_ERR_AFTER_FIELD] = "ERR the job's 'waits' field is not an integer from 1 to 1000",
     [EMQ_ERR_GROUP_MAX] = "ERR MAX must be an integer from 1 to 1000000000",
     [EMQ_ERR_GROUP_MAX_FIELD] = "ERR the group hash's 'max' field is not an integer from 1 to 1000000000",
+    [EMQ_ERR_GROUP_WALK] = "ERR the queue has more than 10000 groups: set MAX on each group, not *",
+    [EMQ_ERR_GROUP_DEFAULT_FIELD] = "ERR the queue's meta hash's 'group_max' field is not an integer from 1 to 1000000000",
 };
 
 const char *emq_error_text(int err) {

@@ -157,6 +157,8 @@ typedef enum {
     EMQ_ERR_AFTER_FIELD,
     EMQ_ERR_GROUP_MAX,
     EMQ_ERR_GROUP_MAX_FIELD,
+    EMQ_ERR_GROUP_DEFAULT_FIELD,
+    EMQ_ERR_GROUP_WALK,
     EMQ_ERR_COUNT_ /* not an error: the size of the table */
 } EmqError;
 

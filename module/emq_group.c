@@ -157,10 +157,28 @@ void emq_groups_claimed_apply(EmqGroups *g, EmqFx *fx) {
         if (!g->d[i].applied && g->d[i].id == NULL) write_count(g, fx, &g->d[i]);
 }
 
-int emq_group_caps_read(EmqKey *hash, long long *active, long long *cap) {
+/* <base>meta's `group_max`: the cap of every group without its own. */
+int emq_group_default_cap(RedisModuleCtx *ctx, RedisModuleString *base, long long *cap) {
+    RedisModuleString *mname = emq_derived_key(ctx, base, "meta", NULL);
+    EmqKey meta;
+    emq_key_open(ctx, &meta, mname, REDISMODULE_READ);
+    RedisModuleString *v = NULL;
+    if (emq_type_ok(&meta, REDISMODULE_KEYTYPE_HASH) && !emq_key_empty(&meta)) v = emq_hget(&meta, emq_str.group_max);
+    size_t len = 0;
+    const char *p = v ? RedisModule_StringPtrLen(v, &len) : NULL;
+    int err = emq_parse_group_max_field(p, len, v != NULL, cap) ? EMQ_ERR_GROUP_DEFAULT_FIELD : EMQ_OK;
+    if (v) RedisModule_FreeString(NULL, v);
+    emq_key_close(&meta);
+    RedisModule_FreeString(ctx, mname);
+    return err;
+}
+
+int emq_group_caps_read(RedisModuleCtx *ctx, RedisModuleString *base, EmqKey *hash, long long *active,
+                        long long *cap) {
     *active = 0;
     *cap = EMQ_NO_CAP;
-    if (!emq_type_ok(hash, REDISMODULE_KEYTYPE_HASH) || emq_key_empty(hash)) return EMQ_OK;
+    if (!emq_type_ok(hash, REDISMODULE_KEYTYPE_HASH)) return EMQ_OK;
+    if (emq_key_empty(hash)) return emq_group_default_cap(ctx, base, cap);
     RedisModuleString *v = emq_hget(hash, emq_str.active);
     size_t len = 0;
     const char *p = v ? RedisModule_StringPtrLen(v, &len) : NULL;
@@ -170,6 +188,7 @@ int emq_group_caps_read(EmqKey *hash, long long *active, long long *cap) {
     p = v ? RedisModule_StringPtrLen(v, &len) : NULL;
     int err = emq_parse_group_max_field(p, len, v != NULL, cap);
     if (v) RedisModule_FreeString(NULL, v);
+    if (!err && v == NULL) err = emq_group_default_cap(ctx, base, cap);
     return err;
 }
 
@@ -202,7 +221,7 @@ void emq_group_settle(RedisModuleCtx *ctx, EmqFx *fx, RedisModuleString *base, R
     emq_key_open(ctx, &h, hname, rw);
     long long active, cap;
     int may = emq_type_ok(&h, REDISMODULE_KEYTYPE_HASH) && !emq_hexists(&h, emq_str.ring) &&
-              emq_group_caps_read(&h, &active, &cap) == EMQ_OK;
+              emq_group_caps_read(ctx, base, &h, &active, &cap) == EMQ_OK;
     if (may) {
         RedisModuleString *lname = emq_derived_key(ctx, base, "g:", group);
         EmqKey lane;

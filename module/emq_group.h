@@ -69,9 +69,13 @@ void emq_groups_claimed_apply(EmqGroups *g, EmqFx *fx);
  * that enters the lane of a group held out. */
 
 /* A group hash's `active` (one a hand edit broke reads 0 here: the claim
- * and the hook refuse it) and `max` (EMQ_NO_CAP when absent; a bad one is
- * EMQ_ERR_GROUP_MAX_FIELD). */
-int emq_group_caps_read(EmqKey *hash, long long *active, long long *cap);
+ * and the hook refuse it) and its cap: its own `max`, else <base>meta's
+ * `group_max` (the queue's default), else EMQ_NO_CAP; a bad `max` is
+ * EMQ_ERR_GROUP_MAX_FIELD, a bad `group_max` EMQ_ERR_GROUP_DEFAULT_FIELD.
+ * <base>meta is read without an ACL check: the caller checked it. */
+int emq_group_default_cap(RedisModuleCtx *ctx, RedisModuleString *base, long long *cap);
+int emq_group_caps_read(RedisModuleCtx *ctx, RedisModuleString *base, EmqKey *hash, long long *active,
+                        long long *cap);
 
 /* The group enters the ring's tail if it may (its lane holds a job, it is
  * not paused, it is below its cap) and is not in it, all read as they

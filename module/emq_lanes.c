@@ -210,7 +210,7 @@ int emq_lanes_group(EmqLanes *l, RedisModuleString *group, long *at) {
     if (!err) {
         g->in_ring = emq_hexists(&h, emq_str.ring);
         g->paused = emq_hexists(&h, emq_str.paused);
-        err = emq_group_caps_read(&h, &g->active, &g->cap);
+        err = emq_group_caps_read(l->ctx, l->base, &h, &g->active, &g->cap);
     }
     emq_key_close(&h);
     if (!err) err = emq_group_index_check(l->ctx, l->user, l->base);

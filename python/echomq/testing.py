@@ -444,8 +444,12 @@ def _held_by(r: redis.Redis, base: str, group: bytes) -> str:
     active, cap, paused = r.hmget(key, "active", "max", "paused")
     if paused is not None:
         return "it is paused"
+    whose = "its max"
+    if cap is None:  # the queue's default cap (<base>meta's group_max) holds it
+        meta = base + "meta"
+        cap, whose = r.hget(meta, "group_max") if r.type(meta) == b"hash" else None, "the group_max"
     if cap is not None and cap.isdigit() and int(active or 0) >= int(cap):
-        return f"it has {int(active or 0)} active, its max is {int(cap)}"
+        return f"it has {int(active or 0)} active, {whose} is {int(cap)}"
     return ""
 
 

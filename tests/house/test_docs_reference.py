@@ -186,6 +186,7 @@ def test_the_keyspace_page_names_every_field_the_verbs_write(r: redis.Redis, bac
     client.enqueue("q", b"", job_id="w", group="g")  # a group waits: the ring exists, `ring`
     client.pause("q")
     client.retention("q", done_ms=1, cancelled_ms=2, dead_ms=3)
+    client.set_group_limit("q", None, max_active=2)  # the default group cap: `group_max`
     meta = {k.decode() for k in r.hkeys(keys.base + "meta")}
     assert meta == documented_fields("The queue's settings: `<base>meta`"), "keyspace.md, <base>meta"
 

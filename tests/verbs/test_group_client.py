@@ -1,7 +1,7 @@
 """Groups' Python and CLI surface (issue 45): ``set_group_limit``, ``pause_group``, ``resume_group``,
 ``group``, ``groups``; ``echomq group list|limit|pause|resume`` and the groups in ``inspect``.
 
-Each call is one EMQ.GROUPLIMIT (``groups`` two reads: the index and the ring, then every group
+Each call is one EMQ.GROUPLIMIT (``groups`` one snapshot: the index, the ring and every group
 in one MULTI); the sync and asyncio clients share one surface; bad arguments raise before
 anything is sent.
 """

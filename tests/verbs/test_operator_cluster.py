@@ -124,6 +124,24 @@ def test_the_client_over_redis_cluster(
     assert [k for k in a.keys("*") if b":req:" not in k] == []  # claim records expire with their lease
 
 
+def test_counts_and_groups_read_one_snapshot_in_the_queues_slot(
+    nodes: tuple[EmbeddedServer, EmbeddedServer, str], a: redis.Redis
+) -> None:
+    rc = RedisCluster(host=nodes[0].host, port=nodes[0].port)
+    client = echomq.Client(rc)
+    try:
+        client.enqueue_many("q", [("a0", b""), ("a1", b"")], group="a")
+        client.enqueue("q", b"", "b0", group="b")
+        client.enqueue("q", b"", "p7", priority=7)
+        job = client.claim("q", lease_ms=60_000)
+        assert job is not None
+        c = client.counts("q")  # every key of both reads in the queue's slot: one MULTI each
+        assert (c.pending, c.active, c.by_priority) == (3, 1, {7: 1} if job.id != "p7" else {})
+        assert [(g.name, g.waiting + g.active) for g in client.groups("q")] == [("a", 2), ("b", 1)]
+    finally:
+        rc.close()
+
+
 def test_a_base_without_a_hash_tag_is_refused(a: redis.Redis) -> None:
     base = "emq:q:"
     a.zadd(base + "dead", {"x": 1})

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calls import Call, keys_of, text
-from .views import Read
+from .views import Read, group_names, group_names_commands
 
 GROUP_MAX = 128
 """The longest group name, in bytes (the server's ceiling)."""
@@ -67,6 +67,36 @@ class GroupInfo:
     paused: bool
 
 
+@dataclass(frozen=True)
+class GroupDefault:
+    """The queue's default group cap (``set_group_limit(queue, None, ...)``): ``max_active`` caps
+    every group without its own (None: none); ``groups``: the groups the queue holds now."""
+
+    max_active: int | None
+    groups: int
+
+
+def _group_default(call: Call[GroupDefault], reply: Any) -> GroupDefault:
+    cap, groups = reply
+    return GroupDefault(None if cap is None else int(cap), int(groups))
+
+
+def set_group_default(queue: str, max_active: int | None) -> Call[GroupDefault]:
+    """Cap every group without its own cap at ``max_active`` (None: no default): EMQ.GROUPLIMIT
+    with ``*`` for the group."""
+    keys = keys_of(queue)
+    options: tuple[Any, ...] = ("NOMAX",) if max_active is None else ("MAX", _cap(max_active))
+    return Call(("EMQ.GROUPLIMIT", keys.pending, keys.base, "*", *options), _group_default, queue)
+
+
+def _cap(max_active: object) -> int:
+    if isinstance(max_active, bool) or not isinstance(max_active, int):
+        raise TypeError(f"max_active must be an int or None, not {type(max_active).__name__}")
+    if not 1 <= max_active <= GROUP_CAP_MAX:
+        raise ValueError(f"max_active must be from 1 to {GROUP_CAP_MAX} (None: no cap), got {max_active}")
+    return max_active
+
+
 def _group_info(call: Call[GroupInfo], reply: Any) -> GroupInfo:
     cap, active, waiting, paused = reply
     max_active = None if cap is None else int(cap)
@@ -104,20 +134,29 @@ def resume_group(queue: str, group: str) -> Call[GroupInfo]:
     return _group_call(queue, group, "RESUME")
 
 
-def group_rows(queue: str, names: Sequence[bytes]) -> Read[list[GroupInfo]]:
-    """Each of ``names``'s hash and lane, read in one MULTI: ``client.groups``'s second read (the
-    names come from ``views.ring_groups``, the index and the ring)."""
+def group_rows(queue: str, known: Sequence[bytes]) -> Read[list[GroupInfo] | tuple[bytes, ...]]:
+    """Every group of one snapshot, by name, or, when the snapshot holds a group ``known`` does
+    not name, the names to read again with (``client.groups``).
+
+    One MULTI reads the index and the ring (the names) and the hash and the lane of every group
+    ``known`` names; the rows are those of the snapshot's names, so a group that came or went
+    between two reads is never shown half (issue 45)."""
     base = keys_of(queue).base.encode()
 
     def build(now: int) -> list[tuple[Any, ...]]:
-        out: list[tuple[Any, ...]] = []
-        for g in names:
+        out = group_names_commands(queue)
+        for g in known:
             out += [("HMGET", base + b"group:" + g, "active", "max", "paused"), ("ZCARD", base + b"g:" + g)]
         return out
 
-    def parse(now: int, replies: list[Any]) -> list[GroupInfo]:
+    def parse(now: int, replies: list[Any]) -> list[GroupInfo] | tuple[bytes, ...]:
+        names = group_names(replies[:4])
+        if not set(names) <= set(known):
+            return tuple(sorted(set(known) | set(names)))
+        rows = dict(zip(known, zip(replies[4::2], replies[5::2], strict=True), strict=True))
         found = []
-        for g, (active, cap, paused), waiting in zip(names, replies[::2], replies[1::2], strict=True):
+        for g in names:
+            (active, cap, paused), waiting = rows[g]
             found.append(
                 GroupInfo(
                     text(g),

@@ -4,8 +4,11 @@ Each page is two ``Read``s (``views.py``): the ids of the page, then their
 rows -- read apart, so a job that moved meanwhile is left out.  The waiting
 jobs' order is the claims' (module/emq_lanes.h): the levels below 0 of
 ``priority``, then ``pending`` (tombstones left out: a page may hold fewer
-jobs than asked for), then the levels above 0, then ``delayed`` by due time;
-a ``PendingLayout`` (one more read) says where each part begins.
+jobs than asked for), then the levels above 0, then each group's lane
+``<base>g:<g>`` (groups in name order, each in its claim order: a claim
+takes them round-robin across groups, issue 45), then ``delayed`` by due
+time; a ``PendingLayout`` (one more read, two with groups) says where each
+part begins.
 """
 
 from __future__ import annotations
@@ -14,9 +17,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .calls import keys_of, positive_int, text
-from .views import DeadJob, Read, _count, _int, _opt_text, _pairs, level_floor, priority_level
+from .views import (
+    DeadJob,
+    Read,
+    _count,
+    _int,
+    _opt_text,
+    _pairs,
+    group_names,
+    group_names_commands,
+    level_floor,
+    priority_level,
+)
 
-Lane = Literal["priority", "pending", "delayed"]
+Lane = Literal["priority", "pending", "group", "delayed"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +61,10 @@ class PendingJob:
     ``priority`` is its level (smaller runs first; 0 the default).
     ``due_at`` is a delayed job's due time (server ms), and 0 for a job
     claimable now; ``delayed`` is True while ``due_at`` is in the future.
-    ``waiting_ms`` is how long it has been claimable: now minus its last
-    claim (a job given back, retried or recovered) or its enqueue time, 0
-    while delayed.
+    ``group`` is its group (None: ungrouped); a grouped job waits in its
+    group's lane, listed after the ungrouped ones.  ``waiting_ms`` is how
+    long it has been claimable: now minus its last claim (a job given back,
+    retried or recovered) or its enqueue time, 0 while delayed.
     """
 
     id: str
@@ -63,6 +78,7 @@ class PendingJob:
     retries: int
     cancel_requested: bool
     priority: int = 0
+    group: str | None = None
 
 
 def _offset(value: object) -> int:
@@ -187,16 +203,22 @@ def active_rows(queue: str, page: list[tuple[bytes, int]]) -> Read[list[ActiveJo
 @dataclass(frozen=True)
 class PendingLayout:
     """Where each part of the waiting jobs begins: (levels below 0, ``pending``'s entries, the levels
-    above 0, ``delayed``) -- their sizes, tombstones included."""
+    above 0, each group's lane, ``delayed``) -- their sizes, tombstones included.  ``names``: the
+    groups the read found (``groups`` holds the lane sizes of those it was asked for)."""
 
     before: int
     entries: int
     after: int
     delayed: int
+    groups: tuple[tuple[bytes, int], ...] = ()
+    names: tuple[bytes, ...] = ()
 
 
-def pending_layout(queue: str) -> Read[PendingLayout]:
+def pending_layout(queue: str, names: tuple[bytes, ...] = ()) -> Read[PendingLayout]:
+    """The sizes of the waiting jobs' parts, and the lanes of the groups ``names`` (the ``names``
+    of a layout read before: the queue's groups)."""
     keys = keys_of(queue)
+    base = keys.base.encode()
 
     def build(now: int) -> list[tuple[Any, ...]]:
         return [
@@ -204,17 +226,22 @@ def pending_layout(queue: str) -> Read[PendingLayout]:
             ("LLEN", keys.pending),
             ("ZCARD", keys.priority),
             ("ZCARD", keys.delayed),
+            *group_names_commands(queue),
+            *(("ZCARD", base + b"g:" + g) for g in names),
         ]
 
     def parse(now: int, replies: list[Any]) -> PendingLayout:
-        before, entries, prioritised, delayed = (int(r) for r in replies)
-        return PendingLayout(before, entries, prioritised - before, delayed)
+        before, entries, prioritised, delayed = (int(r) for r in replies[:4])
+        lanes = tuple((g, int(n)) for g, n in zip(names, replies[8:], strict=True))
+        found = tuple(group_names(replies[4:8]))
+        return PendingLayout(before, entries, prioritised - before, delayed, lanes, found)
 
     return Read(keys.pending, build, parse)
 
 
-PageEntry = tuple[bytes, Lane, float | None]
-"""One waiting job of a page: its id, its lane, and its score there (None in ``pending``)."""
+PageEntry = tuple[bytes, Lane, float | None, bytes | None]
+"""One waiting job of a page: its id, its lane, its score there (None in ``pending``) and, in a
+group's lane, the group."""
 
 
 def pending_page(queue: str, offset: int, count: int, layout: PendingLayout) -> Read[list[PageEntry]]:
@@ -222,41 +249,47 @@ def pending_page(queue: str, offset: int, count: int, layout: PendingLayout) -> 
     _offset(offset)
     positive_int("count", count)
     keys = keys_of(queue)
-    # (key, its first position in the claim order, its size, how it is read)
-    parts: list[tuple[str, int, int, Lane]] = [
-        (keys.priority, 0, layout.before, "priority"),
-        (keys.pending, layout.before, layout.entries, "pending"),
-        (keys.priority, layout.before + layout.entries, layout.after, "priority"),
-        (keys.delayed, layout.before + layout.entries + layout.after, layout.delayed, "delayed"),
+    base = keys.base.encode()
+    # (key, its first position in the claim order, its size, how it is read, its group, where the
+    # part starts within the key)
+    ungrouped = layout.before + layout.entries + layout.after
+    parts: list[tuple[str | bytes, int, int, Lane, bytes | None, int]] = [
+        (keys.priority, 0, layout.before, "priority", None, 0),
+        (keys.pending, layout.before, layout.entries, "pending", None, 0),
+        (keys.priority, layout.before + layout.entries, layout.after, "priority", None, layout.before),
     ]
-    ranges: list[tuple[str, Lane, int, int]] = []  # key, lane, start, stop within the key
-    for i, (key, first, size, lane) in enumerate(parts):
-        lo, hi = max(offset, first), min(offset + count, first + size)
+    first = ungrouped
+    for g, size in layout.groups:
+        parts.append((base + b"g:" + g, first, size, "group", g, 0))
+        first += size
+    parts.append((keys.delayed, first, layout.delayed, "delayed", None, 0))
+    ranges: list[tuple[str | bytes, Lane, int, int, bytes | None]] = []  # key, lane, start, stop, group
+    for key, start, size, lane, group, shift in parts:
+        lo, hi = max(offset, start), min(offset + count, start + size)
         if lo >= hi:
             continue
-        shift = layout.before if i == 2 else 0  # the upper levels start after the lower ones in the set
-        ranges.append((key, lane, lo - first + shift, hi - first + shift - 1))
+        ranges.append((key, lane, lo - start + shift, hi - start + shift - 1, group))
 
     def build(now: int) -> list[tuple[Any, ...]]:
         return [
             ("LRANGE", key, start, stop) if lane == "pending" else ("ZRANGE", key, start, stop, "WITHSCORES")
-            for key, lane, start, stop in ranges
+            for key, lane, start, stop, _ in ranges
         ]
 
     def parse(now: int, replies: list[Any]) -> list[PageEntry]:
         page: list[PageEntry] = []
-        for (_, lane, _, _), reply in zip(ranges, replies, strict=True):
+        for (_, lane, _, _, group), reply in zip(ranges, replies, strict=True):
             if lane == "pending":
-                page += [(bytes(m), lane, None) for m in reply]
+                page += [(bytes(m), lane, None, None) for m in reply]
             else:
-                page += [(m, lane, s) for m, s in _pairs(reply)]
+                page += [(m, lane, s, group) for m, s in _pairs(reply)]
         return page
 
     return Read(keys.pending, build, parse)
 
 
 PENDING_FIELDS = ("enqueued_at", "claimed_at", "attempts", "tries", "retries", "cancel_requested", "state",
-                  "priority")  # fmt: skip
+                  "priority", "group")  # fmt: skip
 
 
 def pending_rows(queue: str, page: list[PageEntry]) -> Read[list[PendingJob]]:
@@ -265,17 +298,20 @@ def pending_rows(queue: str, page: list[PageEntry]) -> Read[list[PendingJob]]:
 
     def build(now: int) -> list[tuple[Any, ...]]:
         commands: list[tuple[Any, ...]] = []
-        for wid, lane, _ in page:
+        for wid, lane, _, group in page:
             # in <pending>: its entry is a job's while the job waits there (not delayed, no level)
-            commands.append(("ZSCORE", keys.delayed if lane == "pending" else getattr(keys, lane), wid))
+            if lane == "group" and group is not None:
+                commands.append(("ZSCORE", keys.base.encode() + b"g:" + group, wid))
+            else:
+                commands.append(("ZSCORE", keys.delayed if lane == "pending" else getattr(keys, lane), wid))
             commands.append(("HMGET", keys.job(wid), *PENDING_FIELDS))
         return commands
 
     def parse(now: int, replies: list[Any]) -> list[PendingJob]:
         jobs, seen = [], set()
-        for i, (wid, lane, _) in enumerate(page):
+        for i, (wid, lane, _, _) in enumerate(page):
             score, values = replies[2 * i], replies[2 * i + 1]
-            enqueued, claimed, attempts, tries, retries, cancel, state, level = values
+            enqueued, claimed, attempts, tries, retries, cancel, state, level, group = values
             if lane == "pending":
                 live = score is None and state == b"pending" and level is None and wid not in seen
                 if not live:
@@ -297,7 +333,8 @@ def pending_rows(queue: str, page: list[PageEntry]) -> Read[list[PendingJob]]:
                     tries=_count(tries if tries is not None else attempts),
                     retries=_count(retries),
                     cancel_requested=cancel is not None,
-                    priority=priority_level(float(score)) if lane == "priority" else _count(level),
+                    priority=priority_level(float(score)) if lane in ("priority", "group") else _count(level),
+                    group=_opt_text(group),
                 )
             )
         return jobs

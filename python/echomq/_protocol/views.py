@@ -151,7 +151,7 @@ class QueueCounts:
 
 
 MAX_LEVELS_SHOWN = 100
-"""The most levels ``QueueCounts.by_priority`` lists (one round trip each after the first)."""
+"""The most levels ``QueueCounts.by_priority`` lists (one more read each, ``SNAPSHOT_TRIES``)."""
 
 
 @dataclass(frozen=True)
@@ -280,13 +280,39 @@ def job_info(queue: str, job_id: JobId, with_payload: bool = False) -> Read[JobI
     return Read(keys.pending, build, parse)
 
 
-def counts(queue: str) -> Read[QueueCounts]:
-    """The counts, with ``by_priority`` holding level 0 and, as -1 - <first level> when there is
-    one, the first other level to count (``priority_level_count`` goes on from it)."""
+@dataclass(frozen=True)
+class CountsHint:
+    """What one ``counts`` read learned of the queue's shape: the groups that may have a job
+    waiting and the chain of priority levels from the lowest.  The next read counts their lanes
+    and levels inside its one MULTI and checks, against the same snapshot, that nothing is left
+    out (``counts`` answers this hint when something was)."""
+
+    groups: tuple[bytes, ...] = ()
+    levels: tuple[int, ...] = ()
+
+
+SNAPSHOT_TRIES = MAX_LEVELS_SHOWN + 32
+"""The most reads ``client.counts`` and ``client.groups`` make before they give up: a read repeats
+only when the snapshot found a group or a priority level the read before did not know of, so
+``by_priority``'s levels take one read each and each group that appears between two reads one
+more."""
+
+
+def counts(queue: str, hint: CountsHint = CountsHint()) -> Read[QueueCounts | CountsHint]:
+    """The counts of one snapshot, or, when the snapshot holds a group or a level ``hint`` does not
+    name, the hint to read again with.
+
+    One MULTI reads the queue's lists and sets, the index and the ring of its groups (their
+    names), the lane of every group ``hint`` names, and for every level of ``hint`` its count
+    and the level after it: the counts are of that one instant when the names cover every
+    group of the snapshot and the levels are the chain from the lowest (issue 45: no enqueue,
+    claim or release between two reads can make the totals disagree)."""
     keys = keys_of(queue)
+    base = keys.base.encode()
+    ring, index = keys.base + "groups", keys.base + "groupset"
 
     def build(now: int) -> list[tuple[Any, ...]]:
-        return [
+        commands: list[tuple[Any, ...]] = [
             ("LLEN", keys.pending),
             ("HGET", keys.meta, "stale"),
             ("ZCARD", keys.priority),
@@ -297,14 +323,41 @@ def counts(queue: str) -> Read[QueueCounts]:
             ("ZCARD", keys.dead),
             ("HEXISTS", keys.meta, "paused"),
             ("HGET", keys.metrics_failed, "count"),
+            ("TYPE", ring),
+            ("LRANGE", ring, 0, -1),
+            ("TYPE", index),
+            ("ZRANGE", index, 0, -1),
+            _lowest(keys.priority, "-inf"),
         ]
+        commands += [("ZCARD", base + b"g:" + g) for g in hint.groups]
+        for level in hint.levels:
+            floor, ceiling = level_floor(level), level_floor(level + 1)
+            commands.append(("ZCOUNT", keys.priority, floor, f"({ceiling}"))
+            commands.append(_lowest(keys.priority, ceiling))
+        return commands
 
-    def parse(now: int, replies: list[Any]) -> QueueCounts:
-        entries, stale, prioritised, delayed, due, active, lapsed, dead, paused, failed = replies
+    def parse(now: int, replies: list[Any]) -> QueueCounts | CountsHint:
+        entries, stale, prioritised, delayed, due, active, lapsed, dead, paused, failed = replies[:10]
+        names = _group_names(*replies[10:14])
+        lanes = dict(zip(hint.groups, (int(n) for n in replies[15 : 15 + len(hint.groups)]), strict=True))
+        steps = replies[15 + len(hint.groups) :]
+        known = {lv: (int(steps[2 * i]), _first_level(steps[2 * i + 1])) for i, lv in enumerate(hint.levels)}
         tombstones = min(_count(stale), int(entries))
         in_list = int(entries) - tombstones
+        chain: list[int] = []
+        level, closed = _first_level(replies[14]), True
+        while level is not None and len(chain) < MAX_LEVELS_SHOWN - (1 if in_list else 0):
+            chain.append(level)
+            if level not in known:
+                closed = False
+                break
+            level = known[level][1]
+        if not closed or not set(names) <= set(hint.groups):
+            return CountsHint(tuple(sorted(set(hint.groups) | set(names))), tuple(chain))
+        by_priority = {0: in_list} if in_list else {}
+        by_priority.update((level, known[level][0]) for level in chain)
         return QueueCounts(
-            pending=in_list + int(prioritised) + int(due),
+            pending=in_list + int(prioritised) + int(due) + sum(lanes[g] for g in names),
             delayed=int(delayed) - int(due),
             active=int(active),
             lapsed=int(lapsed),
@@ -312,68 +365,45 @@ def counts(queue: str) -> Read[QueueCounts]:
             paused=bool(paused),
             failed=_count(failed),
             server_time=now,
-            by_priority={0: in_list} if in_list else {},
+            by_priority=dict(sorted(by_priority.items())),
             stale=tombstones,
         )
 
     return Read(keys.pending, build, parse)
 
 
-def ring_groups(queue: str) -> Read[list[bytes]]:
+def group_names_commands(queue: str) -> list[tuple[Any, ...]]:
+    """The four reads ``_group_names`` parses: the ring ``<base>groups`` and the index
+    ``<base>groupset``, each with its type."""
+    keys = keys_of(queue)
+    ring, index = keys.base + "groups", keys.base + "groupset"
+    return [("TYPE", ring), ("LRANGE", ring, 0, -1), ("TYPE", index), ("ZRANGE", index, 0, -1)]
+
+
+def _group_names(kind: Any, members: Any, index_kind: Any, names: Any) -> list[bytes]:
     """Every group that may have a job waiting, in name order: the index ``<base>groupset`` (every
     group whose hash exists, those a cap or a pause keeps out of the ring included) and the ring
     ``<base>groups`` (its empty name, the ungrouped lanes, left out) (docs/concepts/flow-control.md,
     "Groups")."""
-    keys = keys_of(queue)
-    ring, index = keys.base + "groups", keys.base + "groupset"
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        return [("TYPE", ring), ("LRANGE", ring, 0, -1), ("TYPE", index), ("ZRANGE", index, 0, -1)]
-
-    def parse(now: int, replies: list[Any]) -> list[bytes]:
-        kind, members, index_kind, names = replies
-        found = set(names) if text(index_kind) == "zset" else set()
-        if text(kind) == "list":
-            found |= {m for m in members if m}
-        return sorted(m if isinstance(m, bytes) else str(m).encode() for m in found)
-
-    return Read(keys.pending, build, parse)
+    found = set(names) if text(index_kind) == "zset" else set()
+    if text(kind) == "list":
+        found |= {m for m in members if m}
+    return sorted(m if isinstance(m, bytes) else str(m).encode() for m in found)
 
 
-def group_waiting(queue: str, groups: Sequence[bytes]) -> Read[int]:
-    """The jobs waiting in the lanes ``<base>g:<g>`` of ``groups``."""
-    keys = keys_of(queue)
-    base = keys.base.encode()
-
-    def build(now: int) -> list[tuple[Any, ...]]:
-        return [("ZCARD", base + b"g:" + g) for g in groups]
-
-    def parse(now: int, replies: list[Any]) -> int:
-        return sum(int(n) for n in replies)
-
-    return Read(keys.pending, build, parse)
+def group_names(replies: Sequence[Any]) -> list[bytes]:
+    """``group_names_commands``'s four replies as the names they hold."""
+    return _group_names(*replies)
 
 
-def priority_levels(queue: str, level: int | None) -> Read[tuple[int, int | None]]:
-    """One step through the levels of <base>priority: (jobs at ``level``, the next level up or None).
+def _lowest(priority: str, floor: int | str) -> tuple[Any, ...]:
+    """The lowest-scored job of ``priority`` from ``floor`` up, with its score."""
+    return ("ZRANGE", priority, floor, "+inf", "BYSCORE", "LIMIT", 0, 1, "WITHSCORES")
 
-    With ``level`` None the step only finds the lowest level: (0, it).
-    """
-    keys = keys_of(queue)
-    start = "-inf" if level is None else level_floor(level + 1)
 
-    def build(now: int) -> list[tuple[Any, ...]]:
-        commands: list[tuple[Any, ...]] = []
-        if level is not None:
-            commands.append(("ZCOUNT", keys.priority, level_floor(level), f"({level_floor(level + 1)}"))
-        commands.append(("ZRANGE", keys.priority, start, "+inf", "BYSCORE", "LIMIT", 0, 1, "WITHSCORES"))
-        return commands
-
-    def parse(now: int, replies: list[Any]) -> tuple[int, int | None]:
-        first = _pairs(replies[-1])
-        return (0 if level is None else int(replies[0])), (priority_level(first[0][1]) if first else None)
-
-    return Read(keys.pending, build, parse)
+def _first_level(reply: Any) -> int | None:
+    first = _pairs(reply)
+    return priority_level(first[0][1]) if first else None
 
 
 def _pairs(reply: Any) -> list[tuple[bytes, float]]:

@@ -15,10 +15,9 @@ are the types of ``redis``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import redis
 from redis.exceptions import ResponseError
@@ -27,6 +26,7 @@ from .. import _protocol as proto
 from .._protocol import (
     ActiveJob,
     DeadJob,
+    GroupDefault,
     GroupInfo,
     JobId,
     JobInfo,
@@ -38,6 +38,7 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from ..errors import EchoMQError
 from . import _partitions
 from ._partitions import partition_of
 
@@ -132,22 +133,21 @@ class OperatorVerbs:
         """Pending (claimable now, and by priority level), delayed, active (and lapsed), dead, paused,
         and the failed metric.
 
-        ``by_priority`` costs one more round trip per level other than 0 that
-        has jobs (at most ``MAX_LEVELS_SHOWN``).
+        One snapshot: every number is of the same instant (one MULTI), the jobs
+        waiting in group lanes included.  A read that finds a group or a
+        priority level the read before did not know of is made again with it,
+        so ``by_priority`` costs one more round trip per level other than 0
+        that has jobs (at most ``MAX_LEVELS_SHOWN``); ``EchoMQError`` after
+        ``SNAPSHOT_TRIES`` reads that each found another.
         """
-        counts = self._read(proto.counts(queue))
-        groups = self._read(proto.ring_groups(queue))
-        if groups:  # a group's waiting jobs are in its own lane
-            waiting = self._read(proto.group_waiting(queue, groups))
-            counts = dataclasses.replace(counts, pending=counts.pending + waiting)
-        levels = dict(counts.by_priority)
-        n, level = self._read(proto.priority_levels(queue, None))
-        while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:
-            n, following = self._read(proto.priority_levels(queue, level))
-            if n:
-                levels[level] = n
-            level = following
-        return dataclasses.replace(counts, by_priority=dict(sorted(levels.items())))
+        hint = proto.CountsHint()
+        for _ in range(proto.SNAPSHOT_TRIES):
+            found = self._read(proto.counts(queue, hint))
+            if isinstance(found, QueueCounts):
+                return found
+            hint = found
+        tries = proto.SNAPSHOT_TRIES
+        raise EchoMQError(f"counts({queue!r}): groups or priority levels changed in each of {tries} reads")
 
     def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
         """A page of the dead set, oldest death first: ``count`` jobs from position ``offset``.
@@ -172,11 +172,16 @@ class OperatorVerbs:
 
         Priority order first (smaller levels first, first in first out
         within a level), each with its ``priority``; the first one's
-        ``waiting_ms`` is the age of the next job a claim takes.  A job
+        ``waiting_ms`` is the age of the next job a claim takes.  Then the
+        jobs waiting in groups' lanes, each with its ``group``: groups by
+        name, each group's jobs in the order claims take them (a claim goes
+        round-robin across the groups).  A job
         claimed or cancelled while the page is read is left out (a cancelled
         job's tombstone too: a page may hold fewer than ``count``).
         """
         layout = self._read(proto.pending_layout(queue))
+        if layout.names:  # the groups' lanes, by the names found
+            layout = self._read(proto.pending_layout(queue, layout.names))
         page = self._read(proto.pending_page(queue, offset, count, layout))
         return self._read(proto.pending_rows(queue, page)) if page else []
 
@@ -295,7 +300,13 @@ class OperatorVerbs:
         """Hand out jobs of ``queue`` again; False if it was not paused."""
         return self._run(proto.resume(queue))
 
-    def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo:
+    @overload
+    def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo: ...
+    @overload
+    def set_group_limit(self, queue: str, group: None, *, max_active: int | None) -> GroupDefault: ...
+    def set_group_limit(
+        self, queue: str, group: str | None, *, max_active: int | None
+    ) -> GroupInfo | GroupDefault:
         """Cap ``group`` of ``queue``: never more than ``max_active`` of its jobs active at once.
 
         Across all workers, in every claim (the blocking one too); ``None``
@@ -303,7 +314,16 @@ class OperatorVerbs:
         out of the ring of groups claims rotate through until a job of it
         ends.  A cap below the group's active count lets those run on and
         holds the rest until it drains.  Returns the group after the call.
+
+        ``group=None`` sets the queue's default (``group_max`` in
+        ``<base>meta``): the cap of every group without its own, re-applied
+        to each group's place in the ring at once (at most 10,000 groups:
+        more raise ``redis.ResponseError``, nothing changed); returns a
+        ``GroupDefault``.  ``group(...)``'s ``max_active`` stays the group's
+        own cap (None while the default governs it).
         """
+        if group is None:
+            return self._run(proto.set_group_default(queue, max_active))
         return self._run(proto.set_group_limit(queue, group, max_active))
 
     def group(self, queue: str, group: str) -> GroupInfo:
@@ -322,12 +342,19 @@ class OperatorVerbs:
         """Every group of ``queue`` with a job waiting or active, a cap or a pause, by name.
 
         Each with its waiting and active counts, its cap and whether it is
-        paused.  Two reads: the names (the index ``<base>groupset`` and the
-        ring, in one MULTI), then every group's hash and lane (one MULTI:
-        each group read whole at one instant).
+        paused.  One snapshot (one MULTI): the names (the index
+        ``<base>groupset`` and the ring) and the hash and lane of every group
+        the read before found; read again while the snapshot holds a group
+        that read did not know of (so two reads when the queue has groups;
+        ``EchoMQError`` after ``SNAPSHOT_TRIES``).
         """
-        names = self._read(proto.ring_groups(queue))
-        return self._read(proto.group_rows(queue, names)) if names else []
+        known: tuple[bytes, ...] = ()
+        for _ in range(proto.SNAPSHOT_TRIES):
+            found = self._read(proto.group_rows(queue, known))
+            if isinstance(found, list):
+                return found
+            known = found
+        raise EchoMQError(f"groups({queue!r}): its groups changed in each of {proto.SNAPSHOT_TRIES} reads")
 
     def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
         """Let claims of ``queue`` hand out at most ``max`` jobs per ``per_ms`` (server clock).

@@ -13,10 +13,9 @@ are the types of ``redis``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import redis
 import redis.asyncio as aioredis
@@ -26,6 +25,7 @@ from .. import _protocol as proto
 from .._protocol import (
     ActiveJob,
     DeadJob,
+    GroupDefault,
     GroupInfo,
     JobId,
     JobInfo,
@@ -37,6 +37,7 @@ from .._protocol import (
     Retention,
     RetryDeadResult,
 )
+from ..errors import EchoMQError
 from . import _partitions
 from ._partitions import partition_of
 
@@ -114,19 +115,14 @@ class OperatorVerbs:
 
     async def counts(self, queue: str) -> QueueCounts:
         """The queue's numbers, pending by priority level too (see ``echomq.Client.counts``)."""
-        counts = await self._read(proto.counts(queue))
-        groups = await self._read(proto.ring_groups(queue))
-        if groups:  # a group's waiting jobs are in its own lane
-            waiting = await self._read(proto.group_waiting(queue, groups))
-            counts = dataclasses.replace(counts, pending=counts.pending + waiting)
-        levels = dict(counts.by_priority)
-        n, level = await self._read(proto.priority_levels(queue, None))
-        while level is not None and len(levels) < proto.MAX_LEVELS_SHOWN:
-            n, following = await self._read(proto.priority_levels(queue, level))
-            if n:
-                levels[level] = n
-            level = following
-        return dataclasses.replace(counts, by_priority=dict(sorted(levels.items())))
+        hint = proto.CountsHint()
+        for _ in range(proto.SNAPSHOT_TRIES):
+            found = await self._read(proto.counts(queue, hint))
+            if isinstance(found, QueueCounts):
+                return found
+            hint = found
+        tries = proto.SNAPSHOT_TRIES
+        raise EchoMQError(f"counts({queue!r}): groups or priority levels changed in each of {tries} reads")
 
     async def dead(self, queue: str, *, offset: int = 0, count: int = 100) -> list[DeadJob]:
         """A page of the dead set, oldest first (see ``echomq.Client.dead``)."""
@@ -141,6 +137,8 @@ class OperatorVerbs:
     async def pending(self, queue: str, *, offset: int = 0, count: int = 100) -> list[PendingJob]:
         """A page of the waiting jobs, in claim order (see ``echomq.Client.pending``)."""
         layout = await self._read(proto.pending_layout(queue))
+        if layout.names:  # the groups' lanes, by the names found
+            layout = await self._read(proto.pending_layout(queue, layout.names))
         page = await self._read(proto.pending_page(queue, offset, count, layout))
         return await self._read(proto.pending_rows(queue, page)) if page else []
 
@@ -242,8 +240,16 @@ class OperatorVerbs:
         """Hand out the queue's jobs again (see ``echomq.Client.resume``)."""
         return await self._run(proto.resume(queue))
 
-    async def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo:
-        """Cap one group's active jobs (see ``echomq.Client.set_group_limit``)."""
+    @overload
+    async def set_group_limit(self, queue: str, group: str, *, max_active: int | None) -> GroupInfo: ...
+    @overload
+    async def set_group_limit(self, queue: str, group: None, *, max_active: int | None) -> GroupDefault: ...
+    async def set_group_limit(
+        self, queue: str, group: str | None, *, max_active: int | None
+    ) -> GroupInfo | GroupDefault:
+        """Cap one group's active jobs, or every group's (see ``echomq.Client.set_group_limit``)."""
+        if group is None:
+            return await self._run(proto.set_group_default(queue, max_active))
         return await self._run(proto.set_group_limit(queue, group, max_active))
 
     async def group(self, queue: str, group: str) -> GroupInfo:
@@ -260,8 +266,13 @@ class OperatorVerbs:
 
     async def groups(self, queue: str) -> list[GroupInfo]:
         """Every group of the queue, by name (see ``echomq.Client.groups``)."""
-        names = await self._read(proto.ring_groups(queue))
-        return await self._read(proto.group_rows(queue, names)) if names else []
+        known: tuple[bytes, ...] = ()
+        for _ in range(proto.SNAPSHOT_TRIES):
+            found = await self._read(proto.group_rows(queue, known))
+            if isinstance(found, list):
+                return found
+            known = found
+        raise EchoMQError(f"groups({queue!r}): its groups changed in each of {proto.SNAPSHOT_TRIES} reads")
 
     async def set_rate_limit(self, queue: str, max: int | None, per_ms: int | None = None) -> RateLimit:
         """Set or remove the queue's rate limit (see ``echomq.Client.set_rate_limit``)."""

@@ -128,7 +128,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if waiting:  # the head of the line: what the next claims take
         out.write("\nnext to run\n")
         calls = task_calls(client, args.queue, [job.id for job in waiting])
-        table([["job", "task", "priority"]] + [[j.id, calls[j.id], str(j.priority)] for j in waiting], out)
+        grouped = any(j.group for j in waiting)  # issue 45: a grouped job waits in its group's lane
+        head = ["job", "task", "priority"] + (["group"] if grouped else [])
+        rows = [[j.id, calls[j.id], str(j.priority)] + ([j.group or ""] if grouped else []) for j in waiting]
+        table([head, *rows], out)
     leases = cast("list[tuple[bytes, float]]", r.zrange(keys.active, 0, args.limit - 1, withscores=True))
     if not leases:
         return 0

@@ -155,21 +155,42 @@ function emq.group_claimable(has_job, paused, active, cap)
     return has_job and not paused and active < cap
 end
 
--- emq_group_caps_read: `active` (a broken one reads 0: the claim and the hook refuse it) and
--- `max` (emq.NO_CAP when absent; a bad one refused).
-local function caps(name, htype)
-    if htype ~= 'hash' then return 0, emq.NO_CAP end
-    local active = group_active(emq.hget(name, htype, 'active')) or 0
-    local v = emq.hget(name, htype, 'max')
-    if v == nil then return active, emq.NO_CAP end
+-- emq_group_default_cap: <base>meta's `group_max`, the cap of every group without its own
+-- (emq.NO_CAP when absent; nil when bad).
+local function default_cap(base)
+    local meta = base .. 'meta'
+    local v = emq.hget(meta, emq.type(meta), 'group_max')
+    if v == nil then return emq.NO_CAP end
     local n = emq.parse_ll(v)
-    if n == nil or n < 1 or n > GROUP_CAP_MAX then return active, nil end
+    if n == nil or n < 1 or n > GROUP_CAP_MAX then return nil end
+    return n
+end
+
+function emq.group_default_cap(base)
+    local cap = default_cap(base)
+    if cap == nil then emq.refuse(E.GROUP_DEFAULT_FIELD) end
+    return cap
+end
+
+-- emq_group_caps_read: `active` (a broken one reads 0: the claim and the hook refuse it) and
+-- the cap: its own `max`, else the queue's `group_max`, else emq.NO_CAP (nil and the error when
+-- bad).
+local function caps(base, name, htype)
+    if htype ~= 'hash' and htype ~= 'none' then return 0, emq.NO_CAP end
+    local active = htype == 'hash' and group_active(emq.hget(name, htype, 'active')) or 0
+    local v = htype == 'hash' and emq.hget(name, htype, 'max') or nil
+    if v == nil then
+        local cap = default_cap(base)
+        return active, cap, cap == nil and E.GROUP_DEFAULT_FIELD or nil
+    end
+    local n = emq.parse_ll(v)
+    if n == nil or n < 1 or n > GROUP_CAP_MAX then return active, nil, E.GROUP_MAX_FIELD end
     return active, n
 end
 
-function emq.group_caps_read(name, htype)
-    local active, cap = caps(name, htype)
-    if cap == nil then emq.refuse(E.GROUP_MAX_FIELD) end
+function emq.group_caps_read(name, htype, base)
+    local active, cap, err = caps(base, name, htype)
+    if cap == nil then emq.refuse(err) end
     return active, cap
 end
 
@@ -187,7 +208,7 @@ function emq.group_settle(base, group)
     local htype = emq.type(name)
     if htype ~= 'hash' and htype ~= 'none' then return end
     if emq.hexists(name, htype, 'ring') then return end
-    local active, cap = caps(name, htype)
+    local active, cap = caps(base, name, htype)
     if cap == nil then return end
     local lane = base .. 'g:' .. group
     local has = emq.type(lane) == 'zset'

@@ -209,7 +209,7 @@ function Lanes:group(name)
     if not emq.type_ok(h, 'hash') then emq.refuse(E.WRONGTYPE) end
     g.in_ring = emq.hexists(g.hash, h, 'ring')
     g.paused = emq.hexists(g.hash, h, 'paused')
-    g.active, g.cap = emq.group_caps_read(g.hash, h)
+    g.active, g.cap = emq.group_caps_read(g.hash, h, self.base)
     emq.group_index_check(self.base)
     return g
 end

@@ -122,6 +122,8 @@ local E = {
     AFTER_FIELD = "ERR the job's 'waits' field is not an integer from 1 to 1000",
     GROUP_MAX = 'ERR MAX must be an integer from 1 to 1000000000',
     GROUP_MAX_FIELD = "ERR the group hash's 'max' field is not an integer from 1 to 1000000000",
+    GROUP_WALK = "ERR the queue has more than 10000 groups: set MAX on each group, not *",
+    GROUP_DEFAULT_FIELD = "ERR the queue's meta hash's 'group_max' field is not an integer from 1 to 1000000000",
 }
 emq.E = E
 
