@@ -23,6 +23,7 @@ from .app import App, AppCore, TaskWorker
 from .dispatch import BadArguments, NotATask, UnknownTask, UnknownTaskRetried, context
 from .envelope import BadTaskPayload, decode_result
 from .handle import AsyncTaskHandle, TaskHandle
+from .parents import parent_results
 from .serializers import (
     JSON,
     MSGPACK,
@@ -59,4 +60,5 @@ __all__ = [
     "UnknownTaskRetried",
     "context",
     "decode_result",
+    "parent_results",
 ]

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
+from .._protocol.deps import OnParentFailure
 from .._runtime import JobSettings, check_seconds
 from ..retry import RetryPolicy
-from .core import AppCore, EnqueueOptions, TaskCore, _nothing
+from .core import AppCore, EnqueueOptions, TaskCore, _after, _nothing
 from .dispatch import AsyncDispatcher
 from .handle import AsyncTaskHandle
 from .isolated import check_import_path, defined_in
@@ -186,10 +187,24 @@ class AsyncApp(AppCore):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _AsyncByName:
         """Enqueue options for ``.enqueue(name, ...)`` (see ``echomq.App.options``)."""
         return _AsyncByName(
-            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            queue,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
         )
 
     def handle(self, queue: str, job_id: str) -> AsyncTaskHandle[Any]:
@@ -260,10 +275,23 @@ class AsyncTask(TaskCore, Generic[P, R]):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _AsyncBound[P, R]:
         """Enqueue options for the next ``.enqueue(...)`` (see ``Task.options``)."""
         return _AsyncBound(
-            self, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
         )
 
 

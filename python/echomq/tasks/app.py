@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
+from .._protocol.deps import OnParentFailure
 from .._runtime import JobSettings, check_seconds
 from .._sync._reach import wait_for_server
 from ..retry import RetryPolicy
-from .core import AppCore, EnqueueOptions, TaskCore, _nothing
+from .core import AppCore, EnqueueOptions, TaskCore, _after, _nothing
 from .dispatch import Dispatcher
 from .handle import TaskHandle
 from .isolated import check_import_path, defined_in
@@ -270,10 +271,24 @@ class App(AppCore):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _ByName:
         """Enqueue options for ``.enqueue(name, ...)``; ``queue`` defaults to the task's, else the app's."""
         return _ByName(
-            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            queue,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
         )
 
     def handle(self, queue: str, job_id: str) -> TaskHandle[Any]:
@@ -354,6 +369,8 @@ class Task(TaskCore, Generic[P, R]):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _Bound[P, R]:
         """Enqueue options for the next ``.enqueue(...)``: the job's id, a delay or a time, a priority.
 
@@ -361,9 +378,27 @@ class Task(TaskCore, Generic[P, R]):
         unique job (``client.enqueue``'s, docs/concepts/unique.md), over the
         task's own ``unique=`` key; the handle's ``created`` and ``replaced``
         say what the call did.
+
+        ``after`` (handles of earlier enqueues of this queue, or their ids):
+        the job waits until each has ended (``client.enqueue``'s ``after``);
+        ``on_parent_failure`` (``"fail"``, the default: it ends dead;
+        ``"ignore"``, ``"continue"``: it runs) says what a parent that did
+        not end done does.  Its function reads the parents' results with
+        ``echomq.tasks.parent_results()`` (docs/concepts/workflows.md).
         """
         return _Bound(
-            self, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
         )
 
 
