@@ -31,8 +31,10 @@ from .._protocol.deps import OnParentFailure
 from .._runtime import JobSettings, check_seconds
 from .._sync._reach import wait_for_server
 from ..retry import RetryPolicy
+from .canvas import Chain, Chord, Group, Signature, plan
 from .core import AppCore, EnqueueOptions, TaskCore, _after, _nothing
 from .dispatch import Dispatcher
+from .flows import WorkflowHandle
 from .handle import TaskHandle
 from .isolated import check_import_path, defined_in
 from .serializers import JSON, Serializer
@@ -291,6 +293,33 @@ class App(AppCore):
             ),
         )
 
+    @overload
+    def enqueue_flow(self, flow: Group[R], /, *, queue: str | None = None) -> WorkflowHandle[list[R]]: ...
+    @overload
+    def enqueue_flow(
+        self, flow: Chain[R] | Chord[R], /, *, queue: str | None = None
+    ) -> WorkflowHandle[R]: ...
+    def enqueue_flow(
+        self, flow: Chain[Any] | Group[Any] | Chord[Any], /, *, queue: str | None = None
+    ) -> WorkflowHandle[Any]:
+        """Enqueue every job of a ``chain``, ``group`` or ``chord`` at once; a handle on the workflow.
+
+        Each job waits (in no lane) for what it follows, so nothing more is
+        sent between steps; all are on one queue, the first task's or
+        ``queue`` (docs/concepts/workflows.md, "Chains, groups and chords").
+        Every call's arguments are checked before anything is sent.
+        """
+        made = plan(flow, queue)
+        for task, _, _, _ in made.jobs:
+            if task.app is not self:
+                raise ValueError(f"task {task.name!r} is not one of this app's")
+        calls = made.calls()
+        for call in calls:
+            self.client.enqueue(**call)
+        return WorkflowHandle(
+            self.client, made.queue, made.workflow_id, made.job_ids, made.final, self.serializer
+        )
+
     def handle(self, queue: str, job_id: str) -> TaskHandle[Any]:
         """A handle on a job enqueued earlier (its id kept somewhere): ``.result()``, ``.info()``."""
         proto.keys_of(queue)
@@ -358,6 +387,14 @@ class Task(TaskCore, Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle[R]:
         """Enqueue a call with these arguments; a handle on its job (``.id``, ``.result()``)."""
         return _Bound(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call, for ``chain``, ``group`` and ``chord`` (``echomq.tasks.canvas``).
+
+        In a chain (after its first step) or as a chord's callback, the
+        function is given the previous result(s) first, before ``args``.
+        """
+        return Signature(self, tuple(args), dict(kwargs))
 
     def options(
         self,

@@ -234,6 +234,11 @@ class TaskCore:
             "priority": priority,
         }
         if options.after:
+            if self.isolation == "process":
+                raise ValueError(
+                    f"task {self.name!r} runs in a child process (isolation='process'), which does not "
+                    "read its parents' results yet: after= is for tasks run by threads or asyncio"
+                )
             after = after_ids(options.after, queue)
             call.update(after=list(after), on_parent_failure=options.on_parent_failure)
         elif options.on_parent_failure is not None:

@@ -256,6 +256,11 @@ class DispatchCore:
 
     def read_parents(self, ctx: JobContext, mode: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """A threads worker's read of the job's parents' results (``parents.py``): (its feed, values)."""
+        if not hasattr(ctx._keeper, "client"):  # in a child process: no connection of its own
+            raise NonRetryable(
+                "a task job enqueued with after= (or a workflow's step) does not run in a child process "
+                "yet (isolation='process'): run it in a worker of threads or asyncio"
+            )
         job = ctx.job
         redis = ctx._keeper.client.redis
         parents = ctx.parents()
