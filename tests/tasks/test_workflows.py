@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -289,3 +291,32 @@ def test_asyncio_chain_and_chord(server: EmbeddedServer, backend: str) -> None:
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_cancelling_a_running_workflow(client: echomq.Client) -> None:
+    from echomq.tasks import chain
+
+    app, (_, double, _, _) = flows_app(client)
+    started = threading.Event()
+
+    @app.task
+    def slow(x: int) -> int:
+        started.set()
+        for _ in range(400):  # bounded: 20 s at most, unless cancelled
+            echomq.task_context().raise_if_cancelled()
+            time.sleep(0.05)
+        return x
+
+    flow = app.enqueue_flow(chain(slow.s(1), double.s(), double.s()))
+    with quick(app):
+        assert started.wait(20)
+        assert flow.state() == "running"
+        outcomes = flow.cancel("stop")
+        assert outcomes[flow.job_ids[0]] == "requested"  # held: its handler hears it
+        assert [outcomes[i] for i in flow.job_ids[1:]] == ["cancelled", "cancelled"]
+        with pytest.raises(echomq.JobCancelled):
+            flow.result(timeout=20)
+        with pytest.raises(echomq.JobCancelled):  # the running step too, once its handler heard it
+            client.result("canvas", flow.job_ids[0], timeout=20)
+    assert flow.state() == "cancelled"
+    assert [i.state for i in flow.jobs() if i is not None] == ["cancelled"] * 3
