@@ -51,6 +51,28 @@ def wrong() -> None:
     send.options(delay="5").enqueue("ada")  # WRONG-OPTION
 
 
+@app.task
+def length(text: str) -> int:
+    return len(text)
+
+
+def flows_right() -> None:
+    from echomq.tasks import chain, chord, group
+
+    n: int = app.enqueue_flow(chain(send.s("ada"), length.s())).result(timeout=1.0)
+    many: list[int] = app.enqueue_flow(group(length.s("a"), length.s("b"))).result()
+    one: int = app.enqueue_flow(chord(group(length.s("a")), length.s())).result()
+    print(n, many, one)
+
+
+def flows_wrong() -> None:
+    from echomq.tasks import chain, group
+
+    text: str = app.enqueue_flow(chain(send.s("ada"), length.s())).result()  # WRONG-CHAIN
+    texts: list[str] = app.enqueue_flow(group(length.s("a"))).result()  # WRONG-GROUP
+    print(text, texts)
+
+
 aapp = emq.App(emq.Client.from_url("redis://127.0.0.1:1/0"))
 
 
@@ -62,6 +84,12 @@ async def double(x: int) -> int:
 async def async_right() -> int:
     handle = await double.enqueue(2)
     return await handle.result(timeout=1.0)
+
+
+async def async_flow() -> int:
+    from echomq.tasks import chain
+
+    return await (await aapp.enqueue_flow(chain(double.s(1), double.s()))).result()
 
 
 async def async_wrong() -> str:

@@ -20,9 +20,12 @@ default (``serializers``).  The pieces, one idea each:
 from __future__ import annotations
 
 from .app import App, AppCore, TaskWorker
+from .canvas import Chain, Chord, Group, Signature, chain, chord, group
 from .dispatch import BadArguments, NotATask, UnknownTask, UnknownTaskRetried, context
 from .envelope import BadTaskPayload, decode_result
+from .flows import AsyncWorkflowHandle, WorkflowHandle
 from .handle import AsyncTaskHandle, TaskHandle
+from .parents import parent_results
 from .serializers import (
     JSON,
     MSGPACK,
@@ -43,20 +46,30 @@ __all__ = [
     "AppCore",
     "AsyncTask",
     "AsyncTaskHandle",
+    "AsyncWorkflowHandle",
     "BadArguments",
     "BadTaskPayload",
+    "Chain",
+    "Chord",
     "EnqueueOptions",
+    "Group",
     "JsonSerializer",
     "MsgpackSerializer",
     "NotATask",
     "PickleSerializer",
     "SerializationError",
     "Serializer",
+    "Signature",
     "Task",
     "TaskHandle",
     "TaskWorker",
     "UnknownTask",
     "UnknownTaskRetried",
+    "WorkflowHandle",
+    "chain",
+    "chord",
     "context",
     "decode_result",
+    "group",
+    "parent_results",
 ]

@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
+from .._protocol.deps import OnParentFailure
 from .._runtime import JobSettings, check_seconds
 from ..retry import RetryPolicy
-from .core import AppCore, EnqueueOptions, TaskCore, _nothing
+from .canvas import Chain, Chord, Group, Signature, plan
+from .core import AppCore, EnqueueOptions, TaskCore, _after, _nothing
 from .dispatch import AsyncDispatcher
+from .flows import AsyncWorkflowHandle
 from .handle import AsyncTaskHandle
 from .isolated import check_import_path, defined_in
 from .serializers import JSON, Serializer
@@ -186,10 +189,53 @@ class AsyncApp(AppCore):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _AsyncByName:
         """Enqueue options for ``.enqueue(name, ...)`` (see ``echomq.App.options``)."""
         return _AsyncByName(
-            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            queue,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
+        )
+
+    @overload
+    async def enqueue_flow(
+        self, flow: Group[R], /, *, queue: str | None = None
+    ) -> AsyncWorkflowHandle[list[R]]: ...
+    @overload
+    async def enqueue_flow(
+        self, flow: Chain[R] | Chord[R], /, *, queue: str | None = None
+    ) -> AsyncWorkflowHandle[R]: ...
+    async def enqueue_flow(
+        self, flow: Chain[Any] | Group[Any] | Chord[Any], /, *, queue: str | None = None
+    ) -> AsyncWorkflowHandle[Any]:
+        """Enqueue every job of a ``chain``, ``group`` or ``chord`` at once; a handle on the workflow.
+
+        Each job waits (in no lane) for what it follows, so nothing more is
+        sent between steps; all are on one queue, the first task's or
+        ``queue`` (docs/concepts/workflows.md, "Chains, groups and chords").
+        Every call's arguments are checked before anything is sent.
+        """
+        made = plan(flow, queue)
+        for task, _, _, _ in made.jobs:
+            if task.app is not self:
+                raise ValueError(f"task {task.name!r} is not one of this app's")
+        calls = made.calls()
+        for call in calls:
+            await self.client.enqueue(**call)
+        return AsyncWorkflowHandle(
+            self.client, made.queue, made.workflow_id, made.job_ids, made.final, self.serializer
         )
 
     def handle(self, queue: str, job_id: str) -> AsyncTaskHandle[Any]:
@@ -250,6 +296,14 @@ class AsyncTask(TaskCore, Generic[P, R]):
         """Enqueue a call with these arguments; a handle on its job."""
         return await _AsyncBound(self, EnqueueOptions()).enqueue(*args, **kwargs)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call, for ``chain``, ``group`` and ``chord`` (``echomq.tasks.canvas``).
+
+        In a chain (after its first step) or as a chord's callback, the
+        function is given the previous result(s) first, before ``args``.
+        """
+        return Signature(self, tuple(args), dict(kwargs))
+
     def options(
         self,
         *,
@@ -260,10 +314,23 @@ class AsyncTask(TaskCore, Generic[P, R]):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _AsyncBound[P, R]:
         """Enqueue options for the next ``.enqueue(...)`` (see ``Task.options``)."""
         return _AsyncBound(
-            self, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
         )
 
 

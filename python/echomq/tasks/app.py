@@ -27,11 +27,14 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .. import _protocol as proto
 from .._protocol import JobId
+from .._protocol.deps import OnParentFailure
 from .._runtime import JobSettings, check_seconds
 from .._sync._reach import wait_for_server
 from ..retry import RetryPolicy
-from .core import AppCore, EnqueueOptions, TaskCore, _nothing
+from .canvas import Chain, Chord, Group, Signature, plan
+from .core import AppCore, EnqueueOptions, TaskCore, _after, _nothing
 from .dispatch import Dispatcher
+from .flows import WorkflowHandle
 from .handle import TaskHandle
 from .isolated import check_import_path, defined_in
 from .serializers import JSON, Serializer
@@ -270,10 +273,51 @@ class App(AppCore):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _ByName:
         """Enqueue options for ``.enqueue(name, ...)``; ``queue`` defaults to the task's, else the app's."""
         return _ByName(
-            self, queue, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            queue,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
+        )
+
+    @overload
+    def enqueue_flow(self, flow: Group[R], /, *, queue: str | None = None) -> WorkflowHandle[list[R]]: ...
+    @overload
+    def enqueue_flow(
+        self, flow: Chain[R] | Chord[R], /, *, queue: str | None = None
+    ) -> WorkflowHandle[R]: ...
+    def enqueue_flow(
+        self, flow: Chain[Any] | Group[Any] | Chord[Any], /, *, queue: str | None = None
+    ) -> WorkflowHandle[Any]:
+        """Enqueue every job of a ``chain``, ``group`` or ``chord`` at once; a handle on the workflow.
+
+        Each job waits (in no lane) for what it follows, so nothing more is
+        sent between steps; all are on one queue, the first task's or
+        ``queue`` (docs/concepts/workflows.md, "Chains, groups and chords").
+        Every call's arguments are checked before anything is sent.
+        """
+        made = plan(flow, queue)
+        for task, _, _, _ in made.jobs:
+            if task.app is not self:
+                raise ValueError(f"task {task.name!r} is not one of this app's")
+        calls = made.calls()
+        for call in calls:
+            self.client.enqueue(**call)
+        return WorkflowHandle(
+            self.client, made.queue, made.workflow_id, made.job_ids, made.final, self.serializer
         )
 
     def handle(self, queue: str, job_id: str) -> TaskHandle[Any]:
@@ -344,6 +388,14 @@ class Task(TaskCore, Generic[P, R]):
         """Enqueue a call with these arguments; a handle on its job (``.id``, ``.result()``)."""
         return _Bound(self, EnqueueOptions()).enqueue(*args, **kwargs)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call, for ``chain``, ``group`` and ``chord`` (``echomq.tasks.canvas``).
+
+        In a chain (after its first step) or as a chord's callback, the
+        function is given the previous result(s) first, before ``args``.
+        """
+        return Signature(self, tuple(args), dict(kwargs))
+
     def options(
         self,
         *,
@@ -354,6 +406,8 @@ class Task(TaskCore, Generic[P, R]):
         unique_key: str | bytes | None = None,
         unique_for_ms: int | None = None,
         replace: bool = False,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: OnParentFailure | None = None,
     ) -> _Bound[P, R]:
         """Enqueue options for the next ``.enqueue(...)``: the job's id, a delay or a time, a priority.
 
@@ -361,9 +415,27 @@ class Task(TaskCore, Generic[P, R]):
         unique job (``client.enqueue``'s, docs/concepts/unique.md), over the
         task's own ``unique=`` key; the handle's ``created`` and ``replaced``
         say what the call did.
+
+        ``after`` (handles of earlier enqueues of this queue, or their ids):
+        the job waits until each has ended (``client.enqueue``'s ``after``);
+        ``on_parent_failure`` (``"fail"``, the default: it ends dead;
+        ``"ignore"``, ``"continue"``: it runs) says what a parent that did
+        not end done does.  Its function reads the parents' results with
+        ``echomq.tasks.parent_results()`` (docs/concepts/workflows.md).
         """
         return _Bound(
-            self, EnqueueOptions(job_id, delay_ms, at, priority, unique_key, unique_for_ms, replace)
+            self,
+            EnqueueOptions(
+                job_id,
+                delay_ms,
+                at,
+                priority,
+                unique_key,
+                unique_for_ms,
+                replace,
+                _after(after),
+                on_parent_failure,
+            ),
         )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import _protocol as proto
 from .._protocol import MAX_MS, JobId
+from .._protocol.deps import OnParentFailure
 from .._runtime import JobSettings, check_int
 from ..retry import RetryPolicy, merge_attempts
 from .envelope import check_name, encode_call
@@ -28,7 +29,10 @@ from .isolated import import_path_of, importable_tasks
 from .periodic import TaskSchedule
 from .serializers import JSON, Serializer
 
-__all__ = ["AppCore", "EnqueueOptions", "TaskCore"]
+__all__ = ["PARENTS_HEADER", "AppCore", "EnqueueOptions", "TaskCore", "after_ids"]
+
+PARENTS_HEADER = "parents"
+"""The header of a task job enqueued with ``after=``: how its worker reads the parents' results."""
 
 MAX_SHAPES = 64
 """Call shapes (positional count, keyword names) a task remembers as binding its signature."""
@@ -45,6 +49,13 @@ class EnqueueOptions:
     unique_key: str | bytes | None = None  # None: the task's own key of the call (``unique=``), if any
     unique_for_ms: int | None = None
     replace: bool = False
+    # The jobs this call waits for (``after=``: handles or ids), and what a failed one does to it.
+    after: tuple[Any, ...] = ()
+    on_parent_failure: OnParentFailure | None = None
+    # How the function receives its parents' results (a workflow's step, ``canvas.py``): None, only
+    # ``parent_results()``; "first", the one parent's result as the first argument; "list", the list
+    # of every parent's result (in the order of the workflow) as the first argument.
+    feed: str | None = None
 
     def run_at_ms(self) -> int | None:
         """``at`` as unix ms (a datetime without a timezone is refused: whose midnight would it be?)."""
@@ -57,6 +68,33 @@ class EnqueueOptions:
         if isinstance(self.at, bool) or not isinstance(self.at, int | float):
             raise TypeError(f"at must be a datetime or unix seconds, not {type(self.at).__name__}")
         return int(self.at * 1000)
+
+
+def after_ids(after: Iterable[Any] | None, queue: str) -> tuple[str, ...]:
+    """``after=``'s handles (a ``TaskHandle``/``AsyncTaskHandle``: its ``.id``) and ids, as ids.
+
+    A handle of another queue is refused (``ValueError``): a job waits only
+    for jobs of its own queue.
+    """
+    if after is None:
+        return ()
+    if isinstance(after, str | bytes) or hasattr(after, "queue"):
+        raise TypeError("after must be a list of handles or ids (one job: after=[handle])")
+    ids: list[str] = []
+    for item in after:
+        if isinstance(item, str):
+            ids.append(str(item))
+            continue
+        item_queue, item_id = getattr(item, "queue", None), getattr(item, "id", None)
+        if not isinstance(item_id, str):
+            raise TypeError(f"after takes task handles or job ids (str), not {type(item).__name__}")
+        if item_queue is not None and item_queue != queue:
+            raise ValueError(
+                f"job {str(item_id)!r} is on queue {item_queue!r}: a job of queue {queue!r} waits only "
+                "for jobs of its own queue"
+            )
+        ids.append(str(item_id))
+    return tuple(ids)
 
 
 class TaskCore:
@@ -90,12 +128,20 @@ class TaskCore:
     def serializer(self) -> Serializer:
         return self.app.serializer
 
-    def payload(self, args: Sequence[Any], kwargs: Mapping[str, Any], queue: str | None = None) -> bytes:
+    def payload(
+        self,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        queue: str | None = None,
+        parents: str | None = None,
+    ) -> bytes:
         """The job's payload for this call (``SerializationError`` before anything is sent).
 
-        The app's hooks (``app.add_hook``) give the headers it carries.
+        The app's hooks (``app.add_hook``) give the headers it carries;
+        ``parents`` (``"read"``, ``"first"``, ``"list"``) is the header that
+        makes the worker read the job's parents' results (``dispatch.py``).
         """
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = {} if parents is None else {PARENTS_HEADER: parents}
         for hook in self.app.hooks:
             headers.update(hook.enqueue_headers(self.name, queue or self.queue) or {})
         return encode_call(self.name, self.serializer, args, kwargs, headers)
@@ -167,19 +213,36 @@ class TaskCore:
         ``TypeError`` when the arguments do not bind the task's function (a
         job that could never run is not enqueued).
         """
-        problem = self.binding_problem(args, kwargs)
+        feed = options.feed
+        if feed not in (None, "first", "list"):
+            raise ValueError(f"feed must be None, 'first' or 'list', got {feed!r}")
+        if feed is not None and not options.after:
+            raise ValueError("a step fed its parents' results needs after= (the jobs it waits for)")
+        # A workflow's step gets its parents' result(s) as its first argument at run time.
+        problem = self.binding_problem((None, *args) if feed is not None else args, kwargs)
         if problem is not None:
             raise TypeError(f"task {self.name!r}: {problem}")
         priority = options.priority if options.priority is not None else self.priority
         queue = self.queue if queue is None else queue
+        parents = feed if feed is not None else ("read" if options.after else None)
         call: dict[str, Any] = {
             "queue": queue,
-            "payload": self.payload(args, kwargs, queue),
+            "payload": self.payload(args, kwargs, queue, parents),
             "job_id": options.job_id,
             "delay_ms": options.delay_ms,
             "run_at_ms": options.run_at_ms(),
             "priority": priority,
         }
+        if options.after:
+            if self.isolation == "process":
+                raise ValueError(
+                    f"task {self.name!r} runs in a child process (isolation='process'), which does not "
+                    "read its parents' results yet: after= is for tasks run by threads or asyncio"
+                )
+            after = after_ids(options.after, queue)
+            call.update(after=list(after), on_parent_failure=options.on_parent_failure)
+        elif options.on_parent_failure is not None:
+            raise ValueError("on_parent_failure needs after= (the jobs whose failure it is about)")
         key = options.unique_key if options.unique_key is not None else self.unique_key_of(args, kwargs)
         if key is not None:
             for_ms = options.unique_for_ms if options.unique_for_ms is not None else self.unique_for_ms
@@ -359,6 +422,15 @@ def periodic_timing(given: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{', '.join(sorted(given))} need cron= or every_ms= (a periodic task)")
     timing = {"tz": "UTC", "args": (), "kwargs": None, "missed": "skip", "cron": None, "every_ms": None}
     return {**timing, **given, "start_at": None, "end_at": None}
+
+
+def _after(after: Iterable[Any] | None) -> tuple[Any, ...]:
+    """``options(after=...)``'s handles and ids, kept as given (checked against the queue at enqueue)."""
+    if after is None:
+        return ()
+    if isinstance(after, str | bytes) or hasattr(after, "queue"):
+        raise TypeError("after must be a list of handles or ids (one job: after=[handle])")
+    return tuple(after)
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

@@ -28,7 +28,6 @@ own children even when the worker runs threads or asyncio.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -37,10 +36,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .._protocol import Job
 from .._runtime import JobSettings, StoredResult
 from ..errors import NonRetryable
-from .core import AppCore, TaskCore
+from . import parents as _parents
+from .core import PARENTS_HEADER, AppCore, TaskCore
+from .current import CURRENT, current
 from .envelope import BadTaskPayload, TaskCall, encode_result, parse_call
 from .isolated import TaskProcesses, check_import_path, import_path_of
-from .serializers import Serializer
+from .serializers import JSON, Serializer
 
 if TYPE_CHECKING:
     from .._sync.context import JobContext
@@ -54,17 +55,6 @@ __all__ = [
 
 D = TypeVar("D", bound="DispatchCore")
 
-CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("echomq_task_context")
-
-
-def _current() -> Any:
-    try:
-        return CURRENT.get()
-    except LookupError:
-        raise RuntimeError(
-            "no task runs here: a task's context is for its function while a worker runs it"
-        ) from None
-
 
 def context() -> JobContext:
     """The ``JobContext`` of the task this thread runs (``echomq.task_context()``).
@@ -75,7 +65,7 @@ def context() -> JobContext:
     """
     from .._sync.context import JobContext
 
-    ctx = _current()
+    ctx = current()
     if not isinstance(ctx, JobContext):
         raise TypeError("this task runs in an asyncio worker: use echomq.asyncio.task_context()")
     return ctx
@@ -91,7 +81,7 @@ def async_context() -> AsyncJobContext:
     """
     from ..asyncio.context import JobContext as AsyncContext
 
-    ctx = _current()
+    ctx = current()
     if not isinstance(ctx, AsyncContext):
         raise TypeError("this task runs in a thread worker: use echomq.task_context()")
     return ctx
@@ -226,7 +216,9 @@ class DispatchCore:
                 ctx = stack.enter_context(hook.run(ctx, call))
             yield ctx
 
-    def resolve(self, call: TaskCall) -> tuple[TaskCore, list[Any], dict[str, Any]]:
+    def resolve(
+        self, call: TaskCall, fed: tuple[Any, ...] = ()
+    ) -> tuple[TaskCore, list[Any], dict[str, Any]]:
         task = self.tasks.get(call.name)
         if task is None:
             known = ", ".join(sorted(self.tasks)) or "none"
@@ -239,10 +231,52 @@ class DispatchCore:
             args, kwargs = call.arguments(self.serializers)
         except BadTaskPayload as exc:
             raise NotATask(str(exc)) from None
+        if fed:  # a workflow's step: its parents' result(s) first (parents.py)
+            args = [*fed, *args]
         problem = task.binding_problem(args, kwargs)
         if problem is not None:
             raise BadArguments(f"the arguments do not fit task {call.name!r}: {problem}")
         return task, args, kwargs
+
+    @property
+    def result_serializer(self) -> Serializer:
+        """What the parents' results are read with: the app's serializer (JSON without an app)."""
+        return self.app.serializer if self.app is not None else JSON
+
+    def read_parents(self, ctx: JobContext, mode: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A threads worker's read of the job's parents' results (``parents.py``): (its feed, values)."""
+        if not hasattr(ctx._keeper, "client"):  # in a child process: no connection of its own
+            raise NonRetryable(
+                "a task job enqueued with after= (or a workflow's step) does not run in a child process "
+                "yet (isolation='process'): run it in a worker of threads or asyncio"
+            )
+        job = ctx.job
+        redis = ctx._keeper.client.redis
+        parents = ctx.parents()
+        done, commands = _parents.reads(job.queue, parents)
+        rows: list[Any] = []
+        if commands:
+            pipe = redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            rows = pipe.execute()
+        values = _parents.settle(job.queue, done, rows, self.result_serializer)
+        return _parents.feed_argument(mode, parents, values), values
+
+    async def aread_parents(self, ctx: AsyncJobContext, mode: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``read_parents`` for an asyncio worker."""
+        job = ctx.job
+        redis = ctx._keeper.client.redis
+        parents = await ctx.parents()
+        done, commands = _parents.reads(job.queue, parents)
+        rows: list[Any] = []
+        if commands:
+            pipe = redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            rows = await pipe.execute()
+        values = _parents.settle(job.queue, done, rows, self.result_serializer)
+        return _parents.feed_argument(mode, parents, values), values
 
     @staticmethod
     def stored(task: TaskCore, value: Any) -> StoredResult:
@@ -259,14 +293,21 @@ class Dispatcher(DispatchCore):
             return cast("StoredResult", self.processes.run(ctx, isolated))
         # No hooks (the usual app): no generator context and ExitStack a job.
         with self.hooked(ctx, call) if self.hooks else nullcontext(ctx) as seen:
-            task, args, kwargs = self.resolve(call)
+            mode = call.headers.get(PARENTS_HEADER) if call.headers else None
+            fed: tuple[Any, ...] = ()
+            if mode is not None:
+                fed, values = self.read_parents(ctx, mode)
+            task, args, kwargs = self.resolve(call, fed)
             token = CURRENT.set(seen)
+            held = _parents.PARENT_RESULTS.set(values) if mode is not None else None
             try:
                 value = task._fn(*args, **kwargs)
                 if task.is_async:
                     value = asyncio.run(value)
             finally:
                 CURRENT.reset(token)
+                if held is not None:
+                    _parents.PARENT_RESULTS.reset(held)
             return self.stored(task, value)
 
 
@@ -282,8 +323,13 @@ class AsyncDispatcher(DispatchCore):
             return cast("StoredResult", await self.processes.run_async(ctx, isolated))
         # No hooks (the usual app): no generator context and ExitStack a job.
         with self.hooked(ctx, call) if self.hooks else nullcontext(ctx) as seen:
-            task, args, kwargs = self.resolve(call)
+            mode = call.headers.get(PARENTS_HEADER) if call.headers else None
+            fed: tuple[Any, ...] = ()
+            if mode is not None:
+                fed, values = await self.aread_parents(ctx, mode)
+            task, args, kwargs = self.resolve(call, fed)
             token = CURRENT.set(seen)
+            held = _parents.PARENT_RESULTS.set(values) if mode is not None else None
             try:
                 if task.is_async:
                     value = await task._fn(*args, **kwargs)
@@ -291,6 +337,8 @@ class AsyncDispatcher(DispatchCore):
                     value = await asyncio.to_thread(task._fn, *args, **kwargs)
             finally:
                 CURRENT.reset(token)
+                if held is not None:
+                    _parents.PARENT_RESULTS.reset(held)
             return self.stored(task, value)
 
 
