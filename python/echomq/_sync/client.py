@@ -88,6 +88,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Error replies that say the node does not serve the slot now: nothing ran there.
+_REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+
 class Client(ClaimVerbs, OperatorVerbs):
     """EchoMQ's lifecycle commands on one Redis (or Redis Cluster) connection.
 
@@ -117,6 +120,9 @@ class Client(ClaimVerbs, OperatorVerbs):
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
         # For a worker's attempts (see _attempt_many): its own connections.
         self._pool: WorkerConnections | None = None
+        # Redis Cluster: a node's own, for a waiting claim (_node_connections).
+        self._node_pools: dict[str, tuple[redis.ConnectionPool, WorkerConnections]] = {}
+        self._node_detour = False
         self._reached = False  # a request of ours got an answer once (never_reached)
         self._registrations = proto.Registrations()
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
@@ -266,11 +272,56 @@ class Client(ClaimVerbs, OperatorVerbs):
         same REQ or token each time, so each call here is one try
         (``_attempt_many``).  On Redis Cluster (routing by slot) and on a
         single-connection client this is ``_run``: redis-py's own timeouts
-        and retries apply.
+        and retries apply; but a cluster's waiting claim (one with a
+        ``cutter``) goes to its node's bounded connections
+        (``_node_connections``), so a stop cuts it there too.
         """
         if not self._bounded():
-            return self._run(call)
+            nodes = self._node_connections(call) if cutter is not None else None
+            if nodes is not None:
+                return self._attempt_on_node(nodes, call, timeout, cutter)
+            reply = self._run(call)
+            self._node_detour = False  # redis-py's routing reached the slot's node: ours again
+            return reply
         reply = self._try([call], timeout, cutter)[0]
+        if isinstance(reply, ResponseError):
+            proto.raise_mapped(reply, call)
+        return call.read(reply)
+
+    def _node_connections(self, call: proto.Call[Any]) -> WorkerConnections | None:
+        """On Redis Cluster, bounded connections to the node serving ``call``'s slot (its first key),
+        so that a worker's waiting claim there can be cut by its stop (``Cutter``); else None.
+
+        None after a try there failed, until redis-py's own routing (``_run``)
+        has sent one (it follows a redirect and finds a failed-over node).
+        """
+        r = self.redis
+        if not isinstance(r, redis.RedisCluster) or self._node_detour or len(call.args) < 2:
+            return None
+        try:
+            node = r.get_node_from_key(call.args[1])  # type: ignore[no-untyped-call,unused-ignore]
+        except (redis.RedisError, IndexError, KeyError):  # a slot redis-py does not know yet
+            return None
+        base = getattr(node, "redis_connection", None) if node is not None else None
+        if not isinstance(base, redis.Redis):
+            return None
+        known = self._node_pools.get(node.name)
+        if known is None or known[0] is not base.connection_pool:  # new, or redis-py made it again
+            pool = base.connection_pool
+            known = self._node_pools[node.name] = (pool, WorkerConnections(pool))
+        return known[1]
+
+    def _attempt_on_node(
+        self, connections: WorkerConnections, call: proto.Call[T], timeout: float, cutter: Cutter | None
+    ) -> T:
+        try:
+            reply = self._try([call], timeout, cutter, connections)[0]
+        except (redis.TimeoutError, redis.ConnectionError):
+            self._node_detour = True  # the next try: redis-py's routing, which refreshes it
+            raise
+        if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
+            self._node_detour = True  # nothing ran there: redis-py follows it (and learns the slot)
+            return self._attempt(call, timeout, cutter)
         if isinstance(reply, ResponseError):
             proto.raise_mapped(reply, call)
         return call.read(reply)
@@ -295,8 +346,15 @@ class Client(ClaimVerbs, OperatorVerbs):
             return self._pipeline_run(calls)
         return self._try(calls, timeout, cutter)
 
-    def _try(self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None) -> list[Any]:
-        connections = self._connections()
+    def _try(
+        self,
+        calls: list[proto.Call[Any]],
+        timeout: float,
+        cutter: Cutter | None,
+        connections: WorkerConnections | None = None,
+    ) -> list[Any]:
+        if connections is None:
+            connections = self._connections()
         deadline = time.monotonic() + max(timeout, 0.001)
         try:
             # take/give rather than connection(): a busy worker makes this call per job.
@@ -322,6 +380,19 @@ class Client(ClaimVerbs, OperatorVerbs):
         """Whether this client's worker commands go through bounded attempts (a plain pooled Redis)."""
         r = self.redis
         return isinstance(r, redis.Redis) and r.connection is None
+
+    def _waits_cut(self) -> bool:
+        """Whether a worker's stop can cut its waiting claim: bounded attempts, or Redis Cluster
+        (``_node_connections``)."""
+        return self._bounded() or isinstance(self.redis, redis.RedisCluster)
+
+    def _wait_limit_ms(self) -> int | None:
+        """The longest BLOCK a waiting claim may have on this client, None for no limit but the
+        worker's: on Redis Cluster, what redis-py's socket timeout allows (a claim after a
+        redirect goes through its routing)."""
+        if not isinstance(self.redis, redis.RedisCluster):
+            return None
+        return proto.BlockingClaim(0, proto.socket_timeout_of(self.redis), 0.0).limit_ms
 
     def _connections(self) -> WorkerConnections:
         connections = self._pool
@@ -733,4 +804,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         """Close the redis client's connections (and a worker's own)."""
         if self._pool is not None:
             self._pool.close()
+        for _, connections in self._node_pools.values():
+            connections.close()
+        self._node_pools.clear()
         self.redis.close()
