@@ -19,10 +19,12 @@ import pytest
 
 import echomq
 import echomq.asyncio as emq
+from echomq.keyspace import queue_keys
 from echomq.testing import EmbeddedServer
 
-from ..clusters import start_cluster
+from ..clusters import owner, start_cluster
 from ..conftest import ServerFactory
+from ..faults import wait_until
 
 Q = "idle"
 
@@ -103,3 +105,61 @@ def test_an_idle_worker_on_a_cluster_sends_a_claim_every_few_seconds(
     assert verbs <= 4, f"{sent} in {window} s"  # one server's promise: at most 0.5/s
     traffic = sum(n for name, n in sent.items() if name not in HANDSHAKE)
     assert traffic <= 10, f"{sent} in {window} s"  # before: about 250 (31.65/s)
+
+
+def blocked_claims(node: EmbeddedServer) -> set[str]:
+    """The ids of ``node``'s clients waiting in an EMQ.CLAIM."""
+    c = node.client()
+    try:
+        clients = c.client_list()
+    finally:
+        c.close()
+    return {str(k["id"]) for k in clients if k.get("cmd") == "emq.claim" and "b" in str(k.get("flags", ""))}
+
+
+def client_ids(node: EmbeddedServer) -> set[str]:
+    c = node.client()
+    try:
+        return {str(k["id"]) for k in c.client_list()}
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio"])
+def test_a_stop_cuts_the_waiting_claim_on_a_cluster(nodes: list[EmbeddedServer], mode: str) -> None:
+    # What the 200 ms cap was for: a stop must not wait for the wait.  Cut, the waiting claim's
+    # connection is gone (the server claims nothing for it); waited out, it would be back in
+    # the worker's pool, still open.
+    node = owner(nodes, queue_keys(Q).pending)
+    if mode == "sync":
+        worker = echomq.Worker(echomq.Client.from_url(nodes[0].url, cluster=True), Q, lambda ctx: None)
+        worker.start()
+        try:
+            assert wait_until(lambda: bool(blocked_claims(node)), timeout=30)
+            waiting = blocked_claims(node)
+        finally:
+            worker.stop()
+        assert not waiting & client_ids(node), waiting
+        return
+
+    async def handler(ctx: emq.JobContext) -> None:
+        return None
+
+    async def main() -> None:
+        client = emq.Client.from_url(nodes[0].url, cluster=True)
+        worker = emq.Worker(client, Q, handler)
+        task = asyncio.create_task(worker.run(handle_signals=False))
+        try:
+            for _ in range(300):
+                if blocked_claims(node):
+                    break
+                await asyncio.sleep(0.1)
+            waiting = blocked_claims(node)
+            assert waiting
+        finally:
+            worker.stop()
+            await task
+        assert not waiting & client_ids(node), waiting
+        await client.aclose()
+
+    asyncio.run(main())
