@@ -59,7 +59,7 @@ from .._serializers import JSON
 from ..cancel import Cancellation
 from ..schedules import DriveResult, ScheduleInfo
 from . import _partitions, _schedules
-from ._attempt import Cutter, NotSent, WorkerConnections
+from ._attempt import Cutter, NodeConnections, NotSent, WorkerConnections
 from ._claims import ClaimVerbs
 from ._operator import OperatorVerbs
 
@@ -120,9 +120,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
         # For a worker's attempts (see _attempt_many): its own connections.
         self._pool: WorkerConnections | None = None
-        # Redis Cluster: a node's own, for a waiting claim (_node_connections).
-        self._node_pools: dict[str, tuple[redis.ConnectionPool, WorkerConnections]] = {}
-        self._node_detour = False
+        self._nodes = NodeConnections()  # Redis Cluster: a node's own, for a waiting claim
         self._reached = False  # a request of ours got an answer once (never_reached)
         self._registrations = proto.Registrations()
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
@@ -274,42 +272,21 @@ class Client(ClaimVerbs, OperatorVerbs):
         single-connection client this is ``_run``: redis-py's own timeouts
         and retries apply; but a cluster's waiting claim (one with a
         ``cutter``) goes to its node's bounded connections
-        (``_node_connections``), so a stop cuts it there too.
+        (``_attempt.NodeConnections``), so a stop cuts it there too.
         """
         if not self._bounded():
-            nodes = self._node_connections(call) if cutter is not None else None
+            nodes = None
+            if cutter is not None and isinstance(self.redis, redis.RedisCluster) and len(call.args) > 1:
+                nodes = self._nodes.for_key(self.redis, call.args[1])
             if nodes is not None:
                 return self._attempt_on_node(nodes, call, timeout, cutter)
             reply = self._run(call)
-            self._node_detour = False  # redis-py's routing reached the slot's node: ours again
+            self._nodes.detour = False  # redis-py's routing reached the slot's node: ours again
             return reply
         reply = self._try([call], timeout, cutter)[0]
         if isinstance(reply, ResponseError):
             proto.raise_mapped(reply, call)
         return call.read(reply)
-
-    def _node_connections(self, call: proto.Call[Any]) -> WorkerConnections | None:
-        """On Redis Cluster, bounded connections to the node serving ``call``'s slot (its first key),
-        so that a worker's waiting claim there can be cut by its stop (``Cutter``); else None.
-
-        None after a try there failed, until redis-py's own routing (``_run``)
-        has sent one (it follows a redirect and finds a failed-over node).
-        """
-        r = self.redis
-        if not isinstance(r, redis.RedisCluster) or self._node_detour or len(call.args) < 2:
-            return None
-        try:
-            node = r.get_node_from_key(call.args[1])  # type: ignore[no-untyped-call,unused-ignore]
-        except (redis.RedisError, IndexError, KeyError):  # a slot redis-py does not know yet
-            return None
-        base = getattr(node, "redis_connection", None) if node is not None else None
-        if not isinstance(base, redis.Redis):
-            return None
-        known = self._node_pools.get(node.name)
-        if known is None or known[0] is not base.connection_pool:  # new, or redis-py made it again
-            pool = base.connection_pool
-            known = self._node_pools[node.name] = (pool, WorkerConnections(pool))
-        return known[1]
 
     def _attempt_on_node(
         self, connections: WorkerConnections, call: proto.Call[T], timeout: float, cutter: Cutter | None
@@ -317,10 +294,10 @@ class Client(ClaimVerbs, OperatorVerbs):
         try:
             reply = self._try([call], timeout, cutter, connections)[0]
         except (redis.TimeoutError, redis.ConnectionError):
-            self._node_detour = True  # the next try: redis-py's routing, which refreshes it
+            self._nodes.detour = True  # the next try: redis-py's routing, which refreshes it
             raise
         if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
-            self._node_detour = True  # nothing ran there: redis-py follows it (and learns the slot)
+            self._nodes.detour = True  # nothing ran there: redis-py follows it (and learns the slot)
             return self._attempt(call, timeout, cutter)
         if isinstance(reply, ResponseError):
             proto.raise_mapped(reply, call)
@@ -383,7 +360,7 @@ class Client(ClaimVerbs, OperatorVerbs):
 
     def _waits_cut(self) -> bool:
         """Whether a worker's stop can cut its waiting claim: bounded attempts, or Redis Cluster
-        (``_node_connections``)."""
+        (``_attempt.NodeConnections``)."""
         return self._bounded() or isinstance(self.redis, redis.RedisCluster)
 
     def _wait_limit_ms(self) -> int | None:
@@ -804,7 +781,5 @@ class Client(ClaimVerbs, OperatorVerbs):
         """Close the redis client's connections (and a worker's own)."""
         if self._pool is not None:
             self._pool.close()
-        for _, connections in self._node_pools.values():
-            connections.close()
-        self._node_pools.clear()
+        self._nodes.close()
         self.redis.close()
