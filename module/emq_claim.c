@@ -382,8 +382,11 @@ int EmqClaim_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     if (err) return emq_reply_error(ctx, err);
     emq_deps_drain(ctx, argv[3], EMQ_DEPS_STEP); /* a step of the ends not resolved yet (emq_deps.h) */
 
-    /* open, read, decide, apply, reply */
-    if (claim_run(ctx, argv, &a, now, 0, &due) == CLAIM_ANSWERED) return REDISMODULE_OK;
+    /* open, read, decide, apply, reply (a waiting claim woken later asks again: emq_keys.h) */
+    int vouched = emq_slot_vouched_begin(ctx, argv + 1, 3);
+    int outcome = claim_run(ctx, argv, &a, now, 0, &due);
+    emq_slot_vouched_end(vouched);
+    if (outcome == CLAIM_ANSWERED) return REDISMODULE_OK;
 
     /* nothing claimable: answer null, or wait */
     if (a.block < 0 || !emq_may_block(ctx)) return RedisModule_ReplyWithNull(ctx);

@@ -148,8 +148,39 @@ void emq_keys_unload(void) {
     probe = NULL;
 }
 
+/* Set by emq_slot_vouched_begin() for the length of one command. */
+static int slot_vouched;
+
+int emq_slot_vouched_begin(RedisModuleCtx *ctx, RedisModuleString **keys, int n) {
+    int previous = slot_vouched;
+    int flags = RedisModule_GetContextFlags(ctx);
+    const int unchecked = REDISMODULE_CTX_FLAGS_LUA | REDISMODULE_CTX_FLAGS_MULTI |
+                          REDISMODULE_CTX_FLAGS_REPLICATED | REDISMODULE_CTX_FLAGS_LOADING;
+    if (!(flags & REDISMODULE_CTX_FLAGS_CLUSTER) || (flags & unchecked) || n < 2) return previous;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < i; j++)
+            if (emq_str_equal(keys[i], keys[j])) return previous; /* one name twice: one key */
+    }
+    for (int i = 0; i < n; i++) {
+        EmqKey k;
+        emq_key_open(ctx, &k, keys[i], REDISMODULE_READ);
+        int absent = emq_key_empty(&k);
+        emq_key_close(&k);
+        if (absent) {
+            slot_vouched = 1;
+            break;
+        }
+    }
+    return previous;
+}
+
+void emq_slot_vouched_end(int previous) {
+    slot_vouched = previous;
+}
+
 int emq_absent_key_is_final(RedisModuleCtx *ctx, RedisModuleString *name) {
     if (!(RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_CLUSTER)) return 1;
+    if (slot_vouched) return 1;
     /* RedisModule_Call refuses a key this node would redirect (ASK to the
      * node a migrating slot goes to, or MOVED for a slot being imported
      * when the caller has not said ASKING), the rule the server applies to

@@ -94,6 +94,19 @@ int emq_open_derived(RedisModuleCtx *ctx, RedisModuleUser *user, EmqKey *k, Redi
  * is absent, so the common path costs nothing. */
 int emq_absent_key_is_final(RedisModuleCtx *ctx, RedisModuleString *name);
 
+/* Whether the server's own routing has just vouched for the slot of the
+ * command's `n` declared keys (distinct names, one slot): a plain call (not
+ * from a script, a MULTI, the master's stream or a load) that the server
+ * dispatched although one of them is absent here.  The server answers ASK or
+ * TRYAGAIN for a missing key of a migrating slot, and MOVED or TRYAGAIN (two
+ * keys or more, one missing) for an importing one, so the slot is neither:
+ * every derived key of that slot is then final where absent, and
+ * emq_absent_key_is_final() needs no probe (an idle claim on a cluster
+ * otherwise sent one EXISTS per absent derived key).  Begin returns the
+ * previous state, which emq_slot_vouched_end() restores. */
+int emq_slot_vouched_begin(RedisModuleCtx *ctx, RedisModuleString **keys, int n);
+void emq_slot_vouched_end(int previous);
+
 /* Open a job row that the verb reads and then changes: the caller's ACL
  * user is loaded into *user (emq_acl_user), the row opened with
  * emq_open_derived(EMQ_DERIVED_READ_WRITE), and an existing row must be a

@@ -204,7 +204,8 @@ int EmqSweep_RedisCommand(RedisModuleCtx *ctx, RedisModuleString **argv, int arg
     if (err) return emq_reply_error(ctx, err);
     long long now = RedisModule_Milliseconds();
 
-    /* open and type-check */
+    /* open and type-check (an absent declared key vouches for the slot: emq_keys.h) */
+    int vouched = emq_slot_vouched_begin(ctx, argv + 1, 4);
     Sweep s = {.ctx = ctx, .base = argv[4]};
     const int rw = REDISMODULE_READ | REDISMODULE_WRITE;
     emq_key_open(ctx, &s.active, argv[1], rw);
@@ -254,5 +255,6 @@ done:
     if (requeued) emq_signal_claimable(ctx, argv[2]);
     /* The ends not resolved yet (emq_deps.h): up to <limit> waiters. */
     if (!err) emq_deps_drain(ctx, argv[4], limit > EMQ_DEPS_STEP ? (long)limit : EMQ_DEPS_STEP);
+    emq_slot_vouched_end(vouched);
     return REDISMODULE_OK;
 }

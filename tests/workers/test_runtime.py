@@ -606,7 +606,9 @@ def test_an_idle_claim_waits_on_the_server_where_a_stop_can_cut_it_else_polls_wi
     idle = IdleWait(0.2, 30_000, jitter=lambda: 0.5)  # jitter at its middle: the pause itself
     assert idle.block_ms(cuttable=True) == IDLE_BLOCK_S * 1000  # one command per 5 s
     assert IdleWait(0.2, 3_000).block_ms(cuttable=True) == 500  # at most a sixth of the lease
-    assert idle.block_ms(cuttable=False) == 200  # a cluster client: poll_interval, at most a second
+    assert idle.block_ms(cuttable=True, read_limit_ms=4_000) == 4_000  # a cluster client's reads
+    assert IdleWait(0.2, 3_000).block_ms(cuttable=True, read_limit_ms=4_000) == 500
+    assert idle.block_ms(cuttable=False) == 200  # a single connection: poll_interval, at most a second
     assert IdleWait(5.0, 30_000).block_ms(cuttable=False) == MAX_CLAIM_BLOCK_S * 1000
     assert idle.after(0, 5.0, blocks=True, cuttable=True) == 0.0  # the module waited: claim again now
     assert idle.after(0, 0.15, blocks=True, cuttable=False) == pytest.approx(0.05)  # the rest of the poll

@@ -167,9 +167,14 @@ class IdleWait:
       ``EMQ.CLAIM ... BLOCK`` for ``IDLE_BLOCK_S`` (at most a sixth of the
       lease), and again at once: one command per wait, a job enqueued
       meanwhile claimed at once.
-    - The module where a wait cannot be cut (a cluster client): BLOCK for
-      ``poll_interval`` (at most ``MAX_CLAIM_BLOCK_S``), then the rest of
-      ``poll_interval``: a stop waits for a wait no longer than that.
+    - On Redis Cluster the same, on the node serving the queue (the sync
+      worker's own bounded connection there, the asyncio worker's cancel of
+      its try): a stop cuts it too; a wait ends before the socket timeout of
+      redis-py's cluster client (4 s of its default 5), whose own routing
+      sends a claim after a redirect or a lost node.
+    - The module where a wait cannot be cut (a single-connection client):
+      BLOCK for ``poll_interval`` (at most ``MAX_CLAIM_BLOCK_S``), then the
+      rest of ``poll_interval``: a stop waits for a wait no longer than that.
     - The scripts backend (a script cannot wait): a claim, then a pause of
       ``poll_interval``, doubling after each empty claim up to
       ``IDLE_POLL_MAX_S``; a claim that brings a job starts over.  A job
@@ -182,10 +187,15 @@ class IdleWait:
         self.pause = poll_interval
         self._jitter = jitter
 
-    def block_ms(self, cuttable: bool) -> int:
-        """The BLOCK of the next waiting claim (a script ignores it)."""
+    def block_ms(self, cuttable: bool, read_limit_ms: int | None = None) -> int:
+        """The BLOCK of the next waiting claim (a script ignores it).
+
+        ``read_limit_ms``: the longest wait the client's reads allow (a cluster
+        client reads with redis-py's socket timeout: ``proto.BlockingClaim``).
+        """
         if cuttable:
-            return max(1, round(min(IDLE_BLOCK_S * 1000, self.lease_ms * IDLE_BLOCK_SHARE)))
+            block = min(IDLE_BLOCK_S * 1000, self.lease_ms * IDLE_BLOCK_SHARE)
+            return max(1, round(block if read_limit_ms is None else min(block, read_limit_ms)))
         return max(1, round(min(self.poll_interval, MAX_CLAIM_BLOCK_S) * 1000))
 
     def after(self, jobs: int, waited: float, blocks: bool, cuttable: bool) -> float:

@@ -38,7 +38,7 @@ from redis.retry import Retry
 
 from .._runtime.tries import SPARE, SUBSCRIBER_TIMEOUT_S, WORKER_CONNECT_S, NotSent, pack
 
-__all__ = ["Cutter", "NotSent", "WorkerConnections", "read_within"]
+__all__ = ["Cutter", "NodeConnections", "NotSent", "WorkerConnections", "read_within"]
 
 class Cutter:
     """The connection a bounded attempt is reading from, so another thread can cut it short.
@@ -275,3 +275,40 @@ def _stale(connection: Any) -> bool:
         connection.disconnect()
         return True
     return False
+
+
+class NodeConnections:
+    """On Redis Cluster, bounded connections of one's own to each node (``WorkerConnections`` over
+    the node's pool in redis-py's cluster client), so that a worker's waiting claim there can be
+    cut by its stop (``Cutter``) as on one server.
+
+    ``detour``: a try there failed (no answer, or a redirect), so the next
+    goes through redis-py's routing, which follows a redirect and finds a
+    failed-over node; set back once that has reached the slot's node.
+    """
+
+    def __init__(self) -> None:
+        self._pools: dict[str, tuple[redis.ConnectionPool, WorkerConnections]] = {}
+        self.detour = False
+
+    def for_key(self, cluster: Any, key: Any) -> WorkerConnections | None:
+        """The connections to the node serving ``key``'s slot, None where redis-py knows none."""
+        if self.detour:
+            return None
+        try:
+            node = cluster.get_node_from_key(key)
+        except (redis.RedisError, IndexError, KeyError):  # a slot redis-py does not know yet
+            return None
+        base = getattr(node, "redis_connection", None) if node is not None else None
+        if not isinstance(base, redis.Redis):
+            return None
+        known = self._pools.get(node.name)
+        if known is None or known[0] is not base.connection_pool:  # new, or redis-py made it again
+            pool = base.connection_pool
+            known = self._pools[node.name] = (pool, WorkerConnections(pool))
+        return known[1]
+
+    def close(self) -> None:
+        for _, connections in self._pools.values():
+            connections.close()
+        self._pools.clear()

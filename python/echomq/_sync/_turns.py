@@ -224,14 +224,13 @@ class Turns(Finisher[HandlerT]):
         step = self._claim_step
         if step.call is not None and count_of(step.call) != count:
             step.renew()
-        cuttable = self.client._bounded()
+        cuttable = self.client._waits_cut()
         jobs: list[Job] = []
         claimed_at = time.monotonic()
         pause = self.poll_interval
         try:
-            jobs, claimed_at = self._claim(
-                step, count=count, block_ms=self._idle.block_ms(cuttable), settle=True
-            )
+            block_ms = self._idle.block_ms(cuttable, self.client._wait_limit_ms())
+            jobs, claimed_at = self._claim(step, count=count, block_ms=block_ms, settle=True)
         except _Stopped:
             pause = 0.0
         except _GaveUp:
@@ -240,6 +239,8 @@ class Turns(Finisher[HandlerT]):
             self._trouble(exc, "claim")
         else:
             self._pause = Backoff()
+            if getattr(self, "partitions", None) is not None:  # no BLOCK: paced as before (asyncio's _paced)
+                cuttable = self.client._bounded()
             pause = self._idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
         finally:
             with self._turns_lock:

@@ -60,7 +60,7 @@ from .._serializers import JSON
 from ..cancel import Cancellation
 from ..schedules import DriveResult, ScheduleInfo
 from . import _partitions, _schedules
-from ._attempt import Cutter, NotSent, WorkerConnections
+from ._attempt import Cutter, NodeConnections, NotSent, WorkerConnections
 from ._claims import ClaimVerbs
 from ._operator import OperatorVerbs
 
@@ -89,6 +89,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# Error replies that say the node does not serve the slot now: nothing ran there.
+_REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
 
 class Client(ClaimVerbs, OperatorVerbs):
     """EchoMQ's lifecycle commands on one Redis (or Redis Cluster) connection.
@@ -119,6 +122,7 @@ class Client(ClaimVerbs, OperatorVerbs):
         self._rendering: Rendering | None = None if choice == "auto" else Rendering(choice, self._limits)
         # For a worker's attempts (see _attempt_many): its own connections.
         self._pool: WorkerConnections | None = None
+        self._nodes = NodeConnections()  # Redis Cluster: a node's own, for a waiting claim
         self._reached = False  # a request of ours got an answer once (never_reached)
         self._registrations = proto.Registrations()
         self._waitaof: bool | None = None  # whether the server has WAITAOF (asked once, when needed)
@@ -268,11 +272,35 @@ class Client(ClaimVerbs, OperatorVerbs):
         same REQ or token each time, so each call here is one try
         (``_attempt_many``).  On Redis Cluster (routing by slot) and on a
         single-connection client this is ``_run``: redis-py's own timeouts
-        and retries apply.
+        and retries apply; but a cluster's waiting claim (one with a
+        ``cutter``) goes to its node's bounded connections
+        (``_attempt.NodeConnections``), so a stop cuts it there too.
         """
         if not self._bounded():
-            return self._run(call)
+            nodes = None
+            if cutter is not None and isinstance(self.redis, redis.RedisCluster) and len(call.args) > 1:
+                nodes = self._nodes.for_key(self.redis, call.args[1])
+            if nodes is not None:
+                return self._attempt_on_node(nodes, call, timeout, cutter)
+            reply = self._run(call)
+            self._nodes.detour = False  # redis-py's routing reached the slot's node: ours again
+            return reply
         reply = self._try([call], timeout, cutter)[0]
+        if isinstance(reply, ResponseError):
+            proto.raise_mapped(reply, call)
+        return call.read(reply)
+
+    def _attempt_on_node(
+        self, connections: WorkerConnections, call: proto.Call[T], timeout: float, cutter: Cutter | None
+    ) -> T:
+        try:
+            reply = self._try([call], timeout, cutter, connections)[0]
+        except (redis.TimeoutError, redis.ConnectionError):
+            self._nodes.detour = True  # the next try: redis-py's routing, which refreshes it
+            raise
+        if isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS):
+            self._nodes.detour = True  # nothing ran there: redis-py follows it (and learns the slot)
+            return self._attempt(call, timeout, cutter)
         if isinstance(reply, ResponseError):
             proto.raise_mapped(reply, call)
         return call.read(reply)
@@ -297,8 +325,15 @@ class Client(ClaimVerbs, OperatorVerbs):
             return self._pipeline_run(calls)
         return self._try(calls, timeout, cutter)
 
-    def _try(self, calls: list[proto.Call[Any]], timeout: float, cutter: Cutter | None) -> list[Any]:
-        connections = self._connections()
+    def _try(
+        self,
+        calls: list[proto.Call[Any]],
+        timeout: float,
+        cutter: Cutter | None,
+        connections: WorkerConnections | None = None,
+    ) -> list[Any]:
+        if connections is None:
+            connections = self._connections()
         deadline = time.monotonic() + max(timeout, 0.001)
         try:
             # take/give rather than connection(): a busy worker makes this call per job.
@@ -324,6 +359,19 @@ class Client(ClaimVerbs, OperatorVerbs):
         """Whether this client's worker commands go through bounded attempts (a plain pooled Redis)."""
         r = self.redis
         return isinstance(r, redis.Redis) and r.connection is None
+
+    def _waits_cut(self) -> bool:
+        """Whether a worker's stop can cut its waiting claim: bounded attempts, or Redis Cluster
+        (``_attempt.NodeConnections``)."""
+        return self._bounded() or isinstance(self.redis, redis.RedisCluster)
+
+    def _wait_limit_ms(self) -> int | None:
+        """The longest BLOCK a waiting claim may have on this client, None for no limit but the
+        worker's: on Redis Cluster, what redis-py's socket timeout allows (a claim after a
+        redirect goes through its routing)."""
+        if not isinstance(self.redis, redis.RedisCluster):
+            return None
+        return proto.BlockingClaim(0, proto.socket_timeout_of(self.redis), 0.0).limit_ms
 
     def _connections(self) -> WorkerConnections:
         connections = self._pool
@@ -735,4 +783,5 @@ class Client(ClaimVerbs, OperatorVerbs):
         """Close the redis client's connections (and a worker's own)."""
         if self._pool is not None:
             self._pool.close()
+        self._nodes.close()
         self.redis.close()

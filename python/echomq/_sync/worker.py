@@ -112,10 +112,11 @@ class Worker(Turns[Handler]):
       (off by default: it costs fairness, and a crash leaves them held
       until their leases lapse; see the worker guide).
     - ``poll_interval``: where a claim cannot wait on the server (the
-      scripts backend; Redis Cluster), how often an idle worker claims (the
-      scripts backend backs off to 3 s while the queue stays empty).
-      Elsewhere one claim for the whole worker waits on the server, 5 s a
-      command, and a job enqueued meanwhile is claimed at once.
+      scripts backend), how often an idle worker claims (it backs off to
+      3 s while the queue stays empty).  Elsewhere one claim for the whole
+      worker waits on the server, 5 s a command (4 s on Redis Cluster,
+      within redis-py's socket timeout), and a job enqueued meanwhile is
+      claimed at once.
     - ``retry``: an ``echomq.RetryPolicy``: its ``max_attempts``, and a
       failed job is claimable again only after its ``delay_ms(attempt)``.
     - ``grace``: on ``stop()`` or a signal, how long running handlers may

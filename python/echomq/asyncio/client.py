@@ -362,6 +362,17 @@ class Client(ClaimVerbs, OperatorVerbs):
         r = self.redis
         return isinstance(r, aioredis.Redis) and getattr(r, "connection", None) is None
 
+    def _waits_cut(self) -> bool:
+        """Whether a worker's stop can cut its waiting claim (see ``echomq.Client._waits_cut``):
+        bounded attempts, or Redis Cluster, whose connection a cancelled read drops."""
+        return self._bounded() or isinstance(self.redis, aioredis.RedisCluster)
+
+    def _wait_limit_ms(self) -> int | None:
+        """The longest BLOCK a waiting claim may have (see ``echomq.Client._wait_limit_ms``)."""
+        if not isinstance(self.redis, aioredis.RedisCluster):
+            return None
+        return proto.BlockingClaim(0, proto.socket_timeout_of(self.redis), 0.0).limit_ms
+
     def _connections(self) -> WorkerConnections:
         if self._pool is None:
             self._pool = WorkerConnections(cast("aioredis.Redis", self.redis).connection_pool)

@@ -176,6 +176,11 @@ class Worker(Finisher[AsyncHandler]):
                 await asyncio.wait([task])
             raise
 
+    def _paced(self, cuttable: bool) -> bool:
+        """``cuttable`` for ``IdleWait.after``: a partitioned worker's claims carry no BLOCK (it waits
+        for wakes between them), paced between claims as before where its client's are not bounded."""
+        return cuttable if getattr(self, "partitions", None) is None else self.client._bounded()
+
     def _poke(self) -> None:
         for event in (self._wake, self._stopping, self._slot):
             if event is not None:
@@ -426,7 +431,7 @@ class Worker(Finisher[AsyncHandler]):
         assert self._stopping is not None and self._wake is not None
         assert self._jobs is not None and self._slot is not None
         pause, step, idle = Backoff(), self._claim_step, IdleWait(self.poll_interval, self.lease_ms)
-        cuttable = self.client._bounded()
+        cuttable, limit_ms = self.client._waits_cut(), self.client._wait_limit_ms()
         try:
             while not self._stop_requested:
                 if self._free <= 0:
@@ -438,7 +443,7 @@ class Worker(Finisher[AsyncHandler]):
                     step.renew()
                 try:
                     jobs, claimed_at = await self._claim(
-                        step, count=count, block_ms=idle.block_ms(cuttable), stop_ok=True
+                        step, count=count, block_ms=idle.block_ms(cuttable, limit_ms), stop_ok=True
                     )
                 except _Stopped:
                     return
@@ -451,7 +456,8 @@ class Worker(Finisher[AsyncHandler]):
                     continue
                 pause = Backoff()
                 self._hand(jobs, claimed_at)
-                rest = idle.after(len(jobs), time.monotonic() - claimed_at, self._blocks(), cuttable)
+                waited = time.monotonic() - claimed_at
+                rest = idle.after(len(jobs), waited, self._blocks(), self._paced(cuttable))
                 jobs = await self._replicated(jobs, claimed_at)
                 if not jobs:  # the claim waited on the server, or polls (see IdleWait)
                     if rest > 0.001:
