@@ -61,34 +61,21 @@ static int take(Claim *c, long count, RedisModuleString *id) {
     return count_claim(c, emq_claim_add_job(c, count, id));
 }
 
-/* A member of <base>priority (`id` is ours), which leaves it either way:
- * taken when its row exists and says pending (emq_member_live), else
- * dropped (*live 0) -- a member with no row has nothing to run, and one
- * whose row says otherwise (an edit by hand) is not waiting. */
-static int take_member(Claim *c, long count, RedisModuleString *id, int *live) {
-    *live = 0;
-    if (taken(c, id)) {
-        RedisModule_FreeString(NULL, id);
-        return EMQ_OK;
-    }
-    Claimed *j = emq_claim_add_job(c, count, id);
-    int err = emq_open_derived(c->ctx, c->user, &j->row, j->row_name, EMQ_DERIVED_READ_WRITE);
-    if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
-    if (err) return err;
-    RedisModuleString *state = emq_hget(&j->row, emq_str.state);
-    *live = emq_member_live(state != NULL, state && emq_str_equal(state, emq_str.pending));
-    if (state) RedisModule_FreeString(NULL, state);
-    if (*live) return count_claim(c, j);
-    emq_key_close(&j->row);
-    RedisModule_FreeString(c->ctx, j->row_name);
-    RedisModule_FreeString(c->ctx, j->id);
-    c->n--;
-    return EMQ_OK;
-}
+/* Where a job a claim looks at stands, which decides the rule of "live". */
+enum {
+    /* A member of <base>priority or a group's lane, which leaves it either
+     * way: taken when its row exists and says pending (emq_member_live),
+     * else dropped -- a member with no row has nothing to run, and one
+     * whose row says otherwise (an edit by hand) is not waiting. */
+    TAKE_MEMBER,
+    /* An entry of <pending>: taken when live (emq_entry_live), else a
+     * tombstone. */
+    TAKE_ENTRY,
+};
 
-/* An entry of <pending> (`id` is ours): taken when live (emq_entry_live),
- * else a tombstone (*live 0). */
-static int take_if_live(Claim *c, long count, RedisModuleString *id, int *live) {
+/* Take `id` (ours) if it is live by the rule of `where` (*live 1), else
+ * undo its slot (*live 0). */
+static int take_job(Claim *c, long count, RedisModuleString *id, int where, int *live) {
     *live = 0;
     if (taken(c, id)) {
         RedisModule_FreeString(NULL, id);
@@ -99,10 +86,13 @@ static int take_if_live(Claim *c, long count, RedisModuleString *id, int *live) 
     if (!err && !emq_type_ok(&j->row, REDISMODULE_KEYTYPE_HASH)) err = EMQ_ERR_WRONGTYPE;
     if (err) return err;
     RedisModuleString *state = emq_hget(&j->row, emq_str.state);
-    int pending = state && emq_str_equal(state, emq_str.pending);
+    int has_state = state != NULL, pending = state && emq_str_equal(state, emq_str.pending);
     if (state) RedisModule_FreeString(NULL, state);
-    *live = emq_entry_live(!emq_key_empty(&j->row), pending, emq_hexists(&j->row, emq_str.priority),
-                           emq_lanes_is_delayed(&c->lanes, id), 0);
+    if (where == TAKE_MEMBER)
+        *live = emq_member_live(has_state, pending);
+    else
+        *live = emq_entry_live(!emq_key_empty(&j->row), pending, emq_hexists(&j->row, emq_str.priority),
+                               emq_lanes_is_delayed(&c->lanes, id), 0);
     if (*live) return count_claim(c, j);
     emq_key_close(&j->row);
     RedisModule_FreeString(c->ctx, j->row_name);
@@ -193,7 +183,7 @@ static int take_ungrouped(Claim *c, Walk *w, long count, int *took) {
                 c->bound_hit = 1;
                 break;
             }
-            err = take_member(c, count, ps_take(&w->ps), &live);
+            err = take_job(c, count, ps_take(&w->ps), TAKE_MEMBER, &live);
             if (!err && !live) w->drops++;
             continue;
         }
@@ -205,7 +195,7 @@ static int take_ungrouped(Claim *c, Walk *w, long count, int *took) {
             RedisModuleString *entry = emq_lanes_entry(l, w->index);
             if (entry == NULL) break;
             w->index++;
-            err = take_if_live(c, count, entry, &live);
+            err = take_job(c, count, entry, TAKE_ENTRY, &live);
             if (!err && !live) w->drops++, w->tombstones++;
         }
         if (err || c->bound_hit) break;
@@ -215,7 +205,7 @@ static int take_ungrouped(Claim *c, Walk *w, long count, int *took) {
             RedisModule_RetainString(NULL, id);
             err = take(c, count, id);
         } else if (more) {
-            err = take_member(c, count, ps_take(&w->ps), &live);
+            err = take_job(c, count, ps_take(&w->ps), TAKE_MEMBER, &live);
             if (!err && !live) w->drops++;
         } else {
             w->empty = 1;
@@ -265,7 +255,7 @@ static int take_grouped(Claim *c, Walk *w, long at, long count, int *took) {
         }
         emq_ids_add(&g->leave, id, 0);
         int live;
-        err = take_member(c, count, id, &live);
+        err = take_job(c, count, id, TAKE_MEMBER, &live);
         if (!err && !live) w->drops++;
     }
     *took = c->n > before;
