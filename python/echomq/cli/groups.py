@@ -63,22 +63,23 @@ def cmd_limit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_pause(args: argparse.Namespace) -> int:
+def _pause_or_resume(args: argparse.Namespace, pause: bool) -> int:
+    client = connect(args)
+    verb = client.pause_group if pause else client.resume_group
     try:
-        info = connect(args).pause_group(args.queue, args.group)
+        info = verb(args.queue, args.group)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     print(describe(info))
     return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    return _pause_or_resume(args, pause=True)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    try:
-        info = connect(args).resume_group(args.queue, args.group)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
-    print(describe(info))
-    return 0
+    return _pause_or_resume(args, pause=False)
 
 
 def register(command: Command) -> None:
